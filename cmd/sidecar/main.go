@@ -1,0 +1,63 @@
+// Command sidecar runs kvsidecar: a memory-and-KV-cache sidecar in front of
+// an OpenAI-compatible LLM server.
+//
+//	sidecar serve --listen 127.0.0.1:8080 --upstream http://127.0.0.1:8000 --data-dir ./data
+//	sidecar version
+//
+// Every flag also reads an environment variable: --upstream-timeout reads
+// SIDECAR_UPSTREAM_TIMEOUT, and so on. A flag given on the command line wins.
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime/debug"
+)
+
+// version is set at link time (-ldflags "-X main.version=…"); otherwise the
+// module version or "devel".
+var version = ""
+
+func versionString() string {
+	v := version
+	if v == "" {
+		v = "devel"
+		if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			v = bi.Main.Version
+		}
+	}
+	return v
+}
+
+const usage = `usage: sidecar <command> [flags]
+
+commands:
+  serve     run the sidecar in front of an OpenAI-compatible server
+  version   print the version
+
+Run "sidecar <command> -h" for a command's flags.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "serve":
+		return cmdServe(args[1:])
+	case "version", "--version", "-version":
+		fmt.Println("sidecar", versionString())
+		return 0
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+		return 0
+	default:
+		fmt.Fprintf(os.Stderr, "sidecar: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+}

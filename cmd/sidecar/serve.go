@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/kvsidecar/kvsidecar/proxy"
+)
+
+// serveConfig is everything `sidecar serve` reads from flags and environment.
+type serveConfig struct {
+	listen, upstream, dataDir string
+	upstreamTimeout, idleTO   time.Duration
+	readTO, writeTO, connIdle time.Duration
+	shutdownTimeout           time.Duration
+	maxBody                   int
+	logLevel, logFormat       string
+}
+
+func serveFlags(c *serveConfig) *flag.FlagSet {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address to listen on")
+	fs.StringVar(&c.upstream, "upstream", "http://127.0.0.1:8000", "base URL of the OpenAI-compatible upstream")
+	fs.StringVar(&c.dataDir, "data-dir", "./data", "folder for sessions, KV archive and indexes")
+	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 10*time.Minute, "wait for the upstream's response headers before answering 504")
+	fs.DurationVar(&c.idleTO, "stream-idle-timeout", 5*time.Minute, "longest silence inside an upstream response body before it is aborted")
+	fs.DurationVar(&c.readTO, "read-timeout", 60*time.Second, "time to read a client's request")
+	fs.DurationVar(&c.writeTO, "write-timeout", 60*time.Second, "time to write one response chunk to a client")
+	fs.DurationVar(&c.connIdle, "idle-timeout", 120*time.Second, "idle keep-alive client connections are closed after this")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long in-flight requests and streams may finish")
+	fs.IntVar(&c.maxBody, "max-body-bytes", 32<<20, "largest request body accepted (413 beyond)")
+	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
+	return fs
+}
+
+func newLogger(level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
+	}
+	o := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, o)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, o)), nil
+	}
+	return nil, fmt.Errorf("log format %q: want json or text", format)
+}
+
+func cmdServe(args []string) int {
+	var c serveConfig
+	fs := serveFlags(&c)
+	if err := parseFlags(fs, args, os.Getenv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(os.Stderr, "sidecar serve:", err)
+		return 2
+	}
+	log, err := newLogger(c.logLevel, c.logFormat)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sidecar serve:", err)
+		return 2
+	}
+	slog.SetDefault(log)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := serve(ctx, c, log, nil); err != nil {
+		log.Error("sidecar stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// serve opens every subsystem in order, serves until ctx ends, then closes
+// them in reverse order, logging how long each step took. ready, when not
+// nil, receives the listening address once the server accepts.
+func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- string) error {
+	t0 := time.Now()
+	dataDir, err := filepath.Abs(c.dataDir)
+	if err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+
+	srv, err := proxy.New(proxy.Options{
+		Upstream:          c.upstream,
+		MaxBodyBytes:      c.maxBody,
+		UpstreamTimeout:   c.upstreamTimeout,
+		StreamIdleTimeout: c.idleTO,
+		ReadTimeout:       c.readTO,
+		WriteTimeout:      c.writeTO,
+		IdleTimeout:       c.connIdle,
+		Logger:            log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", c.listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", c.listen, err)
+	}
+	log.Info("sidecar listening", "version", versionString(), "listen", ln.Addr().String(),
+		"upstream", c.upstream, "data_dir", dataDir, "start_ms", time.Since(t0).Milliseconds())
+	if ready != nil {
+		ready <- ln.Addr().String()
+	}
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+
+	log.Info("shutting down", "grace", c.shutdownTimeout.String())
+	t := time.Now()
+	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	log.Info("closed proxy", "ms", time.Since(t).Milliseconds(), "err", err)
+	if serr := <-errc; serr != nil && err == nil {
+		err = serr
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		log.Warn("shutdown grace ran out; remaining connections were closed")
+		err = nil
+	}
+	return err
+}

@@ -1,0 +1,25 @@
+// Package proxy owns the sidecar's HTTP surface: a fasthttp server in front of
+// one OpenAI-compatible upstream, the OpenAI wire types it needs to read, the
+// pooled upstream client, SSE relaying, OpenAI-shaped errors, the ops endpoints
+// (/healthz, /readyz, /metrics) and the metrics themselves.
+//
+// Invariants:
+//   - Every error a client sees is OpenAI-shaped JSON
+//     ({"error":{"message","type","code"}}) with the right status; never a stack
+//     trace and never a hang. Before response headers are written an upstream
+//     failure is a 502 (or 504 on timeout); after them the connection is aborted
+//     (no terminating chunk), after an SSE error event, so no client mistakes a
+//     broken stream for a finished one.
+//   - Request bodies are bounded (Options.MaxBodyBytes, 413 beyond), buffered
+//     upstream responses too (Options.MaxResponseBytes); streamed responses are
+//     relayed event by event with no line-length limit.
+//   - Hop-by-hop headers are stripped in both directions; Authorization and
+//     every end-to-end header pass through unchanged, and so does the body.
+//   - A client that disconnects cancels its upstream request.
+//   - No *fasthttp.RequestCtx is kept after its handler returns.
+//
+// Session plumbing: a request's session id comes from the X-Session-ID header,
+// else the body's prompt_cache_key; its tenant is a hash of the Authorization
+// bearer, so one key never sees another key's sessions. Without a session id
+// the request is a plain stateless passthrough.
+package proxy

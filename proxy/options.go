@@ -1,0 +1,135 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Options configures a Server. The zero value of every field but Upstream is
+// a documented default.
+type Options struct {
+	// Upstream is the base URL of the OpenAI-compatible server, e.g.
+	// http://127.0.0.1:8000. A trailing /v1 is allowed: it is not doubled.
+	// Required.
+	Upstream string
+
+	// MaxBodyBytes bounds a request body; larger bodies get 413.
+	// Default 32 MiB.
+	MaxBodyBytes int
+
+	// MaxResponseBytes bounds a buffered (non-streamed) upstream response;
+	// a larger one is a 502. Streams are not bounded as a whole.
+	// Default 256 MiB.
+	MaxResponseBytes int64
+
+	// UpstreamTimeout bounds the wait for the upstream's response headers;
+	// past it the client gets 504. Default 10 minutes (long generations
+	// without streaming answer only when done).
+	UpstreamTimeout time.Duration
+
+	// StreamIdleTimeout bounds the silence between two reads of a response
+	// body (streamed or not); past it the stream is aborted. Default 5 minutes.
+	StreamIdleTimeout time.Duration
+
+	// DialTimeout bounds connecting to the upstream. Default 5 seconds.
+	DialTimeout time.Duration
+
+	// ReadTimeout and WriteTimeout bound reading a client's request and
+	// writing one chunk of the response. IdleTimeout bounds an idle
+	// keep-alive client connection. Defaults 60 s, 60 s and 120 s.
+	ReadTimeout  time.Duration
+	WriteTimeout time.Duration
+	IdleTimeout  time.Duration
+
+	// MaxIdleConnsPerHost is the upstream connection pool size.
+	// Default 256.
+	MaxIdleConnsPerHost int
+
+	// ReadyCacheTTL is how long a /readyz probe result is reused.
+	// Default 2 seconds.
+	ReadyCacheTTL time.Duration
+
+	// Logger receives structured logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (o *Options) setDefaults() {
+	if o.MaxBodyBytes == 0 {
+		o.MaxBodyBytes = 32 << 20
+	}
+	if o.MaxResponseBytes == 0 {
+		o.MaxResponseBytes = 256 << 20
+	}
+	if o.UpstreamTimeout == 0 {
+		o.UpstreamTimeout = 10 * time.Minute
+	}
+	if o.StreamIdleTimeout == 0 {
+		o.StreamIdleTimeout = 5 * time.Minute
+	}
+	if o.DialTimeout == 0 {
+		o.DialTimeout = 5 * time.Second
+	}
+	if o.ReadTimeout == 0 {
+		o.ReadTimeout = 60 * time.Second
+	}
+	if o.WriteTimeout == 0 {
+		o.WriteTimeout = 60 * time.Second
+	}
+	if o.IdleTimeout == 0 {
+		o.IdleTimeout = 120 * time.Second
+	}
+	if o.MaxIdleConnsPerHost == 0 {
+		o.MaxIdleConnsPerHost = 256
+	}
+	if o.ReadyCacheTTL == 0 {
+		o.ReadyCacheTTL = 2 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// validate checks the options after defaults were applied and returns the
+// parsed upstream base URL.
+func (o *Options) validate() (*url.URL, error) {
+	if o.Upstream == "" {
+		return nil, errors.New("proxy: upstream URL is required")
+	}
+	u, err := url.Parse(o.Upstream)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: upstream %q: %w", o.Upstream, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("proxy: upstream %q: scheme must be http or https", o.Upstream)
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("proxy: upstream %q: missing host", o.Upstream)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("proxy: upstream %q: must not carry a query or fragment", o.Upstream)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	u.Path = strings.TrimSuffix(u.Path, "/v1")
+	u.RawPath = ""
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"upstream timeout", o.UpstreamTimeout}, {"stream idle timeout", o.StreamIdleTimeout},
+		{"dial timeout", o.DialTimeout}, {"read timeout", o.ReadTimeout},
+		{"write timeout", o.WriteTimeout}, {"idle timeout", o.IdleTimeout},
+		{"ready cache TTL", o.ReadyCacheTTL},
+	} {
+		if d.v < 0 {
+			return nil, fmt.Errorf("proxy: %s must not be negative, got %s", d.name, d.v)
+		}
+	}
+	if o.MaxBodyBytes < 0 || o.MaxResponseBytes < 0 || o.MaxIdleConnsPerHost < 0 {
+		return nil, errors.New("proxy: size limits must not be negative")
+	}
+	return u, nil
+}

@@ -1,0 +1,387 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// startSidecar serves a Server for upstreamURL on a loopback port and returns
+// its base URL. The server is shut down when the test ends.
+func startSidecar(t *testing.T, upstreamURL string, mod func(*Options)) (string, *Server) {
+	t.Helper()
+	o := Options{Upstream: upstreamURL, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if mod != nil {
+		mod(&o)
+	}
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := s.Serve(ln); err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+		<-done
+	})
+	return "http://" + ln.Addr().String(), s
+}
+
+// noPoolClient never reuses connections, so each test request stands alone.
+var noPoolClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DisableCompression: true}}
+
+func post(t *testing.T, url, body string, hdr map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	return postWith(t, noPoolClient, url, body, hdr)
+}
+
+func postWith(t *testing.T, c *http.Client, url, body string, hdr map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read body: %v", err)
+	}
+	return resp, b
+}
+
+// wantOpenAIError checks that b is an OpenAI error envelope with code.
+func wantOpenAIError(t *testing.T, resp *http.Response, b []byte, status int, code string) {
+	t.Helper()
+	if resp.StatusCode != status {
+		t.Fatalf("status = %d, want %d (body %s)", resp.StatusCode, status, b)
+	}
+	var e struct {
+		Error struct {
+			Message, Type, Code string
+		}
+	}
+	if err := json.Unmarshal(b, &e); err != nil {
+		t.Fatalf("error body is not JSON: %q", b)
+	}
+	if e.Error.Message == "" || e.Error.Type == "" || e.Error.Code != code {
+		t.Fatalf("error = %+v, want code %q and a message", e.Error, code)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("error Content-Type = %q", ct)
+	}
+}
+
+const chatBody = `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+
+func TestProxyPassesRequestAndResponseUnchanged(t *testing.T) {
+	type seen struct {
+		method, uri, body string
+		hdr               http.Header
+	}
+	got := make(chan seen, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- seen{r.Method, r.RequestURI, string(b), r.Header.Clone()}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Upstream", "yes")
+		w.Header().Set("Connection", "X-Secret-Hop")
+		w.Header().Set("X-Secret-Hop", "must not pass")
+		w.Header().Set("Keep-Alive", "timeout=5")
+		fmt.Fprint(w, `{"id":"c1","object":"chat.completion","choices":[]}`)
+	}))
+	defer up.Close()
+	base, _ := startSidecar(t, up.URL+"/v1", nil) // a trailing /v1 is not doubled
+
+	body := `{"model":"m", "messages":[{"role":"user","content":"héllo"}], "extra":{"kept":true}}`
+	resp, b := postWith(t, http.DefaultClient, base+"/v1/chat/completions?x=1&y=%2F", body, map[string]string{
+		"Authorization":   "Bearer sk-abc",
+		"X-Custom":        "c",
+		"Connection":      "X-Hop-Req",
+		"X-Hop-Req":       "drop me",
+		"Te":              "trailers",
+		"Accept-Encoding": "identity",
+	})
+	if resp.StatusCode != 200 || string(b) != `{"id":"c1","object":"chat.completion","choices":[]}` {
+		t.Fatalf("response %d %q", resp.StatusCode, b)
+	}
+	if resp.Header.Get("X-Upstream") != "yes" || resp.Header.Get("X-Secret-Hop") != "" || resp.Header.Get("Keep-Alive") != "" {
+		t.Fatalf("response headers not filtered: %v", resp.Header)
+	}
+	s := <-got
+	if s.method != "POST" || s.uri != "/v1/chat/completions?x=1&y=%2F" || s.body != body {
+		t.Fatalf("upstream saw %s %s %q", s.method, s.uri, s.body)
+	}
+	if s.hdr.Get("Authorization") != "Bearer sk-abc" || s.hdr.Get("X-Custom") != "c" || s.hdr.Get("Accept-Encoding") != "identity" {
+		t.Fatalf("end-to-end headers lost: %v", s.hdr)
+	}
+	if s.hdr.Get("X-Hop-Req") != "" || s.hdr.Get("Te") != "" {
+		t.Fatalf("hop-by-hop headers forwarded: %v", s.hdr)
+	}
+}
+
+func TestProxyPassesOtherV1RoutesAndUpstreamErrors(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/models":
+			fmt.Fprint(w, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
+		case "/v1/files/abc":
+			if r.Method != http.MethodDelete {
+				t.Errorf("method %s", r.Method)
+			}
+			fmt.Fprint(w, `{"deleted":true}`)
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			fmt.Fprint(w, `{"error":{"message":"slow down","type":"rate_limit","code":"rl"}}`)
+		}
+	}))
+	defer up.Close()
+	base, _ := startSidecar(t, up.URL, nil)
+
+	resp, err := noPoolClient.Get(base + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"id":"m"`) {
+		t.Fatalf("models: %d %s", resp.StatusCode, b)
+	}
+	req, _ := http.NewRequest(http.MethodDelete, base+"/v1/files/abc", nil)
+	resp, err = noPoolClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != `{"deleted":true}` {
+		t.Fatalf("passthrough: %d %s", resp.StatusCode, b)
+	}
+	resp, b = post(t, base+"/v1/chat/completions", chatBody, nil)
+	if resp.StatusCode != 429 || string(b) != `{"error":{"message":"slow down","type":"rate_limit","code":"rl"}}` {
+		t.Fatalf("upstream error not passed through: %d %s", resp.StatusCode, b)
+	}
+}
+
+func TestProxyRejectsBadRequests(t *testing.T) {
+	var calls sync.WaitGroup
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1) // must never happen
+		t.Errorf("upstream called for %s", r.URL.Path)
+	}))
+	defer up.Close()
+	base, _ := startSidecar(t, up.URL, func(o *Options) { o.MaxBodyBytes = 1 << 10 })
+
+	cases := []struct {
+		name, path, body string
+		hdr              map[string]string
+		status           int
+		code             string
+	}{
+		{"malformed JSON", "/v1/chat/completions", `{"messages": [`, nil, 400, "invalid_request"},
+		{"not an object", "/v1/chat/completions", `[1,2]`, nil, 400, "invalid_request"},
+		{"empty body", "/v1/chat/completions", ``, nil, 400, "invalid_request"},
+		{"no messages", "/v1/chat/completions", `{"model":"m"}`, nil, 400, "invalid_request"},
+		{"wrong stream type", "/v1/chat/completions", `{"messages":[],"stream":"yes"}`, nil, 400, "invalid_request"},
+		{"no prompt", "/v1/completions", `{"model":"m"}`, nil, 400, "invalid_request"},
+		{"no input", "/v1/embeddings", `{"model":"m"}`, nil, 400, "invalid_request"},
+		{"body too large", "/v1/chat/completions", `{"messages":[{"role":"user","content":"` + strings.Repeat("x", 2<<10) + `"}]}`, nil, 413, "body_too_large"},
+		{"control chars in session id", "/v1/chat/completions", chatBody, map[string]string{"X-Session-ID": "a\tb"}, 400, "invalid_session_id"},
+		{"session id too long", "/v1/chat/completions", `{"messages":[],"prompt_cache_key":"` + strings.Repeat("k", 300) + `"}`, nil, 400, "invalid_session_id"},
+		{"unknown route", "/v2/whatever", `{}`, nil, 404, "not_found"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			resp, b := post(t, base+c.path, c.body, c.hdr)
+			wantOpenAIError(t, resp, b, c.status, c.code)
+		})
+	}
+}
+
+func TestProxyUpstreamUnreachableIs502(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close() // nothing listens there now
+	base, s := startSidecar(t, dead, nil)
+	resp, b := post(t, base+"/v1/chat/completions", chatBody, nil)
+	wantOpenAIError(t, resp, b, 502, "upstream_unreachable")
+
+	r2, err := noPoolClient.Get(base + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(r2.Body)
+	r2.Body.Close()
+	wantOpenAIError(t, r2, b, 503, "upstream_not_ready")
+	if n := s.Metrics().RequestCount("chat_completions", 502); n != 1 {
+		t.Fatalf("metrics count %d 502s, want 1", n)
+	}
+}
+
+func TestProxyUpstreamTimeoutIs504(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer up.Close()
+	defer close(release)
+	base, _ := startSidecar(t, up.URL, func(o *Options) { o.UpstreamTimeout = 200 * time.Millisecond })
+	resp, b := post(t, base+"/v1/chat/completions", chatBody, nil)
+	wantOpenAIError(t, resp, b, 504, "upstream_timeout")
+}
+
+func TestProxyHealthReadyMetrics(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"object":"list","data":[]}`)
+	}))
+	defer up.Close()
+	base, _ := startSidecar(t, up.URL, nil)
+	for _, p := range []string{"/healthz", "/readyz"} {
+		resp, err := noPoolClient.Get(base + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s = %d", p, resp.StatusCode)
+		}
+	}
+	post(t, base+"/v1/chat/completions", chatBody, nil)
+	post(t, base+"/v1/chat/completions", `{`, nil)
+	resp, err := noPoolClient.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := string(b)
+	for _, want := range []string{
+		`sidecar_http_requests_total{route="chat_completions",code="200"} 1`,
+		`sidecar_http_requests_total{route="chat_completions",code="400"} 1`,
+		`sidecar_http_request_duration_seconds_count{route="chat_completions"} 2`,
+		`sidecar_http_ttfb_seconds_count{route="chat_completions"} 1`,
+		`sidecar_http_in_flight_requests 1`, // the scrape itself
+		`sidecar_upstream_errors_total{kind="timeout"} 0`,
+		`process_resident_memory_bytes `,
+		`sidecar_http_request_bytes_total `,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(m)
+	}
+}
+
+func TestClientDisconnectCancelsUpstream(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			started := make(chan struct{})
+			cancelled := make(chan struct{})
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.ReadAll(r.Body) // lets net/http notice the connection closing
+				if stream {
+					w.Header().Set("Content-Type", "text/event-stream")
+					fmt.Fprint(w, "data: {\"n\":1}\n\n")
+					w.(http.Flusher).Flush()
+				}
+				close(started)
+				select {
+				case <-r.Context().Done():
+					close(cancelled)
+				case <-time.After(10 * time.Second):
+					t.Error("upstream request was not cancelled")
+				}
+			}))
+			defer up.Close()
+			base, s := startSidecar(t, up.URL, nil)
+
+			ctx, cancel := context.WithCancel(context.Background())
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions",
+				strings.NewReader(`{"messages":[],"stream":true}`))
+			errc := make(chan error, 1)
+			go func() {
+				resp, err := noPoolClient.Do(req)
+				if err == nil {
+					_, err = io.ReadAll(resp.Body)
+					resp.Body.Close()
+				}
+				errc <- err
+			}()
+			<-started
+			time.Sleep(20 * time.Millisecond) // let the response headers reach the client in the stream case
+			cancel()
+			select {
+			case <-cancelled:
+			case <-time.After(10 * time.Second):
+				t.Fatal("upstream never saw the cancellation")
+			}
+			if err := <-errc; err == nil {
+				t.Fatal("client request should have failed after cancel")
+			}
+			waitFor(t, func() bool { return s.metrics.disconnects.Load() >= 1 })
+		})
+	}
+}
+
+// waitFor polls cond for up to 5 s; for effects that land after a response.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatal("condition not met within 5s")
+}
+
+// readEvent reads one SSE event (up to its blank line) from br.
+func readEvent(br *bufio.Reader) (string, error) {
+	var b strings.Builder
+	for {
+		line, err := br.ReadString('\n')
+		b.WriteString(line)
+		if err != nil {
+			return b.String(), err
+		}
+		if line == "\n" || line == "\r\n" {
+			return b.String(), nil
+		}
+	}
+}

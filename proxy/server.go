@@ -1,0 +1,325 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Server is the sidecar's HTTP front. Make one with New, serve with Serve,
+// stop with Shutdown. Its methods are safe for concurrent use.
+type Server struct {
+	opts      Options
+	base      *url.URL
+	log       *slog.Logger
+	transport *http.Transport
+	client    *http.Client
+	metrics   *Metrics
+	srv       *fasthttp.Server
+
+	ready atomic.Pointer[readyState]
+	// probeMu serialises /readyz probes; callers that find it held reuse the
+	// last result.
+	probeMu sync.Mutex
+}
+
+type readyState struct {
+	at  time.Time
+	err error
+}
+
+// New validates opts and builds a Server; nothing listens yet.
+func New(opts Options) (*Server, error) {
+	opts.setDefaults()
+	base, err := opts.validate()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		opts:      opts,
+		base:      base,
+		log:       opts.Logger,
+		transport: newTransport(&opts),
+		metrics:   newMetrics(),
+	}
+	s.client = &http.Client{
+		Transport: s.transport,
+		// Redirects are the client's business: pass them through.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	s.srv = &fasthttp.Server{
+		Handler:                       s.handle,
+		ErrorHandler:                  s.handleParseError,
+		Name:                          "kvsidecar",
+		NoDefaultServerHeader:         true,
+		NoDefaultContentType:          true,
+		DisableHeaderNamesNormalizing: false,
+		MaxRequestBodySize:            opts.MaxBodyBytes,
+		ReadTimeout:                   opts.ReadTimeout,
+		WriteTimeout:                  opts.WriteTimeout,
+		IdleTimeout:                   opts.IdleTimeout,
+		CloseOnShutdown:               true,
+		Logger:                        fasthttpLogger{opts.Logger},
+	}
+	return s, nil
+}
+
+// Metrics returns the server's metrics registry.
+func (s *Server) Metrics() *Metrics { return s.metrics }
+
+// Serve accepts connections on ln until Shutdown; it returns nil after a
+// clean shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	return s.srv.Serve(ln)
+}
+
+// Shutdown stops accepting, lets in-flight requests and streams finish until
+// ctx ends, then closes what is left and the upstream pool.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.srv.ShutdownWithContext(ctx)
+	s.transport.CloseIdleConnections()
+	return err
+}
+
+// Handler returns the request handler, for tests and embedding.
+func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
+
+type fasthttpLogger struct{ l *slog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	f.l.Debug("fasthttp", "msg", fmt.Sprintf(format, args...))
+}
+
+// handleParseError answers requests fasthttp could not read.
+func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
+	status, code, msg := fasthttp.StatusBadRequest, "bad_request", "could not read the request: "+err.Error()
+	var te interface{ Timeout() bool }
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		status, code = fasthttp.StatusRequestEntityTooLarge, "body_too_large"
+		msg = fmt.Sprintf("request body exceeds the limit of %d bytes", s.opts.MaxBodyBytes)
+	case errors.As(err, &te) && te.Timeout():
+		status, code, msg = fasthttp.StatusRequestTimeout, "request_timeout", "timed out reading the request"
+	}
+	writeError(ctx, status, typeInvalidRequest, code, msg)
+	ctx.SetConnectionClose()
+	s.metrics.countRequest(routeNotFound, status, 0)
+}
+
+func classify(path []byte) route {
+	switch string(path) {
+	case "/v1/chat/completions":
+		return routeChat
+	case "/v1/completions":
+		return routeCompletions
+	case "/v1/embeddings":
+		return routeEmbeddings
+	case "/v1/models":
+		return routeModels
+	}
+	return routePassthrough
+}
+
+func endpointOf(r route) endpoint {
+	switch r {
+	case routeChat:
+		return epChat
+	case routeCompletions:
+		return epCompletions
+	case routeEmbeddings:
+		return epEmbeddings
+	}
+	return epOther
+}
+
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	start := time.Now()
+	s.metrics.inFlight.Add(1)
+	path := ctx.Path()
+	switch {
+	case bytes.Equal(path, []byte("/healthz")):
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"status":"ok"}`)
+		s.finish(routeHealthz, ctx.Response.StatusCode(), start)
+	case bytes.Equal(path, []byte("/readyz")):
+		s.handleReady(ctx)
+		s.finish(routeReadyz, ctx.Response.StatusCode(), start)
+	case bytes.Equal(path, []byte("/metrics")):
+		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
+		s.metrics.WritePrometheus(ctx)
+		s.finish(routeMetrics, ctx.Response.StatusCode(), start)
+	case bytes.HasPrefix(path, []byte("/v1/")):
+		r := classify(path)
+		if !s.forward(ctx, r, start) {
+			s.finish(r, ctx.Response.StatusCode(), start)
+		}
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found",
+			fmt.Sprintf("no route for %s %s", ctx.Method(), path))
+		s.finish(routeNotFound, fasthttp.StatusNotFound, start)
+	}
+}
+
+// finish counts a request that ended.
+func (s *Server) finish(r route, status int, start time.Time) {
+	s.metrics.inFlight.Add(-1)
+	s.metrics.countRequest(r, status, time.Since(start))
+}
+
+// forward proxies one /v1 request. It returns true when the response is a
+// stream whose relay will call finish when done.
+func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) bool {
+	body := ctx.Request.Body()
+	s.metrics.bytesIn.Add(uint64(len(body)))
+
+	var info requestInfo
+	if ep := endpointOf(r); ep != epOther && ctx.IsPost() {
+		var err error
+		if info, err = parseRequest(ep, body); err != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_request", err.Error())
+			return false
+		}
+	}
+	sess, err := sessionOf(ctx, info)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_session_id", err.Error())
+		return false
+	}
+	var sessLog []any
+	if sess.ID != "" {
+		sessLog = []any{"session", sess.ID, "tenant", sess.Tenant}
+	}
+
+	rctx, cancel := context.WithCancel(context.Background())
+	idle := newIdleTimer(s.opts.UpstreamTimeout+s.opts.StreamIdleTimeout, cancel)
+	req, err := http.NewRequestWithContext(rctx, string(ctx.Method()), upstreamURL(s.base, ctx.Request.Header.RequestURI()), bytes.NewReader(body))
+	if err != nil {
+		idle.stop()
+		cancel()
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_request_uri", "request URI cannot be forwarded: "+err.Error())
+		return false
+	}
+	req.ContentLength = int64(len(body))
+	if len(body) == 0 {
+		req.Body = http.NoBody
+	}
+	copyRequestHeaders(req.Header, &ctx.Request.Header)
+
+	stopWatch := watchClientGone(ctx.Conn(), cancel, func() { s.metrics.disconnects.Add(1) })
+	resp, err := s.client.Do(req)
+	if err != nil {
+		stopWatch()
+		idle.stop()
+		cancel()
+		status, code, kind := classifyUpstreamError(err, idle.fired.Load())
+		s.metrics.countUpstreamError(kind)
+		s.log.Warn("upstream request failed", append(sessLog, "route", r.String(), "kind", kind, "err", err)...)
+		msg := "upstream unreachable"
+		if status == fasthttp.StatusGatewayTimeout {
+			msg = fmt.Sprintf("upstream did not answer within %s", s.opts.UpstreamTimeout)
+		}
+		writeError(ctx, status, typeUpstream, code, msg)
+		return false
+	}
+	idle.d = s.opts.StreamIdleTimeout
+	idle.progress()
+
+	ctx.SetStatusCode(resp.StatusCode)
+	copyResponseHeaders(&ctx.Response.Header, resp.Header)
+	if resp.StatusCode >= 400 {
+		s.log.Debug("upstream answered an error", append(sessLog, "route", r.String(), "status", resp.StatusCode)...)
+	}
+
+	isSSE := bytes.HasPrefix(bytes.TrimSpace([]byte(resp.Header.Get("Content-Type"))), []byte("text/event-stream"))
+	if isSSE || resp.ContentLength < 0 && info.Stream {
+		// The watch goes on while the relay waits on the upstream; the relay
+		// stops it when fasthttp closes the body stream.
+		rl := &relay{stopWatch: stopWatch,
+			s: s, body: resp.Body, cancel: cancel, idle: idle, conn: ctx.Conn(),
+			sse: isSSE, validate: isSSE && (r == routeChat || r == routeCompletions),
+			route: r, status: resp.StatusCode, start: start, sessLog: sessLog,
+			buf: make([]byte, 32<<10),
+		}
+		ctx.Response.ImmediateHeaderFlush = true
+		ctx.SetBodyStream(rl, -1)
+		return true
+	}
+
+	b, err := readAllLimit(resp.Body, s.opts.MaxResponseBytes, idle)
+	stopWatch()
+	idle.stop()
+	cancel()
+	_ = resp.Body.Close()
+	if err != nil {
+		ctx.Response.Reset()
+		if errors.Is(err, errTooLarge) {
+			s.metrics.countUpstreamError(upErrTooLarge)
+			writeError(ctx, fasthttp.StatusBadGateway, typeUpstream, "upstream_response_too_large",
+				fmt.Sprintf("upstream response exceeds the limit of %d bytes", s.opts.MaxResponseBytes))
+			return false
+		}
+		status, code, kind := classifyBodyError(err, idle.fired.Load())
+		s.metrics.countUpstreamError(kind)
+		s.log.Warn("upstream body failed", append(sessLog, "route", r.String(), "kind", kind, "err", err)...)
+		writeError(ctx, status, typeUpstream, code, "upstream response broken: "+kind)
+		return false
+	}
+	s.metrics.ttfb[r].observe(time.Since(start))
+	s.metrics.bytesOut.Add(uint64(len(b)))
+	ctx.SetBody(b)
+	return false
+}
+
+// handleReady answers /readyz: 200 when the upstream answered a probe
+// recently, 503 otherwise. Results are reused for ReadyCacheTTL.
+func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
+	st := s.ready.Load()
+	if st == nil || time.Since(st.at) > s.opts.ReadyCacheTTL {
+		if s.probeMu.TryLock() {
+			st = &readyState{at: time.Now(), err: s.probe()}
+			s.ready.Store(st)
+			s.probeMu.Unlock()
+		} else if st == nil {
+			s.probeMu.Lock() // another probe runs: wait for its answer
+			st = s.ready.Load()
+			s.probeMu.Unlock()
+		}
+	}
+	ctx.SetContentType("application/json")
+	if st.err != nil {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBody(errorJSON(typeUpstream, "upstream_not_ready", st.err.Error()))
+		return
+	}
+	ctx.SetBodyString(`{"status":"ready"}`)
+}
+
+// probe asks the upstream for its model list; any answer below 500 means
+// the upstream is up.
+func (s *Server) probe() error {
+	c, cancel := context.WithTimeout(context.Background(), min(s.opts.DialTimeout+2*time.Second, 10*time.Second))
+	defer cancel()
+	req, err := http.NewRequestWithContext(c, http.MethodGet, upstreamURL(s.base, []byte("/v1/models")), nil)
+	if err != nil {
+		return fmt.Errorf("upstream probe: %w", err)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("upstream unreachable: %w", err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode >= 500 {
+		return fmt.Errorf("upstream answered %d to GET /v1/models", resp.StatusCode)
+	}
+	return nil
+}

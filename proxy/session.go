@@ -1,0 +1,88 @@
+package proxy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/valyala/fasthttp"
+)
+
+// maxSessionIDLen bounds a client-chosen session id. Ids are never used as
+// file names (storage hashes them), but they are logged and echoed.
+const maxSessionIDLen = 256
+
+// anonymousTenant is the tenant of requests without a bearer token.
+const anonymousTenant = "anonymous"
+
+// sessionRef identifies a session: its id as the client named it, scoped by
+// the tenant that owns it. The zero value means "no session" (stateless).
+type sessionRef struct {
+	Tenant string
+	ID     string
+}
+
+// tenantOf hashes the Authorization bearer token so that one key never sees
+// another key's sessions and no secret is kept or logged.
+func tenantOf(authorization []byte) string {
+	const prefix = "bearer "
+	tok := authorization
+	if len(tok) >= len(prefix) && equalFoldASCII(tok[:len(prefix)], prefix) {
+		tok = tok[len(prefix):]
+	}
+	if len(tok) == 0 {
+		return anonymousTenant
+	}
+	sum := sha256.Sum256(tok)
+	return "t_" + hex.EncodeToString(sum[:8])
+}
+
+func equalFoldASCII(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range b {
+		c := b[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != s[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// validSessionID reports whether id may name a session: 1..256 bytes of
+// UTF-8 without control characters.
+func validSessionID(id string) error {
+	if len(id) > maxSessionIDLen {
+		return fmt.Errorf("session id is %d bytes; at most %d allowed", len(id), maxSessionIDLen)
+	}
+	if !utf8.ValidString(id) {
+		return fmt.Errorf("session id must be valid UTF-8")
+	}
+	for _, r := range id {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("session id must not contain control characters")
+		}
+	}
+	return nil
+}
+
+// sessionOf finds the request's session: the X-Session-ID header, else the
+// body's prompt_cache_key. It returns the zero sessionRef when neither is set.
+func sessionOf(ctx *fasthttp.RequestCtx, info requestInfo) (sessionRef, error) {
+	id := string(ctx.Request.Header.Peek("X-Session-ID"))
+	if id == "" {
+		id = info.PromptCacheKey
+	}
+	if id == "" {
+		return sessionRef{}, nil
+	}
+	if err := validSessionID(id); err != nil {
+		return sessionRef{}, err
+	}
+	return sessionRef{Tenant: tenantOf(ctx.Request.Header.Peek("Authorization")), ID: id}, nil
+}

@@ -1,0 +1,208 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSSESplitter(t *testing.T) {
+	f := func(in string, chunk int, want []string, rest string) {
+		t.Helper()
+		var s sseSplitter
+		var got []string
+		for i := 0; i < len(in); i += chunk {
+			s.feed([]byte(in[i:min(i+chunk, len(in))]))
+			for ev := s.next(); ev != nil; ev = s.next() {
+				got = append(got, string(ev))
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) || string(s.rest()) != rest {
+			t.Errorf("split(%q, chunk %d) = %q rest %q; want %q rest %q", in, chunk, got, s.rest(), want, rest)
+		}
+	}
+	for _, chunk := range []int{1, 2, 3, 5, 1000} {
+		f("data: a\n\ndata: b\n\n", chunk, []string{"data: a\n\n", "data: b\n\n"}, "")
+		f("data: a\r\n\r\ndata: b\r\n\r\n", chunk, []string{"data: a\r\n\r\n", "data: b\r\n\r\n"}, "")
+		f("data: a\r\rdata: b\n\ndata: c", chunk, []string{"data: a\r\r", "data: b\n\n"}, "data: c")
+		f("event: x\ndata: 1\ndata: 2\n\n: comment\n\n", chunk, []string{"event: x\ndata: 1\ndata: 2\n\n", ": comment\n\n"}, "")
+		f("data: a\n", chunk, nil, "data: a\n")
+	}
+	// No line-length limit: one 3 MiB event in 7-byte pieces... and in one.
+	big := "data: \"" + strings.Repeat("x", 3<<20) + "\"\n\n"
+	f(big, 1<<16, []string{big}, "")
+}
+
+func FuzzSSESplitter(f *testing.F) {
+	f.Add([]byte("data: a\n\ndata: b\r\n\r\n"), uint8(3))
+	f.Add([]byte("data: a\r\r\n\n"), uint8(1))
+	f.Fuzz(func(t *testing.T, in []byte, chunk uint8) {
+		n := int(chunk%16) + 1
+		var s sseSplitter
+		var out []byte
+		events := 0
+		for i := 0; i < len(in); i += n {
+			s.feed(in[i:min(i+n, len(in))])
+			for ev := s.next(); ev != nil; ev = s.next() {
+				events++
+				out = append(out, ev...)
+			}
+		}
+		out = append(out, s.rest()...)
+		if !bytes.Equal(out, in) {
+			t.Fatalf("events and rest do not rebuild the input:\n in %q\nout %q", in, out)
+		}
+		// Splitting in one piece finds the same number of complete events
+		// unless a chunk boundary fell inside a CR LF pair.
+		var one sseSplitter
+		one.feed(in)
+		m := 0
+		for ev := one.next(); ev != nil; ev = one.next() {
+			m++
+		}
+		if !bytes.Contains(in, []byte("\r")) && m != events {
+			t.Fatalf("%d events in pieces of %d, %d in one piece, for %q", events, n, m, in)
+		}
+	})
+}
+
+func TestCheckEvent(t *testing.T) {
+	ok := []string{"data: {\"a\":1}\n\n", "data: [DONE]\n\n", ": keepalive\n\n", "event: ping\n\n", "data:{\"a\":\ndata: 1}\n\n"}
+	for _, ev := range ok {
+		if err := checkEvent([]byte(ev)); err != nil {
+			t.Errorf("checkEvent(%q) = %v", ev, err)
+		}
+	}
+	bad := []string{"data: {\"a\":\n\n", "data: <html>\n\n", "data: [DONE]\ndata: x\n\n"}
+	for _, ev := range bad {
+		if err := checkEvent([]byte(ev)); err == nil {
+			t.Errorf("checkEvent(%q) accepted garbage", ev)
+		}
+	}
+}
+
+// streamUpstream sends the given events, waiting for a value on step before
+// each one after the first.
+func streamUpstream(t *testing.T, events []string, step <-chan struct{}, after func(w http.ResponseWriter)) *httptest.Server {
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Cache-Control", "no-cache")
+		for i, ev := range events {
+			if i > 0 && step != nil {
+				select {
+				case <-step:
+				case <-r.Context().Done():
+					return
+				}
+			}
+			fmt.Fprint(w, ev)
+			w.(http.Flusher).Flush()
+		}
+		if after != nil {
+			after(w)
+		}
+	}))
+}
+
+func openStream(t *testing.T, base string) (*http.Response, *bufio.Reader) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	resp, err := noPoolClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("stream answered %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	return resp, bufio.NewReader(resp.Body)
+}
+
+func TestStreamEventsArriveBeforeUpstreamFinishes(t *testing.T) {
+	big := `data: {"choices":[{"delta":{"content":"` + strings.Repeat("y", 1<<20) + `"}}]}` + "\n\n"
+	events := []string{
+		"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+		": keep-alive comment\n\n",
+		big,
+		"data: [DONE]\n\n",
+	}
+	step := make(chan struct{})
+	up := streamUpstream(t, events, step, nil)
+	defer up.Close()
+	base, _ := startSidecar(t, up.URL, nil)
+	_, br := openStream(t, base)
+	for i, want := range events {
+		// The upstream holds event i+1 until the client has event i: the
+		// relay cannot be buffering the stream.
+		got, err := readEvent(br)
+		if err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+		if got != want {
+			t.Fatalf("event %d = %.80q (len %d), want %.80q (len %d)", i, got, len(got), want, len(want))
+		}
+		if i < len(events)-1 {
+			step <- struct{}{}
+		}
+	}
+	if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+		t.Fatalf("after [DONE]: %q, %v", rest, err)
+	}
+}
+
+func TestStreamBrokenUpstreamAbortsClient(t *testing.T) {
+	first := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"
+	cases := map[string]struct {
+		events []string
+		after  func(w http.ResponseWriter)
+		opts   func(*Options)
+		code   string
+		kind   string
+	}{
+		"reset": {events: []string{first}, after: func(w http.ResponseWriter) {
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				conn.(*net.TCPConn).SetLinger(0)
+				conn.Close()
+			}
+		}, code: "upstream_stream_broken", kind: upErrBroken},
+		"garbage": {events: []string{first, "data: <html>oops</html>\n\n", "data: [DONE]\n\n"},
+			code: "upstream_garbage", kind: upErrGarbage},
+		"idle timeout": {events: []string{first}, after: func(http.ResponseWriter) { time.Sleep(2 * time.Second) },
+			opts: func(o *Options) { o.StreamIdleTimeout = 200 * time.Millisecond }, code: "upstream_timeout", kind: upErrTimeout},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			up := streamUpstream(t, c.events, nil, c.after)
+			defer up.Close()
+			base, s := startSidecar(t, up.URL, c.opts)
+			_, br := openStream(t, base)
+			got, err := readEvent(br)
+			if err != nil || got != first {
+				t.Fatalf("first event %q, %v", got, err)
+			}
+			got, err = readEvent(br)
+			if err != nil || !strings.HasPrefix(got, "event: error\ndata: {\"error\":") || !strings.Contains(got, c.code) {
+				t.Fatalf("want an error event with %s, got %q, %v", c.code, got, err)
+			}
+			// Then the connection breaks: no clean end of the chunked body.
+			rest, err := io.ReadAll(br)
+			if err == nil {
+				t.Fatalf("stream ended cleanly after an upstream failure; rest %q", rest)
+			}
+			waitFor(t, func() bool {
+				v, ok := s.metrics.upErrors.Load(c.kind)
+				return ok && v.(interface{ Load() uint64 }).Load() == 1
+			})
+		})
+	}
+}

@@ -1,0 +1,72 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+)
+
+func TestParseRequest(t *testing.T) {
+	info, err := parseRequest(epChat, []byte(` {"model":"llama","stream":true,"prompt_cache_key":"s1","messages":[{"role":"user","content":"x"}]}`))
+	if err != nil || info != (requestInfo{Model: "llama", Stream: true, PromptCacheKey: "s1"}) {
+		t.Fatalf("got %+v, %v", info, err)
+	}
+	if _, err := parseRequest(epCompletions, []byte(`{"prompt":["a","b"]}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := parseRequest(epEmbeddings, []byte(`{"input":"a","stream":true}`)); err == nil {
+		t.Fatal("streamed embeddings accepted")
+	}
+	_, err = parseRequest(epChat, []byte(`{"messages":[],"model":7}`))
+	var bad *badRequestError
+	if !errors.As(err, &bad) || bad.msg != "invalid type for 'model': expected string" {
+		t.Fatalf("type error = %v", err)
+	}
+}
+
+func TestTenantOf(t *testing.T) {
+	a, b := tenantOf([]byte("Bearer sk-one")), tenantOf([]byte("bearer sk-one"))
+	if a != b || a == anonymousTenant || len(a) != 18 {
+		t.Fatalf("tenant %q vs %q", a, b)
+	}
+	if tenantOf([]byte("Bearer sk-two")) == a {
+		t.Fatal("two keys share a tenant")
+	}
+	if tenantOf(nil) != anonymousTenant || tenantOf([]byte("Bearer ")) != anonymousTenant {
+		t.Fatal("no key must be the anonymous tenant")
+	}
+}
+
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`,
+		`{"prompt":"x","prompt_cache_key":"k"}`, `{"input":["a"]}`, `[]`, `{`, `{"messages":null}`,
+		"{\"messages\":[],\"model\":\"\xff\"}", ``,
+	} {
+		f.Add([]byte(s), uint8(0))
+	}
+	f.Fuzz(func(t *testing.T, body []byte, kind uint8) {
+		ep := endpoint(kind%4) + 0
+		info, err := parseRequest(ep, body)
+		if err != nil {
+			var bad *badRequestError
+			if !errors.As(err, &bad) || bad.msg == "" {
+				t.Fatalf("error %v is not a client message", err)
+			}
+			return
+		}
+		if !json.Valid(body) {
+			t.Fatalf("accepted invalid JSON %q", body)
+		}
+		var m map[string]json.RawMessage
+		if json.Unmarshal(body, &m) != nil {
+			t.Fatalf("accepted a non-object %q", body)
+		}
+		if ep == epChat && !isJSONArray(m["messages"]) {
+			t.Fatalf("accepted chat without messages: %q", body)
+		}
+		if info.Stream && ep == epEmbeddings {
+			t.Fatal("accepted streamed embeddings")
+		}
+	})
+}
