@@ -1,0 +1,31 @@
+// Package tiers owns the three levels where KV blocks live and the rules
+// that move blocks between them:
+//
+//   - Focus: device memory reached through a gpu.Device (a CPU device when
+//     there is no GPU), the fastest and smallest;
+//   - Working: host RAM;
+//   - Archive: one file per block under a directory, zstd-compressed after
+//     splitting 16-bit values into byte planes, checked with CRC32C,
+//     surviving restarts.
+//
+// A Store combines them. Each tier has byte and token budgets with soft and
+// hard watermarks (Budget). Eviction order within Focus and Working is a
+// Policy: lru, lfu, weighted, lru-k (the default) or hybrid with its
+// presets. Blocks move down (Focus→Working→Archive) when a tier passes its
+// soft watermark, done by one goroutine the store owns, and up one tier when
+// an access lifts a block's hot score to the promotion threshold.
+//
+// Invariants:
+//   - A key is in at most one of Focus and Working. If the Archive holds it
+//     too, the Archive's copy is identical (a non-durable Put of a new value
+//     deletes the old file first).
+//   - Get never waits for maintenance: it takes each tier's lock only to look
+//     up and record the access, and promotes only under TryLock and only
+//     into room that exists.
+//   - A durable Put that returned nil is on disk: written to a temporary
+//     file, fsynced, renamed, the folder fsynced. A file that fails any check
+//     is moved to quarantine/ and reported, never served and never fatal;
+//     temporary files left by a crash are removed on open.
+//   - Archive file names are hashes of keys, never the keys themselves.
+//   - Every goroutine belongs to a Store and stops in Close.
+package tiers

@@ -1,0 +1,604 @@
+package tiers
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvsidecar/kvsidecar/gpu"
+)
+
+// Options configure a Store. The zero value is a store with Focus on a CPU
+// device, Working and no Archive.
+type Options struct {
+	// Dir is the Archive's directory. Empty means no Archive: blocks
+	// demoted from Working are dropped and durable puts fail.
+	Dir string
+	// FS is the Archive's file system. Nil means OSFS.
+	FS FS
+	// Device backs the Focus tier. Nil means a CPU device sized to the
+	// Focus budget, owned and closed by the store.
+	Device gpu.Device
+	// DisableFocus leaves out the Focus tier: puts land in Working.
+	DisableFocus bool
+	// Focus, Working and Archive bound the tiers. Zero MaxBytes means
+	// 256 MiB, 1 GiB and 16 GiB.
+	Focus, Working, Archive Budget
+	// Strategy is the eviction policy of Focus and Working, a name
+	// NewPolicy accepts. Empty means DefaultStrategy (lru-k). The Archive
+	// evicts least recently used blocks when over its disk budget.
+	Strategy string
+	// PromoteThreshold is the hot score at which an access moves a block
+	// one tier up. Zero means 2: about two accesses within a half-life.
+	PromoteThreshold float64
+	// HotHalfLife is the half-life of hot scores. Zero means one minute.
+	HotHalfLife time.Duration
+	// Clock tells time. Nil means the system clock.
+	Clock Clock
+	// ArchiveLevel, MaxBlockBytes and VerifyOnOpen are passed to the
+	// Archive; see ArchiveOptions.
+	ArchiveLevel  int
+	MaxBlockBytes int64
+	VerifyOnOpen  bool
+	// NoFlushOnClose makes Close drop what only Focus and Working hold
+	// instead of writing it to the Archive.
+	NoFlushOnClose bool
+}
+
+func (o *Options) validate() error {
+	if err := o.Focus.validate("focus", 256<<20); err != nil {
+		return err
+	}
+	if err := o.Working.validate("working", 1<<30); err != nil {
+		return err
+	}
+	if _, err := NewPolicy(o.Strategy); err != nil {
+		return err
+	}
+	if o.Strategy == "" {
+		o.Strategy = DefaultStrategy
+	}
+	if o.PromoteThreshold < 0 {
+		return fmt.Errorf("tiers: negative PromoteThreshold")
+	}
+	if o.PromoteThreshold == 0 {
+		o.PromoteThreshold = 2
+	}
+	if o.HotHalfLife < 0 {
+		return fmt.Errorf("tiers: negative HotHalfLife")
+	}
+	if o.HotHalfLife == 0 {
+		o.HotHalfLife = time.Minute
+	}
+	if o.Clock == nil {
+		o.Clock = SystemClock
+	}
+	return nil
+}
+
+// PutOptions qualify one Put. The zero value is a cached, not yet durable,
+// lossless put.
+type PutOptions struct {
+	// Durable writes the value through to the Archive, fsynced, before Put
+	// returns: it then survives a crash of the process.
+	Durable bool
+	// Lossy lets the Archive store 16-bit floats quantised to q8.
+	Lossy bool
+	// Hint feeds the weighted and hybrid strategies.
+	Hint Hint
+}
+
+// Store is the tiered block store: Focus (device memory), Working (host
+// RAM) and Archive (files). A value lives in exactly one of Focus and
+// Working, or in neither; the Archive may also hold a copy, which is then
+// identical to it. Puts land in the fastest tier with room; a background
+// goroutine the store owns demotes blocks from a tier above its soft
+// watermark (Focus→Working→Archive) in the order of the tier's policy; an
+// access whose hot score reaches the threshold promotes the block one tier
+// up if that tier has room under its hard watermark.
+//
+// Get never waits for demotion or promotion: it takes each tier's lock only
+// to look up and record the access. Put, Delete and demotion of one key are
+// serialised by a striped lock.
+//
+// Create a Store with Open and stop it with Close.
+type Store struct {
+	opts      Options
+	focus     *memTier // nil when disabled
+	working   *memTier
+	archive   *Archive // nil without Dir
+	ownDevice gpu.Device
+	seed      maphash.Seed
+
+	stripes [256]sync.Mutex
+	// moves counts blocks moved between tiers, so a Get that misses
+	// everywhere while a block moved can look again.
+	moves atomic.Uint64
+
+	maintMu sync.Mutex // one maintenance pass at a time
+	kick    chan struct{}
+	done    chan struct{}
+	wg      sync.WaitGroup
+	closed  atomic.Bool
+}
+
+// Open opens the store: it opens (and indexes) the Archive under opts.Dir
+// when set, and starts the maintenance goroutine.
+func Open(opts Options) (*Store, error) {
+	return open(opts, true)
+}
+
+func open(opts Options, background bool) (*Store, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	s := &Store{opts: opts, seed: maphash.MakeSeed(), kick: make(chan struct{}, 1), done: make(chan struct{})}
+	var err error
+	if !opts.DisableFocus {
+		dev := opts.Device
+		if dev == nil {
+			cpu, err := gpu.NewCPU(gpu.CPUOptions{Capacity: opts.Focus.MaxBytes})
+			if err != nil {
+				return nil, err
+			}
+			dev, s.ownDevice = cpu, cpu
+		}
+		if s.focus, err = newMemTier(TierFocus, opts.Focus, deviceBacking{dev}, opts.Strategy, opts.HotHalfLife); err != nil {
+			return nil, err
+		}
+	}
+	if s.working, err = newMemTier(TierWorking, opts.Working, hostBacking{}, opts.Strategy, opts.HotHalfLife); err != nil {
+		return nil, err
+	}
+	if opts.Dir != "" {
+		s.archive, err = OpenArchive(ArchiveOptions{
+			Dir: opts.Dir, FS: opts.FS, Budget: opts.Archive, Level: opts.ArchiveLevel,
+			MaxBlockBytes: opts.MaxBlockBytes, VerifyOnOpen: opts.VerifyOnOpen,
+			HotHalfLife: opts.HotHalfLife, Clock: opts.Clock,
+		})
+		if err != nil {
+			if s.ownDevice != nil {
+				s.ownDevice.Close()
+			}
+			return nil, err
+		}
+	}
+	if background {
+		s.wg.Add(1)
+		go s.loop()
+	}
+	return s, nil
+}
+
+func (s *Store) stripe(key string) *sync.Mutex {
+	return &s.stripes[maphash.String(s.seed, key)%uint64(len(s.stripes))]
+}
+
+func (s *Store) loop() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-s.kick:
+			s.Maintain()
+		}
+	}
+}
+
+// kickIfNeeded wakes the maintenance goroutine when a tier is over its soft
+// watermark. It never blocks.
+func (s *Store) kickIfNeeded() {
+	over := s.working.overSoft() || (s.focus != nil && s.focus.overSoft())
+	if !over && s.archive != nil {
+		s.archive.mu.Lock()
+		over = s.archive.opts.Budget.overSoft(s.archive.bytes, s.archive.tokens)
+		s.archive.mu.Unlock()
+	}
+	if over {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Maintain runs one maintenance pass now: it demotes blocks from Focus and
+// Working until each is under its soft watermark and trims the Archive to
+// its soft watermark. The maintenance goroutine calls it when a tier
+// crosses its soft watermark; tests and tools may call it directly.
+func (s *Store) Maintain() {
+	s.maintMu.Lock()
+	defer s.maintMu.Unlock()
+	if s.focus != nil {
+		for s.focus.overSoft() && s.demoteOne(s.focus, "", false) {
+		}
+	}
+	for s.working.overSoft() && s.demoteOne(s.working, "", false) {
+	}
+	if s.archive != nil {
+		s.archive.Trim()
+	}
+}
+
+func (s *Store) below(t *memTier) *memTier {
+	if t == s.focus {
+		return s.working
+	}
+	return nil
+}
+
+// makeRoom demotes blocks from t until size bytes and tokens fit under its
+// hard watermark. The caller holds the stripe of held. Victims under
+// another stripe are taken only with TryLock, so when a victim is busy the
+// tier may overshoot until the maintenance goroutine catches up.
+func (s *Store) makeRoom(t *memTier, held string, size, tokens int64) {
+	for !t.fits(size, tokens) && s.demoteOne(t, held, true) {
+	}
+}
+
+// demoteOne moves t's policy victim one tier down (Working's to the
+// Archive, or nowhere when there is none, or when the Archive already has
+// it). It reports whether it made progress. The caller holds the stripe of
+// held ("" for none); try makes it give up on a busy victim.
+func (s *Store) demoteOne(t *memTier, held string, try bool) bool {
+	victim, ok := t.victim()
+	if !ok {
+		return false
+	}
+	if mu := s.stripe(victim); held == "" || mu != s.stripe(held) {
+		if try {
+			if !mu.TryLock() {
+				return false
+			}
+		} else {
+			mu.Lock()
+		}
+		defer mu.Unlock()
+	}
+	e, v, ok, err := t.take(victim)
+	if !ok {
+		return true // removed meanwhile
+	}
+	if err == nil {
+		if next := s.below(t); next != nil {
+			if next.fitsEmpty(e.size, e.meta.Tokens) {
+				s.makeRoom(next, victim, e.size, e.meta.Tokens)
+				_, err = next.insert(victim, v, e.hint, e.lossy, e.hot, false)
+			} else if s.archive != nil && !s.archive.Contains(victim) {
+				err = s.archive.Put(victim, v, e.lossy)
+			}
+		} else if s.archive != nil && !s.archive.Contains(victim) {
+			err = s.archive.Put(victim, v, e.lossy)
+		}
+	}
+	// On error the block is dropped: a tier over budget must shrink, and a
+	// cached block can be computed again. Durable blocks are in the
+	// Archive already.
+	_ = err
+	t.removeEntry(e)
+	t.demotions.Add(1)
+	s.moves.Add(1)
+	return true
+}
+
+func (s *Store) checkKey(key string) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if len(key) == 0 || len(key) > MaxKeyLen {
+		return fmt.Errorf("tiers: key of %d bytes, want 1 to %d", len(key), MaxKeyLen)
+	}
+	return nil
+}
+
+// Put stores v under key, replacing any older value in every tier. The
+// store owns v afterwards. With o.Durable the value is in the Archive,
+// fsynced, when Put returns nil.
+func (s *Store) Put(key string, v Value, o PutOptions) error {
+	if err := s.checkKey(key); err != nil {
+		return fmt.Errorf("tiers: put: %w", err)
+	}
+	if err := v.Meta.validate(); err != nil {
+		return fmt.Errorf("tiers: put: %w", err)
+	}
+	if o.Durable && s.archive == nil {
+		return fmt.Errorf("tiers: put: %w", ErrNoArchive)
+	}
+	mu := s.stripe(key)
+	mu.Lock()
+	defer mu.Unlock()
+	if o.Durable {
+		if err := s.archive.Put(key, v, o.Lossy); err != nil {
+			return fmt.Errorf("tiers: put: %w", err)
+		}
+	} else if s.archive != nil && s.archive.Contains(key) {
+		if err := s.archive.Delete(key); err != nil {
+			return fmt.Errorf("tiers: put: drop stale archive copy: %w", err)
+		}
+	}
+	if s.focus != nil {
+		s.focus.remove(key)
+	}
+	s.working.remove(key)
+	size := int64(len(v.Data))
+	placed := false
+	for _, t := range []*memTier{s.focus, s.working} {
+		if t == nil || !t.fitsEmpty(size, v.Tokens) {
+			continue
+		}
+		s.makeRoom(t, key, size, v.Tokens)
+		if _, err := t.insert(key, v, o.Hint, o.Lossy, hotScore{}, false); err != nil {
+			if t == s.focus {
+				continue // e.g. the device is out of memory: use host RAM
+			}
+			return fmt.Errorf("tiers: put: %w", err)
+		}
+		placed = true
+		break
+	}
+	if !placed && !o.Durable {
+		if s.archive == nil {
+			return fmt.Errorf("tiers: put %d bytes: %w", size, ErrTooLarge)
+		}
+		if err := s.archive.Put(key, v, o.Lossy); err != nil {
+			return fmt.Errorf("tiers: put: %w", err)
+		}
+	}
+	s.kickIfNeeded()
+	return nil
+}
+
+// Get returns key's value and the tier that served it. The value is shared:
+// do not modify it. A corrupt archive block is never served: the error then
+// matches ErrCorrupt as well as ErrNotFound.
+func (s *Store) Get(key string) (Value, Tier, error) {
+	if err := s.checkKey(key); err != nil {
+		return Value{}, TierNone, fmt.Errorf("tiers: get: %w", err)
+	}
+	now := s.opts.Clock.Now()
+	for range 3 {
+		gen := s.moves.Load()
+		if s.focus != nil {
+			v, _, ok, err := s.focus.get(key, now)
+			if err != nil {
+				return Value{}, TierNone, fmt.Errorf("tiers: get: %w", err)
+			}
+			if ok {
+				return v, TierFocus, nil
+			}
+		}
+		v, hot, ok, _ := s.working.get(key, now)
+		if ok {
+			if s.focus != nil && hot >= s.opts.PromoteThreshold {
+				s.promote(key)
+			}
+			return v, TierWorking, nil
+		}
+		if s.archive != nil {
+			v, hot, agen, err := s.archive.get(key)
+			if err == nil {
+				if hot >= s.opts.PromoteThreshold {
+					s.promoteFromArchive(key, v, agen)
+				}
+				return v, TierArchive, nil
+			}
+			if !errors.Is(err, ErrNotFound) || errors.Is(err, ErrCorrupt) {
+				return Value{}, TierNone, fmt.Errorf("tiers: get: %w", err)
+			}
+		}
+		if s.moves.Load() == gen {
+			break
+		}
+	}
+	return Value{}, TierNone, fmt.Errorf("tiers: get: %w", ErrNotFound)
+}
+
+// promote moves key from Working to Focus if Focus has room; it gives up
+// rather than wait for anything.
+func (s *Store) promote(key string) {
+	mu := s.stripe(key)
+	if !mu.TryLock() {
+		return
+	}
+	defer mu.Unlock()
+	e, v, ok, err := s.working.take(key)
+	if !ok || err != nil {
+		return
+	}
+	if in, _ := s.focus.insert(key, v, e.hint, e.lossy, e.hot, true); !in {
+		return
+	}
+	s.working.removeEntry(e)
+	s.focus.promotions.Add(1)
+	s.moves.Add(1)
+	s.kickIfNeeded()
+}
+
+// promoteFromArchive copies a block read from the Archive into Working if
+// Working has room and the block is still the current one.
+func (s *Store) promoteFromArchive(key string, v Value, gen uint64) {
+	mu := s.stripe(key)
+	if !mu.TryLock() {
+		return
+	}
+	defer mu.Unlock()
+	if s.archive.genOf(key) != gen || s.working.contains(key) || (s.focus != nil && s.focus.contains(key)) {
+		return
+	}
+	var hot hotScore
+	hot.bump(s.opts.Clock.Now(), s.opts.HotHalfLife)
+	if in, _ := s.working.insert(key, v, Hint{}, false, hot, true); !in {
+		return
+	}
+	s.working.promotions.Add(1)
+	s.moves.Add(1)
+	s.kickIfNeeded()
+}
+
+// Contains reports whether any tier holds key, in O(1) without I/O.
+func (s *Store) Contains(key string) bool {
+	if s.focus != nil && s.focus.contains(key) {
+		return true
+	}
+	if s.working.contains(key) {
+		return true
+	}
+	return s.archive != nil && s.archive.Contains(key)
+}
+
+// Stat returns key's metadata, its size in bytes and the fastest tier
+// holding it, without reading the value.
+func (s *Store) Stat(key string) (Meta, int64, Tier, error) {
+	for range 3 {
+		gen := s.moves.Load()
+		if s.focus != nil {
+			if m, n, ok := s.focus.stat(key); ok {
+				return m, n, TierFocus, nil
+			}
+		}
+		if m, n, ok := s.working.stat(key); ok {
+			return m, n, TierWorking, nil
+		}
+		if s.archive != nil {
+			if m, n, ok := s.archive.Stat(key); ok {
+				return m, n, TierArchive, nil
+			}
+		}
+		if s.moves.Load() == gen {
+			break
+		}
+	}
+	return Meta{}, 0, TierNone, fmt.Errorf("tiers: stat: %w", ErrNotFound)
+}
+
+// Delete removes key from every tier, durably for the Archive. It returns
+// ErrNotFound when no tier held it.
+func (s *Store) Delete(key string) error {
+	if err := s.checkKey(key); err != nil {
+		return fmt.Errorf("tiers: delete: %w", err)
+	}
+	mu := s.stripe(key)
+	mu.Lock()
+	defer mu.Unlock()
+	found := s.working.remove(key)
+	if s.focus != nil && s.focus.remove(key) {
+		found = true
+	}
+	if s.archive != nil && s.archive.Contains(key) {
+		found = true
+		if err := s.archive.Delete(key); err != nil {
+			return fmt.Errorf("tiers: delete: %w", err)
+		}
+	}
+	if !found {
+		return fmt.Errorf("tiers: delete: %w", ErrNotFound)
+	}
+	return nil
+}
+
+// Range calls fn for every key with its metadata and fastest tier, until fn
+// returns false. It sees a snapshot taken tier by tier: keys put or moved
+// meanwhile may be missed or seen twice.
+func (s *Store) Range(fn func(key string, m Meta, t Tier) bool) {
+	seen := make(map[string]bool)
+	for _, t := range []*memTier{s.focus, s.working} {
+		if t == nil {
+			continue
+		}
+		for _, k := range t.keys() {
+			if seen[k] {
+				continue
+			}
+			m, _, ok := t.stat(k)
+			if !ok {
+				continue
+			}
+			seen[k] = true
+			if !fn(k, m, t.tier) {
+				return
+			}
+		}
+	}
+	if s.archive != nil {
+		s.archive.Keys(func(k string, m Meta) bool {
+			if seen[k] {
+				return true
+			}
+			return fn(k, m, TierArchive)
+		})
+	}
+}
+
+// Stats describes the store.
+type Stats struct {
+	Strategy string      `json:"strategy"`
+	Tiers    []TierStats `json:"tiers"`
+}
+
+// Stats returns per-tier usage and counters, fastest tier first.
+func (s *Store) Stats() Stats {
+	st := Stats{Strategy: s.opts.Strategy}
+	if s.focus != nil {
+		st.Tiers = append(st.Tiers, s.focus.stats())
+	}
+	st.Tiers = append(st.Tiers, s.working.stats())
+	if s.archive != nil {
+		st.Tiers = append(st.Tiers, s.archive.Stats())
+	}
+	return st
+}
+
+// Strategy returns the eviction strategy of Focus and Working.
+func (s *Store) Strategy() string { return s.opts.Strategy }
+
+// Quarantined reports the archive files quarantined since open.
+func (s *Store) Quarantined() []Quarantine {
+	if s.archive == nil {
+		return nil
+	}
+	return s.archive.Quarantined()
+}
+
+// Close stops the maintenance goroutine and waits for it, writes every
+// block only Focus or Working holds to the Archive (unless NoFlushOnClose),
+// and releases memory and the device the store created. Callers stop using
+// the store before closing it. Close is idempotent.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	close(s.done)
+	s.wg.Wait()
+	var errs []error
+	for _, t := range []*memTier{s.focus, s.working} {
+		if t == nil {
+			continue
+		}
+		if s.archive != nil && !s.opts.NoFlushOnClose {
+			for _, k := range t.keys() {
+				mu := s.stripe(k)
+				mu.Lock()
+				e, v, ok, err := t.take(k)
+				if ok && err == nil && !s.archive.Contains(k) {
+					err = s.archive.Put(k, v, e.lossy)
+				}
+				if err != nil {
+					errs = append(errs, fmt.Errorf("tiers: close: flush: %w", err))
+				}
+				mu.Unlock()
+			}
+		}
+		t.clear()
+	}
+	if s.archive != nil {
+		errs = append(errs, s.archive.Close())
+	}
+	if s.ownDevice != nil {
+		errs = append(errs, s.ownDevice.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,137 @@
+package tiers
+
+import (
+	"bytes"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"testing/synctest"
+)
+
+func TestStoreConcurrent(t *testing.T) {
+	s, err := Open(Options{
+		Dir:     t.TempDir(),
+		Focus:   Budget{MaxBytes: 64 << 10},
+		Working: Budget{MaxBytes: 128 << 10},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each goroutine owns its keys, so what it reads back must be what it
+	// last wrote, wherever the block has moved meanwhile.
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			last := map[string][]byte{}
+			for i := range 300 {
+				key := "g" + strconv.Itoa(g) + "-" + strconv.Itoa(i%20)
+				switch i % 4 {
+				case 0, 1:
+					v := value(key+strconv.Itoa(i), 4096)
+					if err := s.Put(key, Value{Meta: Meta{DType: DTypeF16}, Data: v}, PutOptions{Durable: i%8 == 0}); err != nil {
+						t.Error(err)
+						return
+					}
+					last[key] = v
+				case 2:
+					v, _, err := s.Get(key)
+					want, ok := last[key]
+					if ok && (err != nil || !bytes.Equal(v.Data, want)) {
+						t.Errorf("get %s: %v, bytes equal %v", key, err, bytes.Equal(v.Data, want))
+						return
+					}
+					if !ok && !errors.Is(err, ErrNotFound) {
+						t.Errorf("get %s never written: %v", key, err)
+					}
+				case 3:
+					if i%12 == 3 {
+						err := s.Delete(key)
+						if _, ok := last[key]; ok != (err == nil) {
+							t.Errorf("delete %s: %v", key, err)
+						}
+						delete(last, key)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	s.Maintain()
+	for _, ts := range s.Stats().Tiers {
+		if ts.Tier != "archive" && ts.Bytes > ts.MaxBytes {
+			t.Errorf("%s holds %d bytes over its budget of %d", ts.Tier, ts.Bytes, ts.MaxBytes)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Get("g0-1"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("get after close: %v", err)
+	}
+}
+
+// TestStoreNoLeak runs a store in a synctest bubble: the bubble fails the
+// test if the maintenance goroutine outlives Close.
+func TestStoreNoLeak(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, err := Open(Options{Focus: Budget{MaxBytes: 1000}, Working: Budget{MaxBytes: 1000}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 30 {
+			if err := s.Put(strconv.Itoa(i), Value{Data: make([]byte, 100)}, PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		synctest.Wait() // the maintenance goroutine has caught up
+		for _, ts := range s.Stats().Tiers {
+			if float64(ts.Bytes) > 0.9*float64(ts.MaxBytes) {
+				t.Errorf("%s at %d bytes after background maintenance", ts.Tier, ts.Bytes)
+			}
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestStoreOptions(t *testing.T) {
+	bad := []Options{
+		{Strategy: "nope"},
+		{Focus: Budget{Soft: 0.9, Hard: 0.5}},
+		{Working: Budget{MaxBytes: -1}},
+		{PromoteThreshold: -1},
+	}
+	for i, o := range bad {
+		if s, err := Open(o); err == nil {
+			s.Close()
+			t.Errorf("case %d: invalid options accepted", i)
+		}
+	}
+	s, err := Open(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Strategy() != DefaultStrategy {
+		t.Fatalf("strategy %q", s.Strategy())
+	}
+	if err := s.Put("k", Value{Data: []byte("x")}, PutOptions{Durable: true}); !errors.Is(err, ErrNoArchive) {
+		t.Fatalf("durable put without archive: %v", err)
+	}
+	if err := s.Put("", Value{}, PutOptions{}); err == nil {
+		t.Fatal("empty key accepted")
+	}
+	if err := s.Put("k", Value{Meta: Meta{Shape: make([]int64, 9)}}, PutOptions{}); err == nil {
+		t.Fatal("9-d shape accepted")
+	}
+	if _, err := ParseDType("f64"); err == nil {
+		t.Fatal("f64 parsed")
+	}
+	for _, d := range []DType{DTypeNone, DTypeF16, DTypeBF16, DTypeF32, DTypeQ8} {
+		if got, err := ParseDType(d.String()); err != nil || got != d {
+			t.Fatalf("ParseDType(%q) = %v, %v", d, got, err)
+		}
+	}
+}
