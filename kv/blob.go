@@ -1,0 +1,161 @@
+package kv
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/kvsidecar/kvsidecar/tiers"
+)
+
+// Bounds of blob names. Any bytes are allowed: names never reach the file
+// system (archive files are named by a hash).
+const (
+	MaxNamespaceLen = 256
+	MaxBlobKeyLen   = 1024
+)
+
+// BlobMeta describes a blob of the KV HTTP API: the optional X-KV-Dtype
+// and X-KV-Shape, and the size in bytes.
+type BlobMeta struct {
+	// DType is the element type; zero when the client gave none.
+	DType DType
+	// Shape is the dimensions; nil when the client gave none.
+	Shape []int64
+	// Size is the blob's length in bytes (set by the cache).
+	Size int64
+}
+
+func blobKey(ns, key string) (string, error) {
+	if len(ns) == 0 || len(ns) > MaxNamespaceLen {
+		return "", fmt.Errorf("%w: namespace of %d bytes, want 1 to %d", ErrInvalid, len(ns), MaxNamespaceLen)
+	}
+	if len(key) == 0 || len(key) > MaxBlobKeyLen {
+		return "", fmt.Errorf("%w: key of %d bytes, want 1 to %d", ErrInvalid, len(key), MaxBlobKeyLen)
+	}
+	b := make([]byte, 0, 1+binary.MaxVarintLen64+len(ns)+len(key))
+	b = append(b, 'b')
+	b = binary.AppendUvarint(b, uint64(len(ns)))
+	b = append(b, ns...)
+	b = append(b, key...)
+	return string(b), nil
+}
+
+func (m *BlobMeta) validate(size int) error {
+	if !m.DType.Valid() {
+		return fmt.Errorf("%w: dtype %d", ErrInvalid, m.DType)
+	}
+	if len(m.Shape) > tiers.MaxShapeNd {
+		return fmt.Errorf("%w: shape of %d dimensions, at most %d", ErrInvalid, len(m.Shape), tiers.MaxShapeNd)
+	}
+	if len(m.Shape) == 0 {
+		return nil
+	}
+	n := uint64(1)
+	for _, d := range m.Shape {
+		if d < 0 || d > 1<<40 {
+			return fmt.Errorf("%w: dimension %d", ErrInvalid, d)
+		}
+		n *= uint64(d)
+		if n > 1<<50 {
+			return fmt.Errorf("%w: shape %v too large", ErrInvalid, m.Shape)
+		}
+	}
+	if m.DType != tiers.DTypeNone && n*uint64(m.DType.ElemSize()) != uint64(size) {
+		return fmt.Errorf("%w: shape %v of %s is %d bytes, body has %d", ErrInvalid, m.Shape, m.DType, n*uint64(m.DType.ElemSize()), size)
+	}
+	return nil
+}
+
+// PutBlob stores data under namespace ns and key, replacing any older
+// blob. It returns nil only once the blob is fsynced in the Archive, so an
+// acknowledged PUT survives kill -9. data is copied; the caller may reuse
+// it. Errors: ErrInvalid (bad name or metadata; shape and dtype, when both
+// given, must match len(data)), ErrTooLarge, or an I/O error.
+func (c *Cache) PutBlob(ns, key string, meta BlobMeta, data []byte) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	k, err := blobKey(ns, key)
+	if err != nil {
+		return fmt.Errorf("kv: put blob: %w", err)
+	}
+	if int64(len(data)) > c.opts.MaxBlobBytes {
+		return fmt.Errorf("kv: put blob of %d bytes, at most %d: %w", len(data), c.opts.MaxBlobBytes, ErrTooLarge)
+	}
+	if err := meta.validate(len(data)); err != nil {
+		return fmt.Errorf("kv: put blob: %w", err)
+	}
+	v := tiers.Value{
+		Meta: tiers.Meta{DType: meta.DType, Shape: append([]int64(nil), meta.Shape...)},
+		Data: append([]byte(nil), data...),
+	}
+	if err := c.store.Put(k, v, tiers.PutOptions{Durable: true}); err != nil {
+		if errors.Is(err, tiers.ErrTooLarge) {
+			return fmt.Errorf("kv: put blob: %w: %w", ErrTooLarge, err)
+		}
+		return fmt.Errorf("kv: put blob: %w", err)
+	}
+	return nil
+}
+
+// GetBlob returns a blob, its metadata and the tier that served it
+// (focus, working or archive). The bytes are shared with the cache: do not
+// modify them. A missing blob, or one whose file failed its checks, is
+// ErrNotFound.
+func (c *Cache) GetBlob(ns, key string) (BlobMeta, []byte, Tier, error) {
+	if c.closed.Load() {
+		return BlobMeta{}, nil, tiers.TierNone, ErrClosed
+	}
+	k, err := blobKey(ns, key)
+	if err != nil {
+		return BlobMeta{}, nil, tiers.TierNone, fmt.Errorf("kv: get blob: %w", err)
+	}
+	v, t, err := c.store.Get(k)
+	if errors.Is(err, tiers.ErrNotFound) {
+		return BlobMeta{}, nil, tiers.TierNone, fmt.Errorf("kv: get blob: %w: %w", ErrNotFound, err)
+	}
+	if err != nil {
+		return BlobMeta{}, nil, tiers.TierNone, fmt.Errorf("kv: get blob: %w", err)
+	}
+	return BlobMeta{DType: v.DType, Shape: v.Shape, Size: int64(len(v.Data))}, v.Data, t, nil
+}
+
+// StatBlob returns a blob's metadata and fastest tier without reading it
+// (for HEAD).
+func (c *Cache) StatBlob(ns, key string) (BlobMeta, Tier, error) {
+	if c.closed.Load() {
+		return BlobMeta{}, tiers.TierNone, ErrClosed
+	}
+	k, err := blobKey(ns, key)
+	if err != nil {
+		return BlobMeta{}, tiers.TierNone, fmt.Errorf("kv: stat blob: %w", err)
+	}
+	m, n, t, err := c.store.Stat(k)
+	if errors.Is(err, tiers.ErrNotFound) {
+		return BlobMeta{}, tiers.TierNone, fmt.Errorf("kv: stat blob: %w", ErrNotFound)
+	}
+	if err != nil {
+		return BlobMeta{}, tiers.TierNone, fmt.Errorf("kv: stat blob: %w", err)
+	}
+	return BlobMeta{DType: m.DType, Shape: m.Shape, Size: n}, t, nil
+}
+
+// DeleteBlob removes a blob from every tier, durably. A missing blob is
+// ErrNotFound.
+func (c *Cache) DeleteBlob(ns, key string) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	k, err := blobKey(ns, key)
+	if err != nil {
+		return fmt.Errorf("kv: delete blob: %w", err)
+	}
+	if err := c.store.Delete(k); err != nil {
+		if errors.Is(err, tiers.ErrNotFound) {
+			return fmt.Errorf("kv: delete blob: %w", ErrNotFound)
+		}
+		return fmt.Errorf("kv: delete blob: %w", err)
+	}
+	return nil
+}
