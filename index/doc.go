@@ -1,0 +1,37 @@
+// Package index is the RAG tier: it finds the stored memories that matter for
+// a query. It owns
+//
+//   - a BM25 inverted index over an English/CJK tokenizer (lower-casing,
+//     stopwords, Porter stemming; CJK runs as character bigrams),
+//   - vector search over embeddings: an exact scan for small indexes, an
+//     HNSW graph (github.com/coder/hnsw) above Options.ExactBelow vectors,
+//   - hybrid fusion of the two rankings (weighted normalised scores or
+//     reciprocal rank fusion, Options.Fusion),
+//   - a reranker over relevance, recency, importance and access count
+//     (Options.Rerank),
+//   - embedders behind one interface: the offline HashEmbedder (default,
+//     no model) and OpenAIEmbedder for an OpenAI-compatible /v1/embeddings,
+//   - persistence of documents and vectors in one checksummed file (Save,
+//     Load), written atomically.
+//
+// The package imports nothing from the project; memory/ owns the documents
+// (memory units) and their metadata and keeps the index in step with them.
+//
+// Invariants:
+//
+//   - A document is in every index or in none: Add, Upsert and Delete apply
+//     to BM25 and vectors under one lock, and embedding happens before the
+//     lock, so a failed embedding changes nothing.
+//   - Deleted or replaced documents are tombstones until compaction and are
+//     never returned by Search (see Index for why the HNSW graph is never
+//     edited in place).
+//   - Every stored vector has unit length and the index's one dimension;
+//     zero embeddings are not stored (such documents are found by BM25 only).
+//   - A persisted file is used whole or not at all: Load verifies the
+//     CRC-32C and every length before building anything, and reports
+//     ErrCorrupt, never a partial index; the caller rebuilds with Rebuild.
+//   - Search results are deterministic for a given index content (ties are
+//     broken by ID), except that HNSW walks above ExactBelow vectors are
+//     approximate.
+//   - Errors carry the "index:" prefix and wrap the package's sentinels.
+package index

@@ -1,0 +1,951 @@
+package index
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/coder/hnsw"
+	"github.com/viterin/vek/vek32"
+)
+
+// Meta is the metadata the reranker reads. The index stores it and never
+// changes it on its own; the owner updates it with UpdateMeta.
+type Meta struct {
+	// Time is when the memory was made or last confirmed (recency).
+	Time time.Time
+	// Importance is ≥ 0, open-ended (memory/ uses roughly 0..5).
+	Importance float64
+	// AccessCount is how often the memory was recalled.
+	AccessCount int64
+}
+
+// Doc is one indexed unit of text.
+type Doc struct {
+	// ID is the caller's key, unique within an index; it is never used as a
+	// file name.
+	ID   string
+	Text string
+	Meta Meta
+	// Vector is an optional precomputed embedding from the index's embedder
+	// (for example kept from an earlier Get); nil makes Add embed Text.
+	// The index keeps its own normalised copy.
+	Vector []float32
+}
+
+// Hit is one search result. Score orders hits (higher first); the other
+// scores explain it.
+type Hit struct {
+	ID   string
+	Text string
+	Meta Meta
+	// Score is the final reranked score.
+	Score float64
+	// Relevance is the retrieval score (fused in hybrid mode) divided by the
+	// best candidate's, in [0,1].
+	Relevance float64
+	// BM25 is the document's BM25 score for the query (0: no term matched).
+	// Not computed in ModeVector.
+	BM25 float64
+	// Cosine is the cosine similarity of the document and query embeddings.
+	// Not computed in ModeBM25.
+	Cosine float64
+}
+
+// Stats describe an index's contents.
+type Stats struct {
+	Docs       int    // live documents
+	Tombstones int    // deleted or replaced documents not yet compacted away
+	Vectors    int    // live documents with a non-zero embedding
+	Terms      int    // distinct BM25 terms
+	Graph      bool   // whether vector search walks the HNSW graph
+	Dim        int    // embedding dimension (0 before the first vector)
+	Embedder   string // the embedder's Name
+	// ApproxBytes estimates the heap held by the index (texts, postings,
+	// vectors, graph links); it is an estimate, not a measurement.
+	ApproxBytes int64
+}
+
+// Index is a hybrid BM25 + vector (HNSW) index over documents with metadata.
+// It owns its postings, vectors and graph; documents are copied in.
+// Methods are safe for concurrent use: searches share a read lock, updates
+// take the write lock only to apply prepared entries (embedding runs
+// outside any lock).
+//
+// Deletion: coder/hnsw v0.6.1's Graph.Delete can leave a layer empty or a
+// deleted node reachable as an entry ("elevator") point, and re-adding a key
+// panics (upstream issues #10, #13, #15). The index therefore never deletes
+// from the graph: a deleted or replaced document becomes a tombstone (its
+// slot is nil), searches skip tombstones and over-fetch to make up for them,
+// and when tombstones exceed Options.CompactRatio of the live documents the
+// postings and graph are rebuilt from the live documents. Graph keys are
+// slots, which are never reused before such a rebuild.
+type Index struct {
+	opts Options
+	emb  Embedder
+
+	mu sync.RWMutex
+	// mu protects the fields below.
+	ids      map[string]uint32 // ID → slot
+	docs     []*entry          // by slot; nil is a tombstone
+	live     int               // non-nil docs
+	postings map[string][]posting
+	df       map[string]int // live documents containing the term
+	totalLen int64          // sum of live documents' term counts
+	dim      int            // vector dimension, 0 until known
+	vecLive  int            // live documents with a vector
+	// graph, when not nil, holds every live vector (and the tombstones'
+	// until the next compaction).
+	graph     *hnsw.Graph[uint32]
+	inGraph   int // graph nodes, live or not
+	graphDead int // graph nodes whose slot is a tombstone
+}
+
+// entry is an indexed document; immutable once published (UpdateMeta
+// replaces the pointer), so snapshots can be read without the lock.
+type entry struct {
+	doc    Doc        // doc.Vector is normalised, nil when zero
+	terms  []termFreq // sorted by term
+	length int        // number of terms (BM25 document length)
+}
+
+type termFreq struct {
+	term string
+	tf   uint32
+}
+
+type posting struct {
+	slot uint32
+	tf   uint32
+}
+
+// New returns an empty index.
+func New(opts Options) (*Index, error) {
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	x := &Index{opts: opts, emb: opts.Embedder}
+	x.reset()
+	if d := x.emb.Dim(); d > 0 {
+		x.dim = d
+	}
+	return x, nil
+}
+
+// reset empties the index; x.mu must be held (or x unpublished).
+func (x *Index) reset() {
+	x.ids = make(map[string]uint32)
+	x.docs = nil
+	x.live = 0
+	x.postings = make(map[string][]posting)
+	x.df = make(map[string]int)
+	x.totalLen = 0
+	x.vecLive = 0
+	x.graph = nil
+	x.inGraph = 0
+	x.graphDead = 0
+}
+
+// Embedder returns the index's embedder.
+func (x *Index) Embedder() Embedder { return x.emb }
+
+// Len returns the number of live documents.
+func (x *Index) Len() int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.live
+}
+
+// Get returns a copy of the document with the given ID; its Vector is the
+// index's normalised embedding (shared: do not modify it).
+func (x *Index) Get(id string) (Doc, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	slot, ok := x.ids[id]
+	if !ok {
+		return Doc{}, false
+	}
+	return x.docs[slot].doc, true
+}
+
+// Add indexes docs; it fails with ErrDuplicate, adding nothing, if any ID is
+// already indexed or repeated in docs.
+func (x *Index) Add(ctx context.Context, docs ...Doc) error {
+	return x.put(ctx, docs, false)
+}
+
+// Upsert indexes docs, replacing documents with the same IDs (the last of
+// repeated IDs in docs wins).
+func (x *Index) Upsert(ctx context.Context, docs ...Doc) error {
+	return x.put(ctx, docs, true)
+}
+
+func (x *Index) put(ctx context.Context, docs []Doc, replace bool) error {
+	entries, err := x.prepare(ctx, docs, replace)
+	if err != nil {
+		return err
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if err := x.checkDim(entries); err != nil {
+		return err
+	}
+	if !replace {
+		for _, e := range entries {
+			if _, ok := x.ids[e.doc.ID]; ok {
+				return fmt.Errorf("index: add %q: %w", e.doc.ID, ErrDuplicate)
+			}
+		}
+	}
+	for _, e := range entries {
+		if slot, ok := x.ids[e.doc.ID]; ok {
+			x.remove(slot)
+		}
+		x.insert(e)
+	}
+	x.maybeCompact()
+	return nil
+}
+
+// prepare validates docs, embeds those without vectors and tokenizes them;
+// it takes no lock.
+func (x *Index) prepare(ctx context.Context, docs []Doc, dedupe bool) ([]*entry, error) {
+	seen := make(map[string]int, len(docs))
+	out := make([]*entry, 0, len(docs))
+	var texts []string
+	var need []int
+	for _, d := range docs {
+		if d.ID == "" {
+			return nil, fmt.Errorf("index: empty document id: %w", ErrInvalid)
+		}
+		if i, ok := seen[d.ID]; ok {
+			if !dedupe {
+				return nil, fmt.Errorf("index: id %q repeated: %w", d.ID, ErrDuplicate)
+			}
+			out[i] = nil // last one wins
+		}
+		seen[d.ID] = len(out)
+		if d.Vector == nil {
+			texts = append(texts, d.Text)
+			need = append(need, len(out))
+		}
+		out = append(out, newEntry(d))
+	}
+	if len(texts) > 0 {
+		vecs, err := x.embed(ctx, texts)
+		if err != nil {
+			return nil, err
+		}
+		for j, i := range need {
+			if out[i] != nil {
+				out[i].doc.Vector = vecs[j]
+			}
+		}
+	}
+	return slices.DeleteFunc(out, func(e *entry) bool { return e == nil }), nil
+}
+
+// newEntry tokenizes d and copies its vector, normalised (nil when zero).
+func newEntry(d Doc) *entry {
+	e := &entry{doc: d}
+	if d.Vector != nil {
+		e.doc.Vector = normalizedCopy(d.Vector)
+	}
+	e.terms, e.length = termFreqs(d.Text)
+	return e
+}
+
+// embed calls the embedder and returns normalised copies (nil for zero
+// vectors), checking count and dimension.
+func (x *Index) embed(ctx context.Context, texts []string) ([][]float32, error) {
+	vecs, err := x.emb.Embed(ctx, texts)
+	if err != nil {
+		if errors.Is(err, ErrEmbed) {
+			return nil, fmt.Errorf("index: embed %d texts with %s: %w", len(texts), x.emb.Name(), err)
+		}
+		return nil, fmt.Errorf("index: embed %d texts with %s: %w: %w", len(texts), x.emb.Name(), ErrEmbed, err)
+	}
+	if len(vecs) != len(texts) {
+		return nil, fmt.Errorf("index: embedder %s returned %d vectors for %d texts: %w", x.emb.Name(), len(vecs), len(texts), ErrEmbed)
+	}
+	out := make([][]float32, len(vecs))
+	for i, v := range vecs {
+		if len(v) == 0 {
+			return nil, fmt.Errorf("index: embedder %s returned an empty vector: %w", x.emb.Name(), ErrEmbed)
+		}
+		if i > 0 && len(v) != len(vecs[0]) {
+			return nil, fmt.Errorf("index: embedder %s returned dimensions %d and %d: %w", x.emb.Name(), len(vecs[0]), len(v), ErrEmbed)
+		}
+		out[i] = normalizedCopy(v)
+	}
+	return out, nil
+}
+
+// normalizedCopy returns v scaled to unit length, or nil when v is zero or
+// not finite.
+func normalizedCopy(v []float32) []float32 {
+	c := slices.Clone(v)
+	normalize(c)
+	for _, f := range c {
+		if f != 0 {
+			return c
+		}
+	}
+	return nil
+}
+
+// checkDim fixes the index dimension from the first vector and rejects
+// entries of another dimension; x.mu must be held.
+func (x *Index) checkDim(entries []*entry) error {
+	for _, e := range entries {
+		v := e.doc.Vector
+		if v == nil {
+			continue
+		}
+		if x.dim == 0 {
+			x.dim = len(v)
+		}
+		if len(v) != x.dim {
+			return fmt.Errorf("index: document %q has dimension %d, index %d: %w", e.doc.ID, len(v), x.dim, ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// termFreqs tokenizes text into sorted distinct terms with counts.
+func termFreqs(text string) ([]termFreq, int) {
+	toks := tokenize(text)
+	if len(toks) == 0 {
+		return nil, 0
+	}
+	slices.Sort(toks)
+	var out []termFreq
+	for i, t := range toks {
+		if i > 0 && t == toks[i-1] {
+			out[len(out)-1].tf++
+			continue
+		}
+		out = append(out, termFreq{term: t, tf: 1})
+	}
+	return slices.Clip(out), len(toks)
+}
+
+// insert publishes e in a new slot; x.mu must be held.
+func (x *Index) insert(e *entry) {
+	slot := uint32(len(x.docs))
+	x.docs = append(x.docs, e)
+	x.ids[e.doc.ID] = slot
+	x.live++
+	for _, t := range e.terms {
+		x.postings[t.term] = append(x.postings[t.term], posting{slot: slot, tf: t.tf})
+		x.df[t.term]++
+	}
+	x.totalLen += int64(e.length)
+	if e.doc.Vector == nil {
+		return
+	}
+	x.vecLive++
+	switch {
+	case x.graph != nil:
+		x.graphAdd(slot, e)
+	case x.wantGraph():
+		x.buildGraph()
+	}
+}
+
+// remove turns slot into a tombstone; x.mu must be held.
+func (x *Index) remove(slot uint32) {
+	e := x.docs[slot]
+	x.docs[slot] = nil
+	delete(x.ids, e.doc.ID)
+	x.live--
+	for _, t := range e.terms {
+		if x.df[t.term]--; x.df[t.term] <= 0 {
+			// Every remaining posting of the term is a tombstone.
+			delete(x.df, t.term)
+			delete(x.postings, t.term)
+		}
+	}
+	x.totalLen -= int64(e.length)
+	if e.doc.Vector != nil {
+		x.vecLive--
+		if x.graph != nil { // every live vector is in the graph
+			x.graphDead++
+		}
+	}
+}
+
+// Delete removes the document from BM25, the vector index and the graph (as
+// a tombstone, see Index); it reports whether the ID was indexed.
+func (x *Index) Delete(id string) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	slot, ok := x.ids[id]
+	if !ok {
+		return false
+	}
+	x.remove(slot)
+	x.maybeCompact()
+	return true
+}
+
+// UpdateMeta replaces a document's metadata without re-embedding it.
+func (x *Index) UpdateMeta(id string, m Meta) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	slot, ok := x.ids[id]
+	if !ok {
+		return fmt.Errorf("index: update meta %q: %w", id, ErrNotFound)
+	}
+	e := *x.docs[slot]
+	e.doc.Meta = m
+	x.docs[slot] = &e
+	return nil
+}
+
+// Rebuild replaces the whole contents with docs (embedding those without a
+// vector), for example after Load reported ErrCorrupt. On error the index is
+// unchanged.
+func (x *Index) Rebuild(ctx context.Context, docs []Doc) error {
+	entries, err := x.prepare(ctx, docs, true)
+	if err != nil {
+		return err
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	old := x.dim
+	x.dim = x.emb.Dim()
+	if err := x.checkDim(entries); err != nil {
+		x.dim = old
+		return err
+	}
+	x.reset()
+	x.load(entries)
+	return nil
+}
+
+// load inserts entries into an empty index, building the graph once at the
+// end rather than node by node; x.mu must be held.
+func (x *Index) load(entries []*entry) {
+	keep := x.opts.ExactBelow
+	x.opts.ExactBelow = math.MaxInt // no graph while inserting
+	for _, e := range entries {
+		x.insert(e)
+	}
+	x.opts.ExactBelow = keep
+	if x.wantGraph() {
+		x.buildGraph()
+	}
+}
+
+func (x *Index) wantGraph() bool {
+	return x.opts.ExactBelow < 0 || x.vecLive > x.opts.ExactBelow
+}
+
+// maybeCompact rebuilds postings and graph without tombstones once they
+// outnumber CompactRatio of the live documents; x.mu must be held.
+func (x *Index) maybeCompact() {
+	dead := len(x.docs) - x.live
+	if dead <= 64 || float64(dead) <= x.opts.CompactRatio*float64(x.live) {
+		return
+	}
+	x.compact()
+}
+
+// Compact drops tombstones now (Delete and Upsert do it when they pile up).
+func (x *Index) Compact() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.compact()
+}
+
+func (x *Index) compact() {
+	entries := make([]*entry, 0, x.live)
+	for _, e := range x.docs {
+		if e != nil {
+			entries = append(entries, e)
+		}
+	}
+	dim := x.dim
+	x.reset()
+	x.dim = dim
+	x.load(entries)
+}
+
+func (x *Index) newGraph() *hnsw.Graph[uint32] {
+	return &hnsw.Graph[uint32]{
+		Distance: dotDistance,
+		M:        x.opts.M,
+		Ml:       0.25,
+		EfSearch: x.opts.EfSearch,
+		Rng:      rand.New(rand.NewSource(x.opts.Seed)),
+	}
+}
+
+// buildGraph inserts every live vector into a new graph; x.mu must be held.
+func (x *Index) buildGraph() {
+	x.graph = x.newGraph()
+	x.inGraph, x.graphDead = 0, 0
+	for slot, e := range x.docs {
+		if e != nil && e.doc.Vector != nil {
+			x.graphAdd(uint32(slot), e)
+		}
+	}
+}
+
+func (x *Index) graphAdd(slot uint32, e *entry) {
+	x.graph.Add(hnsw.MakeNode(slot, e.doc.Vector))
+	x.inGraph++
+}
+
+// dotDistance is cosine distance for unit vectors: the index normalises
+// every vector, so one dot product suffices (hnsw.CosineDistance would
+// recompute both norms on every comparison).
+func dotDistance(a, b []float32) float32 { return 1 - vek32.Dot(a, b) }
+
+// Stats returns counts and a memory estimate.
+func (x *Index) Stats() Stats {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	s := Stats{
+		Docs:       x.live,
+		Tombstones: len(x.docs) - x.live,
+		Vectors:    x.vecLive,
+		Terms:      len(x.postings),
+		Graph:      x.graph != nil && !(x.opts.ExactBelow >= 0 && x.vecLive <= x.opts.ExactBelow),
+		Dim:        x.dim,
+		Embedder:   x.emb.Name(),
+	}
+	var b int64
+	for _, e := range x.docs {
+		if e == nil {
+			continue
+		}
+		b += 160 + int64(len(e.doc.ID)+len(e.doc.Text)) + int64(len(e.terms))*24 + int64(len(e.doc.Vector))*4
+	}
+	for t, ps := range x.postings {
+		b += int64(len(t)) + 64 + int64(cap(ps))*8
+	}
+	b += int64(len(x.ids)) * 48
+	// coder/hnsw: a node per layer (~0.33 layers above the base with
+	// Ml 0.25) with a map of up to M neighbours (~M·24 bytes).
+	b += int64(float64(x.inGraph) * 1.33 * float64(100+x.opts.M*24))
+	s.ApproxBytes = b
+	return s
+}
+
+// scored is a candidate of one retriever.
+type scored struct {
+	slot  uint32
+	score float64
+}
+
+// Search returns up to k documents for query, best first (ties broken by
+// ID). Each retriever contributes its Options.Candidates best; in hybrid mode
+// every candidate of either list is then scored exactly by both (BM25 and
+// cosine) before fusion, so a document the approximate graph walk missed
+// still ranks by its true similarity if BM25 found it. ModeBM25 never calls
+// the embedder; the other modes embed the query first, outside the lock
+// (the offline embedder embeds under the read lock, weighting query terms
+// by the index's IDF, see HashEmbedder.EmbedWeighted).
+func (x *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]Hit, error) {
+	if k < 1 {
+		return nil, fmt.Errorf("index: search k=%d: %w", k, ErrInvalid)
+	}
+	if mode != ModeHybrid && mode != ModeBM25 && mode != ModeVector {
+		return nil, fmt.Errorf("index: search mode %d: %w", int(mode), ErrInvalid)
+	}
+	weighter, weighted := x.emb.(queryWeighter)
+	var qv []float32
+	if mode != ModeBM25 && !weighted {
+		vecs, err := x.embed(ctx, []string{query})
+		if err != nil {
+			return nil, err
+		}
+		qv = vecs[0]
+	}
+	qterms := x.queryTerms(query)
+	now := x.opts.Now()
+
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if mode != ModeBM25 && weighted {
+		qv = normalizedCopy(weighter.EmbedWeighted(query, x.termIDF))
+	}
+	if qv != nil && x.dim != 0 && len(qv) != x.dim {
+		return nil, fmt.Errorf("index: query dimension %d, index %d: %w", len(qv), x.dim, ErrEmbed)
+	}
+	depth := max(k, x.opts.Candidates)
+	var bm, vec []scored
+	if mode != ModeVector {
+		bm = x.searchBM25(qterms, depth)
+	}
+	if mode != ModeBM25 && qv != nil {
+		vec = x.searchVector(qv, depth)
+	}
+	cands := x.fuse(mode, qterms, qv, bm, vec)
+	x.rerank(cands, now)
+	slices.SortFunc(cands, func(a, b candidate) int {
+		if c := cmp.Compare(b.final, a.final); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.docs[a.slot].doc.ID, x.docs[b.slot].doc.ID)
+	})
+	if len(cands) > k {
+		cands = cands[:k]
+	}
+	hits := make([]Hit, len(cands))
+	for i, c := range cands {
+		d := &x.docs[c.slot].doc
+		hits[i] = Hit{ID: d.ID, Text: d.Text, Meta: d.Meta, Score: c.final, Relevance: c.rel, BM25: c.bm25, Cosine: c.cos}
+	}
+	return hits, nil
+}
+
+// queryWeighter is implemented by embedders built on the index's own terms
+// (HashEmbedder): the index weighs the query's terms by their IDF in this
+// corpus, as BM25 does, which a corpus-independent embedding cannot.
+type queryWeighter interface {
+	EmbedWeighted(text string, weight func(term string) float64) []float32
+}
+
+// termIDF is the BM25 IDF of term in the live documents; x.mu must be held.
+func (x *Index) termIDF(term string) float64 {
+	return idf(x.live, x.df[term])
+}
+
+// queryTerm is a distinct query term; idf is filled under the lock.
+type queryTerm struct {
+	term string
+	idf  float64
+}
+
+// queryTerms returns the distinct terms of q, at most MaxQueryTerms.
+func (x *Index) queryTerms(q string) []queryTerm {
+	toks := tokenize(q)
+	out := make([]queryTerm, 0, min(len(toks), x.opts.MaxQueryTerms))
+	for _, t := range toks {
+		if len(out) == x.opts.MaxQueryTerms {
+			break
+		}
+		if !slices.ContainsFunc(out, func(q queryTerm) bool { return q.term == t }) {
+			out = append(out, queryTerm{term: t})
+		}
+	}
+	return out
+}
+
+// bm25Scratch is per-search accumulator space.
+type bm25Scratch struct {
+	acc     []float64
+	touched []uint32
+}
+
+var bm25Pool = sync.Pool{New: func() any { return new(bm25Scratch) }}
+
+// idf is BM25's inverse document frequency, in Lucene's non-negative form.
+func idf(n, df int) float64 {
+	return math.Log(1 + (float64(n)-float64(df)+0.5)/(float64(df)+0.5))
+}
+
+// bm25Term is one term's contribution for a document of length dl.
+func (x *Index) bm25Term(idf float64, tf, dl int, avgdl float64) float64 {
+	k1, b := x.opts.K1, x.opts.B
+	f := float64(tf)
+	return idf * f * (k1 + 1) / (f + k1*(1-b+b*float64(dl)/avgdl))
+}
+
+// searchBM25 returns the n best BM25 candidates; it fills qterms' idf.
+// x.mu must be held for reading.
+func (x *Index) searchBM25(qterms []queryTerm, n int) []scored {
+	if x.live == 0 || len(qterms) == 0 {
+		return nil
+	}
+	avgdl := max(float64(x.totalLen)/float64(x.live), 1)
+	s := bm25Pool.Get().(*bm25Scratch)
+	if cap(s.acc) < len(x.docs) {
+		s.acc = make([]float64, len(x.docs))
+	}
+	acc := s.acc[:len(x.docs)]
+	touched := s.touched[:0]
+	for i := range qterms {
+		q := &qterms[i]
+		df := x.df[q.term]
+		if df == 0 {
+			continue
+		}
+		q.idf = idf(x.live, df)
+		for _, p := range x.postings[q.term] {
+			e := x.docs[p.slot]
+			if e == nil {
+				continue
+			}
+			if acc[p.slot] == 0 {
+				touched = append(touched, p.slot)
+			}
+			acc[p.slot] += x.bm25Term(q.idf, int(p.tf), e.length, avgdl)
+		}
+	}
+	top := newTopN(n)
+	for _, slot := range touched {
+		top.push(scored{slot: slot, score: acc[slot]})
+		acc[slot] = 0
+	}
+	s.touched = touched[:0]
+	bm25Pool.Put(s)
+	return top.sorted()
+}
+
+// docBM25 scores one document for qterms (whose idf searchBM25 filled).
+func (x *Index) docBM25(e *entry, qterms []queryTerm) float64 {
+	if x.live == 0 {
+		return 0
+	}
+	avgdl := max(float64(x.totalLen)/float64(x.live), 1)
+	var s float64
+	for _, q := range qterms {
+		if q.idf == 0 {
+			continue
+		}
+		i, ok := slices.BinarySearchFunc(e.terms, q.term, func(t termFreq, s string) int { return cmp.Compare(t.term, s) })
+		if ok {
+			s += x.bm25Term(q.idf, int(e.terms[i].tf), e.length, avgdl)
+		}
+	}
+	return s
+}
+
+// searchVector returns the n nearest live vectors by cosine similarity.
+// x.mu must be held for reading.
+func (x *Index) searchVector(q []float32, n int) []scored {
+	if x.vecLive == 0 {
+		return nil
+	}
+	if x.graph == nil || (x.opts.ExactBelow >= 0 && x.vecLive <= x.opts.ExactBelow) {
+		top := newTopN(n)
+		for slot, e := range x.docs {
+			if e != nil && e.doc.Vector != nil {
+				top.push(scored{slot: uint32(slot), score: float64(vek32.Dot(q, e.doc.Vector))})
+			}
+		}
+		return top.sorted()
+	}
+	// Over-fetch in proportion to the tombstones, and at least EfSearch,
+	// which is what makes coder/hnsw explore beyond a greedy descent.
+	liveInGraph := max(x.inGraph-x.graphDead, 1)
+	fetch := max(n*x.inGraph/liveInGraph+8, x.opts.EfSearch)
+	for {
+		nodes := x.graph.Search(q, fetch)
+		top := newTopN(n)
+		for _, nd := range nodes {
+			if e := x.docs[nd.Key]; e != nil {
+				top.push(scored{slot: nd.Key, score: float64(vek32.Dot(q, nd.Value))})
+			}
+		}
+		if top.len() >= n || fetch >= x.inGraph {
+			return top.sorted()
+		}
+		fetch *= 2
+	}
+}
+
+// candidate is a document in the fused list.
+type candidate struct {
+	slot  uint32
+	bm25  float64
+	cos   float64
+	rel   float64 // fused relevance in [0,1]
+	final float64
+}
+
+// fuse merges the retrievers' lists. In hybrid mode every candidate gets both
+// exact scores (BM25 and cosine), so weighted fusion never treats "below the
+// other list's cut-off" as "no match". x.mu must be held for reading.
+func (x *Index) fuse(mode Mode, qterms []queryTerm, qv []float32, bm, vec []scored) []candidate {
+	pos := make(map[uint32]int, len(bm)+len(vec))
+	cands := make([]candidate, 0, len(bm)+len(vec))
+	add := func(slot uint32) *candidate {
+		i, ok := pos[slot]
+		if !ok {
+			i = len(cands)
+			pos[slot] = i
+			cands = append(cands, candidate{slot: slot, bm25: math.NaN(), cos: math.NaN()})
+		}
+		return &cands[i]
+	}
+	for _, s := range bm {
+		add(s.slot).bm25 = s.score
+	}
+	for _, s := range vec {
+		add(s.slot).cos = s.score
+	}
+	var maxBM, maxCos float64
+	for i := range cands {
+		c := &cands[i]
+		e := x.docs[c.slot]
+		if math.IsNaN(c.bm25) {
+			c.bm25 = 0
+			if mode == ModeHybrid {
+				c.bm25 = x.docBM25(e, qterms)
+			}
+		}
+		if math.IsNaN(c.cos) {
+			c.cos = 0
+			if mode == ModeHybrid && e.doc.Vector != nil {
+				c.cos = float64(vek32.Dot(qv, e.doc.Vector))
+			}
+		}
+		maxBM = max(maxBM, c.bm25)
+		maxCos = max(maxCos, c.cos)
+	}
+	norm := func(v, m float64) float64 {
+		if m <= 0 || v <= 0 {
+			return 0
+		}
+		return v / m
+	}
+	w := x.opts.VectorWeight
+	var maxRel float64
+	switch {
+	case mode == ModeBM25:
+		for i := range cands {
+			cands[i].rel = norm(cands[i].bm25, maxBM)
+		}
+		maxRel = 1
+	case mode == ModeVector:
+		for i := range cands {
+			cands[i].rel = norm(cands[i].cos, maxCos)
+		}
+		maxRel = 1
+	case x.opts.Fusion == FusionRRF:
+		k := x.opts.RRFK
+		for r, s := range bm {
+			cands[pos[s.slot]].rel += (1 - w) / (k + float64(r+1))
+		}
+		for r, s := range vec {
+			cands[pos[s.slot]].rel += w / (k + float64(r+1))
+		}
+		for _, c := range cands {
+			maxRel = max(maxRel, c.rel)
+		}
+	default:
+		for i := range cands {
+			c := &cands[i]
+			c.rel = (1-w)*norm(c.bm25, maxBM) + w*norm(c.cos, maxCos)
+			maxRel = max(maxRel, c.rel)
+		}
+	}
+	if maxRel > 0 && maxRel != 1 {
+		for i := range cands {
+			cands[i].rel /= maxRel
+		}
+	}
+	return cands
+}
+
+// rerank sets the final scores from relevance and metadata.
+func (x *Index) rerank(cands []candidate, now time.Time) {
+	w := x.opts.Rerank
+	for i := range cands {
+		c := &cands[i]
+		m := x.docs[c.slot].doc.Meta
+		c.final = w.Relevance * c.rel
+		if w.Recency != 0 {
+			c.final += w.Recency * recency(m.Time, now, w.HalfLife)
+		}
+		if w.Importance != 0 {
+			imp := max(m.Importance, 0)
+			if math.IsInf(imp, 1) {
+				c.final += w.Importance
+			} else if !math.IsNaN(imp) {
+				c.final += w.Importance * imp / (1 + imp)
+			}
+		}
+		if w.Access != 0 && m.AccessCount > 0 {
+			l := math.Log1p(float64(m.AccessCount))
+			c.final += w.Access * l / (1 + l)
+		}
+	}
+}
+
+// recency is 2^(-age/halfLife): 1 for now or the future, 0.5 one half-life
+// ago; 0 for an unknown (zero) time.
+func recency(t, now time.Time, halfLife time.Duration) float64 {
+	if t.IsZero() {
+		return 0
+	}
+	age := now.Sub(t)
+	if age <= 0 {
+		return 1
+	}
+	return math.Exp2(-age.Seconds() / halfLife.Seconds())
+}
+
+// topN keeps the n best scored items (a min-heap on score, ties: the larger
+// slot is worse, so results are deterministic).
+type topN struct {
+	n int
+	h []scored
+}
+
+func newTopN(n int) *topN { return &topN{n: n, h: make([]scored, 0, min(n, 1024))} }
+
+func (t *topN) len() int { return len(t.h) }
+
+// worse reports whether a ranks below b.
+func worse(a, b scored) bool {
+	if a.score != b.score {
+		return a.score < b.score
+	}
+	return a.slot > b.slot
+}
+
+func (t *topN) push(s scored) {
+	if math.IsNaN(s.score) {
+		return
+	}
+	if len(t.h) < t.n {
+		t.h = append(t.h, s)
+		for i := len(t.h) - 1; i > 0; {
+			p := (i - 1) / 2
+			if !worse(t.h[i], t.h[p]) {
+				break
+			}
+			t.h[i], t.h[p] = t.h[p], t.h[i]
+			i = p
+		}
+		return
+	}
+	if !worse(t.h[0], s) {
+		return
+	}
+	t.h[0] = s
+	for i := 0; ; {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < len(t.h) && worse(t.h[l], t.h[m]) {
+			m = l
+		}
+		if r < len(t.h) && worse(t.h[r], t.h[m]) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		t.h[i], t.h[m] = t.h[m], t.h[i]
+		i = m
+	}
+}
+
+// sorted returns the items best first.
+func (t *topN) sorted() []scored {
+	sort.Slice(t.h, func(i, j int) bool { return worse(t.h[j], t.h[i]) })
+	return t.h
+}
