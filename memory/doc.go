@@ -1,0 +1,75 @@
+// Package memory owns conversation state for the sidecar: per-session durable
+// message logs, token counting, the Focus window sent upstream, the memory
+// units that hold what left the window, summaries, and the single injected
+// memory block.
+//
+// # What it owns
+//
+//   - A Store (Open … Close) rooted at Options.Dir, normally
+//     <data-dir>/sessions. Each session is one append-only log file at
+//     Dir/<hash(tenant)>/<xx>/<hash(tenant, session)>.log; no client string is
+//     ever used as a file name. Records are framed as
+//     [u32 length][u32 CRC32C(payload)][payload] after an 8-byte magic; on
+//     open the first record that is short, oversized, zero-length or fails its
+//     CRC ends the log: the file is truncated there and the cut bytes are kept
+//     in Dir/quarantine/ for inspection.
+//   - Token counting (Tokenizer) with tiktoken-go and its embedded offline BPE
+//     files: o200k_base for gpt-4o / gpt-4.1 / gpt-4.5 / gpt-5 / o1 / o3 / o4
+//     style names, cl100k_base otherwise, both overridable. Counts are cached
+//     per text hash in a bounded cache, so a request tokenizes only new text.
+//     A message costs its content tokens plus 4 tokens of chat framing.
+//   - The window builder (Store.Prepare): pinned client system messages, the
+//     injected memory block, history that fits, and the current turn.
+//   - A background worker goroutine that persists memory units, access counts
+//     and summaries after the response (Turn.Complete), plus the summarizer
+//     goroutines it starts. Close stops and waits for all of them.
+//
+// # Invariants
+//
+//   - Tenant isolation: sessions are keyed by (tenant, session id); a
+//     session of another tenant is indistinguishable from a missing one
+//     (ErrNotFound).
+//   - Durability: a message is acknowledged (Prepare or Complete returns nil)
+//     only after its record is written, and, with FsyncAlways (the default),
+//     fsynced. An acknowledged record survives kill -9 and restart.
+//   - The only write on the request path is the log append of the new
+//     messages in Prepare. Units, summaries, tier changes and access counts
+//     are written by the worker after Complete or Abort.
+//   - MEM-001: the window Prepare returns, plus the tools cost the caller
+//     passes, never exceeds the model's hard limit counted with the same
+//     tokenizer, always starts with the client's leading system (and
+//     developer) messages, and always contains the newest user message and
+//     everything after it. When that is impossible Prepare fails with
+//     ErrContextTooLarge instead of sending a cut prompt.
+//   - Nothing that leaves the window is deleted: an evicted message becomes a
+//     memory unit (tier working, later archive) and stays in the log; a
+//     history that a full-history client rewrote (edit, branch, regenerate)
+//     moves the replaced messages to archive units.
+//   - Byte stability: the window is the client's system messages, then at
+//     most one injected system block (summaries oldest→newest, then recalled
+//     memories ordered by unit id, never by score), then history in original
+//     order. Eviction is sticky and has hysteresis (Options.EvictTo), so the
+//     history part of consecutive prompts stays identical between evictions.
+//
+// # Client styles
+//
+// ModeFull clients send the whole conversation every time. The stored history
+// is matched message by message (role, text, name, tool call id and tool
+// calls; not raw bytes, since clients re-serialize assistant messages) and
+// only the unmatched tail is appended. When the request does not extend the
+// stored history:
+//
+//   - if it is a suffix-aligned continuation (the client trimmed old turns
+//     itself), the overlap is recognised and only the new tail appended;
+//   - otherwise (edited message, branch, regenerate, a reused session id) the
+//     stored history is cut at the first difference, the cut messages become
+//     archive units (still listed by Memory, still recallable) and the
+//     request's messages from there on are appended.
+//
+// ModeAppend clients (X-Session-Mode: append) send only new messages; the
+// sidecar reconstitutes the history. Leading system messages equal to the
+// stored ones are ignored, different ones replace them.
+//
+// In both modes the window is built from the stored history, and the stored
+// raw bytes of each message are re-emitted unchanged.
+package memory

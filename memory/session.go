@@ -1,0 +1,349 @@
+package memory
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// entry is one stored message.
+type entry struct {
+	seq     uint64
+	msg     Message
+	key     uint64
+	at      time.Time
+	partial bool
+	dropped bool // left the window (it then has a msg-<seq> unit)
+	tokens  [numEncodings]int32
+
+	// Scoring features, built on first use.
+	scored bool
+	bow    *bow
+	emph   float64
+	strct  float64
+}
+
+func newEntry(seq uint64, m Message, at time.Time) *entry {
+	e := &entry{seq: seq, msg: m, key: m.matchKey(), at: at}
+	for i := range e.tokens {
+		e.tokens[i] = -1
+	}
+	return e
+}
+
+func (e *entry) cost(t *Tokenizer, enc Encoding) int {
+	if v := e.tokens[enc]; v >= 0 {
+		return int(v)
+	}
+	n := t.MessageTokens(enc, &e.msg)
+	e.tokens[enc] = int32(min(n, 1<<31-1))
+	return n
+}
+
+func (e *entry) features() {
+	if !e.scored {
+		e.scored = true
+		e.bow = makeBow(e.msg.Content + " " + e.msg.toolText)
+		e.emph = emphasis(&e.msg)
+		e.strct = structure(&e.msg)
+	}
+}
+
+// text is what a unit made from the entry holds.
+func (e *entry) text() string {
+	if e.msg.Content == "" {
+		return e.msg.toolText
+	}
+	if e.msg.toolText != "" {
+		return e.msg.Content + "\n" + e.msg.toolText
+	}
+	return e.msg.Content
+}
+
+// record is one log record's payload (JSON). Kinds:
+//
+//	meta  first record: format version, tenant, session id
+//	sys   the client's system messages (replace the previous ones)
+//	msg   one history message
+//	trunc history cut to Keep messages (the rest become archive units)
+//	unit  a memory unit's full state (upsert, last one wins)
+//	acc   access counts of units
+type record struct {
+	K       string            `json:"k"`
+	V       int               `json:"v,omitempty"`
+	Tenant  string            `json:"tenant,omitempty"`
+	Session string            `json:"session,omitempty"`
+	T       int64             `json:"t,omitempty"`
+	Seq     uint64            `json:"seq,omitempty"`
+	Msg     json.RawMessage   `json:"msg,omitempty"`
+	Msgs    []json.RawMessage `json:"msgs,omitempty"`
+	Enc     string            `json:"enc,omitempty"`
+	Tok     []int             `json:"tok,omitempty"`
+	Keep    *int              `json:"keep,omitempty"`
+	Partial bool              `json:"partial,omitempty"`
+	Unit    *Unit             `json:"unit,omitempty"`
+	Acc     []accessRecord    `json:"acc,omitempty"`
+}
+
+type accessRecord struct {
+	ID    string `json:"id"`
+	Count int    `json:"n"`
+	Last  int64  `json:"t"`
+	Tier  Tier   `json:"tier,omitempty"`
+}
+
+const logVersion = 1
+
+// session is one (tenant, session id) conversation.
+type session struct {
+	tenant, id string
+	key        string
+	path       string
+
+	loadOnce sync.Once
+	loadErr  error
+	queued   atomic.Bool // in the worker queue
+	gone     atomic.Bool // deleted or dropped from memory: look it up again
+
+	// mu protects the fields below.
+	mu          sync.Mutex
+	log         *logFile // nil until the first append
+	exists      bool     // has a log on disk
+	nextSeq     uint64
+	sys         []*entry
+	hist        []*entry
+	units       map[string]*Unit
+	created     time.Time
+	updated     time.Time
+	lastModel   string
+	lastEnc     Encoding
+	pending     chan struct{} // closed when the open turn finishes
+	prevPrompt  []json.RawMessage
+	prevCosts   []int
+	summarizing bool
+	coveredSeq  uint64 // highest message seq covered by a summary
+	accessDirty map[string]bool
+	lastUsed    time.Time
+
+	// Unit indexes for the request path, rebuilt when unitsVer moves.
+	unitsVer uint64
+	idxVer   uint64
+	sums     []*Unit // summaries by id (oldest first)
+	cands    []*Unit // working-tier non-summary units: keyword recall candidates
+	block    cachedBlock
+}
+
+// cachedBlock is the last injected block, reused while the query, the
+// encoding and the units are the same (retries, identical questions).
+type cachedBlock struct {
+	key      uint64
+	raw      json.RawMessage
+	cost     int
+	recalled []*Unit
+	nsum     int
+}
+
+// unitsChanged invalidates the unit indexes and the cached block.
+func (s *session) unitsChanged() { s.unitsVer++ }
+
+// refreshIndex rebuilds sums and cands if units changed.
+func (s *session) refreshIndex() {
+	if s.idxVer == s.unitsVer && (s.sums != nil || s.cands != nil || len(s.units) == 0) {
+		return
+	}
+	s.idxVer = s.unitsVer
+	s.sums, s.cands = s.sums[:0], s.cands[:0]
+	for _, u := range s.units {
+		switch {
+		case u.Type == UnitSummary:
+			s.sums = append(s.sums, u)
+		case u.Tier == TierWorking:
+			s.cands = append(s.cands, u)
+		}
+	}
+	slices.SortFunc(s.sums, func(a, b *Unit) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(s.cands, func(a, b *Unit) int { return strings.Compare(a.ID, b.ID) })
+}
+
+func sessionKey(tenant, id string) string { return tenant + "\x00" + id }
+
+// sessionPath derives the log path from hashes only.
+func sessionPath(root, tenant, id string) string {
+	th := sha256.Sum256([]byte("tenant\x00" + tenant))
+	sh := sha256.Sum256([]byte("session\x00" + tenant + "\x00" + id))
+	t := hex.EncodeToString(th[:12])
+	s := hex.EncodeToString(sh[:16])
+	return filepath.Join(root, t, s[:2], s+".log")
+}
+
+func newSession(root, tenant, id string) *session {
+	return &session{
+		tenant: tenant, id: id, key: sessionKey(tenant, id),
+		path:    sessionPath(root, tenant, id),
+		nextSeq: 1,
+		units:   map[string]*Unit{},
+	}
+}
+
+// histIndex returns the index in hist of the entry with seq, or -1.
+func (s *session) histIndex(seq uint64) int {
+	i := sort.Search(len(s.hist), func(i int) bool { return s.hist[i].seq >= seq })
+	if i < len(s.hist) && s.hist[i].seq == seq {
+		return i
+	}
+	return -1
+}
+
+// apply applies a record to the state. msgs, when non-nil, are the parsed
+// messages of the record (saving a parse on the live path).
+func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
+	at := time.Unix(0, r.T)
+	if r.T != 0 && at.After(s.updated) {
+		s.updated = at
+	}
+	enc, encOK := encodingByName(r.Enc)
+	parse := func(i int, raw json.RawMessage) (Message, error) {
+		if msgs != nil {
+			return msgs[i], nil
+		}
+		var m Message
+		if err := json.Unmarshal(raw, &m); err != nil {
+			return m, err
+		}
+		return m, nil
+	}
+	mkEntry := func(seq uint64, m Message, i int) *entry {
+		e := newEntry(seq, m, at)
+		if encOK && i < len(r.Tok) && r.Tok[i] >= 0 {
+			e.tokens[enc] = int32(min(r.Tok[i], 1<<31-1))
+		}
+		if seq >= s.nextSeq {
+			s.nextSeq = seq + 1
+		}
+		return e
+	}
+	switch r.K {
+	case "meta":
+		if r.Tenant != s.tenant || r.Session != s.id {
+			return fmt.Errorf("memory: log %s belongs to another session: %w", filepath.Base(s.path), ErrCorrupt)
+		}
+		s.created = at
+	case "sys":
+		sys := make([]*entry, 0, len(r.Msgs))
+		for i, raw := range r.Msgs {
+			m, err := parse(i, raw)
+			if err != nil {
+				return err
+			}
+			sys = append(sys, mkEntry(r.Seq+uint64(i), m, i))
+		}
+		s.sys = sys
+	case "msg":
+		m, err := parse(0, r.Msg)
+		if err != nil {
+			return err
+		}
+		e := mkEntry(r.Seq, m, 0)
+		e.partial = r.Partial
+		s.hist = append(s.hist, e)
+	case "trunc":
+		if r.Keep == nil || *r.Keep < 0 || *r.Keep > len(s.hist) {
+			return fmt.Errorf("memory: bad trunc record: %w", ErrCorrupt)
+		}
+		for _, e := range s.hist[*r.Keep:] {
+			u := s.units[msgUnitID(e.seq)]
+			if u == nil {
+				u = unitFromEntry(e, tk, s.lastEnc, 0, at)
+				u.persisted = true // derived from this record on every replay
+				s.units[u.ID] = u
+			}
+			u.Tier = TierArchive
+			u.UpdatedAt = at
+		}
+		clear(s.hist[*r.Keep:])
+		s.hist = s.hist[:*r.Keep]
+		s.unitsChanged()
+	case "unit":
+		if r.Unit == nil || r.Unit.ID == "" {
+			return fmt.Errorf("memory: bad unit record: %w", ErrCorrupt)
+		}
+		u := *r.Unit
+		u.persisted = true
+		if u.ToSeq >= s.nextSeq {
+			s.nextSeq = u.ToSeq + 1
+		}
+		s.units[u.ID] = &u
+		s.noteUnit(&u)
+		s.unitsChanged()
+	case "acc":
+		for _, a := range r.Acc {
+			if u := s.units[a.ID]; u != nil {
+				u.AccessCount = a.Count
+				u.LastAccess = time.Unix(0, a.Last)
+				if a.Tier != "" && a.Tier != u.Tier {
+					u.Tier = a.Tier
+					s.unitsChanged()
+				}
+			}
+		}
+	default:
+		// Unknown kinds come from newer versions; skip them.
+	}
+	return nil
+}
+
+// noteUnit updates derived state for a unit that was added.
+func (s *session) noteUnit(u *Unit) {
+	switch u.Type {
+	case UnitSummary:
+		if u.ToSeq > s.coveredSeq {
+			s.coveredSeq = u.ToSeq
+		}
+	case UnitTask, UnitContext:
+		if u.FromSeq == u.ToSeq && u.ID == msgUnitID(u.FromSeq) {
+			if i := s.histIndex(u.FromSeq); i >= 0 {
+				s.hist[i].dropped = true
+			}
+		}
+	}
+}
+
+func unitFromEntry(e *entry, tk *Tokenizer, enc Encoding, importance float64, now time.Time) *Unit {
+	typ := UnitContext
+	if e.msg.Role == "user" {
+		typ = UnitTask
+	}
+	return &Unit{
+		ID: msgUnitID(e.seq), Type: typ, Tier: TierWorking, Role: e.msg.Role,
+		Content: e.text(), Importance: importance, Tokens: e.cost(tk, enc),
+		CreatedAt: now, UpdatedAt: now, LastAccess: e.at,
+		FromSeq: e.seq, ToSeq: e.seq,
+	}
+}
+
+// encodeRecord appends r framed to dst.
+func encodeRecord(dst []byte, r *record) ([]byte, error) {
+	p, err := json.Marshal(r)
+	if err != nil {
+		return dst, fmt.Errorf("memory: encode record: %w", err)
+	}
+	return appendRecord(dst, p), nil
+}
+
+// sortedUnits returns the units sorted by id.
+func (s *session) sortedUnits() []*Unit {
+	us := make([]*Unit, 0, len(s.units))
+	for _, u := range s.units {
+		us = append(us, u)
+	}
+	sort.Slice(us, func(i, j int) bool { return us[i].ID < us[j].ID })
+	return us
+}

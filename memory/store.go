@@ -1,0 +1,415 @@
+package memory
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Mode is how a client sends its conversation.
+type Mode uint8
+
+const (
+	// ModeFull: every request carries the whole conversation (the OpenAI
+	// default); the stored history is matched and only the new tail appended.
+	ModeFull Mode = iota
+	// ModeAppend: requests carry only new messages (X-Session-Mode: append).
+	ModeAppend
+)
+
+func (m Mode) String() string {
+	if m == ModeAppend {
+		return "append"
+	}
+	return "full"
+}
+
+// ParseMode maps the X-Session-Mode header: "append" is ModeAppend,
+// anything else ModeFull.
+func ParseMode(header string) Mode {
+	if header == "append" || header == "Append" || header == "APPEND" {
+		return ModeAppend
+	}
+	return ModeFull
+}
+
+// Store owns the sessions under Options.Dir, the token counter, and the
+// background worker. Open it once; Close it after the last request.
+// Safe for concurrent use.
+type Store struct {
+	opts       Options
+	tok        *Tokenizer
+	quarantine string
+
+	// mu protects the fields below.
+	mu       sync.Mutex
+	sessions map[string]*session
+	closed   bool
+
+	queue    chan *session
+	stop     chan struct{}
+	workerWG sync.WaitGroup
+	sumWG    sync.WaitGroup
+	sumSem   chan struct{}
+	ctx      context.Context
+	cancel   context.CancelFunc
+
+	stats storeStats
+}
+
+type storeStats struct {
+	prepares, appended, appendBytes, evicted    atomic.Int64
+	summaries, summaryErrors, queueFull         atomic.Int64
+	quarantined, writeErrors, completes, orphan atomic.Int64
+}
+
+// Stats are cumulative counters for metrics.
+type Stats struct {
+	Sessions      int   // sessions loaded in memory
+	Prepares      int64 // Prepare calls that returned a window
+	Appended      int64 // messages appended to logs
+	AppendBytes   int64 // framed bytes appended on the request path
+	Evicted       int64 // messages that left the window
+	Completes     int64 // turns completed with a reply
+	Orphans       int64 // replies that arrived after the history moved on (kept as units)
+	Summaries     int64 // summaries made
+	SummaryErrors int64
+	QueueFull     int64 // background syncs deferred because the queue was full
+	Quarantined   int64 // log tails cut on open
+	WriteErrors   int64 // background writes that failed
+}
+
+// Open opens (creating if needed) the store rooted at opts.Dir and starts
+// its worker. Sessions load lazily on first use.
+func Open(opts Options) (*Store, error) {
+	opts.setDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("memory: create %s: %w", opts.Dir, err)
+	}
+	s := &Store{
+		opts:       opts,
+		tok:        NewTokenizer(opts.TokenCacheEntries),
+		quarantine: filepath.Join(opts.Dir, "quarantine"),
+		sessions:   map[string]*session{},
+		queue:      make(chan *session, opts.QueueSize),
+		stop:       make(chan struct{}),
+		sumSem:     make(chan struct{}, max(1, opts.MaxConcurrentSummaries)),
+	}
+	enc := CL100K
+	if opts.Encoding != "" {
+		enc, _ = encodingByName(opts.Encoding)
+	}
+	if err := s.tok.Load(enc); err != nil {
+		return nil, fmt.Errorf("memory: load encoding %s: %w", enc, err)
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.workerWG.Add(1)
+	go s.worker()
+	return s, nil
+}
+
+// Close stops the worker after it drains its queue, cancels summaries in
+// flight and waits for them, then closes (and, unless FsyncNever, fsyncs)
+// every log. Turns not yet completed can no longer record their reply.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	close(s.stop)
+	s.workerWG.Wait()
+	s.cancel()
+	s.sumWG.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, sess := range s.sessions {
+		sess.mu.Lock()
+		if sess.log != nil {
+			errs = append(errs, sess.log.close())
+		}
+		sess.gone.Store(true)
+		sess.mu.Unlock()
+	}
+	clear(s.sessions)
+	return errors.Join(errs...)
+}
+
+// Tokenizer returns the store's token counter (shared cache).
+func (s *Store) Tokenizer() *Tokenizer { return s.tok }
+
+// Encoding returns the encoding used for model.
+func (s *Store) Encoding(model string) Encoding {
+	if s.opts.Encoding != "" {
+		e, _ := encodingByName(s.opts.Encoding)
+		return e
+	}
+	if name, ok := lookupModel(s.opts.ModelEncodings, model); ok {
+		e, _ := encodingByName(name)
+		return e
+	}
+	return EncodingForModel(model)
+}
+
+// Limit returns the window's hard token limit for model.
+func (s *Store) Limit(model string) int {
+	if l, ok := lookupModel(s.opts.ModelLimits, model); ok {
+		return l
+	}
+	return s.opts.HardLimit
+}
+
+// CountTokens counts text with model's encoding, e.g. the raw JSON of a
+// request's tools/functions to pass to Prepare.
+func (s *Store) CountTokens(model, text string) int { return s.tok.Count(s.Encoding(model), text) }
+
+// Stats returns cumulative counters.
+func (s *Store) Stats() Stats {
+	s.mu.Lock()
+	n := len(s.sessions)
+	s.mu.Unlock()
+	st := &s.stats
+	return Stats{
+		Sessions: n, Prepares: st.prepares.Load(), Appended: st.appended.Load(),
+		AppendBytes: st.appendBytes.Load(), Evicted: st.evicted.Load(), Completes: st.completes.Load(),
+		Orphans: st.orphan.Load(), Summaries: st.summaries.Load(), SummaryErrors: st.summaryErrors.Load(),
+		QueueFull: st.queueFull.Load(), Quarantined: st.quarantined.Load(), WriteErrors: st.writeErrors.Load(),
+	}
+}
+
+// session returns the loaded session, loading it from disk on first use.
+// With create false a session without a log is ErrNotFound.
+func (s *Store) session(tenant, id string, create bool) (*session, error) {
+	key := sessionKey(tenant, id)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, ErrClosed
+	}
+	sess := s.sessions[key]
+	if sess == nil || sess.gone.Load() {
+		sess = newSession(s.opts.Dir, tenant, id)
+		s.sessions[key] = sess
+		s.shrinkLocked(sess)
+	}
+	s.mu.Unlock()
+	sess.loadOnce.Do(func() { sess.loadErr = s.load(sess) })
+	if sess.loadErr != nil {
+		s.forget(sess, true)
+		return nil, sess.loadErr
+	}
+	sess.mu.Lock()
+	sess.lastUsed = s.opts.Clock.Now()
+	exists := sess.exists
+	sess.mu.Unlock()
+	if !create && !exists {
+		s.forget(sess, false)
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	return sess, nil
+}
+
+// forget drops sess from memory if it is idle (always when failed).
+func (s *Store) forget(sess *session, failed bool) {
+	if !failed {
+		if !sess.mu.TryLock() {
+			return
+		}
+		idle := !sess.exists && sess.log == nil && sess.pending == nil
+		if idle {
+			sess.gone.Store(true)
+		}
+		sess.mu.Unlock()
+		if !idle {
+			return
+		}
+	}
+	sess.gone.Store(true)
+	s.mu.Lock()
+	if s.sessions[sess.key] == sess {
+		delete(s.sessions, sess.key)
+	}
+	s.mu.Unlock()
+}
+
+// shrinkLocked drops idle sessions from memory when over
+// MaxLoadedSessions. Called with s.mu held; never blocks on a session.
+func (s *Store) shrinkLocked(keep *session) {
+	over := len(s.sessions) - s.opts.MaxLoadedSessions
+	if over <= 0 {
+		return
+	}
+	over += s.opts.MaxLoadedSessions / 8
+	for k, sess := range s.sessions {
+		if over <= 0 {
+			break
+		}
+		if sess == keep || sess.queued.Load() || !sess.mu.TryLock() {
+			continue
+		}
+		idle := sess.pending == nil && !sess.summarizing && !sess.hasUnpersisted()
+		if idle {
+			if sess.log != nil {
+				if err := sess.log.close(); err != nil {
+					s.opts.Logger.Warn("memory: close idle session log", "err", err)
+				}
+				sess.log = nil
+			}
+			sess.gone.Store(true)
+			delete(s.sessions, k)
+			over--
+		}
+		sess.mu.Unlock()
+	}
+}
+
+func (sess *session) hasUnpersisted() bool {
+	if len(sess.accessDirty) > 0 {
+		return true
+	}
+	for _, u := range sess.units {
+		if !u.persisted {
+			return true
+		}
+	}
+	return false
+}
+
+// load replays the session's log, if it has one.
+func (s *Store) load(sess *session) error {
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	var rec record
+	lf, rep, err := openLog(sess.path, s.opts.Fsync, s.opts.MaxRecordBytes, s.quarantine, func(p []byte) error {
+		rec = record{}
+		if err := json.Unmarshal(p, &rec); err != nil {
+			return fmt.Errorf("%w: record: %v", ErrCorrupt, err)
+		}
+		return sess.apply(&rec, nil, s.tok)
+	})
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if rep.truncated > 0 {
+		s.stats.quarantined.Add(1)
+		s.opts.Logger.Warn("memory: cut a torn or corrupt log tail", "file", filepath.Base(sess.path),
+			"bytes", rep.truncated, "reason", rep.cutErr, "saved", rep.quarantined)
+	}
+	if sess.created.IsZero() {
+		// The meta record itself was torn: a creation that was never acknowledged.
+		lf.close()
+		if err := os.Remove(sess.path); err != nil {
+			return fmt.Errorf("memory: remove empty log: %w", err)
+		}
+		sess.reset()
+		return nil
+	}
+	sess.log = lf
+	sess.exists = true
+	return nil
+}
+
+func (sess *session) reset() {
+	sess.nextSeq = 1
+	sess.sys, sess.hist = nil, nil
+	sess.units = map[string]*Unit{}
+	sess.coveredSeq = 0
+	sess.prevPrompt, sess.prevCosts = nil, nil
+	sess.unitsChanged()
+}
+
+// writeLocked appends framed records to the session's log, creating it with
+// its meta record first. Called with sess.mu held.
+func (s *Store) writeLocked(sess *session, framed []byte, now time.Time) error {
+	if sess.log == nil {
+		meta, err := json.Marshal(&record{K: "meta", V: logVersion, Tenant: sess.tenant, Session: sess.id, T: now.UnixNano()})
+		if err != nil {
+			return fmt.Errorf("memory: encode meta: %w", err)
+		}
+		lf, err := createLog(sess.path, s.opts.Fsync, meta)
+		if err != nil {
+			return err
+		}
+		sess.log, sess.exists, sess.created = lf, true, now
+	}
+	return sess.log.append(framed)
+}
+
+// waitPending waits (bounded by PendingWait and ctx) for the session's open
+// turn to finish, so that its reply is recorded before the next request's
+// messages in append mode.
+func (s *Store) waitPending(ctx context.Context, sess *session) error {
+	if s.opts.PendingWait < 0 {
+		return nil
+	}
+	sess.mu.Lock()
+	ch := sess.pending
+	sess.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	t := time.NewTimer(s.opts.PendingWait)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	case <-ctx.Done():
+		return fmt.Errorf("memory: wait for previous turn: %w", ctx.Err())
+	}
+	return nil
+}
+
+// Delete removes a session: its log (messages and units) and its state.
+// Unknown sessions and sessions of other tenants are ErrNotFound. The
+// caller removes the session's KV blocks.
+func (s *Store) Delete(tenant, sessionID string) error {
+	sess, err := s.session(tenant, sessionID, false)
+	if err != nil {
+		return err
+	}
+	sess.mu.Lock()
+	if !sess.exists {
+		sess.mu.Unlock()
+		return fmt.Errorf("%w: %q", ErrNotFound, sessionID)
+	}
+	sess.gone.Store(true)
+	sess.exists = false
+	var errs []error
+	if sess.log != nil {
+		errs = append(errs, sess.log.close())
+		sess.log = nil
+	}
+	if err := os.Remove(sess.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("memory: remove log: %w", err))
+	} else if s.opts.Fsync != FsyncNever {
+		errs = append(errs, syncDir(filepath.Dir(sess.path)))
+	}
+	if sess.pending != nil {
+		close(sess.pending)
+		sess.pending = nil
+	}
+	sess.reset()
+	sess.mu.Unlock()
+	s.mu.Lock()
+	if s.sessions[sess.key] == sess {
+		delete(s.sessions, sess.key)
+	}
+	s.mu.Unlock()
+	return errors.Join(errs...)
+}

@@ -1,0 +1,174 @@
+package memory
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Tier says where a message or unit lives. Messages in the window are
+// focus; what left it is working, then archive. Text tiers here are labels
+// for the text memory; the KV tensors have their own tiers (package tiers).
+type Tier string
+
+const (
+	TierFocus   Tier = "focus"
+	TierWorking Tier = "working"
+	TierArchive Tier = "archive"
+)
+
+// UnitType classifies a memory unit.
+type UnitType string
+
+const (
+	UnitTask    UnitType = "task"    // something the user asked for
+	UnitContext UnitType = "context" // conversation context (replies, tool results)
+	UnitFact    UnitType = "fact"    // a fact extracted by the summarizer
+	UnitSummary UnitType = "summary" // a summary of evicted turns
+)
+
+// Unit is one piece of text memory. Units are never deleted except with
+// their session. IDs are stable and sort in creation order within a type:
+// "msg-<seq>" (an evicted message), "sum-<seq>" (a summary ending at that
+// message), "fact-<seq>-<n>", "reply-<seq>" (a reply that arrived after the
+// history had moved on).
+type Unit struct {
+	ID          string    `json:"id"`
+	Type        UnitType  `json:"type"`
+	Tier        Tier      `json:"tier"`
+	Role        string    `json:"role,omitempty"`
+	Content     string    `json:"content"`
+	Importance  float64   `json:"importance"`
+	Tokens      int       `json:"tokens"`
+	CreatedAt   time.Time `json:"created_at"`
+	UpdatedAt   time.Time `json:"updated_at"`
+	LastAccess  time.Time `json:"last_access"`
+	AccessCount int       `json:"access_count"`
+	// FromSeq and ToSeq are the message sequence numbers the unit covers.
+	FromSeq uint64 `json:"from_seq"`
+	ToSeq   uint64 `json:"to_seq"`
+
+	bow       *bow // cached bag of words for keyword recall
+	persisted bool // its latest state is in the log
+}
+
+func msgUnitID(seq uint64) string         { return fmt.Sprintf("msg-%012d", seq) }
+func sumUnitID(seq uint64) string         { return fmt.Sprintf("sum-%012d", seq) }
+func orphanUnitID(seq uint64) string      { return fmt.Sprintf("reply-%012d", seq) }
+func factUnitID(seq uint64, i int) string { return fmt.Sprintf("fact-%012d-%02d", seq, i) }
+
+// words returns the unit's cached bag of words (built on first use).
+func (u *Unit) words() *bow {
+	if u.bow == nil {
+		u.bow = makeBow(u.Content)
+	}
+	return u.bow
+}
+
+// RecallHit is one unit chosen by a Recaller.
+type RecallHit struct {
+	ID    string
+	Score float64
+}
+
+// Recaller ranks a session's memory units for a query (the newest user
+// message). It is given the session's working-tier units other than
+// summaries (bounded by Options.WorkingMaxUnits plus what was evicted since
+// the last background sync); archive units are left to the RAG index,
+// which plugs in here later. Recall runs on the request path under the
+// session's lock: it must be fast, must not retain or modify units, and
+// should return at most k hits, best first. Hits below
+// Options.RecallMinScore are not injected.
+type Recaller interface {
+	Recall(ctx context.Context, query string, units []*Unit, k int) ([]RecallHit, error)
+}
+
+// KeywordRecaller scores units by bag-of-words cosine similarity with the
+// query (lower-cased words, stopwords removed); archive units, if given,
+// score 0.9×. It is the default Recaller.
+type KeywordRecaller struct{}
+
+// Recall implements Recaller.
+func (KeywordRecaller) Recall(_ context.Context, query string, units []*Unit, k int) ([]RecallHit, error) {
+	if k <= 0 || len(units) == 0 {
+		return nil, nil
+	}
+	q := makeBow(query)
+	if q.norm == 0 {
+		return nil, nil
+	}
+	var hits []RecallHit
+	for _, u := range units {
+		s := cosine(q, u.words())
+		if u.Tier == TierArchive {
+			s *= 0.9
+		}
+		if s > 0 {
+			hits = append(hits, RecallHit{u.ID, s})
+		}
+	}
+	slices.SortFunc(hits, func(a, b RecallHit) int {
+		if a.Score != b.Score {
+			if a.Score > b.Score {
+				return -1
+			}
+			return 1
+		}
+		if a.ID < b.ID {
+			return -1
+		}
+		return 1
+	})
+	if len(hits) > k {
+		hits = hits[:k]
+	}
+	return hits, nil
+}
+
+// SummaryRequest is what the Summarizer is asked to condense.
+type SummaryRequest struct {
+	Tenant    string
+	SessionID string
+	// Model is the model of the session's latest turn.
+	Model string
+	// Previous is the latest summary text, "" for the first.
+	Previous string
+	// Messages are the evicted messages to summarize, oldest first.
+	Messages []Message
+}
+
+// Summary is what a Summarizer returns.
+type Summary struct {
+	// Text summarizes Messages (it may fold in Previous).
+	Text string
+	// Facts are optional standalone facts worth recalling later; each
+	// becomes a fact unit.
+	Facts []string
+}
+
+// Summarizer condenses evicted turns, typically by calling the upstream
+// model. It is called from background goroutines the Store owns, never on
+// the request path; ctx is cancelled on Close and after
+// Options.SummaryTimeout.
+type Summarizer interface {
+	Summarize(ctx context.Context, req SummaryRequest) (Summary, error)
+}
+
+// SummarizerFunc adapts a function to Summarizer.
+type SummarizerFunc func(ctx context.Context, req SummaryRequest) (Summary, error)
+
+// Summarize implements Summarizer.
+func (f SummarizerFunc) Summarize(ctx context.Context, req SummaryRequest) (Summary, error) {
+	return f(ctx, req)
+}
+
+// clone copies a unit for the log or a view, without its cache.
+func (u *Unit) clone() Unit {
+	c := *u
+	c.bow = nil
+	return c
+}
+
+var _ json.Marshaler = Message{}

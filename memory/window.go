@@ -1,0 +1,354 @@
+package memory
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/maphash"
+	"slices"
+	"strings"
+	"time"
+)
+
+// window is the result of building the Focus window.
+type window struct {
+	msgs        []json.RawMessage
+	costs       []int
+	block       json.RawMessage
+	blockTokens int
+	sysTokens   int
+	histTokens  int // kept history + current turn
+	evicted     int
+	recalled    int
+	summaries   int
+}
+
+// group is a span of history dropped or kept as a whole: a turn, from a
+// user message up to the next one. Keeping whole turns keeps tool calls with
+// their results and the user/assistant alternation strict chat templates
+// require.
+type group struct {
+	lo, hi int // hist[lo:hi]
+	cost   int
+	score  float64
+	drop   bool
+}
+
+// windowParams are the inputs that do not live in the session.
+type windowParams struct {
+	enc      Encoding
+	limit    int
+	tools    int
+	strategy Strategy
+	now      time.Time
+}
+
+// buildWindow builds the window from the session's stored state, marking
+// newly evicted history as dropped and creating their units (in memory; the
+// worker persists them). Call with sess.mu held.
+func (s *Store) buildWindow(ctx context.Context, sess *session, p windowParams) (*window, error) {
+	tk := s.tok
+	w := &window{}
+	for _, e := range sess.sys {
+		w.sysTokens += e.cost(tk, p.enc)
+	}
+	hist := sess.hist
+	mandStart := len(hist)
+	for i := len(hist) - 1; i >= 0; i-- {
+		if hist[i].msg.Role == "user" {
+			mandStart = i
+			break
+		}
+	}
+	mandCost := 0
+	for _, e := range hist[mandStart:] {
+		mandCost += e.cost(tk, p.enc)
+	}
+	if w.sysTokens+mandCost+p.tools > p.limit {
+		return nil, fmt.Errorf("%w: system %d + current turn %d + tools %d tokens > limit %d",
+			ErrContextTooLarge, w.sysTokens, mandCost, p.tools, p.limit)
+	}
+	query := ""
+	if mandStart < len(hist) {
+		query = hist[mandStart].msg.Content
+	}
+
+	sysPad := max(w.sysTokens, s.opts.SystemReserve)
+	toolsPad := max(p.tools, s.opts.ToolsReserve)
+	block, blockCost, recalled, nsum := s.buildBlock(ctx, sess, p, query)
+	budget := p.limit - sysPad - toolsPad - blockCost - mandCost
+	if budget < 0 && blockCost > 0 {
+		block, blockCost, recalled, nsum = nil, 0, nil, 0
+		budget = p.limit - sysPad - toolsPad - mandCost
+	}
+	if budget < 0 {
+		// Oversized system prompt or tools: give up the reserves' padding.
+		budget = p.limit - w.sysTokens - p.tools - mandCost
+	}
+
+	// Group the history before the current turn into turns; a turn that was
+	// partly evicted (its messages arrived over several requests) goes whole.
+	var groups []group
+	total := 0
+	for lo := 0; lo < mandStart; {
+		hi := lo + 1
+		for hi < mandStart && hist[hi].msg.Role != "user" {
+			hi++
+		}
+		g := group{lo: lo, hi: hi}
+		anyDropped := false
+		for _, e := range hist[lo:hi] {
+			g.cost += e.cost(tk, p.enc)
+			anyDropped = anyDropped || e.dropped
+		}
+		if anyDropped {
+			g.drop = true
+			for _, e := range hist[lo:hi] {
+				if !e.dropped {
+					s.evict(sess, e, 0, p)
+					w.evicted++
+				}
+			}
+		} else {
+			groups = append(groups, g)
+			total += g.cost
+		}
+		lo = hi
+	}
+
+	if total > budget {
+		target := int(float64(budget) * s.opts.EvictTo)
+		strategy := p.strategy
+		if strategy == StrategySummary {
+			strategy = StrategyImportance
+			if sess.coveredSeq > 0 {
+				strategy = StrategyTail
+			}
+		}
+		order := make([]int, len(groups))
+		for i := range order {
+			order[i] = i
+		}
+		if strategy == StrategyImportance {
+			scoreGroups(groups, hist, makeBow(query))
+			slices.SortStableFunc(order, func(a, b int) int {
+				switch {
+				case groups[a].score < groups[b].score:
+					return -1
+				case groups[a].score > groups[b].score:
+					return 1
+				}
+				return 0
+			})
+		}
+		for _, gi := range order {
+			if total <= target {
+				break
+			}
+			g := &groups[gi]
+			g.drop = true
+			total -= g.cost
+			for _, e := range hist[g.lo:g.hi] {
+				s.evict(sess, e, g.score, p)
+				w.evicted++
+			}
+		}
+	}
+
+	w.msgs = make([]json.RawMessage, 0, len(sess.sys)+1+len(hist)-mandStart+len(groups))
+	w.costs = make([]int, 0, cap(w.msgs))
+	add := func(raw json.RawMessage, cost int) {
+		w.msgs = append(w.msgs, raw)
+		w.costs = append(w.costs, cost)
+	}
+	for _, e := range sess.sys {
+		add(e.msg.Raw, e.cost(tk, p.enc))
+	}
+	if block != nil {
+		add(block, blockCost)
+		w.block, w.blockTokens, w.summaries = block, blockCost, nsum
+		w.recalled = len(recalled)
+		for _, u := range recalled {
+			u.AccessCount++
+			u.LastAccess = p.now
+			if sess.accessDirty == nil {
+				sess.accessDirty = map[string]bool{}
+			}
+			sess.accessDirty[u.ID] = true
+		}
+	}
+	for _, g := range groups {
+		if g.drop {
+			continue
+		}
+		for _, e := range hist[g.lo:g.hi] {
+			c := e.cost(tk, p.enc)
+			add(e.msg.Raw, c)
+			w.histTokens += c
+		}
+	}
+	for _, e := range hist[mandStart:] {
+		e.dropped = false
+		c := e.cost(tk, p.enc)
+		add(e.msg.Raw, c)
+		w.histTokens += c
+	}
+	if got := w.sysTokens + w.blockTokens + w.histTokens + p.tools; got > p.limit {
+		// Unreachable by construction; refuse rather than overflow.
+		return nil, fmt.Errorf("memory: internal error: window %d tokens > limit %d", got, p.limit)
+	}
+	return w, nil
+}
+
+// scoreGroups sets each group's importance: 0.4 semantic similarity to the
+// newest user message + 0.3 recency + 0.2 user emphasis + 0.1 structure,
+// each in [0, 1]; a group takes the best of its messages per feature.
+func scoreGroups(groups []group, hist []*entry, q *bow) {
+	n := len(groups)
+	for i := range groups {
+		g := &groups[i]
+		sem, emph, strct := 0.0, 0.0, 0.0
+		for _, e := range hist[g.lo:g.hi] {
+			e.features()
+			sem = max(sem, cosine(q, e.bow))
+			emph = max(emph, e.emph)
+			strct = max(strct, e.strct)
+		}
+		recency := float64(i+1) / float64(n)
+		g.score = 0.4*sem + 0.3*recency + 0.2*emph + 0.1*strct
+	}
+}
+
+// evict marks e as left the window and gives it a working unit.
+func (s *Store) evict(sess *session, e *entry, importance float64, p windowParams) {
+	e.dropped = true
+	s.stats.evicted.Add(1)
+	id := msgUnitID(e.seq)
+	if sess.units[id] != nil {
+		return
+	}
+	sess.unitsChanged()
+	if importance == 0 {
+		e.features()
+		importance = 0.2*e.emph + 0.1*e.strct
+	}
+	sess.units[id] = unitFromEntry(e, s.tok, p.enc, importance, p.now)
+}
+
+// Block layout. The text is assembled from stored strings in a fixed order,
+// so the same memories give the same bytes. It is a sequence of segments,
+// each ending in "\n" and starting with a character that is neither
+// whitespace nor "/": the cl100k and o200k pre-tokenizers then always split
+// between segments, so the block's token count is exactly the sum of its
+// segments' counts, each cached. A new combination of memories costs no
+// tokenization (TestBlockCountIsAdditive checks the claim).
+const (
+	blockHeader     = "Memory from earlier in this conversation, kept by the sidecar because it no longer fits the context window.\n"
+	blockSummaries  = "## Summary of earlier turns\n"
+	blockRecalled   = "## Recalled from earlier turns\n"
+	maxRecalledText = 2000 // bytes of one recalled unit in the block
+)
+
+// summarySegment and unitSegment render one block segment.
+func summarySegment(u *Unit) string { return "- " + strings.TrimSpace(u.Content) + "\n" }
+
+func unitSegment(u *Unit) string {
+	return "- [" + u.Role + "] " + strings.TrimSpace(truncateRunes(u.Content, maxRecalledText)) + "\n"
+}
+
+// buildBlock makes the injected system message: summaries oldest→newest
+// (the newest that fit InjectMaxTokens), then recalled units ordered by id.
+// It returns nil when there is nothing to inject.
+func (s *Store) buildBlock(ctx context.Context, sess *session, p windowParams, query string) (json.RawMessage, int, []*Unit, int) {
+	if len(sess.units) == 0 || s.opts.InjectMaxTokens == 0 {
+		return nil, 0, nil, 0
+	}
+	sess.refreshIndex()
+	var h maphash.Hash
+	h.SetSeed(keySeed)
+	h.WriteString(query)
+	h.WriteByte(byte(p.enc))
+	key := h.Sum64() ^ sess.unitsVer*0x9E3779B97F4A7C15
+	if c := &sess.block; c.key == key && c.key != 0 {
+		return c.raw, c.cost, c.recalled, c.nsum
+	}
+	raw, cost, recalled, nsum := s.assembleBlock(ctx, sess, p, query)
+	sess.block = cachedBlock{key: key, raw: raw, cost: cost, recalled: recalled, nsum: nsum}
+	return raw, cost, recalled, nsum
+}
+
+func (s *Store) assembleBlock(ctx context.Context, sess *session, p windowParams, query string) (json.RawMessage, int, []*Unit, int) {
+	tk := s.tok
+	budget := s.opts.InjectMaxTokens - MessageFraming - tk.Count(p.enc, blockHeader)
+	sums, cands := sess.sums, sess.cands
+	// Newest summaries first while they fit, shown oldest first.
+	var keptSums []*Unit
+	if len(sums) > 0 {
+		budget -= tk.Count(p.enc, blockSummaries)
+	}
+	for i := len(sums) - 1; i >= 0; i-- {
+		c := tk.Count(p.enc, summarySegment(sums[i]))
+		if c > budget {
+			break
+		}
+		budget -= c
+		keptSums = append(keptSums, sums[i])
+	}
+	slices.Reverse(keptSums)
+
+	var recalled []*Unit
+	if query != "" && s.opts.RecallK > 0 && len(cands) > 0 {
+		hits, err := s.opts.Recaller.Recall(ctx, query, cands, s.opts.RecallK)
+		if err != nil {
+			s.opts.Logger.Warn("memory: recall failed", "err", err)
+		}
+		budget -= tk.Count(p.enc, blockRecalled)
+		for _, h := range hits {
+			u := sess.units[h.ID]
+			if u == nil || u.Type == UnitSummary || h.Score < s.opts.RecallMinScore || len(recalled) >= s.opts.RecallK {
+				continue
+			}
+			c := tk.Count(p.enc, unitSegment(u))
+			if c > budget {
+				continue
+			}
+			budget -= c
+			recalled = append(recalled, u)
+		}
+		slices.SortFunc(recalled, func(a, b *Unit) int { return strings.Compare(a.ID, b.ID) })
+	}
+	if len(keptSums) == 0 && len(recalled) == 0 {
+		return nil, 0, nil, 0
+	}
+	segs := make([]string, 0, 3+len(keptSums)+len(recalled))
+	segs = append(segs, blockHeader)
+	if len(keptSums) > 0 {
+		segs = append(segs, blockSummaries)
+		for _, u := range keptSums {
+			segs = append(segs, summarySegment(u))
+		}
+	}
+	if len(recalled) > 0 {
+		segs = append(segs, blockRecalled)
+		for _, u := range recalled {
+			segs = append(segs, unitSegment(u))
+		}
+	}
+	content := strings.Join(segs, "")
+	cost := MessageFraming
+	for _, sg := range segs {
+		cost += tk.Count(p.enc, sg)
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}{"system", content}); err != nil {
+		return nil, 0, nil, 0
+	}
+	raw := json.RawMessage(bytes.TrimRight(buf.Bytes(), "\n"))
+	return raw, cost, recalled, len(keptSums)
+}

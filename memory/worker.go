@@ -1,0 +1,248 @@
+package memory
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+)
+
+// enqueue asks the worker to sync the session. It never blocks: a session
+// already queued is not queued twice, and when the queue is full the
+// session stays dirty until its next Complete or Abort.
+func (s *Store) enqueue(sess *session) {
+	if !sess.queued.CompareAndSwap(false, true) {
+		return
+	}
+	select {
+	case s.queue <- sess:
+	default:
+		sess.queued.Store(false)
+		s.stats.queueFull.Add(1)
+	}
+}
+
+// worker is the goroutine the Store owns: it syncs dirty sessions and, for
+// FsyncInterval, fsyncs logs periodically. It drains the queue on Close.
+func (s *Store) worker() {
+	defer s.workerWG.Done()
+	var tick <-chan time.Time
+	if s.opts.Fsync == FsyncInterval {
+		t := time.NewTicker(s.opts.FsyncInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case sess := <-s.queue:
+			sess.queued.Store(false)
+			s.sync(sess)
+		case <-tick:
+			s.syncLogs()
+		case <-s.stop:
+			for {
+				select {
+				case sess := <-s.queue:
+					sess.queued.Store(false)
+					s.sync(sess)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// syncLogs fsyncs every dirty log (FsyncInterval).
+func (s *Store) syncLogs() {
+	s.mu.Lock()
+	logs := make([]*logFile, 0, len(s.sessions))
+	for _, sess := range s.sessions {
+		if sess.mu.TryLock() {
+			if sess.log != nil {
+				logs = append(logs, sess.log)
+			}
+			sess.mu.Unlock()
+		}
+	}
+	s.mu.Unlock()
+	for _, l := range logs {
+		if err := l.sync(); err != nil {
+			s.stats.writeErrors.Add(1)
+			s.opts.Logger.Warn("memory: interval fsync", "err", err)
+		}
+	}
+}
+
+// sync performs a session's background writes: tier changes, new and
+// changed units, access counts; then starts a summary if one is due.
+func (s *Store) sync(sess *session) {
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	if sess.gone.Load() || !sess.exists {
+		return
+	}
+	now := s.opts.Clock.Now()
+	s.demoteLocked(sess, now)
+	s.persistLocked(sess, now)
+	s.maybeSummarizeLocked(sess)
+}
+
+// demoteLocked moves working units to archive when they were not accessed
+// for ArchiveAfter, and the least recently accessed ones beyond
+// WorkingMaxUnits.
+func (s *Store) demoteLocked(sess *session, now time.Time) {
+	var working []*Unit
+	for _, u := range sess.units {
+		if u.Tier != TierWorking {
+			continue
+		}
+		last := u.LastAccess
+		if u.CreatedAt.After(last) {
+			last = u.CreatedAt
+		}
+		if now.Sub(last) >= s.opts.ArchiveAfter {
+			u.Tier, u.UpdatedAt, u.persisted = TierArchive, now, false
+			sess.unitsChanged()
+			continue
+		}
+		working = append(working, u)
+	}
+	if over := len(working) - s.opts.WorkingMaxUnits; over > 0 {
+		slices.SortFunc(working, func(a, b *Unit) int {
+			if c := a.LastAccess.Compare(b.LastAccess); c != 0 {
+				return c
+			}
+			if a.ID < b.ID {
+				return -1
+			}
+			return 1
+		})
+		for _, u := range working[:over] {
+			u.Tier, u.UpdatedAt, u.persisted = TierArchive, now, false
+		}
+		sess.unitsChanged()
+	}
+}
+
+// persistLocked writes unpersisted units and access counts as one append.
+func (s *Store) persistLocked(sess *session, now time.Time) {
+	var framed []byte
+	var err error
+	var written []*Unit
+	for _, u := range sess.units {
+		if !u.persisted {
+			written = append(written, u)
+		}
+	}
+	slices.SortFunc(written, func(a, b *Unit) int { return strings.Compare(a.ID, b.ID) })
+	for _, u := range written {
+		c := u.clone()
+		if framed, err = encodeRecord(framed, &record{K: "unit", T: now.UnixNano(), Unit: &c}); err != nil {
+			s.opts.Logger.Warn("memory: encode unit", "err", err)
+			return
+		}
+	}
+	var acc []accessRecord
+	for id := range sess.accessDirty {
+		if u := sess.units[id]; u != nil && u.persisted {
+			acc = append(acc, accessRecord{ID: id, Count: u.AccessCount, Last: u.LastAccess.UnixNano(), Tier: u.Tier})
+		}
+	}
+	slices.SortFunc(acc, func(a, b accessRecord) int {
+		if a.ID < b.ID {
+			return -1
+		}
+		return 1
+	})
+	if len(acc) > 0 {
+		if framed, err = encodeRecord(framed, &record{K: "acc", T: now.UnixNano(), Acc: acc}); err != nil {
+			acc = nil
+		}
+	}
+	if len(framed) == 0 {
+		clear(sess.accessDirty)
+		return
+	}
+	if err := s.writeLocked(sess, framed, now); err != nil {
+		s.stats.writeErrors.Add(1)
+		s.opts.Logger.Warn("memory: write units", "session", sess.path, "err", err)
+		return
+	}
+	for _, u := range written {
+		u.persisted = true
+	}
+	clear(sess.accessDirty)
+}
+
+// maybeSummarizeLocked starts a summary of evicted messages not yet
+// covered, when the strategy is StrategySummary and a Summarizer is set.
+func (s *Store) maybeSummarizeLocked(sess *session) {
+	if s.opts.Strategy != StrategySummary || s.opts.Summarizer == nil || sess.summarizing {
+		return
+	}
+	var msgs []Message
+	var from, to uint64
+	for _, e := range sess.hist {
+		if !e.dropped || e.seq <= sess.coveredSeq {
+			continue
+		}
+		if from == 0 {
+			from = e.seq
+		}
+		to = e.seq
+		msgs = append(msgs, e.msg)
+	}
+	if len(msgs) == 0 {
+		return
+	}
+	select {
+	case s.sumSem <- struct{}{}:
+	default:
+		return // busy: the session's next sync retries
+	}
+	prev := ""
+	sess.refreshIndex()
+	if n := len(sess.sums); n > 0 {
+		prev = sess.sums[n-1].Content
+	}
+	req := SummaryRequest{Tenant: sess.tenant, SessionID: sess.id, Model: sess.lastModel, Previous: prev, Messages: msgs}
+	sess.summarizing = true
+	s.sumWG.Add(1)
+	go s.summarize(sess, req, from, to, sess.lastEnc)
+}
+
+func (s *Store) summarize(sess *session, req SummaryRequest, from, to uint64, enc Encoding) {
+	defer s.sumWG.Done()
+	defer func() { <-s.sumSem }()
+	ctx, cancel := context.WithTimeout(s.ctx, s.opts.SummaryTimeout)
+	sum, err := s.opts.Summarizer.Summarize(ctx, req)
+	cancel()
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	sess.summarizing = false
+	if sess.gone.Load() || !sess.exists {
+		return
+	}
+	if err != nil || sum.Text == "" {
+		s.stats.summaryErrors.Add(1)
+		s.opts.Logger.Warn("memory: summarize", "err", err, "empty", err == nil)
+		return
+	}
+	now := s.opts.Clock.Now()
+	u := &Unit{ID: sumUnitID(to), Type: UnitSummary, Tier: TierWorking, Role: "system", Content: sum.Text,
+		Tokens: s.tok.Count(enc, sum.Text), CreatedAt: now, UpdatedAt: now, LastAccess: now, FromSeq: from, ToSeq: to, Importance: 1}
+	sess.units[u.ID] = u
+	sess.noteUnit(u)
+	sess.unitsChanged()
+	for i, f := range sum.Facts {
+		if f == "" {
+			continue
+		}
+		fu := &Unit{ID: factUnitID(to, i), Type: UnitFact, Tier: TierWorking, Role: "fact", Content: f,
+			Tokens: s.tok.Count(enc, f), CreatedAt: now, UpdatedAt: now, LastAccess: now, FromSeq: from, ToSeq: to, Importance: 0.8}
+		sess.units[fu.ID] = fu
+	}
+	s.stats.summaries.Add(1)
+	s.persistLocked(sess, now)
+}
