@@ -1,0 +1,795 @@
+package bench
+
+// KV core benchmarks (MEM-002 and friends): eviction hit rates beside
+// Belady's optimum, per-tier latency, archive throughput against plain
+// files, compression ratios and the amortized cost of a turn.
+
+import (
+	"container/heap"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvsidecar/kvsidecar/kv"
+	"github.com/kvsidecar/kvsidecar/tiers"
+)
+
+// KVOptions configure RunKV. The zero value runs the full benchmark in a
+// temporary directory.
+type KVOptions struct {
+	// Quick shrinks latency, throughput and amortization runs so the whole
+	// benchmark takes well under two minutes on two cores. Hit-rate traces
+	// keep their full size (10,000 items, 100,000 accesses) either way.
+	Quick bool
+	// Dir is a scratch directory for archive and plain files. Empty means
+	// a temporary directory, removed afterwards.
+	Dir string
+	// Items and Accesses size the hit-rate traces. Zero means 10,000 and
+	// 100,000.
+	Items, Accesses int
+	// Seed makes traces and data reproducible. Zero means 1.
+	Seed uint64
+	// Strategies to replay. Nil means every strategy and preset.
+	Strategies []string
+}
+
+func (o *KVOptions) validate() error {
+	if o.Items == 0 {
+		o.Items = 10_000
+	}
+	if o.Accesses == 0 {
+		o.Accesses = 100_000
+	}
+	if o.Items < 10 || o.Accesses < o.Items {
+		return fmt.Errorf("bench: kv: want at least 10 items and as many accesses, got %d and %d", o.Items, o.Accesses)
+	}
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	if o.Strategies == nil {
+		o.Strategies = tiers.Strategies()
+	}
+	for _, s := range o.Strategies {
+		if _, err := tiers.NewPolicy(s); err != nil {
+			return fmt.Errorf("bench: kv: %w", err)
+		}
+	}
+	return nil
+}
+
+// KVReport is the result of RunKV.
+type KVReport struct {
+	Quick           bool                 `json:"quick"`
+	DefaultStrategy string               `json:"default_strategy"`
+	HitRates        []KVHitRate          `json:"hit_rates"`
+	Reach90         []KVReach            `json:"reach_90"`
+	Latency         []KVLatency          `json:"latency"`
+	Throughput      []KVThroughput       `json:"archive_throughput"`
+	Compression     []KVCompression      `json:"compression"`
+	Amortization    []KVAmortization     `json:"amortization"`
+	MeasuredCosts   kv.AmortizationStats `json:"measured_costs"`
+	Notes           []string             `json:"notes"`
+	DurationSeconds float64              `json:"duration_seconds"`
+}
+
+// KVHitRate is one strategy on one trace at one cache size.
+type KVHitRate struct {
+	Trace    string  `json:"trace"`
+	SizePct  int     `json:"size_pct"`
+	Capacity int     `json:"capacity"`
+	Strategy string  `json:"strategy"`
+	HitRate  float64 `json:"hit_rate"`
+	Belady   float64 `json:"belady"`
+	// StaticOracle keeps the capacity most frequent items of the whole
+	// trace (known in advance): the best an online policy can expect when
+	// accesses are independent, as in both traces. Belady also knows the
+	// order of accesses and no online policy can approach it on small
+	// caches.
+	StaticOracle float64 `json:"static_oracle"`
+	// GapPoints is (Belady − HitRate) in percentage points.
+	GapPoints float64 `json:"gap_points"`
+}
+
+// KVReach says at which cache size a 90% hit rate is reachable on a trace:
+// by Belady's optimum and by the default strategy (0: at none tried).
+type KVReach struct {
+	Trace          string  `json:"trace"`
+	BeladyPct      int     `json:"belady_size_pct"`
+	DefaultPct     int     `json:"default_size_pct"`
+	CompulsoryMiss float64 `json:"compulsory_miss_rate"`
+}
+
+// KVLatency is get and put latency of one tier for one block size.
+type KVLatency struct {
+	Tier      string  `json:"tier"`
+	BlockSize int     `json:"block_bytes"`
+	Ops       int     `json:"ops"`
+	GetP50Ms  float64 `json:"get_p50_ms"`
+	GetP99Ms  float64 `json:"get_p99_ms"`
+	PutP50Ms  float64 `json:"put_p50_ms"`
+	PutP99Ms  float64 `json:"put_p99_ms"`
+}
+
+// KVThroughput compares the archive with plain files holding the same bytes.
+type KVThroughput struct {
+	Op           string  `json:"op"`
+	Bytes        int64   `json:"bytes"`
+	ArchiveMBps  float64 `json:"archive_mb_per_s"`
+	PlainMBps    float64 `json:"plain_mb_per_s"`
+	RatioToPlain float64 `json:"ratio_to_plain"`
+}
+
+// KVCompression is the archive's compression ratio (raw/stored) of a kind
+// of data with one codec.
+type KVCompression struct {
+	Data  string  `json:"data"`
+	Codec string  `json:"codec"`
+	Raw   int     `json:"raw_bytes"`
+	Ratio float64 `json:"ratio"`
+}
+
+// KVAmortization is the cost per turn over T turns of one prefix when the
+// KV block is reloaded from one tier: measured (mean of the first T turns
+// of a real session) and from the formula (C_compute+(T−1)·C_load)/T.
+type KVAmortization struct {
+	Tier       string  `json:"tier"`
+	Turns      int     `json:"turns"`
+	MeasuredMs float64 `json:"measured_ms"`
+	FormulaMs  float64 `json:"formula_ms"`
+	Speedup    float64 `json:"speedup"`
+}
+
+// RunKV runs the KV benchmarks.
+func RunKV(opts KVOptions) (KVReport, error) {
+	if err := opts.validate(); err != nil {
+		return KVReport{}, err
+	}
+	start := time.Now()
+	dir := opts.Dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "kvbench-")
+		if err != nil {
+			return KVReport{}, fmt.Errorf("bench: kv: %w", err)
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	r := KVReport{Quick: opts.Quick, DefaultStrategy: tiers.DefaultStrategy}
+	r.HitRates, r.Reach90 = kvHitRates(opts)
+	var err error
+	if r.Latency, err = kvLatency(opts, filepath.Join(dir, "latency")); err != nil {
+		return r, err
+	}
+	if r.Throughput, err = kvThroughput(opts, filepath.Join(dir, "throughput")); err != nil {
+		return r, err
+	}
+	r.Compression = kvCompression(opts)
+	if r.Amortization, r.MeasuredCosts, err = kvAmortization(opts, filepath.Join(dir, "amortization")); err != nil {
+		return r, err
+	}
+	r.Notes = kvNotes(r)
+	r.DurationSeconds = time.Since(start).Seconds()
+	return r, nil
+}
+
+// Traces.
+
+func kvTrace80_20(n, accesses int, rng *rand.Rand) []int32 {
+	hot := n / 5
+	perm := rng.Perm(n) // hot items are scattered over the id space
+	t := make([]int32, accesses)
+	for i := range t {
+		if rng.Float64() < 0.8 {
+			t[i] = int32(perm[rng.IntN(hot)])
+		} else {
+			t[i] = int32(perm[hot+rng.IntN(n-hot)])
+		}
+	}
+	return t
+}
+
+// kvTraceZipf samples ranks with P(k) ∝ 1/k^s by inverting the CDF;
+// math/rand's Zipf needs s > 1.
+func kvTraceZipf(n, accesses int, s float64, rng *rand.Rand) []int32 {
+	cdf := make([]float64, n)
+	sum := 0.0
+	for k := range n {
+		sum += 1 / math.Pow(float64(k+1), s)
+		cdf[k] = sum
+	}
+	perm := rng.Perm(n)
+	t := make([]int32, accesses)
+	for i := range t {
+		u := rng.Float64() * sum
+		k, _ := slices.BinarySearch(cdf, u)
+		t[i] = int32(perm[min(k, n-1)])
+	}
+	return t
+}
+
+// kvBelady replays the trace under Belady's OPT: on a miss with a full
+// cache, evict the item whose next use is furthest away.
+func kvBelady(trace []int32, capacity int) float64 {
+	next := make([]int, len(trace))
+	last := map[int32]int{}
+	for i := len(trace) - 1; i >= 0; i-- {
+		if j, ok := last[trace[i]]; ok {
+			next[i] = j
+		} else {
+			next[i] = math.MaxInt
+		}
+		last[trace[i]] = i
+	}
+	cur := map[int32]int{} // item → its next use
+	h := &kvOptHeap{}
+	hits := 0
+	for i, it := range trace {
+		if _, ok := cur[it]; ok {
+			hits++
+		} else if len(cur) >= capacity {
+			for {
+				top := heap.Pop(h).(kvOptItem)
+				if n, ok := cur[top.item]; ok && n == top.next {
+					delete(cur, top.item)
+					break
+				}
+			}
+		}
+		cur[it] = next[i]
+		heap.Push(h, kvOptItem{item: it, next: next[i]})
+	}
+	return float64(hits) / float64(len(trace))
+}
+
+type kvOptItem struct {
+	item int32
+	next int
+}
+type kvOptHeap []kvOptItem
+
+func (h kvOptHeap) Len() int           { return len(h) }
+func (h kvOptHeap) Less(i, j int) bool { return h[i].next > h[j].next }
+func (h kvOptHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *kvOptHeap) Push(x any)        { *h = append(*h, x.(kvOptItem)) }
+func (h *kvOptHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// kvStaticOracle: hits are repeat accesses to the capacity most frequent
+// items.
+func kvStaticOracle(trace []int32, capacity int) float64 {
+	count := map[int32]int{}
+	for _, it := range trace {
+		count[it]++
+	}
+	items := make([]int32, 0, len(count))
+	for it := range count {
+		items = append(items, it)
+	}
+	slices.SortFunc(items, func(a, b int32) int { return count[b] - count[a] })
+	hits := 0
+	for _, it := range items[:min(capacity, len(items))] {
+		hits += count[it] - 1
+	}
+	return float64(hits) / float64(len(trace))
+}
+
+// kvReplay replays the trace on a cache of capacity entries run by a
+// policy, exactly as a tier uses it.
+func kvReplay(trace []int32, capacity int, strategy string) float64 {
+	pol, _ := tiers.NewPolicy(strategy)
+	keys := make(map[int32]string)
+	present := make(map[string]bool, capacity)
+	hits := 0
+	for _, it := range trace {
+		k, ok := keys[it]
+		if !ok {
+			k = strconv.Itoa(int(it))
+			keys[it] = k
+		}
+		if present[k] {
+			hits++
+			pol.Access(k)
+			continue
+		}
+		for pol.Len() >= capacity {
+			v, _ := pol.Victim()
+			pol.Remove(v)
+			delete(present, v)
+		}
+		pol.Add(k, tiers.Hint{Importance: 0.5, Semantic: 0.5})
+		present[k] = true
+	}
+	return float64(hits) / float64(len(trace))
+}
+
+func kvHitRates(o KVOptions) ([]KVHitRate, []KVReach) {
+	rng := rand.New(rand.NewPCG(o.Seed, 2))
+	traces := []struct {
+		name string
+		t    []int32
+	}{
+		{"80-20", kvTrace80_20(o.Items, o.Accesses, rng)},
+		{"zipf-0.99", kvTraceZipf(o.Items, o.Accesses, 0.99, rng)},
+	}
+	var rows []KVHitRate
+	var reach []KVReach
+	for _, tr := range traces {
+		distinct := map[int32]bool{}
+		for _, it := range tr.t {
+			distinct[it] = true
+		}
+		re := KVReach{Trace: tr.name, CompulsoryMiss: float64(len(distinct)) / float64(len(tr.t))}
+		for _, pct := range []int{10, 20, 50} {
+			capacity := o.Items * pct / 100
+			opt := kvBelady(tr.t, capacity)
+			static := kvStaticOracle(tr.t, capacity)
+			if opt >= 0.9 && re.BeladyPct == 0 {
+				re.BeladyPct = pct
+			}
+			for _, s := range o.Strategies {
+				hr := kvReplay(tr.t, capacity, s)
+				rows = append(rows, KVHitRate{Trace: tr.name, SizePct: pct, Capacity: capacity, Strategy: s,
+					HitRate: hr, Belady: opt, StaticOracle: static, GapPoints: 100 * (opt - hr)})
+				if s == tiers.DefaultStrategy && hr >= 0.9 && re.DefaultPct == 0 {
+					re.DefaultPct = pct
+				}
+			}
+		}
+		reach = append(reach, re)
+	}
+	return rows, reach
+}
+
+// kvFP16 makes KV-like data: normally distributed values stored as fp16.
+func kvFP16(n int, seed uint64) []byte {
+	rng := rand.New(rand.NewPCG(seed, 3))
+	b := make([]byte, n&^1)
+	for i := 0; i+1 < len(b); i += 2 {
+		binary.LittleEndian.PutUint16(b[i:], tiers.F32ToF16(float32(rng.NormFloat64())))
+	}
+	return b
+}
+
+func kvPercentileMs(d []time.Duration, q float64) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return float64(s[max(0, min(i, len(s)-1))]) / 1e6
+}
+
+func kvLatency(o KVOptions, dir string) ([]KVLatency, error) {
+	var rows []KVLatency
+	for _, size := range []int{128 << 10, 1 << 20, 16 << 20} {
+		ops := 200
+		switch {
+		case size >= 16<<20 && o.Quick:
+			ops = 8
+		case size >= 16<<20:
+			ops = 24
+		case o.Quick:
+			ops = 50
+		}
+		vals := make([]tiers.Value, ops)
+		for i := range vals {
+			vals[i] = tiers.Value{Meta: tiers.Meta{DType: tiers.DTypeF16, Tokens: int64(size / (128 << 10))}, Data: kvFP16(size, uint64(i))}
+		}
+		budget := tiers.Budget{MaxBytes: int64(2*ops*size) + 1<<20}
+		for _, tier := range []string{"focus", "working", "archive"} {
+			row := KVLatency{Tier: tier, BlockSize: size, Ops: ops}
+			var puts, gets []time.Duration
+			switch tier {
+			case "focus", "working":
+				st, err := tiers.Open(tiers.Options{Focus: budget, Working: budget, DisableFocus: tier == "working"})
+				if err != nil {
+					return nil, err
+				}
+				for i, v := range vals {
+					t0 := time.Now()
+					if err := st.Put("k"+strconv.Itoa(i), v, tiers.PutOptions{}); err != nil {
+						st.Close()
+						return nil, err
+					}
+					puts = append(puts, time.Since(t0))
+				}
+				for i := range vals {
+					t0 := time.Now()
+					_, t, err := st.Get("k" + strconv.Itoa(i))
+					if err != nil || t.String() != tier {
+						st.Close()
+						return nil, fmt.Errorf("bench: kv: latency get from %s: %v (served by %s)", tier, err, t)
+					}
+					gets = append(gets, time.Since(t0))
+				}
+				st.Close()
+			case "archive":
+				d := filepath.Join(dir, strconv.Itoa(size))
+				a, err := tiers.OpenArchive(tiers.ArchiveOptions{Dir: d, Budget: budget})
+				if err != nil {
+					return nil, err
+				}
+				for i, v := range vals {
+					t0 := time.Now()
+					if err := a.Put("k"+strconv.Itoa(i), v, false); err != nil {
+						return nil, err
+					}
+					puts = append(puts, time.Since(t0))
+				}
+				for i := range vals {
+					t0 := time.Now()
+					if _, _, err := a.Get("k" + strconv.Itoa(i)); err != nil {
+						return nil, err
+					}
+					gets = append(gets, time.Since(t0))
+				}
+				a.Close()
+				os.RemoveAll(d)
+			}
+			row.GetP50Ms, row.GetP99Ms = kvPercentileMs(gets, 0.5), kvPercentileMs(gets, 0.99)
+			row.PutP50Ms, row.PutP99Ms = kvPercentileMs(puts, 0.5), kvPercentileMs(puts, 0.99)
+			rows = append(rows, row)
+		}
+	}
+	return rows, nil
+}
+
+// kvThroughput writes and reads the same fp16 blocks through the archive
+// and as plain files (create, write, fsync, close, fsync the folder), in
+// the same run, and reports the ratio.
+func kvThroughput(o KVOptions, dir string) ([]KVThroughput, error) {
+	n, size := 64, 1<<20
+	if o.Quick {
+		n = 24
+	}
+	vals := make([][]byte, n)
+	for i := range vals {
+		vals[i] = kvFP16(size, uint64(100+i))
+	}
+	total := int64(n * size)
+	plainDir := filepath.Join(dir, "plain")
+	if err := os.MkdirAll(plainDir, 0o700); err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	a, err := tiers.OpenArchive(tiers.ArchiveOptions{Dir: filepath.Join(dir, "archive")})
+	if err != nil {
+		return nil, err
+	}
+	defer a.Close()
+	syncDir := func(d string) error {
+		f, err := os.Open(d)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return f.Sync()
+	}
+	// Alternate the two so that disk state and CPU frequency affect both alike.
+	var plainW, archW, plainR, archR time.Duration
+	for i, v := range vals {
+		t0 := time.Now()
+		name := filepath.Join(plainDir, strconv.Itoa(i))
+		f, err := os.Create(name)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := f.Write(v); err != nil {
+			return nil, err
+		}
+		if err := f.Sync(); err != nil {
+			return nil, err
+		}
+		f.Close()
+		if err := syncDir(plainDir); err != nil {
+			return nil, err
+		}
+		plainW += time.Since(t0)
+		t0 = time.Now()
+		if err := a.Put(strconv.Itoa(i), tiers.Value{Meta: tiers.Meta{DType: tiers.DTypeF16}, Data: v}, false); err != nil {
+			return nil, err
+		}
+		archW += time.Since(t0)
+	}
+	for i := range vals {
+		t0 := time.Now()
+		if _, err := os.ReadFile(filepath.Join(plainDir, strconv.Itoa(i))); err != nil {
+			return nil, err
+		}
+		plainR += time.Since(t0)
+		t0 = time.Now()
+		if _, _, err := a.Get(strconv.Itoa(i)); err != nil {
+			return nil, err
+		}
+		archR += time.Since(t0)
+	}
+	mbps := func(d time.Duration) float64 { return float64(total) / 1e6 / d.Seconds() }
+	return []KVThroughput{
+		{Op: "write", Bytes: total, ArchiveMBps: mbps(archW), PlainMBps: mbps(plainW), RatioToPlain: plainW.Seconds() / archW.Seconds()},
+		{Op: "read", Bytes: total, ArchiveMBps: mbps(archR), PlainMBps: mbps(plainR), RatioToPlain: plainR.Seconds() / archR.Seconds()},
+	}, nil
+}
+
+// kvConversation makes conversation-like text: chat turns in JSON lines
+// built from a Zipf-distributed vocabulary. Synthetic, but with the
+// repetition (roles, keys, frequent words) real chat logs have.
+func kvConversation(n int, seed uint64) []byte {
+	rng := rand.New(rand.NewPCG(seed, 4))
+	words := strings.Fields(`the a to and of I you it is that in for on this with
+		be can do have what how not are my your we they please thanks question answer code
+		function error file data model token memory session cache context prompt user assistant
+		server request response time test run build value key list return string number table
+		query index search result because should would could about which there their when then
+		example python golang config deploy latency budget archive tier window summary fact`)
+	cdf := make([]float64, len(words))
+	sum := 0.0
+	for i := range words {
+		sum += 1 / float64(i+1)
+		cdf[i] = sum
+	}
+	var b strings.Builder
+	for turn := 0; b.Len() < n; turn++ {
+		role := "user"
+		if turn%2 == 1 {
+			role = "assistant"
+		}
+		fmt.Fprintf(&b, `{"role":%q,"turn":%d,"content":"`, role, turn)
+		for range 8 + rng.IntN(60) {
+			k, _ := slices.BinarySearch(cdf, rng.Float64()*sum)
+			b.WriteString(words[min(k, len(words)-1)])
+			if rng.IntN(12) == 0 {
+				b.WriteString(". ")
+			} else {
+				b.WriteByte(' ')
+			}
+		}
+		b.WriteString("\"}\n")
+	}
+	return []byte(b.String()[:n])
+}
+
+func kvCompression(o KVOptions) []KVCompression {
+	size := 4 << 20
+	if o.Quick {
+		size = 1 << 20
+	}
+	fp16 := kvFP16(size, 7)
+	text := kvConversation(size, 8)
+	ratio := func(data []byte, d tiers.DType, lossy bool) float64 {
+		stored := tiers.StoredSize(data, d, lossy)
+		return float64(len(data)) / float64(stored)
+	}
+	return []KVCompression{
+		{Data: "fp16 KV (normal)", Codec: "zstd", Raw: size, Ratio: ratio(fp16, tiers.DTypeNone, false)},
+		{Data: "fp16 KV (normal)", Codec: "planes+zstd", Raw: size, Ratio: ratio(fp16, tiers.DTypeF16, false)},
+		{Data: "fp16 KV (normal)", Codec: "q8+zstd (lossy)", Raw: size, Ratio: ratio(fp16, tiers.DTypeF16, true)},
+		{Data: "conversation text", Codec: "zstd", Raw: size, Ratio: ratio(text, tiers.DTypeNone, false)},
+	}
+}
+
+// kvPrefill is a compute of realistic shape: for each layer, project the
+// hidden states of the prefix (tokens × dModel) to K and V (tokens × kvDim)
+// with two matrix products, as a prefill does, and store them as fp16.
+func kvPrefill(layers, tokens, dModel, heads, headDim int, seed uint64) func(context.Context) (*kv.Block, error) {
+	return func(ctx context.Context) (*kv.Block, error) {
+		rng := rand.New(rand.NewPCG(seed, 5))
+		kvDim := heads * headDim
+		x := make([]float32, tokens*dModel)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		w := make([]float32, dModel*kvDim)
+		out := make([]float32, tokens*kvDim)
+		b := &kv.Block{ModelID: "bench", DType: kv.DTypeF16, KVHeads: heads, Tokens: tokens, HeadDim: headDim}
+		for range layers {
+			for _, dst := range []*[][]byte{&b.K, &b.V} {
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+				for i := range w {
+					w[i] = float32(rng.NormFloat64()) / float32(math.Sqrt(float64(dModel)))
+				}
+				clear(out)
+				for t := range tokens {
+					xr := x[t*dModel : (t+1)*dModel]
+					or := out[t*kvDim : (t+1)*kvDim]
+					for d, xv := range xr {
+						wr := w[d*kvDim : (d+1)*kvDim]
+						for j := range or {
+							or[j] += xv * wr[j]
+						}
+					}
+				}
+				// [tokens, heads, headDim] → [heads, tokens, headDim], fp16
+				t16 := make([]byte, 2*len(out))
+				for t := range tokens {
+					for h := range heads {
+						for j := range headDim {
+							v := out[t*kvDim+h*headDim+j]
+							binary.LittleEndian.PutUint16(t16[2*((h*tokens+t)*headDim+j):], tiers.F32ToF16(v))
+						}
+					}
+				}
+				*dst = append(*dst, t16)
+			}
+		}
+		return b, nil
+	}
+}
+
+func kvAmortization(o KVOptions, dir string) ([]KVAmortization, kv.AmortizationStats, error) {
+	// 4 layers × 256 tokens × 2 heads × 128 = 1 MiB of fp16 K and V.
+	layers, tokens, dModel, heads, headDim := 4, 256, 1024, 2, 128
+	if o.Quick {
+		dModel = 512
+	}
+	maxT := 64
+	blockBytes := int64(2 * layers * tokens * heads * headDim * 2)
+	var rows []KVAmortization
+	var last kv.AmortizationStats
+	for _, tier := range []string{"focus", "working", "archive"} {
+		so := tiers.Options{Dir: filepath.Join(dir, tier), PromoteThreshold: math.MaxFloat64}
+		switch tier {
+		case "working":
+			so.DisableFocus = true
+		case "archive":
+			// Too small for the block: it goes straight to the archive.
+			so.DisableFocus = true
+			so.Working = tiers.Budget{MaxBytes: blockBytes / 2}
+		}
+		c, err := kv.Open(kv.Options{Store: so})
+		if err != nil {
+			return nil, last, err
+		}
+		compute := kvPrefill(layers, tokens, dModel, heads, headDim, 9)
+		turns := make([]time.Duration, maxT)
+		for i := range turns {
+			t0 := time.Now()
+			_, out, err := c.GetOrCompute(context.Background(), "session", "prefix", compute)
+			turns[i] = time.Since(t0)
+			if err != nil {
+				c.Close()
+				return nil, last, err
+			}
+			if i > 0 && out.Tier.String() != tier {
+				c.Close()
+				return nil, last, fmt.Errorf("bench: kv: turn %d served by %s, want %s", i, out.Tier, tier)
+			}
+		}
+		st := c.AmortizationStats()
+		c.Close()
+		os.RemoveAll(filepath.Join(dir, tier))
+		if tier == "focus" {
+			last = st
+		} else {
+			last.MeanLoadCost[tier] = st.MeanLoadCost[tier]
+		}
+		var sum time.Duration
+		for T := 1; T <= maxT; T++ {
+			sum += turns[T-1]
+			if T&(T-1) != 0 {
+				continue // powers of two
+			}
+			formula := st.CostPerTurn(T, tiers.TierNone)
+			rows = append(rows, KVAmortization{
+				Tier: tier, Turns: T,
+				MeasuredMs: float64(sum) / float64(T) / 1e6,
+				FormulaMs:  float64(formula) / 1e6,
+				Speedup:    float64(st.MeanComputeCost) / float64(max(formula, 1)),
+			})
+		}
+	}
+	return rows, last, nil
+}
+
+func kvNotes(r KVReport) []string {
+	var notes []string
+	worst := map[string]float64{}
+	for _, h := range r.HitRates {
+		worst[h.Strategy] = max(worst[h.Strategy], h.GapPoints)
+	}
+	notes = append(notes, fmt.Sprintf("default strategy %s: worst gap to Belady %.1f points (goal ≤ 5)",
+		r.DefaultStrategy, worst[r.DefaultStrategy]))
+	best, bestGap := "", math.Inf(1)
+	for s, g := range worst {
+		if g < bestGap {
+			best, bestGap = s, g
+		}
+	}
+	notes = append(notes, fmt.Sprintf("smallest worst-case gap: %s, %.1f points", best, bestGap))
+	worstStatic := 0.0
+	for _, h := range r.HitRates {
+		if h.Strategy == r.DefaultStrategy {
+			worstStatic = max(worstStatic, 100*(h.StaticOracle-h.HitRate))
+		}
+	}
+	notes = append(notes, fmt.Sprintf("default strategy %s: worst gap to the static frequency oracle %.1f points", r.DefaultStrategy, worstStatic))
+	for _, re := range r.Reach90 {
+		b, d := "at no size tried", "at no size tried"
+		if re.BeladyPct > 0 {
+			b = fmt.Sprintf("from %d%%", re.BeladyPct)
+		}
+		if re.DefaultPct > 0 {
+			d = fmt.Sprintf("from %d%%", re.DefaultPct)
+		}
+		notes = append(notes, fmt.Sprintf("%s: 90%% hit rate reachable by Belady %s, by %s %s (compulsory misses alone %.1f%%)",
+			re.Trace, b, r.DefaultStrategy, d, 100*re.CompulsoryMiss))
+	}
+	for _, l := range r.Latency {
+		if l.Tier == "working" && l.BlockSize == 1<<20 {
+			notes = append(notes, fmt.Sprintf("working 1 MiB get p99 %.3f ms (goal < 1 ms)", l.GetP99Ms))
+		}
+		if l.Tier == "archive" && l.BlockSize == 16<<20 {
+			notes = append(notes, fmt.Sprintf("archive 16 MiB get p99 %.1f ms, put p99 %.1f ms (goal < 100 ms)", l.GetP99Ms, l.PutP99Ms))
+		}
+	}
+	for _, t := range r.Throughput {
+		notes = append(notes, fmt.Sprintf("archive %s throughput %.2f× plain files (goal ≥ 0.7)", t.Op, t.RatioToPlain))
+	}
+	return notes
+}
+
+// WriteKVTable writes r as tables for people.
+func WriteKVTable(w io.Writer, r KVReport) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "MEM-002 hit rate vs Belady\t\t\t\t\t\t\n")
+	fmt.Fprintf(tw, "trace\tsize\tstrategy\thit%%\tbelady%%\tgap\tstatic oracle%%\t\n")
+	for _, h := range r.HitRates {
+		fmt.Fprintf(tw, "%s\t%d%%\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t\n", h.Trace, h.SizePct, h.Strategy, 100*h.HitRate, 100*h.Belady, h.GapPoints, 100*h.StaticOracle)
+	}
+	fmt.Fprintf(tw, "\ntier latency (ms)\t\t\t\t\t\t\t\n")
+	fmt.Fprintf(tw, "tier\tblock\tops\tget p50\tget p99\tput p50\tput p99\t\n")
+	for _, l := range r.Latency {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t\n", l.Tier, kvSize(l.BlockSize), l.Ops, l.GetP50Ms, l.GetP99Ms, l.PutP50Ms, l.PutP99Ms)
+	}
+	fmt.Fprintf(tw, "\narchive throughput\t\t\t\t\n")
+	fmt.Fprintf(tw, "op\tarchive MB/s\tplain MB/s\tratio\t\n")
+	for _, t := range r.Throughput {
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.2f\t\n", t.Op, t.ArchiveMBps, t.PlainMBps, t.RatioToPlain)
+	}
+	fmt.Fprintf(tw, "\ncompression\t\t\t\n")
+	fmt.Fprintf(tw, "data\tcodec\tratio\t\n")
+	for _, c := range r.Compression {
+		fmt.Fprintf(tw, "%s\t%s\t%.3f\t\n", c.Data, c.Codec, c.Ratio)
+	}
+	fmt.Fprintf(tw, "\namortized cost per turn (ms)\t\t\t\t\t\n")
+	fmt.Fprintf(tw, "tier\tT\tmeasured\tformula\tspeedup\t\n")
+	for _, a := range r.Amortization {
+		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.1f×\t\n", a.Tier, a.Turns, a.MeasuredMs, a.FormulaMs, a.Speedup)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nmeasured: compute %.2f ms; load", float64(r.MeasuredCosts.MeanComputeCost)/1e6)
+	for _, t := range []string{"focus", "working", "archive"} {
+		fmt.Fprintf(w, " %s %.3f ms", t, float64(r.MeasuredCosts.MeanLoadCost[t])/1e6)
+	}
+	fmt.Fprintln(w)
+	for _, n := range r.Notes {
+		fmt.Fprintln(w, "- "+n)
+	}
+	_, err := fmt.Fprintf(w, "(%.1f s)\n", r.DurationSeconds)
+	return err
+}
+
+func kvSize(n int) string {
+	if n >= 1<<20 {
+		return strconv.Itoa(n>>20) + " MiB"
+	}
+	return strconv.Itoa(n>>10) + " KiB"
+}
