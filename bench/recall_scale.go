@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
@@ -138,4 +140,18 @@ func RunRecallScale(opts RecallScaleOptions) (RecallScaleReport, error) {
 	}
 	runtime.KeepAlive(x)
 	return rep, nil
+}
+
+// WriteRecallScaleTable prints a RecallScaleReport for humans.
+func WriteRecallScaleTable(w io.Writer, r RecallScaleReport) error {
+	fmt.Fprintf(w, "%d memories, %d queries per mode, embedder %s, graph %v: built in %.1f s, heap +%.0f MiB (index estimate %.0f MiB)\n",
+		r.Memories, r.Queries, r.Embedder, r.Graph, r.BuildSeconds, float64(r.HeapBytes)/(1<<20), float64(r.ApproxBytes)/(1<<20))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "mode\tp50 µs\tp99 µs\t\n")
+	for _, m := range []string{"bm25", "vector", "hybrid"} {
+		if l, ok := r.Latency[m]; ok {
+			fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t\n", m, l.P50us, l.P99us)
+		}
+	}
+	return tw.Flush()
 }

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -19,10 +18,8 @@ var errAbortStream = errors.New("proxy: stream aborted")
 // the pieces it arrives in. Read and Close are called by fasthttp's response
 // writer, after the handler returned, from a single goroutine.
 type relay struct {
-	s      *Server
-	body   io.ReadCloser
-	cancel context.CancelFunc
-	idle   *idleTimer
+	s    *Server
+	body *upBody
 	// conn is the client connection, used only to move its write deadline
 	// forward for each chunk (fasthttp's deadline covers the whole response).
 	conn     net.Conn
@@ -70,7 +67,6 @@ func (r *relay) Read(p []byte) (int, error) {
 func (r *relay) fill() {
 	n, err := r.body.Read(r.buf)
 	if n > 0 {
-		r.idle.progress()
 		if !r.sse {
 			r.out = append(r.out, r.buf[:n]...)
 		} else {
@@ -93,7 +89,7 @@ func (r *relay) fill() {
 		}
 		r.final = io.EOF
 	default:
-		_, code, kind := classifyBodyError(err, r.idle.fired.Load())
+		_, code, kind := classifyBodyError(err, r.body.timedO)
 		r.s.metrics.countUpstreamError(kind)
 		r.s.log.Warn("upstream stream broken", append(r.sessLog, "route", r.route.String(), "kind", kind, "err", err)...)
 		if r.sse {
@@ -130,8 +126,9 @@ func (r *relay) CloseWithError(err error) error {
 		return nil
 	}
 	r.stopWatch()
-	r.idle.stop()
-	r.cancel()
+	if !r.body.eof {
+		r.body.slot.cancel()
+	}
 	_ = r.body.Close()
 	if err != nil && !errors.Is(err, errAbortStream) {
 		r.s.metrics.disconnects.Add(1)

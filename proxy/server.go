@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"sync"
 	"sync/atomic"
@@ -19,18 +18,17 @@ import (
 // Server is the sidecar's HTTP front. Make one with New, serve with Serve,
 // stop with Shutdown. Its methods are safe for concurrent use.
 type Server struct {
-	opts      Options
-	base      *url.URL
-	log       *slog.Logger
-	transport *http.Transport
-	client    *http.Client
-	metrics   *Metrics
-	srv       *fasthttp.Server
+	opts    Options
+	base    *url.URL
+	log     *slog.Logger
+	metrics *Metrics
+	srv     *fasthttp.Server
 
 	ready atomic.Pointer[readyState]
 	// probeMu serialises /readyz probes; callers that find it held reuse the
 	// last result.
 	probeMu sync.Mutex
+	up      *upClient
 }
 
 type readyState struct {
@@ -46,16 +44,11 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		opts:      opts,
-		base:      base,
-		log:       opts.Logger,
-		transport: newTransport(&opts),
-		metrics:   newMetrics(),
-	}
-	s.client = &http.Client{
-		Transport: s.transport,
-		// Redirects are the client's business: pass them through.
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		opts:    opts,
+		base:    base,
+		log:     opts.Logger,
+		metrics: newMetrics(),
+		up:      newUpClient(base, &opts),
 	}
 	s.srv = &fasthttp.Server{
 		Handler:                       s.handle,
@@ -87,7 +80,7 @@ func (s *Server) Serve(ln net.Listener) error {
 // ctx ends, then closes what is left and the upstream pool.
 func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.srv.ShutdownWithContext(ctx)
-	s.transport.CloseIdleConnections()
+	s.up.closeIdle(true)
 	return err
 }
 
@@ -200,54 +193,49 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 		sessLog = []any{"session", sess.ID, "tenant", sess.Tenant}
 	}
 
-	rctx, cancel := context.WithCancel(context.Background())
-	idle := newIdleTimer(s.opts.UpstreamTimeout+s.opts.StreamIdleTimeout, cancel)
-	req, err := http.NewRequestWithContext(rctx, string(ctx.Method()), upstreamURL(s.base, ctx.Request.Header.RequestURI()), bytes.NewReader(body))
-	if err != nil {
-		idle.stop()
-		cancel()
-		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_request_uri", "request URI cannot be forwarded: "+err.Error())
-		return false
-	}
-	req.ContentLength = int64(len(body))
-	if len(body) == 0 {
-		req.Body = http.NoBody
-	}
-	copyRequestHeaders(req.Header, &ctx.Request.Header)
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	s.upstreamRequest(req, &ctx.Request, body)
 
-	stopWatch := watchClientGone(ctx.Conn(), cancel, func() { s.metrics.disconnects.Add(1) })
-	resp, err := s.client.Do(req)
+	slot := new(cancelSlot)
+	stopWatch := watchClientGone(ctx.Conn(), slot.cancel, func() { s.metrics.disconnects.Add(1) })
+	resp := fasthttp.AcquireResponse()
+	uc, err := s.up.roundTrip(req, resp, s.opts.UpstreamTimeout, s.opts.WriteTimeout, slot)
 	if err != nil {
 		stopWatch()
-		idle.stop()
-		cancel()
-		status, code, kind := classifyUpstreamError(err, idle.fired.Load())
+		fasthttp.ReleaseResponse(resp)
+		status, code, kind := classifyUpstreamError(err)
+		if errors.Is(err, errCancelled) {
+			s.log.Info("client went away before the upstream answered", append(sessLog, "route", r.String())...)
+			writeError(ctx, statusClientClosed, typeInvalidRequest, "client_closed", "client closed the request")
+			return false
+		}
 		s.metrics.countUpstreamError(kind)
 		s.log.Warn("upstream request failed", append(sessLog, "route", r.String(), "kind", kind, "err", err)...)
-		msg := "upstream unreachable"
+		msg := "upstream unreachable: " + err.Error()
 		if status == fasthttp.StatusGatewayTimeout {
 			msg = fmt.Sprintf("upstream did not answer within %s", s.opts.UpstreamTimeout)
 		}
 		writeError(ctx, status, typeUpstream, code, msg)
 		return false
 	}
-	idle.d = s.opts.StreamIdleTimeout
-	idle.progress()
+	ub := &upBody{u: s.up, uc: uc, r: resp.BodyStream(), idle: s.opts.StreamIdleTimeout, slot: slot, resp: resp, reuse: !resp.ConnectionClose()}
 
-	ctx.SetStatusCode(resp.StatusCode)
-	copyResponseHeaders(&ctx.Response.Header, resp.Header)
-	if resp.StatusCode >= 400 {
-		s.log.Debug("upstream answered an error", append(sessLog, "route", r.String(), "status", resp.StatusCode)...)
+	status := resp.StatusCode()
+	ctx.SetStatusCode(status)
+	copyResponseHeaders(&ctx.Response.Header, &resp.Header)
+	if status >= 400 {
+		s.log.Debug("upstream answered an error", append(sessLog, "route", r.String(), "status", status)...)
 	}
 
-	isSSE := bytes.HasPrefix(bytes.TrimSpace([]byte(resp.Header.Get("Content-Type"))), []byte("text/event-stream"))
-	if isSSE || resp.ContentLength < 0 && info.Stream {
+	isSSE := bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream"))
+	if isSSE || resp.Header.ContentLength() < 0 && info.Stream {
 		// The watch goes on while the relay waits on the upstream; the relay
 		// stops it when fasthttp closes the body stream.
 		rl := &relay{stopWatch: stopWatch,
-			s: s, body: resp.Body, cancel: cancel, idle: idle, conn: ctx.Conn(),
+			s: s, body: ub, conn: ctx.Conn(),
 			sse: isSSE, validate: isSSE && (r == routeChat || r == routeCompletions),
-			route: r, status: resp.StatusCode, start: start, sessLog: sessLog,
+			route: r, status: status, start: start, sessLog: sessLog,
 			buf: make([]byte, 32<<10),
 		}
 		ctx.Response.ImmediateHeaderFlush = true
@@ -255,20 +243,23 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 		return true
 	}
 
-	b, err := readAllLimit(resp.Body, s.opts.MaxResponseBytes, idle)
+	b, err := readAllLimit(ub, s.opts.MaxResponseBytes)
 	stopWatch()
-	idle.stop()
-	cancel()
-	_ = resp.Body.Close()
+	timedOut := ub.timedO
+	_ = ub.Close()
 	if err != nil {
 		ctx.Response.Reset()
+		if errors.Is(err, errCancelled) {
+			writeError(ctx, statusClientClosed, typeInvalidRequest, "client_closed", "client closed the request")
+			return false
+		}
 		if errors.Is(err, errTooLarge) {
 			s.metrics.countUpstreamError(upErrTooLarge)
 			writeError(ctx, fasthttp.StatusBadGateway, typeUpstream, "upstream_response_too_large",
 				fmt.Sprintf("upstream response exceeds the limit of %d bytes", s.opts.MaxResponseBytes))
 			return false
 		}
-		status, code, kind := classifyBodyError(err, idle.fired.Load())
+		status, code, kind := classifyBodyError(err, timedOut)
 		s.metrics.countUpstreamError(kind)
 		s.log.Warn("upstream body failed", append(sessLog, "route", r.String(), "kind", kind, "err", err)...)
 		writeError(ctx, status, typeUpstream, code, "upstream response broken: "+kind)
@@ -278,6 +269,23 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	s.metrics.bytesOut.Add(uint64(len(b)))
 	ctx.SetBody(b)
 	return false
+}
+
+// statusClientClosed is logged and counted for requests whose client went
+// away before the answer (nginx's 499); the client never sees it.
+const statusClientClosed = 499
+
+// upstreamRequest builds the request to the upstream: same method, raw
+// request URI under the upstream's base path, end-to-end headers, the body
+// unchanged (not copied: body must outlive req's use).
+func (s *Server) upstreamRequest(req *fasthttp.Request, in *fasthttp.Request, body []byte) {
+	req.Header.DisableNormalizing()
+	req.Header.SetMethodBytes(in.Header.Method())
+	uri := append(append(make([]byte, 0, len(s.base.Path)+len(in.Header.RequestURI())), s.base.Path...), in.Header.RequestURI()...)
+	req.Header.SetRequestURIBytes(uri)
+	req.Header.SetHost(s.base.Host)
+	copyRequestHeaders(&req.Header, &in.Header)
+	req.SetBodyRaw(body)
 }
 
 // handleReady answers /readyz: 200 when the upstream answered a probe
@@ -307,19 +315,24 @@ func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
 // probe asks the upstream for its model list; any answer below 500 means
 // the upstream is up.
 func (s *Server) probe() error {
-	c, cancel := context.WithTimeout(context.Background(), min(s.opts.DialTimeout+2*time.Second, 10*time.Second))
-	defer cancel()
-	req, err := http.NewRequestWithContext(c, http.MethodGet, upstreamURL(s.base, []byte("/v1/models")), nil)
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	req.Header.SetMethod(fasthttp.MethodGet)
+	req.Header.SetRequestURI(s.base.Path + "/v1/models")
+	req.Header.SetHost(s.base.Host)
+	resp := fasthttp.AcquireResponse()
+	timeout := min(s.opts.DialTimeout+2*time.Second, 10*time.Second)
+	uc, err := s.up.roundTrip(req, resp, timeout, timeout, new(cancelSlot))
 	if err != nil {
-		return fmt.Errorf("upstream probe: %w", err)
-	}
-	resp, err := s.client.Do(req)
-	if err != nil {
+		fasthttp.ReleaseResponse(resp)
 		return fmt.Errorf("upstream unreachable: %w", err)
 	}
-	_ = resp.Body.Close()
-	if resp.StatusCode >= 500 {
-		return fmt.Errorf("upstream answered %d to GET /v1/models", resp.StatusCode)
+	ub := &upBody{u: s.up, uc: uc, r: resp.BodyStream(), idle: timeout, slot: new(cancelSlot), resp: resp, reuse: !resp.ConnectionClose()}
+	_, _ = readAllLimit(ub, 1<<20)
+	status := resp.StatusCode()
+	_ = ub.Close()
+	if status >= 500 {
+		return fmt.Errorf("upstream answered %d to GET /v1/models", status)
 	}
 	return nil
 }

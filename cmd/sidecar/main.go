@@ -33,6 +33,7 @@ const usage = `usage: sidecar <command> [flags]
 
 commands:
   serve     run the sidecar in front of an OpenAI-compatible server
+  bench     run a benchmark workload ("sidecar bench help" lists them)
   version   print the version
 
 Run "sidecar <command> -h" for a command's flags.
@@ -50,6 +51,8 @@ func run(args []string) int {
 	switch args[0] {
 	case "serve":
 		return cmdServe(args[1:])
+	case "bench":
+		return cmdBench(args[1:])
 	case "version", "--version", "-version":
 		fmt.Println("sidecar", versionString())
 		return 0
