@@ -42,3 +42,15 @@ func writeError(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
 	ctx.SetContentType("application/json")
 	ctx.SetBody(errorJSON(typ, code, msg))
 }
+
+// writeJSON answers with v as JSON.
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusInternalServerError, typeServer, "internal", "could not encode the answer")
+		return
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}

@@ -7,6 +7,9 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/kv"
+	"github.com/kvsidecar/kvsidecar/memory"
 )
 
 // Options configures a Server. The zero value of every field but Upstream is
@@ -55,11 +58,33 @@ type Options struct {
 
 	// Logger receives structured logs. Default slog.Default().
 	Logger *slog.Logger
+
+	// Memory keeps session history and builds each chat request's window
+	// (sessions named by X-Session-ID or prompt_cache_key). Nil: every
+	// request is a stateless passthrough and /v1/sessions answers 404.
+	// The Server does not close it.
+	Memory *memory.Store
+
+	// KV serves PUT|GET|HEAD|DELETE /v1/kv/{namespace}/{key}. Nil: 404
+	// there. The Server does not close it.
+	KV *kv.Cache
+
+	// MaxKVBytes bounds a KV API body (413 beyond); the server reads bodies
+	// up to max(MaxBodyBytes, MaxKVBytes) and checks per route. Default
+	// 64 MiB.
+	MaxKVBytes int
+
+	// OnSessionDelete, when set, is called after DELETE /v1/sessions/{id}
+	// removed a session's memory, to drop what else belongs to it (its KV).
+	OnSessionDelete func(tenant, sessionID string)
 }
 
 func (o *Options) setDefaults() {
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = 32 << 20
+	}
+	if o.MaxKVBytes == 0 {
+		o.MaxKVBytes = 64 << 20
 	}
 	if o.MaxResponseBytes == 0 {
 		o.MaxResponseBytes = 256 << 20
@@ -128,7 +153,7 @@ func (o *Options) validate() (*url.URL, error) {
 			return nil, fmt.Errorf("proxy: %s must not be negative, got %s", d.name, d.v)
 		}
 	}
-	if o.MaxBodyBytes < 0 || o.MaxResponseBytes < 0 || o.MaxIdleConnsPerHost < 0 {
+	if o.MaxBodyBytes < 0 || o.MaxKVBytes < 0 || o.MaxResponseBytes < 0 || o.MaxIdleConnsPerHost < 0 {
 		return nil, errors.New("proxy: size limits must not be negative")
 	}
 	return u, nil

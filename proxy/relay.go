@@ -4,8 +4,11 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory"
 )
 
 // errAbortStream ends a relayed response without its terminating chunk, so
@@ -31,6 +34,9 @@ type relay struct {
 	sessLog  []any
 	// stopWatch ends the client-gone watch; called once, from Close.
 	stopWatch func()
+	// turn, when not nil, records the streamed reply once the stream ends.
+	turn  *memory.Turn
+	reply strings.Builder
 
 	split  sseSplitter
 	buf    []byte
@@ -88,6 +94,9 @@ func (r *relay) fill() {
 			}
 		}
 		r.final = io.EOF
+	case errors.Is(err, errCancelled):
+		// The client went away; nobody reads an error event.
+		r.final = errAbortStream
 	default:
 		_, code, kind := classifyBodyError(err, r.body.timedO)
 		r.s.metrics.countUpstreamError(kind)
@@ -111,6 +120,11 @@ func (r *relay) pass(ev []byte) bool {
 		}
 	}
 	r.events++
+	if r.turn != nil {
+		if data := eventData(ev); len(data) > 0 && string(data) != "[DONE]" {
+			r.reply.WriteString(deltaText(data))
+		}
+	}
 	r.out = append(r.out, ev...)
 	return true
 }
@@ -133,6 +147,13 @@ func (r *relay) CloseWithError(err error) error {
 	if err != nil && !errors.Is(err, errAbortStream) {
 		r.s.metrics.disconnects.Add(1)
 		r.s.log.Info("client went away mid-response", append(r.sessLog, "route", r.route.String(), "sent_bytes", r.sent)...)
+	}
+	if r.turn != nil {
+		// Record what was produced; a stream cut short by either side is a
+		// partial reply.
+		clean := err == nil && errors.Is(r.final, io.EOF) && r.status < 300
+		r.s.record(r.turn, nil, r.reply.String(), !clean)
+		r.turn = nil
 	}
 	r.s.metrics.bytesOut.Add(uint64(r.sent))
 	r.s.finish(r.route, r.status, r.start)

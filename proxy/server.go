@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvsidecar/kvsidecar/memory"
 )
 
 // Server is the sidecar's HTTP front. Make one with New, serve with Serve,
@@ -29,6 +32,10 @@ type Server struct {
 	// last result.
 	probeMu sync.Mutex
 	up      *upClient
+	mem     memMetrics
+	// bg tracks reply recording that runs after responses; Shutdown waits
+	// for it.
+	bg sync.WaitGroup
 }
 
 type readyState struct {
@@ -50,6 +57,9 @@ func New(opts Options) (*Server, error) {
 		metrics: newMetrics(),
 		up:      newUpClient(base, &opts),
 	}
+	if opts.Memory != nil {
+		s.metrics.AddCollector(func(w io.Writer) { s.mem.write(w, opts.Memory.Stats()) })
+	}
 	s.srv = &fasthttp.Server{
 		Handler:                       s.handle,
 		ErrorHandler:                  s.handleParseError,
@@ -57,7 +67,7 @@ func New(opts Options) (*Server, error) {
 		NoDefaultServerHeader:         true,
 		NoDefaultContentType:          true,
 		DisableHeaderNamesNormalizing: false,
-		MaxRequestBodySize:            opts.MaxBodyBytes,
+		MaxRequestBodySize:            max(opts.MaxBodyBytes, opts.MaxKVBytes),
 		ReadTimeout:                   opts.ReadTimeout,
 		WriteTimeout:                  opts.WriteTimeout,
 		IdleTimeout:                   opts.IdleTimeout,
@@ -81,6 +91,7 @@ func (s *Server) Serve(ln net.Listener) error {
 func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.srv.ShutdownWithContext(ctx)
 	s.up.closeIdle(true)
+	s.bg.Wait() // replies still being recorded
 	return err
 }
 
@@ -100,7 +111,7 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		status, code = fasthttp.StatusRequestEntityTooLarge, "body_too_large"
-		msg = fmt.Sprintf("request body exceeds the limit of %d bytes", s.opts.MaxBodyBytes)
+		msg = fmt.Sprintf("request body exceeds the limit of %d bytes", max(s.opts.MaxBodyBytes, s.opts.MaxKVBytes))
 	case errors.As(err, &te) && te.Timeout():
 		status, code, msg = fasthttp.StatusRequestTimeout, "request_timeout", "timed out reading the request"
 	}
@@ -151,8 +162,24 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
 		s.metrics.WritePrometheus(ctx)
 		s.finish(routeMetrics, ctx.Response.StatusCode(), start)
+	case bytes.HasPrefix(path, []byte("/v1/sessions/")):
+		if s.tooLarge(ctx, s.opts.MaxBodyBytes) {
+			s.finish(routeSessions, ctx.Response.StatusCode(), start)
+			return
+		}
+		s.handleSessions(ctx)
+		s.finish(routeSessions, ctx.Response.StatusCode(), start)
+	case bytes.HasPrefix(path, []byte("/v1/kv/")):
+		if !s.tooLarge(ctx, s.opts.MaxKVBytes) {
+			s.handleKV(ctx)
+		}
+		s.finish(routeKV, ctx.Response.StatusCode(), start)
 	case bytes.HasPrefix(path, []byte("/v1/")):
 		r := classify(path)
+		if s.tooLarge(ctx, s.opts.MaxBodyBytes) {
+			s.finish(r, ctx.Response.StatusCode(), start)
+			return
+		}
 		if !s.forward(ctx, r, start) {
 			s.finish(r, ctx.Response.StatusCode(), start)
 		}
@@ -161,6 +188,18 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			fmt.Sprintf("no route for %s %s", ctx.Method(), path))
 		s.finish(routeNotFound, fasthttp.StatusNotFound, start)
 	}
+}
+
+// tooLarge answers 413 when the body exceeds limit; the server reads up to
+// the largest limit of any route.
+func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, limit int) bool {
+	if n := len(ctx.Request.Body()); n > limit {
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, typeInvalidRequest, "body_too_large",
+			fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", n, limit))
+		ctx.SetConnectionClose()
+		return true
+	}
+	return false
 }
 
 // finish counts a request that ended.
@@ -192,6 +231,19 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	if sess.ID != "" {
 		sessLog = []any{"session", sess.ID, "tenant", sess.Tenant}
 	}
+	var turn *memory.Turn
+	if s.opts.Memory != nil && sess.ID != "" && r == routeChat && ctx.IsPost() {
+		var handled bool
+		if turn, body, handled = s.prepareTurn(ctx, sess, info, body, sessLog); handled {
+			return false
+		}
+	}
+	// Every path below either hands turn to record or aborts it.
+	defer func() {
+		if turn != nil {
+			turn.Abort()
+		}
+	}()
 
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
@@ -232,12 +284,13 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	if isSSE || resp.Header.ContentLength() < 0 && info.Stream {
 		// The watch goes on while the relay waits on the upstream; the relay
 		// stops it when fasthttp closes the body stream.
-		rl := &relay{stopWatch: stopWatch,
+		rl := &relay{stopWatch: stopWatch, turn: turn,
 			s: s, body: ub, conn: ctx.Conn(),
 			sse: isSSE, validate: isSSE && (r == routeChat || r == routeCompletions),
 			route: r, status: status, start: start, sessLog: sessLog,
 			buf: make([]byte, 32<<10),
 		}
+		turn = nil // the relay records it
 		ctx.Response.ImmediateHeaderFlush = true
 		ctx.SetBodyStream(rl, -1)
 		return true
@@ -268,6 +321,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	s.metrics.ttfb[r].observe(time.Since(start))
 	s.metrics.bytesOut.Add(uint64(len(b)))
 	ctx.SetBody(b)
+	if turn != nil && status < 300 {
+		s.record(turn, replyMessage(b), "", false)
+		turn = nil
+	}
 	return false
 }
 

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -26,10 +27,11 @@ type sessionRef struct {
 // tenantOf hashes the Authorization bearer token so that one key never sees
 // another key's sessions and no secret is kept or logged.
 func tenantOf(authorization []byte) string {
-	const prefix = "bearer "
-	tok := authorization
-	if len(tok) >= len(prefix) && equalFoldASCII(tok[:len(prefix)], prefix) {
-		tok = tok[len(prefix):]
+	const prefix = "bearer"
+	tok := bytes.TrimSpace(authorization)
+	if len(tok) >= len(prefix) && equalFoldASCII(tok[:len(prefix)], prefix) &&
+		(len(tok) == len(prefix) || tok[len(prefix)] == ' ') {
+		tok = bytes.TrimSpace(tok[len(prefix):])
 	}
 	if len(tok) == 0 {
 		return anonymousTenant

@@ -93,8 +93,27 @@ var errGarbage = errors.New("upstream sent an event that is not JSON")
 // checkEvent validates one complete event of an OpenAI-style stream: every
 // data payload is JSON or the [DONE] marker. Comments and other fields pass.
 func checkEvent(ev []byte) error {
-	var data []byte
-	multi := false
+	data, multi := eventDataLines(ev)
+	if data == nil {
+		return nil
+	}
+	if !multi && string(data) == "[DONE]" {
+		return nil
+	}
+	if !json.Valid(data) {
+		return errGarbage
+	}
+	return nil
+}
+
+// eventData returns the data payload of one event (its data lines joined
+// by newlines), nil when it has none.
+func eventData(ev []byte) []byte {
+	d, _ := eventDataLines(ev)
+	return d
+}
+
+func eventDataLines(ev []byte) (data []byte, multi bool) {
 	for len(ev) > 0 {
 		var line []byte
 		if i := bytes.IndexAny(ev, "\r\n"); i >= 0 {
@@ -120,16 +139,7 @@ func checkEvent(ev []byte) error {
 			data = v
 		}
 	}
-	if data == nil {
-		return nil
-	}
-	if !multi && string(data) == "[DONE]" {
-		return nil
-	}
-	if !json.Valid(data) {
-		return errGarbage
-	}
-	return nil
+	return data, multi
 }
 
 // sseErrorEvent renders an OpenAI-shaped error as one SSE event, the way a

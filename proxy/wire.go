@@ -22,6 +22,10 @@ type requestInfo struct {
 	Model          string
 	Stream         bool
 	PromptCacheKey string
+	// Messages is the raw "messages" array of a chat request; Tools the raw
+	// "tools" and "functions" values (their token cost is reserved).
+	Messages json.RawMessage
+	Tools    []byte
 }
 
 // badRequestError is a request body the client must fix (400); its message
@@ -73,6 +77,12 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 		if !isJSONArray(top["messages"]) {
 			return info, badRequest("'messages' is required and must be an array")
 		}
+		info.Messages = top["messages"]
+		for _, k := range []string{"tools", "functions"} {
+			if present(k) {
+				info.Tools = append(info.Tools, top[k]...)
+			}
+		}
 	case epCompletions:
 		if !present("prompt") {
 			return info, badRequest("'prompt' is required")
@@ -94,4 +104,34 @@ const jsonSpace = " \t\r\n"
 func isJSONArray(raw json.RawMessage) bool {
 	raw = bytes.Trim(raw, jsonSpace)
 	return len(raw) > 0 && raw[0] == '['
+}
+
+// replaceValue returns body with the value of its top-level key replaced by
+// val, every other byte unchanged. body must be a valid JSON object holding
+// key.
+func replaceValue(body []byte, key string, val []byte) ([]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, fmt.Errorf("proxy: body is not a JSON object")
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("proxy: scan body: %w", err)
+		}
+		k, _ := t.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, fmt.Errorf("proxy: scan body: %w", err)
+		}
+		if k != key {
+			continue
+		}
+		end := int(dec.InputOffset())
+		start := end - len(raw)
+		out := make([]byte, 0, len(body)-len(raw)+len(val))
+		out = append(append(append(out, body[:start]...), val...), body[end:]...)
+		return out, nil
+	}
+	return nil, fmt.Errorf("proxy: body has no %q", key)
 }

@@ -8,7 +8,7 @@ import (
 
 func TestParseRequest(t *testing.T) {
 	info, err := parseRequest(epChat, []byte(` {"model":"llama","stream":true,"prompt_cache_key":"s1","messages":[{"role":"user","content":"x"}]}`))
-	if err != nil || info != (requestInfo{Model: "llama", Stream: true, PromptCacheKey: "s1"}) {
+	if err != nil || info.Model != "llama" || !info.Stream || info.PromptCacheKey != "s1" || string(info.Messages) != `[{"role":"user","content":"x"}]` {
 		t.Fatalf("got %+v, %v", info, err)
 	}
 	if _, err := parseRequest(epCompletions, []byte(`{"prompt":["a","b"]}`)); err != nil {
@@ -25,14 +25,14 @@ func TestParseRequest(t *testing.T) {
 }
 
 func TestTenantOf(t *testing.T) {
-	a, b := tenantOf([]byte("Bearer sk-one")), tenantOf([]byte("bearer sk-one"))
+	a, b := tenantOf([]byte("Bearer sk-one")), tenantOf([]byte("bearer  sk-one "))
 	if a != b || a == anonymousTenant || len(a) != 18 {
 		t.Fatalf("tenant %q vs %q", a, b)
 	}
 	if tenantOf([]byte("Bearer sk-two")) == a {
 		t.Fatal("two keys share a tenant")
 	}
-	if tenantOf(nil) != anonymousTenant || tenantOf([]byte("Bearer ")) != anonymousTenant {
+	if tenantOf(nil) != anonymousTenant || tenantOf([]byte("Bearer ")) != anonymousTenant || tenantOf([]byte("Bearer")) != anonymousTenant {
 		t.Fatal("no key must be the anonymous tenant")
 	}
 }
@@ -69,4 +69,20 @@ func FuzzParseRequest(f *testing.F) {
 			t.Fatal("accepted streamed embeddings")
 		}
 	})
+}
+
+func TestReplaceValue(t *testing.T) {
+	f := func(body, key, val, want string) {
+		t.Helper()
+		got, err := replaceValue([]byte(body), key, []byte(val))
+		if err != nil || string(got) != want {
+			t.Errorf("replaceValue(%s, %s) = %s, %v; want %s", body, key, got, err, want)
+		}
+	}
+	f(`{"model":"m", "messages" : [1, 2] ,"x":{"messages":3}}`, "messages", `[9]`, `{"model":"m", "messages" : [9] ,"x":{"messages":3}}`)
+	f(`{"messages":"a\"]}","stream":true}`, "messages", `[]`, `{"messages":[],"stream":true}`)
+	f(`{"a":{"b":[{}]},"messages":[{"role":"user"}]}`, "messages", `[0]`, `{"a":{"b":[{}]},"messages":[0]}`)
+	if _, err := replaceValue([]byte(`{"a":1}`), "messages", []byte(`[]`)); err == nil {
+		t.Error("missing key accepted")
+	}
 }

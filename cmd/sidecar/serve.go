@@ -13,7 +13,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/kv"
+	"github.com/kvsidecar/kvsidecar/memory"
 	"github.com/kvsidecar/kvsidecar/proxy"
+	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
 // serveConfig is everything `sidecar serve` reads from flags and environment.
@@ -24,6 +27,12 @@ type serveConfig struct {
 	shutdownTimeout           time.Duration
 	maxBody                   int
 	logLevel, logFormat       string
+
+	windowTokens    int
+	overflow, fsync string
+	summaryKey      string
+	kvStrategy      string
+	maxKV           int
 }
 
 func serveFlags(c *serveConfig) *flag.FlagSet {
@@ -38,6 +47,12 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.DurationVar(&c.connIdle, "idle-timeout", 120*time.Second, "idle keep-alive client connections are closed after this")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long in-flight requests and streams may finish")
 	fs.IntVar(&c.maxBody, "max-body-bytes", 32<<20, "largest request body accepted (413 beyond)")
+	fs.IntVar(&c.windowTokens, "window-tokens", 8192, "hard token limit of the window sent upstream (the Focus window)")
+	fs.StringVar(&c.overflow, "overflow", "importance", "when history overflows the window: importance, tail or summary")
+	fs.StringVar(&c.fsync, "fsync", "always", "session log fsync policy: always, interval or never")
+	fs.StringVar(&c.summaryKey, "summary-api-key", "", "bearer token for the sidecar's own summary calls to the upstream (local servers need none)")
+	fs.StringVar(&c.kvStrategy, "kv-strategy", "", "KV eviction strategy: lru, lfu, weighted, lru-k (default) or hybrid[:preset]")
+	fs.IntVar(&c.maxKV, "max-kv-bytes", 64<<20, "largest KV API body accepted (413 beyond)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
 	return fs
@@ -96,7 +111,59 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		return fmt.Errorf("data dir: %w", err)
 	}
 
+	// Open in dependency order; close in reverse.
+	var closers []func() error
+	var names []string
+	defer func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			t := time.Now()
+			err := closers[i]()
+			log.Info("closed "+names[i], "ms", time.Since(t).Milliseconds(), "err", err)
+		}
+	}()
+	onClose := func(name string, f func() error) { names, closers = append(names, name), append(closers, f) }
+
+	t := time.Now()
+	kvc, err := kv.Open(kv.Options{Store: tiers.Options{Dir: filepath.Join(dataDir, "kv"), Strategy: c.kvStrategy}, MaxBlobBytes: int64(c.maxKV)})
+	if err != nil {
+		return fmt.Errorf("open KV cache: %w", err)
+	}
+	onClose("KV cache", kvc.Close)
+	log.Info("opened KV cache", "ms", time.Since(t).Milliseconds(), "dir", filepath.Join(dataDir, "kv"), "quarantined", len(kvc.Store().Quarantined()))
+
+	llm, err := proxy.NewLLM(proxy.LLMOptions{Upstream: c.upstream, APIKey: c.summaryKey, Logger: log})
+	if err != nil {
+		return err
+	}
+	onClose("summary client", func() error { llm.Close(); return nil })
+	strategy, err := memory.ParseStrategy(c.overflow)
+	if err != nil {
+		return err
+	}
+	fsyncPolicy, err := memory.ParseFsyncPolicy(c.fsync)
+	if err != nil {
+		return err
+	}
+	t = time.Now()
+	mem, err := memory.Open(memory.Options{
+		Dir: filepath.Join(dataDir, "sessions"), HardLimit: c.windowTokens, Strategy: strategy,
+		Fsync: fsyncPolicy, Summarizer: llm, Logger: log,
+	})
+	if err != nil {
+		return fmt.Errorf("open session memory: %w", err)
+	}
+	onClose("session memory", mem.Close)
+	log.Info("opened session memory", "ms", time.Since(t).Milliseconds(), "window_tokens", c.windowTokens, "overflow", strategy.String())
+
 	srv, err := proxy.New(proxy.Options{
+		Memory:     mem,
+		KV:         kvc,
+		MaxKVBytes: c.maxKV,
+		OnSessionDelete: func(tenant, id string) {
+			if err := kvc.Invalidate(tenant + "/" + id); err != nil {
+				log.Warn("dropping a deleted session's KV failed", "session", id, "err", err)
+			}
+		},
 		Upstream:          c.upstream,
 		MaxBodyBytes:      c.maxBody,
 		UpstreamTimeout:   c.upstreamTimeout,
@@ -128,7 +195,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	}
 
 	log.Info("shutting down", "grace", c.shutdownTimeout.String())
-	t := time.Now()
+	t = time.Now()
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
 	err = srv.Shutdown(sctx)

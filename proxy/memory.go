@@ -1,0 +1,216 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"strings"
+	"sync/atomic"
+
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvsidecar/kvsidecar/memory"
+)
+
+// memMetrics count what session memory did on the request path.
+type memMetrics struct {
+	turns        atomic.Uint64 // chat requests that went through a window
+	windowTokens atomic.Uint64 // tokens of those windows
+	prefixTokens atomic.Uint64 // tokens each shared with its session's previous window
+	prefixBytes  atomic.Uint64
+	evicted      atomic.Uint64
+	recalled     atomic.Uint64
+	bypassed     atomic.Uint64 // memory failed; the request went through unchanged
+	recorded     atomic.Uint64 // replies recorded (complete or partial)
+}
+
+func (m *memMetrics) write(w io.Writer, st memory.Stats) {
+	for _, c := range []struct {
+		name, help string
+		v          uint64
+	}{
+		{"sidecar_memory_turns_total", "Chat requests whose window was built from session memory.", m.turns.Load()},
+		{"sidecar_memory_window_tokens_total", "Tokens of the windows sent upstream.", m.windowTokens.Load()},
+		{"sidecar_memory_prefix_shared_tokens_total", "Tokens each window shared with its session's previous window (prompt-cache friendliness).", m.prefixTokens.Load()},
+		{"sidecar_memory_prefix_shared_bytes_total", "Bytes each window shared with its session's previous window.", m.prefixBytes.Load()},
+		{"sidecar_memory_evicted_messages_total", "Messages that left the window (kept as memory units).", m.evicted.Load()},
+		{"sidecar_memory_recalled_total", "Memories injected into windows.", m.recalled.Load()},
+		{"sidecar_memory_bypassed_total", "Requests forwarded unchanged because session memory failed.", m.bypassed.Load()},
+		{"sidecar_memory_replies_recorded_total", "Assistant replies recorded after the response (complete or partial).", m.recorded.Load()},
+		{"sidecar_memory_summaries_total", "Summaries made in the background.", uint64(st.Summaries)},
+		{"sidecar_memory_queue_full_total", "Background syncs deferred because the queue was full.", uint64(st.QueueFull)},
+		{"sidecar_memory_write_errors_total", "Background memory writes that failed.", uint64(st.WriteErrors)},
+	} {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", c.name, c.help, c.name, c.name, c.v)
+	}
+	fmt.Fprintf(w, "# HELP sidecar_memory_sessions_loaded Sessions held in memory.\n# TYPE sidecar_memory_sessions_loaded gauge\nsidecar_memory_sessions_loaded %d\n", st.Sessions)
+}
+
+// prepareTurn records the request's new messages in the session and returns
+// the body to forward, with "messages" replaced by the window. A nil turn
+// means the request goes through unchanged; handled reports that an error
+// answer was written.
+func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info requestInfo, body []byte, log []any) (turn *memory.Turn, out []byte, handled bool) {
+	st := s.opts.Memory
+	msgs, err := memory.ParseMessages(info.Messages)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_messages", strings.TrimPrefix(err.Error(), "memory: "))
+		return nil, nil, true
+	}
+	tools := 0
+	if len(info.Tools) > 0 {
+		tools = st.CountTokens(info.Model, string(info.Tools))
+	}
+	mode := memory.ParseMode(string(ctx.Request.Header.Peek("X-Session-Mode")))
+	turn, err = st.Prepare(ctx, sess.Tenant, sess.ID, mode, info.Model, msgs, tools)
+	switch {
+	case err == nil:
+	case errors.Is(err, memory.ErrContextTooLarge):
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "context_length_exceeded", strings.TrimPrefix(err.Error(), "memory: "))
+		return nil, nil, true
+	case errors.Is(err, memory.ErrInvalid):
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_messages", strings.TrimPrefix(err.Error(), "memory: "))
+		return nil, nil, true
+	default:
+		// Memory must never take the chat down: forward the request as the
+		// client sent it.
+		s.mem.bypassed.Add(1)
+		s.log.Warn("session memory failed; forwarding unchanged", append(log, "err", err)...)
+		return nil, body, false
+	}
+	out, err = replaceValue(body, "messages", memory.AppendMessagesJSON(nil, turn.Messages))
+	if err != nil { // unreachable: parseRequest checked the body
+		turn.Abort()
+		s.mem.bypassed.Add(1)
+		return nil, body, false
+	}
+	ts := turn.Stats
+	s.mem.turns.Add(1)
+	s.mem.windowTokens.Add(uint64(ts.TotalTokens))
+	s.mem.prefixTokens.Add(uint64(ts.Prefix.Tokens))
+	s.mem.prefixBytes.Add(uint64(ts.Prefix.Bytes))
+	s.mem.evicted.Add(uint64(ts.Evicted))
+	s.mem.recalled.Add(uint64(ts.Recalled))
+	s.log.Info("session window", append(log, "match", ts.Match, "window_tokens", ts.TotalTokens, "limit", ts.Limit,
+		"messages", ts.WindowMessages, "stored", ts.StoredMessages, "evicted", ts.Evicted, "recalled", ts.Recalled,
+		"shared_prefix_tokens", ts.Prefix.Tokens, "shared_prefix_bytes", ts.Prefix.Bytes)...)
+	return turn, out, false
+}
+
+// record finishes a turn after its response, off the request path. text is
+// the assistant's reply (raw, the message object of a non-streamed answer);
+// partial marks a reply cut short. A turn without any reply is aborted.
+func (s *Server) record(turn *memory.Turn, raw []byte, text string, partial bool) {
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		var msg memory.Message
+		switch {
+		case len(raw) > 0:
+			msgs, err := memory.ParseMessages(append(append([]byte{'['}, raw...), ']'))
+			if err != nil || len(msgs) != 1 {
+				s.log.Warn("upstream reply is not a chat message; recorded as text", "err", err)
+				msg = memory.NewMessage("assistant", string(raw))
+			} else {
+				msg = msgs[0]
+			}
+		case text != "":
+			msg = memory.NewMessage("assistant", text)
+		default:
+			turn.Abort()
+			return
+		}
+		var err error
+		if partial {
+			err = turn.CompletePartial(msg)
+		} else {
+			err = turn.Complete(msg)
+		}
+		if err != nil {
+			s.log.Warn("recording the reply failed", "err", err)
+			return
+		}
+		s.mem.recorded.Add(1)
+	}()
+}
+
+// replyMessage returns the assistant message object of a non-streamed chat
+// completion, or nil.
+func replyMessage(body []byte) []byte {
+	m := gjson.GetBytes(body, "choices.0.message")
+	if !m.IsObject() {
+		return nil
+	}
+	return []byte(m.Raw)
+}
+
+// deltaText returns the content of a chat completion chunk.
+func deltaText(data []byte) string {
+	return gjson.GetBytes(data, "choices.0.delta.content").String()
+}
+
+// handleSessions serves the admin API: GET /v1/sessions/{id},
+// GET /v1/sessions/{id}/memory, DELETE /v1/sessions/{id}, scoped by tenant.
+func (s *Server) handleSessions(ctx *fasthttp.RequestCtx) {
+	if s.opts.Memory == nil {
+		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "memory_disabled", "session memory is disabled on this sidecar")
+		return
+	}
+	rest, ok := pathAfter(ctx, "/v1/sessions/")
+	if !ok {
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_path", "session path must be /v1/sessions/{id}[/memory] with the id URL-escaped")
+		return
+	}
+	wantMemory := false
+	if id, found := strings.CutSuffix(rest, "/memory"); found {
+		rest, wantMemory = id, true
+	}
+	id, err := url.PathUnescape(rest)
+	if err == nil {
+		err = validSessionID(id)
+	}
+	if err != nil || id == "" || strings.Contains(rest, "/") {
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_session_id", "session id must be one URL-escaped path segment of 1..256 bytes without control characters")
+		return
+	}
+	tenant := tenantOf(ctx.Request.Header.Peek("Authorization"))
+	var v any
+	switch {
+	case ctx.IsGet() && wantMemory:
+		v, err = s.opts.Memory.Memory(tenant, id)
+	case ctx.IsGet():
+		v, err = s.opts.Memory.Session(tenant, id)
+	case ctx.IsDelete() && !wantMemory:
+		err = s.opts.Memory.Delete(tenant, id)
+		if err == nil && s.opts.OnSessionDelete != nil {
+			s.opts.OnSessionDelete(tenant, id)
+		}
+		v = map[string]any{"id": id, "object": "session.deleted", "deleted": err == nil}
+	default:
+		ctx.Response.Header.Set("Allow", "GET, DELETE")
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "use GET or DELETE")
+		return
+	}
+	if errors.Is(err, memory.ErrNotFound) {
+		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "session_not_found", fmt.Sprintf("no session %q for this API key", id))
+		return
+	}
+	if err != nil {
+		s.log.Error("session admin failed", "session", id, "err", err)
+		writeError(ctx, fasthttp.StatusInternalServerError, typeServer, "internal", "session store failed; see the sidecar's log")
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, v)
+}
+
+// pathAfter returns the raw (still escaped) request path after prefix.
+func pathAfter(ctx *fasthttp.RequestCtx, prefix string) (string, bool) {
+	uri := string(ctx.Request.Header.RequestURI())
+	if i := strings.IndexAny(uri, "?#"); i >= 0 {
+		uri = uri[:i]
+	}
+	rest, ok := strings.CutPrefix(uri, prefix)
+	return rest, ok && rest != ""
+}

@@ -1,0 +1,268 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvsidecar/kvsidecar/kv"
+	"github.com/kvsidecar/kvsidecar/memory"
+	"github.com/kvsidecar/kvsidecar/tiers"
+)
+
+// recordingUpstream answers chat requests with "echo: <last user text>" and
+// keeps every "messages" array it received.
+type recordingUpstream struct {
+	*httptest.Server
+	mu   sync.Mutex
+	seen []json.RawMessage
+}
+
+func newRecordingUpstream(t *testing.T) *recordingUpstream {
+	u := &recordingUpstream{}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Stream   bool            `json:"stream"`
+			Messages json.RawMessage `json:"messages"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			http.Error(w, err.Error(), 400)
+			return
+		}
+		u.mu.Lock()
+		u.seen = append(u.seen, req.Messages)
+		u.mu.Unlock()
+		var msgs []struct{ Role, Content string }
+		_ = json.Unmarshal(req.Messages, &msgs)
+		last := msgs[len(msgs)-1].Content
+		if req.Stream {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for _, part := range []string{"echo: ", last} {
+				fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", part)
+				w.(http.Flusher).Flush()
+			}
+			fmt.Fprint(w, "data: [DONE]\n\n")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}]}`, "echo: "+last)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func (u *recordingUpstream) last() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return string(u.seen[len(u.seen)-1])
+}
+
+func openMemory(t *testing.T, o memory.Options) *memory.Store {
+	t.Helper()
+	if o.Dir == "" {
+		o.Dir = t.TempDir()
+	}
+	st, err := memory.Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
+func getJSON(t *testing.T, url, key string, v any) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := noPoolClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if v != nil && resp.StatusCode == 200 {
+		if err := json.Unmarshal(b, v); err != nil {
+			t.Fatalf("%s: %v in %s", url, err, b)
+		}
+	}
+	return resp.StatusCode
+}
+
+type sessionView struct {
+	Messages []struct {
+		Role, Content, Tier string
+		Partial             bool
+	}
+}
+
+func TestSessionMemoryWindowRecordsAndAdmin(t *testing.T) {
+	up := newRecordingUpstream(t)
+	st := openMemory(t, memory.Options{})
+	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
+	hdr := map[string]string{"Authorization": "Bearer key-a", "X-Session-ID": "chat/1 é"}
+
+	// A full-history client: turn 2 repeats turn 1 and the reply.
+	resp, b := post(t, base+"/v1/chat/completions", `{"model":"gpt-4o","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"my cat is Tom"}]}`, hdr)
+	if resp.StatusCode != 200 || !strings.Contains(string(b), "echo: my cat is Tom") {
+		t.Fatalf("turn 1: %d %s", resp.StatusCode, b)
+	}
+	waitFor(t, func() bool {
+		var v sessionView
+		return getJSON(t, base+"/v1/sessions/chat%2F1%20%C3%A9", "key-a", &v) == 200 && len(v.Messages) == 3
+	})
+	resp, b = post(t, base+"/v1/chat/completions", `{"model":"gpt-4o","stream":true,"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"my cat is Tom"},{"role":"assistant","content":"echo: my cat is Tom"},{"role":"user","content":"his name?"}]}`, hdr)
+	if resp.StatusCode != 200 || !strings.Contains(string(b), "[DONE]") {
+		t.Fatalf("turn 2: %d %s", resp.StatusCode, b)
+	}
+	if got := up.last(); !strings.HasPrefix(got, `[{"role":"system","content":"Be brief."}`) || !strings.HasSuffix(got, `{"role":"user","content":"his name?"}]`) {
+		t.Fatalf("upstream window: %s", got)
+	}
+	// The streamed reply is recorded once the stream ends.
+	var v sessionView
+	waitFor(t, func() bool {
+		return getJSON(t, base+"/v1/sessions/chat%2F1%20%C3%A9", "key-a", &v) == 200 && len(v.Messages) == 5
+	})
+	if m := v.Messages[4]; m.Role != "assistant" || m.Content != "echo: his name?" || m.Partial {
+		t.Fatalf("recorded reply %+v", m)
+	}
+	var mem struct{ Units []json.RawMessage }
+	if code := getJSON(t, base+"/v1/sessions/chat%2F1%20%C3%A9/memory", "key-a", &mem); code != 200 {
+		t.Fatalf("memory view: %d", code)
+	}
+
+	// Another API key never sees the session.
+	if code := getJSON(t, base+"/v1/sessions/chat%2F1%20%C3%A9", "key-b", nil); code != 404 {
+		t.Fatalf("other tenant got %d", code)
+	}
+	req, _ := http.NewRequest(http.MethodDelete, base+"/v1/sessions/chat%2F1%20%C3%A9", nil)
+	req.Header.Set("Authorization", "Bearer key-b")
+	if r, _ := noPoolClient.Do(req); r.StatusCode != 404 {
+		t.Fatalf("other tenant delete: %d", r.StatusCode)
+	}
+	req.Header.Set("Authorization", "Bearer key-a")
+	if r, _ := noPoolClient.Do(req); r.StatusCode != 200 {
+		t.Fatalf("delete: %d", r.StatusCode)
+	}
+	if code := getJSON(t, base+"/v1/sessions/chat%2F1%20%C3%A9", "key-a", nil); code != 404 {
+		t.Fatalf("deleted session answers %d", code)
+	}
+	for _, bad := range []string{"/v1/sessions/" + strings.Repeat("x", 300), "/v1/sessions/a/b/c", "/v1/sessions/%09x"} {
+		if code := getJSON(t, base+bad, "key-a", nil); code != 400 {
+			t.Errorf("%s answered %d, want 400", bad, code)
+		}
+	}
+}
+
+func TestSessionMemoryErrorsAreOpenAIShaped(t *testing.T) {
+	up := newRecordingUpstream(t)
+	st := openMemory(t, memory.Options{HardLimit: 128, SystemReserve: 8, ToolsReserve: 8, InjectMaxTokens: 8})
+	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
+	hdr := map[string]string{"X-Session-ID": "s"}
+	resp, b := post(t, base+"/v1/chat/completions", `{"messages":[{"content":"no role"}]}`, hdr)
+	wantOpenAIError(t, resp, b, 400, "invalid_messages")
+	resp, b = post(t, base+"/v1/chat/completions", `{"messages":[{"role":"user","content":"`+strings.Repeat("word ", 500)+`"}]}`, hdr)
+	wantOpenAIError(t, resp, b, 400, "context_length_exceeded")
+}
+
+func TestStreamCutShortIsRecordedAsPartial(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"half an ans\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	defer up.Close()
+	defer close(release)
+	st := openMemory(t, memory.Options{})
+	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
+
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
+		strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"tell me"}]}`))
+	req.Header.Set("X-Session-ID", "cut")
+	resp, err := noPoolClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := make([]byte, 4096)
+	if n, err := resp.Body.Read(br); n == 0 || err != nil && err != io.EOF {
+		t.Fatalf("first event: %d %v", n, err)
+	}
+	resp.Body.Close() // the client walks away mid-stream
+
+	var v sessionView
+	waitFor(t, func() bool {
+		return getJSON(t, base+"/v1/sessions/cut", "", &v) == 200 && len(v.Messages) == 2
+	})
+	if m := v.Messages[1]; m.Role != "assistant" || m.Content != "half an ans" || !m.Partial {
+		t.Fatalf("partial reply %+v", m)
+	}
+}
+
+func TestKVAPI(t *testing.T) {
+	c, err := kv.Open(kv.Options{Store: tiers.Options{Dir: t.TempDir()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	base, _ := startSidecar(t, "http://127.0.0.1:1", func(o *Options) { o.KV = c; o.MaxKVBytes = 1 << 16 })
+
+	do := func(method, path, key string, body []byte, hdr map[string]string) (*http.Response, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(string(body)))
+		req.Header.Set("Authorization", "Bearer "+key)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := noPoolClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, b
+	}
+	data := make([]byte, 2*3*4*2) // f16, shape 2,3,4
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	path := "/v1/kv/llama%2F8b/..%2F..%2Fetc%2Fpasswd"
+	resp, b := do("PUT", path, "k1", data, map[string]string{"X-KV-Dtype": "f16", "X-KV-Shape": "2,3,4", "Content-Type": "application/octet-stream"})
+	if resp.StatusCode != 201 {
+		t.Fatalf("PUT %d %s", resp.StatusCode, b)
+	}
+	resp, b = do("GET", path, "k1", nil, nil)
+	if resp.StatusCode != 200 || string(b) != string(data) || resp.Header.Get("X-KV-Dtype") != "f16" ||
+		resp.Header.Get("X-KV-Shape") != "2,3,4" || resp.Header.Get("X-KV-Tier") == "" {
+		t.Fatalf("GET %d %v len %d", resp.StatusCode, resp.Header, len(b))
+	}
+	resp, _ = do("HEAD", path, "k1", nil, nil)
+	if resp.StatusCode != 200 || resp.ContentLength != int64(len(data)) || resp.Header.Get("X-KV-Tier") == "" {
+		t.Fatalf("HEAD %d %d %v", resp.StatusCode, resp.ContentLength, resp.Header)
+	}
+	resp, b = do("GET", path, "k2", nil, nil) // another tenant
+	wantOpenAIError(t, resp, b, 404, "kv_not_found")
+	resp, b = do("PUT", "/v1/kv/ns/bad", "k1", data, map[string]string{"X-KV-Shape": "2,x"})
+	wantOpenAIError(t, resp, b, 400, "invalid_kv_meta")
+	resp, b = do("PUT", "/v1/kv/ns/mismatch", "k1", data, map[string]string{"X-KV-Dtype": "f32", "X-KV-Shape": "2,3,4"})
+	wantOpenAIError(t, resp, b, 400, "invalid_kv")
+	resp, b = do("PUT", "/v1/kv/ns/big", "k1", make([]byte, 1<<16+1), nil)
+	wantOpenAIError(t, resp, b, 413, "body_too_large")
+	resp, b = do("PUT", "/v1/kv/only-namespace", "k1", data, nil)
+	wantOpenAIError(t, resp, b, 400, "invalid_path")
+	resp, _ = do("DELETE", path, "k1", nil, nil)
+	if resp.StatusCode != 204 {
+		t.Fatalf("DELETE %d", resp.StatusCode)
+	}
+	resp, b = do("GET", path, "k1", nil, nil)
+	wantOpenAIError(t, resp, b, 404, "kv_not_found")
+}
