@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"io"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -82,6 +83,7 @@ type scriptedUpstream struct {
 	*httptest.Server
 	mu      sync.Mutex
 	headers []http.Header
+	prompts []json.RawMessage // "messages" of each chat request
 	step    chan struct{}
 }
 
@@ -99,8 +101,18 @@ func (u *scriptedUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Stream   bool `json:"stream"`
 		Messages []struct{ Content string }
+		Raw      json.RawMessage `json:"messages"`
 	}
-	_ = json.NewDecoder(r.Body).Decode(&req)
+	body, _ := io.ReadAll(r.Body)
+	_ = json.Unmarshal(body, &req)
+	var raw struct {
+		Messages json.RawMessage `json:"messages"`
+	}
+	if json.Unmarshal(body, &raw) == nil && raw.Messages != nil {
+		u.mu.Lock()
+		u.prompts = append(u.prompts, raw.Messages)
+		u.mu.Unlock()
+	}
 	switch r.URL.Path {
 	case "/v1/models":
 		w.Header().Set("Content-Type", "application/json")
