@@ -2,10 +2,10 @@ package main
 
 import (
 	"bufio"
-	"io"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
