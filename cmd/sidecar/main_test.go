@@ -101,7 +101,6 @@ func (u *scriptedUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Stream   bool `json:"stream"`
 		Messages []struct{ Content string }
-		Raw      json.RawMessage `json:"messages"`
 	}
 	body, _ := io.ReadAll(r.Body)
 	_ = json.Unmarshal(body, &req)
