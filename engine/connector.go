@@ -1,0 +1,387 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+)
+
+// Request is one chat or completions request the proxy forwards, as a
+// Connector sees it. The proxy makes one per request, passes the same
+// pointer to Before and then to After, and does not share it between
+// requests: Before records in it what After needs.
+type Request struct {
+	// Tenant scopes SessionID (a hash of the bearer token). SessionID is
+	// the session (X-Session-ID or prompt_cache_key); empty means a
+	// stateless request, which connectors pass through untouched.
+	Tenant, SessionID string
+	// Model is the request's "model" field.
+	Model string
+	// Body is the JSON request body the proxy is about to forward.
+	Body []byte
+
+	// Set by Before, read by After.
+	assigned bool
+	slot     int
+	owner    string // slot owner key (tenant, session, model)
+	sess     string // session stats key (tenant, session)
+}
+
+// Response is what the proxy saw of the upstream's answer to a Request.
+type Response struct {
+	// Status is the upstream's HTTP status; 0 when it never answered.
+	Status int
+	// Stream is true for an SSE response.
+	Stream bool
+	// Body is the JSON body of a non-streamed response or, for a stream,
+	// the last data event(s) carrying "timings" or "usage" (raw "data: …"
+	// lines are accepted too). It may be nil or truncated: After then
+	// records no timings.
+	Body []byte
+}
+
+// Connector makes a session's prefix KV present in an LLM engine before a
+// request is forwarded and captures the KV the engine computed afterwards.
+//
+// The proxy calls, for every forwarded chat/completions request:
+//
+//	body, err := c.Before(ctx, req) // forward body (req.Body when err != nil)
+//	… forward, stream the answer to the client …
+//	c.After(ctx, req, &resp)        // exactly once per Before, whatever happened
+//
+// Hooks never fail the request: Before returns the body to forward even
+// with an error (which is for logs and metrics: the request goes on), and
+// After returns nothing. Stats and Close are for the admin view and for
+// shutdown; Close is called after the proxy stopped forwarding and before
+// the kv.Cache the connector uses is closed.
+type Connector interface {
+	// Name is "llamacpp" or "generic".
+	Name() string
+	// Before returns the body to forward: req.Body or a rewrite of it.
+	// It may block while the engine saves or restores KV (bounded by the
+	// connector's timeout, not by ctx, so that a client going away does
+	// not leave the engine half swapped).
+	Before(ctx context.Context, req *Request) ([]byte, error)
+	// After records the response (timings, usage) and may capture KV.
+	After(ctx context.Context, req *Request, resp *Response)
+	// SessionStats returns what the connector knows of one session.
+	SessionStats(tenant, sessionID string) (SessionStats, bool)
+	// Stats returns a snapshot of the connector's counters.
+	Stats() Stats
+	// Close releases the connector (a llama.cpp connector first saves the
+	// slots it knows to be in use). Idempotent.
+	Close() error
+}
+
+// Timings are an engine's prompt figures for one response, or their sums.
+type Timings struct {
+	// CacheN is the number of prompt tokens reused from the engine's KV
+	// (llama.cpp timings.cache_n, or usage.prompt_tokens_details.cached_tokens).
+	CacheN int64 `json:"cache_n"`
+	// PromptN is the number of prompt tokens processed (prefilled).
+	PromptN int64 `json:"prompt_n"`
+	// PromptMs is the time spent on them.
+	PromptMs float64 `json:"prompt_ms"`
+	// PredictedN and PredictedMs are the generated tokens and their time.
+	PredictedN  int64   `json:"predicted_n"`
+	PredictedMs float64 `json:"predicted_ms"`
+}
+
+func (t *Timings) add(o Timings) {
+	t.CacheN += o.CacheN
+	t.PromptN += o.PromptN
+	t.PromptMs += o.PromptMs
+	t.PredictedN += o.PredictedN
+	t.PredictedMs += o.PredictedMs
+}
+
+// SessionStats is one session's view in a connector.
+type SessionStats struct {
+	// Slot is the llama.cpp slot the session holds; -1 when none.
+	Slot int `json:"slot"`
+	// Requests counts Before calls for the session.
+	Requests int64 `json:"requests"`
+	// Saves and Restores count the session's KV moved out of and into
+	// the engine; SavedTokens and SavedBytes describe the last save.
+	Saves       int64 `json:"saves"`
+	Restores    int64 `json:"restores"`
+	SavedTokens int   `json:"saved_tokens"`
+	SavedBytes  int64 `json:"saved_bytes"`
+	// Last is the last response's timings; Total their sums.
+	Last  Timings `json:"last"`
+	Total Timings `json:"total"`
+}
+
+// Stats is a snapshot of a connector's counters.
+type Stats struct {
+	Connector string `json:"connector"`
+	// Enabled is false once a connector found the engine unable to do
+	// its job (DisabledReason says why); requests then pass untouched.
+	Enabled        bool   `json:"enabled"`
+	DisabledReason string `json:"disabled_reason,omitempty"`
+	Requests       int64  `json:"requests"`
+	Responses      int64  `json:"responses"`
+	// HookErrors counts Before and After failures that were absorbed.
+	HookErrors int64 `json:"hook_errors"`
+	Sessions   int   `json:"sessions"`
+
+	// Slots (llama.cpp).
+	Slots         int   `json:"slots,omitempty"`
+	SlotHits      int64 `json:"slot_hits"`
+	SlotAssigns   int64 `json:"slot_assigns"`
+	Evictions     int64 `json:"evictions"`
+	Saves         int64 `json:"saves"`
+	SaveErrors    int64 `json:"save_errors"`
+	SaveEmpty     int64 `json:"save_empty"`
+	ParseErrors   int64 `json:"parse_errors"`
+	StoreErrors   int64 `json:"store_errors"`
+	Restores      int64 `json:"restores"`
+	RestoreMisses int64 `json:"restore_misses"`
+	RestoreErrors int64 `json:"restore_errors"`
+	SavedBytes    int64 `json:"saved_bytes"`
+	RestoredBytes int64 `json:"restored_bytes"`
+	// MeanSaveMs and MeanRestoreMs are the mean wall time of a successful
+	// save (HTTP call, reading and parsing the file, caching it) and
+	// restore (fetching from the tiers, writing the file, HTTP call).
+	MeanSaveMs    float64 `json:"mean_save_ms"`
+	MeanRestoreMs float64 `json:"mean_restore_ms"`
+	// RestoredFrom counts restores by the tier that held the state.
+	RestoredFrom map[string]int64 `json:"restored_from,omitempty"`
+
+	// TimedResponses counts responses that carried timings or usage;
+	// Timings sums them. CachedRatio is CacheN / (CacheN + PromptN).
+	TimedResponses int64   `json:"timed_responses"`
+	Timings        Timings `json:"timings"`
+	CachedRatio    float64 `json:"cached_ratio"`
+}
+
+// timingStats accumulates response timings; shared by connectors.
+type timingStats struct {
+	requests, responses, hookErrors atomic.Int64
+
+	// mu protects the fields below.
+	mu    sync.Mutex
+	timed int64
+	sum   Timings
+}
+
+func (t *timingStats) record(tm Timings) {
+	t.mu.Lock()
+	t.timed++
+	t.sum.add(tm)
+	t.mu.Unlock()
+}
+
+func (t *timingStats) fill(s *Stats) {
+	s.Requests = t.requests.Load()
+	s.Responses = t.responses.Load()
+	s.HookErrors = t.hookErrors.Load()
+	t.mu.Lock()
+	s.TimedResponses, s.Timings = t.timed, t.sum
+	t.mu.Unlock()
+	if d := s.Timings.CacheN + s.Timings.PromptN; d > 0 {
+		s.CachedRatio = float64(s.Timings.CacheN) / float64(d)
+	}
+}
+
+// Generic is the connector for engines without a KV transfer API (vLLM,
+// SGLang, OpenAI, TGI, Ollama): it forwards bodies untouched and keeps
+// only statistics from the responses' usage (cached_tokens) and timings.
+// The KV reuse there comes from the engine's own prefix cache, which hits
+// because the memory package keeps the prompt prefix byte-stable; engines
+// that push KV themselves use the kv blob API (/v1/kv/…).
+//
+// The zero value is not usable; call NewGeneric. Safe for concurrent use.
+type Generic struct {
+	ts timingStats
+}
+
+// NewGeneric returns a Generic connector.
+func NewGeneric() *Generic { return &Generic{} }
+
+// Name returns "generic".
+func (g *Generic) Name() string { return "generic" }
+
+// Before returns req.Body unchanged.
+func (g *Generic) Before(_ context.Context, req *Request) ([]byte, error) {
+	g.ts.requests.Add(1)
+	return req.Body, nil
+}
+
+// After records the response's usage and timings.
+func (g *Generic) After(_ context.Context, _ *Request, resp *Response) {
+	g.ts.responses.Add(1)
+	if resp == nil {
+		return
+	}
+	if tm, ok := ParseTimings(resp.Body); ok {
+		g.ts.record(tm)
+	}
+}
+
+// SessionStats returns false: Generic keeps nothing per session.
+func (g *Generic) SessionStats(string, string) (SessionStats, bool) { return SessionStats{}, false }
+
+// Stats returns the counters.
+func (g *Generic) Stats() Stats {
+	s := Stats{Connector: g.Name(), Enabled: true}
+	g.ts.fill(&s)
+	return s
+}
+
+// Close does nothing.
+func (g *Generic) Close() error { return nil }
+
+// respTimings is the part of a response ParseTimings reads.
+type respTimings struct {
+	Timings *struct {
+		CacheN      *int64  `json:"cache_n"`
+		PromptN     int64   `json:"prompt_n"`
+		PromptMs    float64 `json:"prompt_ms"`
+		PredictedN  int64   `json:"predicted_n"`
+		PredictedMs float64 `json:"predicted_ms"`
+	} `json:"timings"`
+	Usage *struct {
+		PromptTokens        int64 `json:"prompt_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int64 `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+// MaxTimingsBody bounds the bytes ParseTimings reads.
+const MaxTimingsBody = 8 << 20
+
+// ParseTimings extracts prompt timings from a response body: a JSON object
+// or SSE "data:" lines (the last event with timings or usage wins).
+// llama.cpp's timings (cache_n, prompt_n, prompt_ms, predicted_*) are
+// preferred; otherwise usage.prompt_tokens and
+// usage.prompt_tokens_details.cached_tokens give CacheN and PromptN (the
+// uncached part). It reports false when there is neither.
+func ParseTimings(body []byte) (Timings, bool) {
+	if len(body) == 0 || len(body) > MaxTimingsBody {
+		return Timings{}, false
+	}
+	t := bytes.TrimSpace(body)
+	if len(t) > 0 && t[0] == '{' {
+		return timingsOf(t)
+	}
+	var (
+		best Timings
+		ok   bool
+	)
+	for line := range bytes.SplitSeq(t, []byte("\n")) {
+		line = bytes.TrimSpace(line)
+		p, found := bytes.CutPrefix(line, []byte("data:"))
+		if !found {
+			continue
+		}
+		if tm, has := timingsOf(bytes.TrimSpace(p)); has {
+			best, ok = tm, true
+		}
+	}
+	return best, ok
+}
+
+func timingsOf(obj []byte) (Timings, bool) {
+	if len(obj) == 0 || obj[0] != '{' {
+		return Timings{}, false
+	}
+	var r respTimings
+	if json.Unmarshal(obj, &r) != nil {
+		return Timings{}, false
+	}
+	switch {
+	case r.Timings != nil:
+		tm := Timings{PromptN: r.Timings.PromptN, PromptMs: r.Timings.PromptMs,
+			PredictedN: r.Timings.PredictedN, PredictedMs: r.Timings.PredictedMs}
+		if r.Timings.CacheN != nil {
+			tm.CacheN = *r.Timings.CacheN
+		} else if r.Usage != nil && r.Usage.PromptTokensDetails != nil {
+			tm.CacheN = r.Usage.PromptTokensDetails.CachedTokens
+		}
+		return tm, true
+	case r.Usage != nil:
+		tm := Timings{PromptN: r.Usage.PromptTokens}
+		if r.Usage.PromptTokensDetails != nil {
+			tm.CacheN = r.Usage.PromptTokensDetails.CachedTokens
+			tm.PromptN = max(0, tm.PromptN-tm.CacheN)
+		}
+		return tm, true
+	}
+	return Timings{}, false
+}
+
+// SetSlotFields returns body with the top-level "id_slot" set to slot and
+// "cache_prompt" set to true. Other members keep their order and bytes;
+// when neither field is present the body is only prefixed. body must be a
+// JSON object; otherwise the error says why and body should be forwarded
+// as it is.
+func SetSlotFields(body []byte, slot int) ([]byte, error) {
+	t := bytes.TrimLeft(body, " \t\r\n")
+	if len(t) == 0 || t[0] != '{' {
+		return body, fmt.Errorf("engine: request body is not a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(t))
+	dec.UseNumber()
+	if _, err := dec.Token(); err != nil {
+		return body, fmt.Errorf("engine: request body: %w", err)
+	}
+	type member struct {
+		key string
+		val json.RawMessage
+	}
+	var (
+		members []member
+		present bool
+	)
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return body, fmt.Errorf("engine: request body: %w", err)
+		}
+		k, _ := tok.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return body, fmt.Errorf("engine: request body: %w", err)
+		}
+		if k == "id_slot" || k == "cache_prompt" {
+			present = true
+		}
+		members = append(members, member{k, v})
+	}
+	if _, err := dec.Token(); err != nil {
+		return body, fmt.Errorf("engine: request body: %w", err)
+	}
+	if rest := bytes.TrimSpace(t[dec.InputOffset():]); len(rest) != 0 {
+		return body, fmt.Errorf("engine: request body: data after the object")
+	}
+	out := make([]byte, 0, len(body)+40)
+	out = append(out, `{"id_slot":`...)
+	out = strconv.AppendInt(out, int64(slot), 10)
+	out = append(out, `,"cache_prompt":true`...)
+	if !present {
+		if len(members) > 0 {
+			out = append(out, ',')
+			out = append(out, bytes.TrimLeft(t[1:], " \t\r\n")...)
+		} else {
+			out = append(out, '}')
+		}
+		return out, nil
+	}
+	for _, m := range members {
+		if m.key == "id_slot" || m.key == "cache_prompt" {
+			continue
+		}
+		out = append(out, ',')
+		kb, _ := json.Marshal(m.key)
+		out = append(out, kb...)
+		out = append(out, ':')
+		out = append(out, m.val...)
+	}
+	return append(out, '}'), nil
+}

@@ -1,0 +1,37 @@
+// Package engine owns the connectors between the proxy and LLM servers for
+// KV: making a session's prefix KV present in the engine before a request
+// is forwarded, and capturing what the engine computed afterwards.
+//
+//   - Connector is the interface the proxy calls around each forwarded
+//     chat/completions request: Before (may rewrite the JSON body), then
+//     After exactly once (what the proxy saw of the response).
+//   - LlamaCPP pins sessions to a llama.cpp server's slots (id_slot,
+//     cache_prompt), saves a slot's state file when another session needs
+//     the slot, keeps it in the kv.Cache's tiers as a blob keyed by a hash
+//     of (tenant, session, model), and restores it when the session comes
+//     back. ParseSlotState validates the state files (layout in DESIGN.md).
+//   - Generic forwards bodies untouched and keeps statistics; engines such
+//     as vLLM or SGLang reuse KV through their own prefix caches, which hit
+//     because the memory package keeps the prompt prefix byte-stable.
+//   - RefKV is a reference KV computer (K = RoPE(X·Wk), V = X·Wv per
+//     layer, random weights): a cost and shape generator for benchmarks.
+//
+// Invariants:
+//   - Hooks never fail a request: Before always returns a body to forward
+//     (the original one on any error) and After returns nothing. A server
+//     without the slot API disables the LlamaCPP connector with a single
+//     warning; requests then pass untouched.
+//   - A saved state is replaced in the cache only by a newer state that
+//     parsed; a failed save or restore loses nothing already kept, and
+//     llama.cpp reuses restored KV only for the tokens it matches, so a
+//     stale or foreign state costs a prefill, never a wrong answer.
+//   - Operations on one slot (save, restore) run one at a time in the
+//     order sessions were assigned to it.
+//   - Files the connector writes into the slot directory are named from
+//     hashes ("kvsidecar-<hex>-<slot><op>.slot"), never from client strings, written
+//     through a temporary file and a rename, and removed after use.
+//   - ParseSlotState never panics, allocates in proportion to its input,
+//     and accepts a file only if it consumes every byte.
+//   - No connector owns a goroutine; Close saves what the slots hold (unless
+//     told not to) and must come before the kv.Cache's Close.
+package engine

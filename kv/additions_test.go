@@ -1,0 +1,52 @@
+package kv
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestPrefixQuery(t *testing.T) {
+	a := PrefixQuery("m", []int32{1, 2, 3})
+	if a != PrefixQuery("m", []int32{1, 2, 3}) {
+		t.Fatal("not stable")
+	}
+	for _, other := range []string{PrefixQuery("m", []int32{1, 2}), PrefixQuery("m2", []int32{1, 2, 3}), PrefixQuery("m", []int32{1, 2, 4}), PrefixQuery("m", nil)} {
+		if other == a {
+			t.Fatalf("collision with %s", other)
+		}
+	}
+}
+
+// PutBlobCached works on a memory-only cache, serves like PutBlob and
+// replaces an older blob.
+func TestPutBlobCached(t *testing.T) {
+	c, err := Open(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.PutBlob("ns", "k", BlobMeta{}, []byte("x")); err == nil {
+		t.Fatal("durable PutBlob on a memory-only cache succeeded")
+	}
+	data := []byte("slot state")
+	if err := c.PutBlobCached("ns", "k", BlobMeta{}, data); err != nil {
+		t.Fatal(err)
+	}
+	data[0] = 'X' // the cache copied
+	_, got, tier, err := c.GetBlob("ns", "k")
+	if err != nil || string(got) != "slot state" || tier.String() == "" {
+		t.Fatalf("%q %s %v", got, tier, err)
+	}
+	if err := c.PutBlobCached("ns", "k", BlobMeta{}, []byte("newer")); err != nil {
+		t.Fatal(err)
+	}
+	if _, got, _, _ := c.GetBlob("ns", "k"); string(got) != "newer" {
+		t.Fatalf("%q", got)
+	}
+	if err := c.PutBlobCached("", "k", BlobMeta{}, nil); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("empty namespace: %v", err)
+	}
+	if err := c.DeleteBlob("ns", "k"); err != nil {
+		t.Fatal(err)
+	}
+}
