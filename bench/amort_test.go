@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"io"
-	"os"
 	"strings"
 	"testing"
 )
@@ -105,33 +104,6 @@ func TestAmortOptions(t *testing.T) {
 	for _, o := range []AmortOptions{{Preset: "nope"}, {Tiers: []string{"disk"}}, {MaxTurns: 1}, {PrefixTokens: -1}, {Tiers: []string{}}} {
 		if _, err := RunAmortization(o); err == nil {
 			t.Errorf("%+v accepted", o)
-		}
-	}
-}
-
-// TestAmortizationFull runs the full benchmark when KVSIDECAR_AMORT is set
-// ("full" or "quick") and prints the table, the JSON and, with
-// KVSIDECAR_AMORT_SVG=FILE, the plot. Its goals are reported, not asserted:
-// speed goals live in benchmarks.
-func TestAmortizationFull(t *testing.T) {
-	mode := os.Getenv("KVSIDECAR_AMORT")
-	if mode == "" {
-		t.Skip("set KVSIDECAR_AMORT=full or quick")
-	}
-	r, err := RunAmortization(AmortOptions{Quick: mode == "quick"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tab bytes.Buffer
-	WriteAmortTable(&tab, r)
-	t.Log("\n" + tab.String())
-	data, _ := json.MarshalIndent(map[string]any{"amortization": r}, "", " ")
-	t.Log(string(data))
-	if f := os.Getenv("KVSIDECAR_AMORT_SVG"); f != "" {
-		var svg bytes.Buffer
-		WriteAmortSVG(&svg, r)
-		if err := os.WriteFile(f, svg.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
@@ -181,7 +182,16 @@ func (s *Server) handleSessions(ctx *fasthttp.RequestCtx) {
 	case ctx.IsGet() && wantMemory:
 		v, err = s.opts.Memory.Memory(tenant, id)
 	case ctx.IsGet():
-		v, err = s.opts.Memory.Session(tenant, id)
+		var sv memory.SessionView
+		if sv, err = s.opts.Memory.Session(tenant, id); err == nil && s.opts.Engine != nil {
+			es, ok := s.opts.Engine.SessionStats(tenant, id)
+			v = struct {
+				memory.SessionView
+				Engine *engine.SessionStats `json:"engine,omitempty"`
+			}{sv, ptrIf(es, ok)}
+		} else {
+			v = sv
+		}
 	case ctx.IsDelete() && !wantMemory:
 		err = s.opts.Memory.Delete(tenant, id)
 		if err == nil && s.opts.OnSessionDelete != nil {
@@ -203,6 +213,13 @@ func (s *Server) handleSessions(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	writeJSON(ctx, fasthttp.StatusOK, v)
+}
+
+func ptrIf[T any](v T, ok bool) *T {
+	if !ok {
+		return nil
+	}
+	return &v
 }
 
 // pathAfter returns the raw (still escaped) request path after prefix.

@@ -19,8 +19,9 @@ import (
 // keeps every "messages" array it received.
 type recordingUpstream struct {
 	*httptest.Server
-	mu   sync.Mutex
-	seen []json.RawMessage
+	mu     sync.Mutex
+	seen   []json.RawMessage
+	bodies []string
 }
 
 func newRecordingUpstream(t *testing.T) *recordingUpstream {
@@ -30,12 +31,14 @@ func newRecordingUpstream(t *testing.T) *recordingUpstream {
 			Stream   bool            `json:"stream"`
 			Messages json.RawMessage `json:"messages"`
 		}
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		body, _ := io.ReadAll(r.Body)
+		if err := json.Unmarshal(body, &req); err != nil {
 			http.Error(w, err.Error(), 400)
 			return
 		}
 		u.mu.Lock()
 		u.seen = append(u.seen, req.Messages)
+		u.bodies = append(u.bodies, string(body))
 		u.mu.Unlock()
 		var msgs []struct{ Role, Content string }
 		_ = json.Unmarshal(req.Messages, &msgs)

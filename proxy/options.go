@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
@@ -73,6 +74,11 @@ type Options struct {
 	// up to max(MaxBodyBytes, MaxKVBytes) and checks per route. Default
 	// 64 MiB.
 	MaxKVBytes int
+
+	// Engine moves a session's prefix KV in and out of the LLM server around
+	// each chat and completions request (engine.LlamaCPP), or only keeps
+	// stats (engine.Generic). Nil: none. The Server does not close it.
+	Engine engine.Connector
 
 	// OnSessionDelete, when set, is called after DELETE /v1/sessions/{id}
 	// removed a session's memory, to drop what else belongs to it (its KV).

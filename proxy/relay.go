@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
@@ -37,6 +38,10 @@ type relay struct {
 	// turn, when not nil, records the streamed reply once the stream ends.
 	turn  *memory.Turn
 	reply strings.Builder
+	// ereq, when not nil, is handed to the engine's after-hook with the
+	// last data events (llama.cpp puts timings in the final chunk).
+	ereq     *engine.Request
+	lastData [2][]byte
 
 	split  sseSplitter
 	buf    []byte
@@ -120,9 +125,15 @@ func (r *relay) pass(ev []byte) bool {
 		}
 	}
 	r.events++
-	if r.turn != nil {
+	if r.turn != nil || r.ereq != nil {
 		if data := eventData(ev); len(data) > 0 && string(data) != "[DONE]" {
-			r.reply.WriteString(deltaText(data))
+			if r.turn != nil {
+				r.reply.WriteString(deltaText(data))
+			}
+			if r.ereq != nil {
+				r.lastData[0] = append(r.lastData[0][:0], r.lastData[1]...)
+				r.lastData[1] = append(r.lastData[1][:0], data...)
+			}
 		}
 	}
 	r.out = append(r.out, ev...)
@@ -154,6 +165,16 @@ func (r *relay) CloseWithError(err error) error {
 		clean := err == nil && errors.Is(r.final, io.EOF) && r.status < 300
 		r.s.record(r.turn, nil, r.reply.String(), !clean)
 		r.turn = nil
+	}
+	if r.ereq != nil {
+		var body []byte
+		for _, d := range r.lastData {
+			if len(d) > 0 {
+				body = append(append(append(body, "data: "...), d...), "\n\n"...)
+			}
+		}
+		r.s.engineAfter(r.ereq, &engine.Response{Status: r.status, Stream: true, Body: body})
+		r.ereq = nil
 	}
 	r.s.metrics.bytesOut.Add(uint64(r.sent))
 	r.s.finish(r.route, r.status, r.start)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
@@ -59,6 +60,12 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Memory != nil {
 		s.metrics.AddCollector(func(w io.Writer) { s.mem.write(w, opts.Memory.Stats()) })
+	}
+	if opts.KV != nil {
+		s.metrics.AddCollector(func(w io.Writer) { writeKVMetrics(w, opts.KV) })
+	}
+	if opts.Engine != nil {
+		s.metrics.AddCollector(func(w io.Writer) { writeEngineMetrics(w, opts.Engine) })
 	}
 	s.srv = &fasthttp.Server{
 		Handler:                       s.handle,
@@ -244,6 +251,23 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 			turn.Abort()
 		}
 	}()
+	var ereq *engine.Request
+	if s.opts.Engine != nil && sess.ID != "" && (r == routeChat || r == routeCompletions) && ctx.IsPost() {
+		ereq = &engine.Request{Tenant: sess.Tenant, SessionID: sess.ID, Model: info.Model, Body: body}
+		nb, err := s.opts.Engine.Before(ctx, ereq)
+		if err != nil {
+			s.log.Warn("engine connector before-hook failed; forwarding anyway", append(sessLog, "engine", s.opts.Engine.Name(), "err", err)...)
+		}
+		if len(nb) > 0 {
+			body = nb
+		}
+	}
+	// The engine hears of every response it saw a request for, once.
+	defer func() {
+		if ereq != nil {
+			s.engineAfter(ereq, &engine.Response{Status: ctx.Response.StatusCode(), Body: ctx.Response.Body()})
+		}
+	}()
 
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
@@ -284,13 +308,13 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	if isSSE || resp.Header.ContentLength() < 0 && info.Stream {
 		// The watch goes on while the relay waits on the upstream; the relay
 		// stops it when fasthttp closes the body stream.
-		rl := &relay{stopWatch: stopWatch, turn: turn,
+		rl := &relay{stopWatch: stopWatch, turn: turn, ereq: ereq,
 			s: s, body: ub, conn: ctx.Conn(),
 			sse: isSSE, validate: isSSE && (r == routeChat || r == routeCompletions),
 			route: r, status: status, start: start, sessLog: sessLog,
 			buf: make([]byte, 32<<10),
 		}
-		turn = nil // the relay records it
+		turn, ereq = nil, nil // the relay records them
 		ctx.Response.ImmediateHeaderFlush = true
 		ctx.SetBodyStream(rl, -1)
 		return true
@@ -326,6 +350,17 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 		turn = nil
 	}
 	return false
+}
+
+// engineAfter runs the engine's after-hook off the request path (it may save
+// a slot's state). resp.Body is copied: the response buffer is reused.
+func (s *Server) engineAfter(req *engine.Request, resp *engine.Response) {
+	resp.Body = append([]byte(nil), resp.Body...)
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		s.opts.Engine.After(context.Background(), req, resp)
+	}()
 }
 
 // statusClientClosed is logged and counted for requests whose client went

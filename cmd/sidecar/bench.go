@@ -18,22 +18,25 @@ import (
 const benchUsage = `usage: sidecar bench [workload] [flags]
 
 workloads:
+  amortization  cost per turn of a session's prefix KV, computed once then loaded, T = 1..64
   kv         KV tiers: hit rate vs Belady, tier latency, archive throughput, compression, amortization
   recall     LoCoMo evidence recall for bm25, vector and hybrid search (--data FILE)
   proxy      added latency of the sidecar and nginx over a direct upstream (--target name=host:port ...)
   upstream   serve a scripted OpenAI-compatible upstream (for proxy benchmarks and demos)
 
-With no workload, sidecar bench runs kv in quick mode. --json prints one JSON
+With no workload, sidecar bench runs amortization (about 20 s on 2 cores). --json prints one JSON
 object on stdout instead of tables.
 `
 
 func cmdBench(args []string) int {
-	name := "kv"
+	name := "amortization"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		name, args = args[0], args[1:]
 	}
 	var err error
 	switch name {
+	case "amortization", "amort":
+		err = benchAmortization(args)
 	case "kv":
 		err = benchKV(args)
 	case "recall":
@@ -82,6 +85,39 @@ func benchKV(args []string) error {
 		return err
 	}
 	return emit(*asJSON, r, bench.WriteKVTable)
+}
+
+func benchAmortization(args []string) error {
+	fs := flag.NewFlagSet("bench amortization", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	quick := fs.Bool("quick", false, "a smaller model preset (seconds)")
+	plot := fs.String("plot", "", "also write an SVG plot of cost per turn vs T to this file")
+	prefix := fs.Int("prefix-tokens", 2048, "tokens of the session's stable prefix")
+	preset := fs.String("preset", "", "shape preset of the reference KV computer (default llama3-8b scaled for CPU)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	r, err := bench.RunAmortization(bench.AmortOptions{Quick: *quick, PrefixTokens: *prefix, Preset: *preset})
+	if err != nil {
+		return err
+	}
+	if *plot != "" {
+		f, err := os.Create(*plot)
+		if err != nil {
+			return err
+		}
+		if err := bench.WriteAmortSVG(f, r); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	if *asJSON {
+		return emit(true, map[string]any{"amortization": r}, nil)
+	}
+	return bench.WriteAmortTable(os.Stdout, r)
 }
 
 func benchRecall(args []string) error {

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
 	"github.com/kvsidecar/kvsidecar/proxy"
@@ -33,6 +34,10 @@ type serveConfig struct {
 	summaryKey      string
 	kvStrategy      string
 	maxKV           int
+
+	engine  string
+	slotDir string
+	slots   int
 }
 
 func serveFlags(c *serveConfig) *flag.FlagSet {
@@ -53,6 +58,9 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.summaryKey, "summary-api-key", "", "bearer token for the sidecar's own summary calls to the upstream (local servers need none)")
 	fs.StringVar(&c.kvStrategy, "kv-strategy", "", "KV eviction strategy: lru, lfu, weighted, lru-k (default) or hybrid[:preset]")
 	fs.IntVar(&c.maxKV, "max-kv-bytes", 64<<20, "largest KV API body accepted (413 beyond)")
+	fs.StringVar(&c.engine, "engine", "generic", "engine connector: generic (byte-stable prefixes, stats only), llamacpp (slot save/restore) or none")
+	fs.StringVar(&c.slotDir, "llamacpp-slot-dir", "", "the llama.cpp server's --slot-save-path, shared with the sidecar (--engine llamacpp)")
+	fs.IntVar(&c.slots, "llamacpp-slots", 1, "the llama.cpp server's -np (parallel slots)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
 	return fs
@@ -124,12 +132,33 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	onClose := func(name string, f func() error) { names, closers = append(names, name), append(closers, f) }
 
 	t := time.Now()
-	kvc, err := kv.Open(kv.Options{Store: tiers.Options{Dir: filepath.Join(dataDir, "kv"), Strategy: c.kvStrategy}, MaxBlobBytes: int64(c.maxKV)})
+	// Blobs of the KV API are bounded by --max-kv-bytes at the HTTP layer;
+	// the cache also keeps engine slot states, which can be larger.
+	kvc, err := kv.Open(kv.Options{Store: tiers.Options{Dir: filepath.Join(dataDir, "kv"), Strategy: c.kvStrategy}, MaxBlobBytes: max(int64(c.maxKV), 1<<30)})
 	if err != nil {
 		return fmt.Errorf("open KV cache: %w", err)
 	}
 	onClose("KV cache", kvc.Close)
 	log.Info("opened KV cache", "ms", time.Since(t).Milliseconds(), "dir", filepath.Join(dataDir, "kv"), "quarantined", len(kvc.Store().Quarantined()))
+
+	var conn engine.Connector
+	switch c.engine {
+	case "none", "":
+	case "generic":
+		conn = engine.NewGeneric()
+	case "llamacpp":
+		lc, err := engine.NewLlamaCPP(engine.LlamaCPPOptions{BaseURL: c.upstream, SlotDir: c.slotDir, Slots: c.slots, Cache: kvc, Logger: log})
+		if err != nil {
+			return fmt.Errorf("engine llamacpp: %w", err)
+		}
+		conn = lc
+	default:
+		return fmt.Errorf("--engine %q: want generic, llamacpp or none", c.engine)
+	}
+	if conn != nil {
+		onClose("engine connector", conn.Close) // saves occupied slots before the KV cache closes
+		log.Info("engine connector", "engine", conn.Name())
+	}
 
 	llm, err := proxy.NewLLM(proxy.LLMOptions{Upstream: c.upstream, APIKey: c.summaryKey, Logger: log})
 	if err != nil {
@@ -159,9 +188,14 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		Memory:     mem,
 		KV:         kvc,
 		MaxKVBytes: c.maxKV,
+		Engine:     conn,
 		OnSessionDelete: func(tenant, id string) {
-			if err := kvc.Invalidate(tenant + "/" + id); err != nil {
-				log.Warn("dropping a deleted session's KV failed", "session", id, "err", err)
+			if f, ok := conn.(interface {
+				Forget(context.Context, string, string) error
+			}); ok {
+				if err := f.Forget(context.Background(), tenant, id); err != nil {
+					log.Warn("dropping a deleted session's KV failed", "session", id, "err", err)
+				}
 			}
 		},
 		Upstream:          c.upstream,
