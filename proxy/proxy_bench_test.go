@@ -69,3 +69,15 @@ func BenchmarkProxyChat(b *testing.B) {
 func BenchmarkProxyChatStream(b *testing.B) {
 	benchProxy(b, `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 }
+
+// BenchmarkParseRequest is the cost of reading a chat body on the request
+// path (validation plus the fields the proxy needs).
+func BenchmarkParseRequest(b *testing.B) {
+	body := []byte(`{"model":"mock","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say something short."}]}`)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if _, err := parseRequest(epChat, body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
