@@ -11,7 +11,7 @@ export SIDECAR_UPSTREAM ?= http://127.0.0.1:8000
 export SIDECAR_LISTEN   ?= 127.0.0.1:8080
 export SIDECAR_DATA_DIR ?= ./data
 
-.PHONY: help build run test test-race bench bench-proxy bench-kv bench-recall fuzz lint vet fmt clean
+.PHONY: help build run test test-race bench bench-proxy bench-kv bench-recall bench-amortization docker-cuda fuzz lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -28,12 +28,19 @@ test: ## vet, then every test with the race detector
 
 test-race: test ## same as test (the race detector is always on)
 
-bench: ## go test benchmarks, then sidecar bench (KV tiers, quick)
+bench: ## go test benchmarks, then sidecar bench (amortization)
 	$(GO) test -run '^$$' -bench . -benchtime 200x -timeout 30m $(PKGS)
-	$(GO) run ./cmd/sidecar bench kv
+	$(GO) run ./cmd/sidecar bench
 
 bench-proxy: ## added latency of sidecar vs nginx over a loopback upstream
 	scripts/bench-proxy.sh
+
+bench-amortization: ## cost per turn of a session prefix's KV, T = 1..64 (plot in out/amortization.svg)
+	mkdir -p out
+	$(GO) run ./cmd/sidecar bench amortization --plot out/amortization.svg
+
+docker-cuda: ## build the CUDA image kvsidecar:cuda (needs a Docker engine)
+	docker build -f Dockerfile.cuda --build-arg VERSION=$(VERSION) -t kvsidecar:cuda .
 
 bench-kv: ## KV tiers: hit rate vs Belady, latency, throughput, compression, amortization
 	$(GO) run ./cmd/sidecar bench kv

@@ -45,8 +45,9 @@ var (
 // Buffer is a handle to Size bytes of memory on one Device. The zero Buffer
 // is invalid. Buffers are plain values; copying one does not copy memory.
 type Buffer struct {
-	// Handle identifies the allocation on its device (a CUdeviceptr for CUDA,
-	// an allocation id for the CPU device).
+	// Handle identifies the allocation on its device: an allocation id,
+	// never reused by that device, so a stale Buffer is caught rather than
+	// aliasing a newer allocation at the same address.
 	Handle uint64
 	// Size is the allocation's length in bytes.
 	Size int

@@ -22,6 +22,7 @@ workloads:
   kv         KV tiers: hit rate vs Belady, tier latency, archive throughput, compression, amortization
   recall     LoCoMo evidence recall for bm25, vector and hybrid search (--data FILE)
   proxy      added latency of the sidecar and nginx over a direct upstream (--target name=host:port ...)
+  gpu        Focus put/get latency and host<->device bandwidth (--device, --full)
   upstream   serve a scripted OpenAI-compatible upstream (for proxy benchmarks and demos)
 
 With no workload, sidecar bench runs amortization (about 20 s on 2 cores). --json prints one JSON
@@ -45,6 +46,8 @@ func cmdBench(args []string) int {
 		err = benchProxy(args)
 	case "upstream":
 		err = benchUpstream(args)
+	case "gpu":
+		err = benchGPU(args)
 	case "help", "-h", "--help":
 		fmt.Print(benchUsage)
 		return 0

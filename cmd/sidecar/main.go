@@ -34,6 +34,7 @@ const usage = `usage: sidecar <command> [flags]
 commands:
   serve     run the sidecar in front of an OpenAI-compatible server
   bench     run a benchmark workload ("sidecar bench help" lists them)
+  gpu       list GPUs, memory and a host<->device bandwidth probe
   version   print the version
 
 Run "sidecar <command> -h" for a command's flags.
@@ -53,6 +54,8 @@ func run(args []string) int {
 		return cmdServe(args[1:])
 	case "bench":
 		return cmdBench(args[1:])
+	case "gpu":
+		return cmdGPU(args[1:])
 	case "version", "--version", "-version":
 		fmt.Println("sidecar", versionString())
 		return 0

@@ -278,3 +278,15 @@ func TestFlagsReadEnvironment(t *testing.T) {
 		t.Fatal("stray argument accepted")
 	}
 }
+
+// waitUntil polls cond for up to 10 s, for effects that land after a
+// response (replies are recorded off the request path).
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatal("condition not met within 10s")
+}

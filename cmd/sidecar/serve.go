@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/engine"
+	"github.com/kvsidecar/kvsidecar/gpu"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
 	"github.com/kvsidecar/kvsidecar/proxy"
@@ -38,6 +39,7 @@ type serveConfig struct {
 	engine  string
 	slotDir string
 	slots   int
+	device  string
 }
 
 func serveFlags(c *serveConfig) *flag.FlagSet {
@@ -58,6 +60,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.summaryKey, "summary-api-key", "", "bearer token for the sidecar's own summary calls to the upstream (local servers need none)")
 	fs.StringVar(&c.kvStrategy, "kv-strategy", "", "KV eviction strategy: lru, lfu, weighted, lru-k (default) or hybrid[:preset]")
 	fs.IntVar(&c.maxKV, "max-kv-bytes", 64<<20, "largest KV API body accepted (413 beyond)")
+	fs.StringVar(&c.device, "device", "auto", deviceFlagUsage)
 	fs.StringVar(&c.engine, "engine", "generic", "engine connector: generic (byte-stable prefixes, stats only), llamacpp (slot save/restore) or none")
 	fs.StringVar(&c.slotDir, "llamacpp-slot-dir", "", "the llama.cpp server's --slot-save-path, shared with the sidecar (--engine llamacpp)")
 	fs.IntVar(&c.slots, "llamacpp-slots", 1, "the llama.cpp server's -np (parallel slots)")
@@ -132,9 +135,21 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	onClose := func(name string, f func() error) { names, closers = append(names, name), append(closers, f) }
 
 	t := time.Now()
+	dev, err := openDevice(c.device, log)
+	if err != nil {
+		return fmt.Errorf("open device: %w", err)
+	}
+	onClose("device "+dev.Name(), dev.Close)
+	var focusDev gpu.Device
+	if dev.Kind() == gpu.KindCUDA {
+		focusDev = dev // on the CPU the store sizes its own host device to the Focus budget
+	}
+	log.Info("opened device", "ms", time.Since(t).Milliseconds(), "device", dev.Name(), "kind", dev.Kind().String())
+
+	t = time.Now()
 	// Blobs of the KV API are bounded by --max-kv-bytes at the HTTP layer;
 	// the cache also keeps engine slot states, which can be larger.
-	kvc, err := kv.Open(kv.Options{Store: tiers.Options{Dir: filepath.Join(dataDir, "kv"), Strategy: c.kvStrategy}, MaxBlobBytes: max(int64(c.maxKV), 1<<30)})
+	kvc, err := kv.Open(kv.Options{Store: tiers.Options{Dir: filepath.Join(dataDir, "kv"), Strategy: c.kvStrategy, Device: focusDev}, MaxBlobBytes: max(int64(c.maxKV), 1<<30)})
 	if err != nil {
 		return fmt.Errorf("open KV cache: %w", err)
 	}

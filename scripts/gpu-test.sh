@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# gpu-test.sh: build the CUDA-capable test and bench binaries here and run
+# them on a GPU host that has the NVIDIA driver (libcuda.so.1) but no Go
+# toolchain.
+#
+# Everything is built with CGO_ENABLED=0: the CUDA driver API is bound at run
+# time with purego (DESIGN.md, GPU), so the same binaries run here, where the
+# CUDA tests skip saying why, and on a GPU host, where they run. They link
+# libc dynamically (purego needs dlopen), so the host needs glibc, as every
+# CUDA host has.
+#
+#   scripts/gpu-test.sh build        # here: fills out/ (git-ignored)
+#   scripts/gpu-test.sh run [flags]  # on the GPU host, from the repository root;
+#                                    # flags go to `sidecar bench gpu` (e.g. --full)
+#
+# out/ holds, stripped:
+#   gpu.test     gpu package tests; the CUDA ones run on a GPU
+#   tiers.test   tiers tests (Focus tier on a device that runs out of memory)
+#   bench.test   bench tests; TestRunGPUOnCUDA logs the GPU benchmark tables
+#                (KVSIDECAR_BENCH_FULL=1 for the full run)
+#   sidecar.gz   the sidecar binary, gzipped: the four must fit the 64 MiB a
+#                device machine's `carry` takes (about 57 MiB together)
+#
+# On this project's device machine: run the command
+#   bash scripts/gpu-test.sh run
+# with carry ["out"]. On any other GPU host copy the working tree and out/,
+# then the same command, or by hand:
+#
+#   (cd gpu   && ../out/gpu.test   -test.v -test.run CUDA)
+#   (cd bench && ../out/bench.test -test.v -test.run TestRunGPUOnCUDA)
+#   gunzip -k out/sidecar.gz && ./out/sidecar gpu --device cuda
+#   ./out/sidecar bench gpu --device cuda --full --json
+#   CUDA_VISIBLE_DEVICES=1 ./out/sidecar gpu    # another GPU
+#
+# Test binaries run in their package's folder: tests read testdata/. `run`
+# fails when a CUDA test skips: on a GPU host a skip means the driver could
+# not be used, which is the failure being looked for.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+OUT=${OUT_DIR:-out}
+
+build() {
+	rm -rf "$OUT"
+	mkdir -p "$OUT"
+	export CGO_ENABLED=0
+	local p
+	for p in gpu tiers bench; do
+		echo "build $OUT/$p.test"
+		go test -c -trimpath -ldflags='-s -w' -o "$OUT/$p.test" "./$p/"
+	done
+	echo "build $OUT/sidecar.gz"
+	go build -trimpath -ldflags='-s -w' -o "$OUT/sidecar" ./cmd/sidecar/
+	gzip -f "$OUT/sidecar"
+	ls -l "$OUT"
+	du -sh "$OUT"
+}
+
+run() {
+	local out tmp log
+	out=$(realpath "$OUT")
+	for f in gpu.test tiers.test bench.test sidecar.gz; do
+		[[ -f "$out/$f" ]] || { echo "missing $out/$f: run 'scripts/gpu-test.sh build' first" >&2; exit 1; }
+	done
+	tmp=$(mktemp -d)
+	trap 'rm -rf "$tmp"' EXIT
+	gunzip -c "$out/sidecar.gz" >"$tmp/sidecar"
+	chmod +x "$tmp/sidecar"
+	if command -v nvidia-smi >/dev/null; then
+		nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv || true
+	fi
+
+	echo "== gpu: CUDA tests"
+	log="$tmp/gpu.log"
+	(cd gpu && "$out/gpu.test" -test.v -test.count=1 -test.run CUDA) | tee "$log"
+	if grep -q -- '--- SKIP' "$log"; then
+		echo "CUDA tests skipped on a host that should have a GPU" >&2
+		exit 1
+	fi
+	echo "== gpu: staging copy benchmark"
+	(cd gpu && "$out/gpu.test" -test.run '^$' -test.bench ParallelCopy -test.benchtime 300x)
+	echo "== gpu, tiers: all tests"
+	(cd gpu && "$out/gpu.test" -test.count=1)
+	(cd tiers && "$out/tiers.test" -test.count=1)
+	echo "== bench: GPU benchmark"
+	(cd bench && "$out/bench.test" -test.v -test.count=1 -test.run GPU)
+	echo "== sidecar gpu"
+	"$tmp/sidecar" gpu --device cuda || echo "(sidecar gpu failed or is not wired into main.go yet)"
+	echo "== sidecar bench gpu $*"
+	"$tmp/sidecar" bench gpu --device cuda "$@" || echo "(sidecar bench gpu failed or is not wired into bench.go yet)"
+}
+
+case "${1:-build}" in
+build) build ;;
+run) shift; run "$@" ;;
+*) echo "usage: $0 build | run [sidecar bench gpu flags]" >&2; exit 2 ;;
+esac
