@@ -23,6 +23,35 @@
 //   - A background worker goroutine that persists memory units, access counts
 //     and summaries after the response (Turn.Complete), plus the summarizer
 //     goroutines it starts. Close stops and waits for all of them.
+//   - A RAG index (package index, hybrid BM25 + vectors, index.DefaultRerank)
+//     per session over its memory units — evicted turns (each indexed with
+//     the message before it), replies, summaries, facts, episodes — kept
+//     next to the log as <hash>.idx, saved atomically by the worker and on
+//     Close, and rebuilt from the units when missing, corrupt or stale
+//     (ragindex.go). Per session because units belong to sessions: isolation
+//     needs no filter and Delete removes the file; the pool is what sessions
+//     share.
+//   - Session working memory (workingmem.go): an active set (ActiveSetSize,
+//     ActiveSetDecay) with Hebbian links between memories recalled together.
+//     Each turn a light probe (ProbeK hits) is compared with the active set
+//     and its neighbours; an overlap ≥ ReuseOverlap reuses the recalled set
+//     byte for byte, otherwise a full recall (RecallK) replaces it
+//     (Stats.FullRecallRate). In memory only.
+//   - Memory categories and decay (categories.go): system and core memories
+//     never decay and are always injected; facts and episodes decay per
+//     period untouched, episodes expire; BOOST is rate-limited; review
+//     flags mark promotion and decay candidates. Decay is computed from
+//     each unit's DecayedAt, so a pass that runs late (after a restart,
+//     when the last pass is more than DecayEvery old) catches up exactly.
+//   - Extraction (extract.go, factops.go): with an Extractor, a bounded queue
+//     and goroutines the Store owns turn new messages into fact operations
+//     ([ADD], [UPDATE:id], [BOOST:id], [DELETE:id], [SKIP], parsed strictly:
+//     a bad line is rejected alone) and every EpisodeEvery messages into an
+//     episode. Never on the request path; a full queue drops (counted).
+//   - The shared pool (pool.go): per-tenant keyed entries with versions,
+//     creator and updater sessions, metadata, conditional writes
+//     (ErrConflict), prefix listing, in one framed and checksummed log per
+//     tenant, compacted on open.
 //
 // # Invariants
 //
@@ -42,13 +71,16 @@
 //     everything after it. When that is impossible Prepare fails with
 //     ErrContextTooLarge instead of sending a cut prompt.
 //   - Nothing that leaves the window is deleted: an evicted message becomes a
-//     memory unit (tier working, later archive) and stays in the log; a
+//     memory unit (tier working, later archive) and stays in the log (only
+//     DeleteMemory, the Extractor's [DELETE:id] on facts and episodes, and
+//     episode expiry delete units; a deleted unit leaves its session's
+//     units, index and working memory at once and is never recreated); a
 //     history that a full-history client rewrote (edit, branch, regenerate)
 //     moves the replaced messages to archive units.
 //   - Byte stability: the window is the client's system messages, then at
-//     most one injected system block (summaries oldest→newest, then recalled
-//     memories ordered by unit id, never by score), then history in original
-//     order. Eviction is sticky and has hysteresis (Options.EvictTo), so the
+//     most one injected system block (system and core memories by id, then
+//     summaries oldest→newest, then recalled memories ordered by unit id,
+//     never by score), then history in original order. Eviction is sticky and has hysteresis (Options.EvictTo), so the
 //     history part of consecutive prompts stays identical between evictions.
 //
 // # Client styles

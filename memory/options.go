@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/index"
 )
 
 // Sentinel errors. Classify with errors.Is; returned errors wrap them with
@@ -159,9 +161,75 @@ type Options struct {
 	// RecallMinScore gates recall: hits scoring below it are not injected.
 	// Zero: 0.15.
 	RecallMinScore float64
-	// Recaller ranks memory units for the newest user message. Nil: keyword
-	// (bag-of-words cosine) recall.
+	// Recaller ranks memory units for the newest user message when the
+	// index is off or fails. Nil: keyword (bag-of-words cosine) recall.
 	Recaller Recaller
+
+	// IndexDisabled turns the per-session RAG index off; recall then uses
+	// Recaller over the working-tier units.
+	IndexDisabled bool
+	// Index configures the per-session indexes (package index). Zero
+	// value: index defaults with the offline embedder, Rerank
+	// index.DefaultRerank and Now from Clock. An index hit passes
+	// RecallMinScore when a query term matched it (BM25) or its cosine
+	// similarity reaches it.
+	Index index.Options
+	// IndexSaveInterval is the least time between two saves of a session's
+	// index file by the worker (Close saves every changed one). Zero: 30s.
+	IndexSaveInterval time.Duration
+
+	// ActiveSetSize is the capacity of a session's working memory (the
+	// active set of recently recalled memories). Zero: 7.
+	ActiveSetSize int
+	// ActiveSetDecay: an active memory not activated for this long leaves
+	// the set. Zero: 300s.
+	ActiveSetDecay time.Duration
+	// ProbeK is the depth of the light probe that decides whether a turn
+	// stays on the active topic. Zero: 3.
+	ProbeK int
+	// ReuseOverlap: a probe whose share of hits in the active set and its
+	// linked neighbours reaches this reuses the recalled set; below it, a
+	// full recall of RecallK refreshes it. In (0, 1]. Zero: 0.6.
+	ReuseOverlap float64
+	// LinkHalfLife is the half-life of the Hebbian links between memories
+	// recalled together. Zero: 30m.
+	LinkHalfLife time.Duration
+
+	// DecayEvery is how often the decay pass runs on a loaded session; a
+	// session loaded (after a restart) more than this after its last pass
+	// catches up at once. Zero: 24h.
+	DecayEvery time.Duration
+	// BoostAmount is what one BOOST adds to a memory's importance, within
+	// BoostCooldown and MaxBoostPerDay. Zero: 0.5.
+	BoostAmount float64
+
+	// Extractor runs fact extraction and episodic summaries through the
+	// upstream model, in background goroutines the Store owns, never on the
+	// request path. Nil: extraction off.
+	Extractor Extractor
+	// ExtractEvery: facts are extracted once this many new messages
+	// accumulated in a session. Zero: 6; negative: no fact extraction.
+	ExtractEvery int
+	// EpisodeEvery: an episodic summary is made each time a session's
+	// history passes this many messages since the last one. Zero: 30;
+	// negative: no episodes.
+	EpisodeEvery int
+	// ExtractQueue bounds queued extraction jobs; a full queue drops the
+	// job (Stats.ExtractDropped) and the session retries after its next
+	// turn. Zero: 64.
+	ExtractQueue int
+	// ExtractWorkers is the number of extraction goroutines. Zero: 1.
+	ExtractWorkers int
+	// ExtractTimeout bounds one Extractor call. Zero: 2m.
+	ExtractTimeout time.Duration
+	// MaxFacts bounds a session's categorized memories; ADD beyond it is
+	// rejected. Zero: 1000.
+	MaxFacts int
+
+	// PoolMaxValueBytes bounds a pool entry's value (JSON). Zero: 1 MiB.
+	PoolMaxValueBytes int
+	// PoolMaxEntries bounds the entries of one tenant's pool. Zero: 100000.
+	PoolMaxEntries int
 
 	// Summarizer makes summaries for StrategySummary. Nil: no summaries;
 	// StrategySummary then behaves as StrategyImportance.
@@ -256,6 +324,63 @@ func (o *Options) setDefaults() {
 	if o.Clock == nil {
 		o.Clock = realClock{}
 	}
+	if o.IndexSaveInterval == 0 {
+		o.IndexSaveInterval = 30 * time.Second
+	}
+	if o.Index.Embedder == nil {
+		o.Index.Embedder = index.NewHashEmbedder(index.HashOptions{})
+	}
+	if o.Index.Rerank == (index.RerankWeights{}) {
+		o.Index.Rerank = index.DefaultRerank
+	}
+	if o.Index.Now == nil {
+		o.Index.Now = o.Clock.Now
+	}
+	if o.ActiveSetSize == 0 {
+		o.ActiveSetSize = 7
+	}
+	if o.ActiveSetDecay == 0 {
+		o.ActiveSetDecay = 300 * time.Second
+	}
+	if o.ProbeK == 0 {
+		o.ProbeK = 3
+	}
+	if o.ReuseOverlap == 0 {
+		o.ReuseOverlap = 0.6
+	}
+	if o.LinkHalfLife == 0 {
+		o.LinkHalfLife = 30 * time.Minute
+	}
+	if o.DecayEvery == 0 {
+		o.DecayEvery = 24 * time.Hour
+	}
+	if o.BoostAmount == 0 {
+		o.BoostAmount = 0.5
+	}
+	if o.ExtractEvery == 0 {
+		o.ExtractEvery = 6
+	}
+	if o.EpisodeEvery == 0 {
+		o.EpisodeEvery = 30
+	}
+	if o.ExtractQueue == 0 {
+		o.ExtractQueue = 64
+	}
+	if o.ExtractWorkers == 0 {
+		o.ExtractWorkers = 1
+	}
+	if o.ExtractTimeout == 0 {
+		o.ExtractTimeout = 2 * time.Minute
+	}
+	if o.MaxFacts == 0 {
+		o.MaxFacts = 1000
+	}
+	if o.PoolMaxValueBytes == 0 {
+		o.PoolMaxValueBytes = 1 << 20
+	}
+	if o.PoolMaxEntries == 0 {
+		o.PoolMaxEntries = 100000
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -314,6 +439,19 @@ func (o *Options) validate() error {
 	}
 	if o.RecallMinScore < 0 {
 		return errors.New("memory: RecallMinScore must not be negative")
+	}
+	if o.IndexSaveInterval < 0 || o.ActiveSetDecay < 0 || o.LinkHalfLife < 0 || o.DecayEvery < 0 || o.ExtractTimeout < 0 {
+		return errors.New("memory: durations must not be negative")
+	}
+	if o.ActiveSetSize < 0 || o.ProbeK < 0 || o.ExtractQueue < 0 || o.ExtractWorkers < 0 || o.MaxFacts < 0 ||
+		o.PoolMaxValueBytes < 0 || o.PoolMaxEntries < 0 {
+		return errors.New("memory: sizes must not be negative")
+	}
+	if !(o.ReuseOverlap > 0 && o.ReuseOverlap <= 1) {
+		return fmt.Errorf("memory: ReuseOverlap %v not in (0, 1]", o.ReuseOverlap)
+	}
+	if !(o.BoostAmount > 0 && o.BoostAmount <= MaxBoostPerDay) {
+		return fmt.Errorf("memory: BoostAmount %v not in (0, %v]", o.BoostAmount, MaxBoostPerDay)
 	}
 	return nil
 }

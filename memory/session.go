@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/index"
 )
 
 // entry is one stored message.
@@ -76,6 +78,10 @@ func (e *entry) text() string {
 //	trunc history cut to Keep messages (the rest become archive units)
 //	unit  a memory unit's full state (upsert, last one wins)
 //	acc   access counts of units
+//	del   a unit deleted (ID)
+//	xseq  facts were extracted up to message Seq
+//	eseq  episodes cover the messages up to Seq
+//	decay the decay pass ran at T
 type record struct {
 	K       string            `json:"k"`
 	V       int               `json:"v,omitempty"`
@@ -91,6 +97,7 @@ type record struct {
 	Partial bool              `json:"partial,omitempty"`
 	Unit    *Unit             `json:"unit,omitempty"`
 	Acc     []accessRecord    `json:"acc,omitempty"`
+	ID      string            `json:"id,omitempty"`
 }
 
 type accessRecord struct {
@@ -138,7 +145,29 @@ type session struct {
 	idxVer   uint64
 	sums     []*Unit // summaries by id (oldest first)
 	cands    []*Unit // working-tier non-summary units: keyword recall candidates
+	pinned   []*Unit // system and core memories by id: always injected
 	block    cachedBlock
+
+	deleted    map[string]bool // ids of deleted units (never recreated)
+	delDirty   []string        // deletions not yet written
+	lastDecay  time.Time       // last decay pass (zero: none since load)
+	lastRecall string          // "full", "reuse" or "" for the last window
+
+	// RAG index (see ragindex.go); ixVer counts changes, ixSaved is the
+	// version last written.
+	ix         *index.Index
+	ixVer      uint64
+	ixSaved    uint64
+	ixLastSave time.Time
+
+	wm workingMemory
+
+	// Extraction (see extract.go).
+	factSeq    uint64 // facts extracted up to this message seq
+	episodeSeq uint64 // episodes cover messages up to this seq
+	extracting bool   // a job of this session is queued or running
+	seqDirty   bool   // factSeq or episodeSeq not yet written
+	decayDirty bool   // lastDecay not yet written
 }
 
 // cachedBlock is the last injected block, reused while the query, the
@@ -156,21 +185,24 @@ func (s *session) unitsChanged() { s.unitsVer++ }
 
 // refreshIndex rebuilds sums and cands if units changed.
 func (s *session) refreshIndex() {
-	if s.idxVer == s.unitsVer && (s.sums != nil || s.cands != nil || len(s.units) == 0) {
+	if s.idxVer == s.unitsVer && (s.sums != nil || s.cands != nil || s.pinned != nil || len(s.units) == 0) {
 		return
 	}
 	s.idxVer = s.unitsVer
-	s.sums, s.cands = s.sums[:0], s.cands[:0]
+	s.sums, s.cands, s.pinned = s.sums[:0], s.cands[:0], s.pinned[:0]
 	for _, u := range s.units {
 		switch {
 		case u.Type == UnitSummary:
 			s.sums = append(s.sums, u)
+		case u.Category.pinned():
+			s.pinned = append(s.pinned, u)
 		case u.Tier == TierWorking:
 			s.cands = append(s.cands, u)
 		}
 	}
 	slices.SortFunc(s.sums, func(a, b *Unit) int { return strings.Compare(a.ID, b.ID) })
 	slices.SortFunc(s.cands, func(a, b *Unit) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(s.pinned, func(a, b *Unit) int { return strings.Compare(a.ID, b.ID) })
 }
 
 func sessionKey(tenant, id string) string { return tenant + "\x00" + id }
@@ -259,6 +291,9 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 			return fmt.Errorf("memory: bad trunc record: %w", ErrCorrupt)
 		}
 		for _, e := range s.hist[*r.Keep:] {
+			if s.deleted[msgUnitID(e.seq)] {
+				continue
+			}
 			u := s.units[msgUnitID(e.seq)]
 			if u == nil {
 				u = unitFromEntry(e, tk, s.lastEnc, 0, at)
@@ -276,6 +311,7 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 			return fmt.Errorf("memory: bad unit record: %w", ErrCorrupt)
 		}
 		u := *r.Unit
+		normalizeUnit(&u)
 		u.persisted = true
 		if u.ToSeq >= s.nextSeq {
 			s.nextSeq = u.ToSeq + 1
@@ -288,11 +324,31 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 			if u := s.units[a.ID]; u != nil {
 				u.AccessCount = a.Count
 				u.LastAccess = time.Unix(0, a.Last)
+				if u.Category != "" {
+					touch(u, u.LastAccess)
+				}
 				if a.Tier != "" && a.Tier != u.Tier {
 					u.Tier = a.Tier
 					s.unitsChanged()
 				}
 			}
+		}
+	case "del":
+		if _, ok := s.units[r.ID]; ok {
+			delete(s.units, r.ID)
+			s.unitsChanged()
+		}
+		if s.deleted == nil {
+			s.deleted = map[string]bool{}
+		}
+		s.deleted[r.ID] = true
+	case "xseq":
+		s.factSeq = max(s.factSeq, r.Seq)
+	case "eseq":
+		s.episodeSeq = max(s.episodeSeq, r.Seq)
+	case "decay":
+		if at.After(s.lastDecay) {
+			s.lastDecay = at
 		}
 	default:
 		// Unknown kinds come from newer versions; skip them.
@@ -307,6 +363,8 @@ func (s *session) noteUnit(u *Unit) {
 		if u.ToSeq > s.coveredSeq {
 			s.coveredSeq = u.ToSeq
 		}
+	case UnitEpisode:
+		s.episodeSeq = max(s.episodeSeq, u.ToSeq)
 	case UnitTask, UnitContext:
 		if u.FromSeq == u.ToSeq && u.ID == msgUnitID(u.FromSeq) {
 			if i := s.histIndex(u.FromSeq); i >= 0 {

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/index"
 )
 
 // Mode is how a client sends its conversation.
@@ -61,6 +63,16 @@ type Store struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 
+	ixOpts        index.Options
+	localEmbedder bool // the index embeds offline: units are indexed on the request path
+
+	extractQ  chan *extractJob
+	extractWG sync.WaitGroup
+
+	// poolMu protects pools.
+	poolMu sync.Mutex
+	pools  map[string]*pool
+
 	stats storeStats
 }
 
@@ -68,6 +80,13 @@ type storeStats struct {
 	prepares, appended, appendBytes, evicted    atomic.Int64
 	summaries, summaryErrors, queueFull         atomic.Int64
 	quarantined, writeErrors, completes, orphan atomic.Int64
+
+	fullRecalls, probeReuses                 atomic.Int64
+	indexRebuilds, indexErrors, indexSaves   atomic.Int64
+	decayed, expired, boosts, boostsLimited  atomic.Int64
+	extractJobs, extractDropped, extractErrs atomic.Int64
+	factOps, factOpsRejected, episodes       atomic.Int64
+	poolWrites, poolConflicts                atomic.Int64
 }
 
 // Stats are cumulative counters for metrics.
@@ -84,6 +103,32 @@ type Stats struct {
 	QueueFull     int64 // background syncs deferred because the queue was full
 	Quarantined   int64 // log tails cut on open
 	WriteErrors   int64 // background writes that failed
+
+	// Recall through the working memory: FullRecalls ran a full top-k
+	// recall, ProbeReuses kept the recalled set because the light probe
+	// found the same topic. FullRecallRate = FullRecalls / (FullRecalls +
+	// ProbeReuses), 0 before any recall.
+	FullRecalls    int64
+	ProbeReuses    int64
+	FullRecallRate float64
+	IndexRebuilds  int64 // session indexes rebuilt from units (file missing or corrupt)
+	IndexErrors    int64 // index updates, searches or saves that failed
+	IndexSaves     int64 // index files written
+
+	Decayed       int64 // decay periods applied to memories
+	Expired       int64 // episodes deleted by decay
+	Boosts        int64 // boosts applied
+	BoostsLimited int64 // boosts refused by the cooldown or the daily cap
+
+	ExtractJobs     int64 // extraction jobs run (facts and episodes)
+	ExtractDropped  int64 // jobs dropped because the extraction queue was full
+	ExtractErrors   int64 // Extractor calls that failed
+	FactOps         int64 // fact operations applied
+	FactOpsRejected int64 // fact operations or lines rejected (malformed, hostile, unknown id, limits)
+	Episodes        int64 // episodic summaries made
+
+	PoolWrites    int64 // pool puts and deletes written
+	PoolConflicts int64 // pool writes refused with ErrConflict
 }
 
 // Open opens (creating if needed) the store rooted at opts.Dir and starts
@@ -104,7 +149,14 @@ func Open(opts Options) (*Store, error) {
 		queue:      make(chan *session, opts.QueueSize),
 		stop:       make(chan struct{}),
 		sumSem:     make(chan struct{}, max(1, opts.MaxConcurrentSummaries)),
+		ixOpts:     opts.Index,
+		extractQ:   make(chan *extractJob, max(1, opts.ExtractQueue)),
+		pools:      map[string]*pool{},
 	}
+	if _, err := index.New(s.ixOpts); err != nil {
+		return nil, fmt.Errorf("memory: index options: %w", err)
+	}
+	_, s.localEmbedder = opts.Index.Embedder.(*index.HashEmbedder)
 	enc := CL100K
 	if opts.Encoding != "" {
 		enc, _ = encodingByName(opts.Encoding)
@@ -115,6 +167,12 @@ func Open(opts Options) (*Store, error) {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.workerWG.Add(1)
 	go s.worker()
+	if opts.Extractor != nil {
+		for range max(1, opts.ExtractWorkers) {
+			s.extractWG.Add(1)
+			go s.extractWorker()
+		}
+	}
 	return s, nil
 }
 
@@ -133,9 +191,25 @@ func (s *Store) Close() error {
 	s.workerWG.Wait()
 	s.cancel()
 	s.sumWG.Wait()
+	s.extractWG.Wait()
+	s.mu.Lock()
+	loaded := make([]*session, 0, len(s.sessions))
+	for _, sess := range s.sessions {
+		loaded = append(loaded, sess)
+	}
+	s.mu.Unlock()
+	for _, sess := range loaded {
+		// Write what the last turns left (units, deletions), then the index.
+		sess.mu.Lock()
+		if !sess.gone.Load() && sess.exists {
+			s.persistLocked(sess, s.opts.Clock.Now())
+		}
+		sess.mu.Unlock()
+		s.syncIndex(sess, true)
+	}
+	errs := []error{s.closePools()}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var errs []error
 	for _, sess := range s.sessions {
 		sess.mu.Lock()
 		if sess.log != nil {
@@ -182,12 +256,22 @@ func (s *Store) Stats() Stats {
 	n := len(s.sessions)
 	s.mu.Unlock()
 	st := &s.stats
-	return Stats{
+	out := Stats{
 		Sessions: n, Prepares: st.prepares.Load(), Appended: st.appended.Load(),
 		AppendBytes: st.appendBytes.Load(), Evicted: st.evicted.Load(), Completes: st.completes.Load(),
 		Orphans: st.orphan.Load(), Summaries: st.summaries.Load(), SummaryErrors: st.summaryErrors.Load(),
 		QueueFull: st.queueFull.Load(), Quarantined: st.quarantined.Load(), WriteErrors: st.writeErrors.Load(),
 	}
+	out.FullRecalls, out.ProbeReuses = st.fullRecalls.Load(), st.probeReuses.Load()
+	if n := out.FullRecalls + out.ProbeReuses; n > 0 {
+		out.FullRecallRate = float64(out.FullRecalls) / float64(n)
+	}
+	out.IndexRebuilds, out.IndexErrors, out.IndexSaves = st.indexRebuilds.Load(), st.indexErrors.Load(), st.indexSaves.Load()
+	out.Decayed, out.Expired, out.Boosts, out.BoostsLimited = st.decayed.Load(), st.expired.Load(), st.boosts.Load(), st.boostsLimited.Load()
+	out.ExtractJobs, out.ExtractDropped, out.ExtractErrors = st.extractJobs.Load(), st.extractDropped.Load(), st.extractErrs.Load()
+	out.FactOps, out.FactOpsRejected, out.Episodes = st.factOps.Load(), st.factOpsRejected.Load(), st.episodes.Load()
+	out.PoolWrites, out.PoolConflicts = st.poolWrites.Load(), st.poolConflicts.Load()
+	return out
 }
 
 // session returns the loaded session, loading it from disk on first use.
@@ -277,7 +361,7 @@ func (s *Store) shrinkLocked(keep *session) {
 }
 
 func (sess *session) hasUnpersisted() bool {
-	if len(sess.accessDirty) > 0 {
+	if len(sess.accessDirty) > 0 || len(sess.delDirty) > 0 || sess.extracting || sess.decayDirty || sess.seqDirty {
 		return true
 	}
 	for _, u := range sess.units {
@@ -322,6 +406,11 @@ func (s *Store) load(sess *session) error {
 	}
 	sess.log = lf
 	sess.exists = true
+	now := s.opts.Clock.Now()
+	s.maybeDecayLocked(sess, now)
+	if sess.decayDirty {
+		s.enqueue(sess)
+	}
 	return nil
 }
 
@@ -331,6 +420,10 @@ func (sess *session) reset() {
 	sess.units = map[string]*Unit{}
 	sess.coveredSeq = 0
 	sess.prevPrompt, sess.prevCosts = nil, nil
+	sess.deleted, sess.delDirty, sess.lastDecay, sess.lastRecall = nil, nil, time.Time{}, ""
+	sess.ix, sess.ixVer, sess.ixSaved = nil, 0, 0
+	sess.wm.reset()
+	sess.factSeq, sess.episodeSeq = 0, 0
 	sess.unitsChanged()
 }
 
@@ -394,6 +487,9 @@ func (s *Store) Delete(tenant, sessionID string) error {
 	if sess.log != nil {
 		errs = append(errs, sess.log.close())
 		sess.log = nil
+	}
+	if err := os.Remove(indexPath(sess)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("memory: remove index: %w", err))
 	}
 	if err := os.Remove(sess.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("memory: remove log: %w", err))

@@ -52,6 +52,11 @@ type TurnStats struct {
 	Evicted int
 	// Recalled memories and Summaries in the block.
 	Recalled, Summaries int
+	// Recall is how the recalled memories were chosen: "full" (a full
+	// recall refreshed them), "reuse" (the light probe found the same
+	// topic and the previous set was kept) or "" (no recall: no query or
+	// no memories).
+	Recall string
 	// Prefix is what this window shares with the session's previous one.
 	Prefix PrefixStats
 }
@@ -225,6 +230,8 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, mode Mode, mod
 	sess.lastModel, sess.lastEnc = model, enc
 	st.Appended = len(newEntries) + len(sysEntries)
 
+	s.maybeDecayLocked(sess, now)
+	sess.lastRecall = ""
 	w, err := s.buildWindow(ctx, sess, windowParams{enc: enc, limit: limit, tools: toolsTokens, strategy: s.opts.Strategy, now: now})
 	if err != nil {
 		return nil, err
@@ -233,6 +240,7 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, mode Mode, mod
 	st.TotalTokens = w.sysTokens + w.blockTokens + w.histTokens + toolsTokens
 	st.WindowMessages, st.StoredMessages = len(w.msgs), len(sess.hist)
 	st.Evicted, st.Recalled, st.Summaries = w.evicted, w.recalled, w.summaries
+	st.Recall = sess.lastRecall
 	st.Prefix = prefixStats(sess.prevPrompt, w.msgs, w.costs)
 	sess.prevPrompt, sess.prevCosts = w.msgs, w.costs
 

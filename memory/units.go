@@ -27,13 +27,18 @@ const (
 	UnitContext UnitType = "context" // conversation context (replies, tool results)
 	UnitFact    UnitType = "fact"    // a fact extracted by the summarizer
 	UnitSummary UnitType = "summary" // a summary of evicted turns
+	UnitEpisode UnitType = "episode" // an episodic summary made by the Extractor
 )
 
-// Unit is one piece of text memory. Units are never deleted except with
-// their session. IDs are stable and sort in creation order within a type:
-// "msg-<seq>" (an evicted message), "sum-<seq>" (a summary ending at that
-// message), "fact-<seq>-<n>", "reply-<seq>" (a reply that arrived after the
-// history had moved on).
+// Unit is one piece of text memory. Units of the conversation record
+// (evicted messages, replies, summaries) are deleted only with their session
+// or by DeleteMemory; categorized memories (Category set) also by the fact
+// operations of the Extractor and, for episodes, by decay. IDs are stable and
+// sort in creation order within a type: "msg-<seq>" (an evicted message),
+// "sum-<seq>" (a summary ending at that message), "fact-<seq>-<n>",
+// "ep-<seq>" (an episode ending at that message), "mem-<seq>" (added with
+// AddMemory), "reply-<seq>" (a reply that arrived after the history had moved
+// on).
 type Unit struct {
 	ID          string    `json:"id"`
 	Type        UnitType  `json:"type"`
@@ -50,14 +55,37 @@ type Unit struct {
 	FromSeq uint64 `json:"from_seq"`
 	ToSeq   uint64 `json:"to_seq"`
 
+	// Category is the decay class of a memory (see Category); empty for
+	// the conversation record (evicted turns, replies, summaries), which
+	// never decays.
+	Category Category `json:"category,omitempty"`
+	// TouchedAt is the last creation, update, boost or recall; an episode
+	// untouched for EpisodeTTL is deleted.
+	TouchedAt time.Time `json:"touched_at,omitzero"`
+	// DecayedAt is where the next decay period starts: reset by a touch,
+	// advanced by whole periods when decay applies.
+	DecayedAt time.Time `json:"decayed_at,omitzero"`
+	// LastBoost is the last BOOST; BoostDay starts the current 24 h boost
+	// window and Boosted is what that window added so far.
+	LastBoost time.Time `json:"last_boost,omitzero"`
+	BoostDay  time.Time `json:"boost_day,omitzero"`
+	Boosted   float64   `json:"boosted,omitempty"`
+	// Review flags the memory for review: "promote" (importance reached
+	// PromoteReviewAt), "decay" (fell to DecayReviewAt) or "expire" (a fact
+	// below FactReviewBelow). The Extractor sees the flags.
+	Review string `json:"review,omitempty"`
+
 	bow       *bow // cached bag of words for keyword recall
 	persisted bool // its latest state is in the log
+	indexed   bool // its latest text and metadata are in the session's index
 }
 
 func msgUnitID(seq uint64) string         { return fmt.Sprintf("msg-%012d", seq) }
 func sumUnitID(seq uint64) string         { return fmt.Sprintf("sum-%012d", seq) }
 func orphanUnitID(seq uint64) string      { return fmt.Sprintf("reply-%012d", seq) }
 func factUnitID(seq uint64, i int) string { return fmt.Sprintf("fact-%012d-%02d", seq, i) }
+func episodeUnitID(seq uint64) string     { return fmt.Sprintf("ep-%012d", seq) }
+func memUnitID(seq uint64) string         { return fmt.Sprintf("mem-%012d", seq) }
 
 // words returns the unit's cached bag of words (built on first use).
 func (u *Unit) words() *bow {
@@ -76,8 +104,9 @@ type RecallHit struct {
 // Recaller ranks a session's memory units for a query (the newest user
 // message). It is given the session's working-tier units other than
 // summaries (bounded by Options.WorkingMaxUnits plus what was evicted since
-// the last background sync); archive units are left to the RAG index,
-// which plugs in here later. Recall runs on the request path under the
+// the last background sync); archive units are left to the RAG index. It is
+// used only when the index is off (Options.IndexDisabled) or cannot be
+// searched. Recall runs on the request path under the
 // session's lock: it must be fast, must not retain or modify units, and
 // should return at most k hits, best first. Hits below
 // Options.RecallMinScore are not injected.

@@ -172,6 +172,9 @@ func (s *Store) buildWindow(ctx context.Context, sess *session, p windowParams) 
 		for _, u := range recalled {
 			u.AccessCount++
 			u.LastAccess = p.now
+			if u.Category != "" {
+				touch(u, p.now)
+			}
 			if sess.accessDirty == nil {
 				sess.accessDirty = map[string]bool{}
 			}
@@ -225,7 +228,7 @@ func (s *Store) evict(sess *session, e *entry, importance float64, p windowParam
 	e.dropped = true
 	s.stats.evicted.Add(1)
 	id := msgUnitID(e.seq)
-	if sess.units[id] != nil {
+	if sess.units[id] != nil || sess.deleted[id] {
 		return
 	}
 	sess.unitsChanged()
@@ -247,6 +250,7 @@ const (
 	blockHeader     = "Memory from earlier in this conversation, kept by the sidecar because it no longer fits the context window.\n"
 	blockSummaries  = "## Summary of earlier turns\n"
 	blockRecalled   = "## Recalled from earlier turns\n"
+	blockPinned     = "## Core memory\n"
 	maxRecalledText = 2000 // bytes of one recalled unit in the block
 )
 
@@ -257,75 +261,98 @@ func unitSegment(u *Unit) string {
 	return "- [" + u.Role + "] " + strings.TrimSpace(truncateRunes(u.Content, maxRecalledText)) + "\n"
 }
 
-// buildBlock makes the injected system message: summaries oldest→newest
-// (the newest that fit InjectMaxTokens), then recalled units ordered by id.
-// It returns nil when there is nothing to inject.
+// buildBlock makes the injected system message: pinned (system and core)
+// memories ordered by id, summaries oldest→newest (the newest that fit
+// InjectMaxTokens), then recalled memories ordered by id (chosen by
+// recallLocked through the working memory). It returns nil when there is
+// nothing to inject. The same memories give the same bytes.
 func (s *Store) buildBlock(ctx context.Context, sess *session, p windowParams, query string) (json.RawMessage, int, []*Unit, int) {
 	if len(sess.units) == 0 || s.opts.InjectMaxTokens == 0 {
 		return nil, 0, nil, 0
 	}
 	sess.refreshIndex()
+	tk := s.tok
+	budget := s.opts.InjectMaxTokens - MessageFraming - tk.Count(p.enc, blockHeader)
+	fit := func(us []*Unit, header string, seg func(*Unit) string) []*Unit {
+		if len(us) == 0 {
+			return nil
+		}
+		b := budget - tk.Count(p.enc, header)
+		var kept []*Unit
+		for _, u := range us {
+			if c := tk.Count(p.enc, seg(u)); c <= b {
+				b -= c
+				kept = append(kept, u)
+			}
+		}
+		if len(kept) > 0 {
+			budget = b
+		}
+		return kept
+	}
+	pinned := fit(sess.pinned, blockPinned, summarySegment)
+	// Newest summaries first while they fit, shown oldest first.
+	var keptSums []*Unit
+	if sums := sess.sums; len(sums) > 0 {
+		b := budget - tk.Count(p.enc, blockSummaries)
+		for i := len(sums) - 1; i >= 0; i-- {
+			c := tk.Count(p.enc, summarySegment(sums[i]))
+			if c > b {
+				break
+			}
+			b -= c
+			keptSums = append(keptSums, sums[i])
+		}
+		if len(keptSums) > 0 {
+			budget = b
+		}
+		slices.Reverse(keptSums)
+	}
+	skip := make(map[string]bool, len(keptSums))
+	for _, u := range keptSums {
+		skip[u.ID] = true
+	}
+	cands, mode := s.recallLocked(ctx, sess, query, p.now, skip)
+	sess.lastRecall = mode
+	recalled := fit(cands, blockRecalled, unitSegment)
+
 	var h maphash.Hash
 	h.SetSeed(keySeed)
-	h.WriteString(query)
 	h.WriteByte(byte(p.enc))
+	for _, part := range [][]*Unit{pinned, keptSums, recalled} {
+		for _, u := range part {
+			h.WriteString(u.ID)
+			h.WriteByte(0)
+		}
+		h.WriteByte(1)
+	}
 	key := h.Sum64() ^ sess.unitsVer*0x9E3779B97F4A7C15
 	if c := &sess.block; c.key == key && c.key != 0 {
 		return c.raw, c.cost, c.recalled, c.nsum
 	}
-	raw, cost, recalled, nsum := s.assembleBlock(ctx, sess, p, query)
-	sess.block = cachedBlock{key: key, raw: raw, cost: cost, recalled: recalled, nsum: nsum}
-	return raw, cost, recalled, nsum
+	raw, cost := s.assembleBlock(p, pinned, keptSums, recalled)
+	if raw == nil {
+		recalled, keptSums = nil, nil
+	}
+	sess.block = cachedBlock{key: key, raw: raw, cost: cost, recalled: recalled, nsum: len(keptSums)}
+	return raw, cost, recalled, len(keptSums)
 }
 
-func (s *Store) assembleBlock(ctx context.Context, sess *session, p windowParams, query string) (json.RawMessage, int, []*Unit, int) {
-	tk := s.tok
-	budget := s.opts.InjectMaxTokens - MessageFraming - tk.Count(p.enc, blockHeader)
-	sums, cands := sess.sums, sess.cands
-	// Newest summaries first while they fit, shown oldest first.
-	var keptSums []*Unit
-	if len(sums) > 0 {
-		budget -= tk.Count(p.enc, blockSummaries)
+func (s *Store) assembleBlock(p windowParams, pinned, sums, recalled []*Unit) (json.RawMessage, int) {
+	if len(pinned) == 0 && len(sums) == 0 && len(recalled) == 0 {
+		return nil, 0
 	}
-	for i := len(sums) - 1; i >= 0; i-- {
-		c := tk.Count(p.enc, summarySegment(sums[i]))
-		if c > budget {
-			break
-		}
-		budget -= c
-		keptSums = append(keptSums, sums[i])
-	}
-	slices.Reverse(keptSums)
-
-	var recalled []*Unit
-	if query != "" && s.opts.RecallK > 0 && len(cands) > 0 {
-		hits, err := s.opts.Recaller.Recall(ctx, query, cands, s.opts.RecallK)
-		if err != nil {
-			s.opts.Logger.Warn("memory: recall failed", "err", err)
-		}
-		budget -= tk.Count(p.enc, blockRecalled)
-		for _, h := range hits {
-			u := sess.units[h.ID]
-			if u == nil || u.Type == UnitSummary || h.Score < s.opts.RecallMinScore || len(recalled) >= s.opts.RecallK {
-				continue
-			}
-			c := tk.Count(p.enc, unitSegment(u))
-			if c > budget {
-				continue
-			}
-			budget -= c
-			recalled = append(recalled, u)
-		}
-		slices.SortFunc(recalled, func(a, b *Unit) int { return strings.Compare(a.ID, b.ID) })
-	}
-	if len(keptSums) == 0 && len(recalled) == 0 {
-		return nil, 0, nil, 0
-	}
-	segs := make([]string, 0, 3+len(keptSums)+len(recalled))
+	segs := make([]string, 0, 4+len(pinned)+len(sums)+len(recalled))
 	segs = append(segs, blockHeader)
-	if len(keptSums) > 0 {
+	if len(pinned) > 0 {
+		segs = append(segs, blockPinned)
+		for _, u := range pinned {
+			segs = append(segs, summarySegment(u))
+		}
+	}
+	if len(sums) > 0 {
 		segs = append(segs, blockSummaries)
-		for _, u := range keptSums {
+		for _, u := range sums {
 			segs = append(segs, summarySegment(u))
 		}
 	}
@@ -338,7 +365,7 @@ func (s *Store) assembleBlock(ctx context.Context, sess *session, p windowParams
 	content := strings.Join(segs, "")
 	cost := MessageFraming
 	for _, sg := range segs {
-		cost += tk.Count(p.enc, sg)
+		cost += s.tok.Count(p.enc, sg)
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -347,8 +374,7 @@ func (s *Store) assembleBlock(ctx context.Context, sess *session, p windowParams
 		Role    string `json:"role"`
 		Content string `json:"content"`
 	}{"system", content}); err != nil {
-		return nil, 0, nil, 0
+		return nil, 0
 	}
-	raw := json.RawMessage(bytes.TrimRight(buf.Bytes(), "\n"))
-	return raw, cost, recalled, len(keptSums)
+	return json.RawMessage(bytes.TrimRight(buf.Bytes(), "\n")), cost
 }

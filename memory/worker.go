@@ -74,18 +74,28 @@ func (s *Store) syncLogs() {
 	}
 }
 
-// sync performs a session's background writes: tier changes, new and
-// changed units, access counts; then starts a summary if one is due.
+// sync performs a session's background writes: decay, tier changes, new,
+// changed and deleted units, access counts; starts a summary or an
+// extraction if one is due; then brings the session's index up to date.
 func (s *Store) sync(sess *session) {
 	sess.mu.Lock()
-	defer sess.mu.Unlock()
 	if sess.gone.Load() || !sess.exists {
+		sess.mu.Unlock()
 		return
 	}
 	now := s.opts.Clock.Now()
+	s.maybeDecayLocked(sess, now)
 	s.demoteLocked(sess, now)
+	for id := range sess.accessDirty {
+		if u := sess.units[id]; u != nil {
+			u.indexed = false // access count and recency changed
+		}
+	}
 	s.persistLocked(sess, now)
 	s.maybeSummarizeLocked(sess)
+	s.maybeExtractLocked(sess)
+	sess.mu.Unlock()
+	s.syncIndex(sess, false)
 }
 
 // demoteLocked moves working units to archive when they were not accessed
@@ -136,6 +146,25 @@ func (s *Store) persistLocked(sess *session, now time.Time) {
 		}
 	}
 	slices.SortFunc(written, func(a, b *Unit) int { return strings.Compare(a.ID, b.ID) })
+	dels := sess.delDirty
+	for _, id := range dels {
+		if framed, err = encodeRecord(framed, &record{K: "del", T: now.UnixNano(), ID: id}); err != nil {
+			s.opts.Logger.Warn("memory: encode deletion", "err", err)
+			return
+		}
+	}
+	if sess.decayDirty {
+		if framed, err = encodeRecord(framed, &record{K: "decay", T: sess.lastDecay.UnixNano()}); err != nil {
+			return
+		}
+	}
+	if sess.seqDirty {
+		for _, r := range []*record{{K: "xseq", T: now.UnixNano(), Seq: sess.factSeq}, {K: "eseq", T: now.UnixNano(), Seq: sess.episodeSeq}} {
+			if framed, err = encodeRecord(framed, r); err != nil {
+				return
+			}
+		}
+	}
 	for _, u := range written {
 		c := u.clone()
 		if framed, err = encodeRecord(framed, &record{K: "unit", T: now.UnixNano(), Unit: &c}); err != nil {
@@ -172,13 +201,15 @@ func (s *Store) persistLocked(sess *session, now time.Time) {
 	for _, u := range written {
 		u.persisted = true
 	}
+	sess.delDirty = sess.delDirty[len(dels):]
+	sess.seqDirty, sess.decayDirty = false, false
 	clear(sess.accessDirty)
 }
 
 // maybeSummarizeLocked starts a summary of evicted messages not yet
 // covered, when the strategy is StrategySummary and a Summarizer is set.
 func (s *Store) maybeSummarizeLocked(sess *session) {
-	if s.opts.Strategy != StrategySummary || s.opts.Summarizer == nil || sess.summarizing {
+	if s.opts.Strategy != StrategySummary || s.opts.Summarizer == nil || sess.summarizing || s.ctx.Err() != nil {
 		return
 	}
 	var msgs []Message

@@ -1,0 +1,312 @@
+package memory
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// Category is the decay class of a memory unit.
+type Category string
+
+const (
+	// CategorySystem memories are set by the operator (AddMemory); they
+	// never decay, are always injected and the Extractor cannot change them.
+	CategorySystem Category = "system"
+	// CategoryCore memories never decay and are always injected; the
+	// Extractor may update and boost them but not delete them.
+	CategoryCore Category = "core"
+	// CategoryFact memories lose FactDecay of their importance every
+	// FactDecayPeriod untouched, and are flagged "expire" below
+	// FactReviewBelow.
+	CategoryFact Category = "fact"
+	// CategoryEpisode memories (episodic summaries) lose EpisodeDecay every
+	// EpisodeDecayPeriod untouched and are deleted after EpisodeTTL
+	// untouched.
+	CategoryEpisode Category = "episode"
+)
+
+// ParseCategory parses "system", "core", "fact" or "episode".
+func ParseCategory(s string) (Category, error) {
+	switch c := Category(strings.ToLower(strings.TrimSpace(s))); c {
+	case CategorySystem, CategoryCore, CategoryFact, CategoryEpisode:
+		return c, nil
+	}
+	return "", fmt.Errorf("%w: unknown memory category %q (want system|core|fact|episode)", ErrInvalid, s)
+}
+
+// Decay and boost policy. A memory is "touched" when it is created,
+// updated, boosted or recalled; decay counts whole periods since the last
+// touch (or the last applied period), so applying it late (after a
+// restart) gives the same result as applying it on time.
+const (
+	FactDecay          = 0.85
+	FactDecayPeriod    = 5 * 24 * time.Hour
+	FactReviewBelow    = 0.2
+	EpisodeDecay       = 0.6
+	EpisodeDecayPeriod = 3 * 24 * time.Hour
+	EpisodeTTL         = 7 * 24 * time.Hour
+	// BoostCooldown is the least time between two boosts of one memory.
+	BoostCooldown = 2 * time.Hour
+	// MaxBoostPerDay bounds what boosts add to one memory per 24 h.
+	MaxBoostPerDay = 1.0
+	// PromoteReviewAt flags a memory "promote" (a candidate for core).
+	PromoteReviewAt = 2.5
+	// DecayReviewAt flags a decaying memory "decay".
+	DecayReviewAt = 0.5
+)
+
+// ErrBoostLimited: the memory was boosted less than BoostCooldown ago, or
+// its boosts reached MaxBoostPerDay in the current 24 h window.
+var ErrBoostLimited = errors.New("memory: boost limited")
+
+// ErrMemoryNotFound: no memory unit with that id in the session. It also
+// matches ErrNotFound.
+var ErrMemoryNotFound error = &notFoundError{"memory: memory unit not found"}
+
+// notFoundError is a sentinel that also matches ErrNotFound, so callers
+// mapping ErrNotFound to 404 need no new case.
+type notFoundError struct{ msg string }
+
+func (e *notFoundError) Error() string        { return e.msg }
+func (e *notFoundError) Is(target error) bool { return target == ErrNotFound }
+
+// decays reports whether the category decays.
+func (c Category) decays() bool { return c == CategoryFact || c == CategoryEpisode }
+
+// pinned reports whether the category is always injected.
+func (c Category) pinned() bool { return c == CategorySystem || c == CategoryCore }
+
+// touch records a use of u at now: decay restarts from now.
+func touch(u *Unit, now time.Time) {
+	if now.After(u.TouchedAt) {
+		u.TouchedAt = now
+	}
+	if now.After(u.DecayedAt) {
+		u.DecayedAt = now
+	}
+}
+
+// setReview updates u.Review from its importance.
+func setReview(u *Unit) {
+	r := ""
+	switch {
+	case u.Category == CategorySystem || u.Category == "":
+	case u.Importance >= PromoteReviewAt && u.Category != CategoryCore:
+		r = "promote"
+	case u.Category == CategoryFact && u.Importance < FactReviewBelow:
+		r = "expire"
+	case u.Category.decays() && u.Importance <= DecayReviewAt:
+		r = "decay"
+	}
+	u.Review = r
+}
+
+// normalizeUnit fills what units written by older versions lack.
+func normalizeUnit(u *Unit) {
+	if u.Category == "" {
+		switch u.Type {
+		case UnitFact:
+			u.Category = CategoryFact
+		case UnitEpisode:
+			u.Category = CategoryEpisode
+		}
+	}
+	if u.Category != "" {
+		if u.TouchedAt.IsZero() {
+			u.TouchedAt = u.CreatedAt
+		}
+		if u.DecayedAt.IsZero() {
+			u.DecayedAt = u.TouchedAt
+		}
+	}
+}
+
+// maybeDecayLocked runs the decay pass when the last one (persisted in the
+// log) is Options.DecayEvery old: on the request path and in the worker
+// while the process runs, and when a session is loaded, which is how decay
+// catches up after a restart. It changes memory only; the worker persists.
+// Called with sess.mu held.
+func (s *Store) maybeDecayLocked(sess *session, now time.Time) {
+	if !sess.lastDecay.IsZero() && now.Sub(sess.lastDecay) < s.opts.DecayEvery {
+		return
+	}
+	sess.lastDecay = now
+	if s.decayLocked(sess, now) {
+		sess.decayDirty = true
+	}
+}
+
+// decayLocked applies the decay of every categorized unit up to now and
+// deletes expired episodes.
+func (s *Store) decayLocked(sess *session, now time.Time) (changed bool) {
+	for _, u := range sess.sortedUnits() {
+		var f float64
+		var period time.Duration
+		switch u.Category {
+		case CategoryFact:
+			f, period = FactDecay, FactDecayPeriod
+		case CategoryEpisode:
+			if now.Sub(u.TouchedAt) >= EpisodeTTL {
+				s.deleteUnitLocked(sess, u.ID)
+				s.stats.expired.Add(1)
+				changed = true
+				continue
+			}
+			f, period = EpisodeDecay, EpisodeDecayPeriod
+		default:
+			continue
+		}
+		n := int64(now.Sub(u.DecayedAt) / period)
+		if n <= 0 {
+			continue
+		}
+		u.Importance *= math.Pow(f, float64(n))
+		u.DecayedAt = u.DecayedAt.Add(time.Duration(n) * period)
+		u.UpdatedAt = now
+		setReview(u)
+		u.persisted, u.indexed = false, false
+		s.stats.decayed.Add(n)
+		changed = true
+	}
+	return changed
+}
+
+// boostLocked raises u's importance by Options.BoostAmount within the
+// limits: one boost per BoostCooldown, MaxBoostPerDay per 24 h window.
+func (s *Store) boostLocked(u *Unit, now time.Time) error {
+	if !u.LastBoost.IsZero() && now.Sub(u.LastBoost) < BoostCooldown {
+		s.stats.boostsLimited.Add(1)
+		return fmt.Errorf("%w: %s boosted %s ago (cooldown %s)", ErrBoostLimited, u.ID, now.Sub(u.LastBoost), BoostCooldown)
+	}
+	if u.BoostDay.IsZero() || now.Sub(u.BoostDay) >= 24*time.Hour {
+		u.BoostDay, u.Boosted = now, 0
+	}
+	add := min(s.opts.BoostAmount, MaxBoostPerDay-u.Boosted)
+	if add <= 1e-9 {
+		s.stats.boostsLimited.Add(1)
+		return fmt.Errorf("%w: %s gained %.2f today (max %.1f)", ErrBoostLimited, u.ID, u.Boosted, MaxBoostPerDay)
+	}
+	u.Boosted += add
+	u.Importance += add
+	u.LastBoost = now
+	u.UpdatedAt = now
+	touch(u, now)
+	setReview(u)
+	u.persisted, u.indexed = false, false
+	s.stats.boosts.Add(1)
+	return nil
+}
+
+// deleteUnitLocked removes a unit from the session, its index and its
+// working memory; the worker writes the deletion. Called with sess.mu held.
+func (s *Store) deleteUnitLocked(sess *session, id string) {
+	if _, ok := sess.units[id]; !ok {
+		return
+	}
+	delete(sess.units, id)
+	delete(sess.accessDirty, id)
+	if sess.deleted == nil {
+		sess.deleted = map[string]bool{}
+	}
+	sess.deleted[id] = true
+	sess.delDirty = append(sess.delDirty, id)
+	if sess.ix != nil && sess.ix.Delete(id) {
+		sess.ixVer++
+	}
+	sess.wm.forget(id)
+	sess.unitsChanged()
+}
+
+// AddMemory adds a memory of category c to the session (which must exist)
+// and returns it. System and core memories are injected on every turn;
+// facts and episodes are recalled when relevant. importance ≤ 0 selects 1.
+// The memory is written by the background worker, like every unit.
+func (s *Store) AddMemory(tenant, sessionID string, c Category, text string, importance float64) (Unit, error) {
+	if _, err := ParseCategory(string(c)); err != nil {
+		return Unit{}, err
+	}
+	text = sanitizeText(text, maxMemoryBytes)
+	if text == "" {
+		return Unit{}, fmt.Errorf("%w: empty memory text", ErrInvalid)
+	}
+	if math.IsNaN(importance) || math.IsInf(importance, 0) {
+		return Unit{}, fmt.Errorf("%w: importance %v", ErrInvalid, importance)
+	}
+	if importance <= 0 {
+		importance = 1
+	}
+	sess, err := s.session(tenant, sessionID, false)
+	if err != nil {
+		return Unit{}, err
+	}
+	sess.mu.Lock()
+	if !sess.exists || sess.gone.Load() {
+		sess.mu.Unlock()
+		return Unit{}, fmt.Errorf("%w: %q", ErrNotFound, sessionID)
+	}
+	now := s.opts.Clock.Now()
+	typ := UnitFact
+	if c == CategoryEpisode {
+		typ = UnitEpisode
+	}
+	u := &Unit{ID: memUnitID(sess.nextSeq), Type: typ, Tier: TierWorking, Role: string(c), Content: text,
+		Importance: importance, Tokens: s.tok.Count(sess.lastEnc, text), CreatedAt: now, UpdatedAt: now,
+		LastAccess: now, Category: c}
+	sess.nextSeq++
+	touch(u, now)
+	setReview(u)
+	sess.units[u.ID] = u
+	sess.unitsChanged()
+	out := u.clone()
+	sess.mu.Unlock()
+	s.enqueue(sess)
+	return out, nil
+}
+
+// DeleteMemory deletes one memory unit of the session: from its units, its
+// index and its working memory at once, from its log by the worker.
+// Unknown ids are ErrMemoryNotFound (which matches ErrNotFound).
+func (s *Store) DeleteMemory(tenant, sessionID, unitID string) error {
+	sess, err := s.session(tenant, sessionID, false)
+	if err != nil {
+		return err
+	}
+	sess.mu.Lock()
+	if _, ok := sess.units[unitID]; !ok || !sess.exists {
+		sess.mu.Unlock()
+		return fmt.Errorf("%w: %q", ErrMemoryNotFound, unitID)
+	}
+	s.deleteUnitLocked(sess, unitID)
+	sess.mu.Unlock()
+	s.enqueue(sess)
+	return nil
+}
+
+// Boost raises a categorized memory's importance by Options.BoostAmount,
+// within the limits (ErrBoostLimited). It returns the new importance.
+func (s *Store) Boost(tenant, sessionID, unitID string) (float64, error) {
+	sess, err := s.session(tenant, sessionID, false)
+	if err != nil {
+		return 0, err
+	}
+	sess.mu.Lock()
+	u := sess.units[unitID]
+	if u == nil || !sess.exists {
+		sess.mu.Unlock()
+		return 0, fmt.Errorf("%w: %q", ErrMemoryNotFound, unitID)
+	}
+	if u.Category == "" {
+		sess.mu.Unlock()
+		return 0, fmt.Errorf("%w: %q is not a categorized memory", ErrInvalid, unitID)
+	}
+	err = s.boostLocked(u, s.opts.Clock.Now())
+	imp := u.Importance
+	sess.mu.Unlock()
+	if err == nil {
+		s.enqueue(sess)
+	}
+	return imp, err
+}

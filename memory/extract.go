@@ -1,0 +1,316 @@
+package memory
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Extractor completes a prompt with the upstream model (the proxy
+// implements it with a non-streaming chat completion of one user message).
+// It is called from background goroutines the Store owns, never on the
+// request path; ctx is cancelled on Close and after Options.ExtractTimeout.
+// Safe for concurrent use.
+type Extractor interface {
+	Complete(ctx context.Context, prompt string) (string, error)
+}
+
+// ExtractorFunc adapts a function to Extractor.
+type ExtractorFunc func(ctx context.Context, prompt string) (string, error)
+
+// Complete implements Extractor.
+func (f ExtractorFunc) Complete(ctx context.Context, prompt string) (string, error) {
+	return f(ctx, prompt)
+}
+
+type jobKind uint8
+
+const (
+	jobFacts jobKind = iota
+	jobEpisode
+)
+
+// extractJob is one Extractor call for a session.
+type extractJob struct {
+	sess     *session
+	kind     jobKind
+	from, to uint64          // message seqs covered
+	known    map[string]bool // fact ids shown in the prompt: the only ids ops may name
+	prompt   string
+	enc      Encoding
+}
+
+const (
+	maxEpisodeBytes   = 4096 // an episode's text
+	maxMemoryBytes    = 4096 // a memory added with AddMemory
+	maxPromptMsgBytes = 1500 // one message in a prompt
+	maxPromptFacts    = 60   // known facts shown in a prompt
+)
+
+// maybeExtractLocked queues an extraction job when one is due: an episode
+// when EpisodeEvery messages accumulated since the last, else facts when
+// ExtractEvery did. One job per session at a time; a full queue drops it
+// (counted) and the session's next sync tries again. Called with sess.mu
+// held, from the worker.
+func (s *Store) maybeExtractLocked(sess *session) {
+	if s.opts.Extractor == nil || sess.extracting || s.ctx.Err() != nil {
+		return
+	}
+	job := s.episodeJobLocked(sess)
+	if job == nil {
+		job = s.factJobLocked(sess)
+	}
+	if job == nil {
+		return
+	}
+	select {
+	case s.extractQ <- job:
+		sess.extracting = true
+	default:
+		s.stats.extractDropped.Add(1)
+	}
+}
+
+func (s *Store) episodeJobLocked(sess *session) *extractJob {
+	n := s.opts.EpisodeEvery
+	if n <= 0 {
+		return nil
+	}
+	var es []*entry
+	for _, e := range sess.hist {
+		if e.seq > sess.episodeSeq {
+			es = append(es, e)
+			if len(es) == n {
+				break
+			}
+		}
+	}
+	if len(es) < n {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString("Summarize this part of a conversation between a user and an assistant in at most five sentences, " +
+		"for the assistant's long-term memory: what the user wanted, what was decided or done, and facts learned. " +
+		"Reply with the summary only.\n\n")
+	writeMessages(&b, es)
+	return &extractJob{sess: sess, kind: jobEpisode, from: es[0].seq, to: es[len(es)-1].seq, prompt: b.String(), enc: sess.lastEnc}
+}
+
+func (s *Store) factJobLocked(sess *session) *extractJob {
+	n := s.opts.ExtractEvery
+	if n <= 0 {
+		return nil
+	}
+	var es []*entry
+	for _, e := range sess.hist {
+		if e.seq > sess.factSeq {
+			es = append(es, e)
+		}
+	}
+	if len(es) < n {
+		return nil
+	}
+	es = es[max(0, len(es)-2*n):]
+	var facts []*Unit
+	for _, u := range sess.units {
+		if u.Category == CategoryFact || u.Category == CategoryCore {
+			facts = append(facts, u)
+		}
+	}
+	slices.SortFunc(facts, func(a, b *Unit) int {
+		if c := cmp.Compare(b.Importance, a.Importance); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	facts = facts[:min(len(facts), maxPromptFacts)]
+	slices.SortFunc(facts, func(a, b *Unit) int { return strings.Compare(a.ID, b.ID) })
+	known := make(map[string]bool, len(facts))
+	var b strings.Builder
+	b.WriteString("You maintain the long-term memory of a conversation between a user and an assistant.\n\nKnown facts:\n")
+	if len(facts) == 0 {
+		b.WriteString("(none)\n")
+	}
+	for _, u := range facts {
+		known[u.ID] = true
+		fmt.Fprintf(&b, "[%s] %s", u.ID, sanitizeText(u.Content, maxFactBytes))
+		if u.Review != "" {
+			fmt.Fprintf(&b, " (review: %s)", u.Review)
+		}
+		b.WriteByte('\n')
+	}
+	b.WriteString("\nNew messages:\n")
+	writeMessages(&b, es)
+	b.WriteString("\nReply with memory operations only, one per line, exactly in these forms:\n" +
+		"[ADD] <a new standalone fact worth remembering, one sentence>\n" +
+		"[UPDATE:<id>] <the corrected text of a known fact>\n" +
+		"[BOOST:<id>]   (a known fact was confirmed or used again)\n" +
+		"[DELETE:<id>]  (a known fact is no longer true)\n" +
+		"[SKIP]         (nothing worth remembering)\n" +
+		"Use only the ids listed above. Do not repeat known facts. No other text.\n")
+	return &extractJob{sess: sess, kind: jobFacts, from: es[0].seq, to: es[len(es)-1].seq, known: known, prompt: b.String(), enc: sess.lastEnc}
+}
+
+func writeMessages(b *strings.Builder, es []*entry) {
+	for _, e := range es {
+		b.WriteString(e.msg.Role)
+		b.WriteString(": ")
+		b.WriteString(sanitizeText(e.text(), maxPromptMsgBytes))
+		b.WriteByte('\n')
+	}
+}
+
+// extractWorker runs extraction jobs until Close.
+func (s *Store) extractWorker() {
+	defer s.extractWG.Done()
+	for {
+		select {
+		case job := <-s.extractQ:
+			s.runExtract(job)
+		case <-s.ctx.Done():
+			return
+		}
+	}
+}
+
+func (s *Store) runExtract(job *extractJob) {
+	s.stats.extractJobs.Add(1)
+	ctx, cancel := context.WithTimeout(s.ctx, s.opts.ExtractTimeout)
+	out, err := s.opts.Extractor.Complete(ctx, job.prompt)
+	cancel()
+	sess := job.sess
+	sess.mu.Lock()
+	sess.extracting = false
+	if sess.gone.Load() || !sess.exists {
+		sess.mu.Unlock()
+		return
+	}
+	if err != nil {
+		sess.mu.Unlock()
+		s.stats.extractErrs.Add(1)
+		s.opts.Logger.Warn("memory: extraction", "err", err)
+		return
+	}
+	now := s.opts.Clock.Now()
+	if job.kind == jobEpisode {
+		s.applyEpisodeLocked(job, out, now)
+	} else {
+		s.applyFactOpsLocked(job, out, now)
+	}
+	s.persistLocked(sess, now)
+	sess.mu.Unlock()
+	s.enqueue(sess) // index the new memories, and a next job if one is due
+}
+
+func (s *Store) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
+	sess := job.sess
+	text := sanitizeText(out, maxEpisodeBytes)
+	if text == "" {
+		s.stats.extractErrs.Add(1)
+		s.opts.Logger.Warn("memory: extraction: empty episode")
+		return
+	}
+	id := episodeUnitID(job.to)
+	if sess.units[id] == nil && !sess.deleted[id] {
+		u := &Unit{ID: id, Type: UnitEpisode, Tier: TierWorking, Role: "episode", Content: text,
+			Importance: 1, Tokens: s.tok.Count(job.enc, text), CreatedAt: now, UpdatedAt: now, LastAccess: now,
+			FromSeq: job.from, ToSeq: job.to, Category: CategoryEpisode}
+		touch(u, now)
+		setReview(u)
+		sess.units[id] = u
+		sess.unitsChanged()
+		s.stats.episodes.Add(1)
+	}
+	sess.episodeSeq = max(sess.episodeSeq, job.to)
+	sess.seqDirty = true
+}
+
+// applyFactOpsLocked parses the reply and applies the valid operations;
+// every rejection is logged and counted, and changes nothing.
+func (s *Store) applyFactOpsLocked(job *extractJob, out string, now time.Time) {
+	sess := job.sess
+	ops, rejected := ParseFactOps(out)
+	for _, err := range rejected {
+		s.stats.factOpsRejected.Add(1)
+		s.opts.Logger.Warn("memory: rejected fact operation", "session", sess.id, "err", err)
+	}
+	next := 0
+	for _, op := range ops {
+		if err := s.applyFactOpLocked(job, op, now, &next); err != nil {
+			s.stats.factOpsRejected.Add(1)
+			s.opts.Logger.Warn("memory: rejected fact operation", "session", sess.id, "op", op.Kind.String(), "err", err)
+			continue
+		}
+		if op.Kind != FactSkip {
+			s.stats.factOps.Add(1)
+		}
+	}
+	sess.factSeq = max(sess.factSeq, job.to)
+	sess.seqDirty = true
+}
+
+func (s *Store) applyFactOpLocked(job *extractJob, op FactOp, now time.Time, next *int) error {
+	sess := job.sess
+	var u *Unit
+	if op.ID != "" {
+		if !job.known[op.ID] {
+			return fmt.Errorf("%w: unknown id %q", ErrInvalid, op.ID)
+		}
+		if u = sess.units[op.ID]; u == nil {
+			return fmt.Errorf("%w: id %q was deleted", ErrInvalid, op.ID)
+		}
+	}
+	switch op.Kind {
+	case FactSkip:
+	case FactAdd:
+		n := 0
+		for _, x := range sess.units {
+			if x.Category == "" {
+				continue
+			}
+			n++
+			if strings.EqualFold(x.Content, op.Text) {
+				return nil // already known
+			}
+		}
+		if n >= s.opts.MaxFacts {
+			return fmt.Errorf("%w: %d memories, the most a session keeps", ErrInvalid, n)
+		}
+		id := factUnitID(job.to, *next)
+		for sess.units[id] != nil || sess.deleted[id] {
+			*next++
+			id = factUnitID(job.to, *next)
+		}
+		*next++
+		nu := &Unit{ID: id, Type: UnitFact, Tier: TierWorking, Role: "fact", Content: op.Text, Importance: 1,
+			Tokens: s.tok.Count(job.enc, op.Text), CreatedAt: now, UpdatedAt: now, LastAccess: now,
+			FromSeq: job.from, ToSeq: job.to, Category: CategoryFact}
+		touch(nu, now)
+		setReview(nu)
+		sess.units[id] = nu
+		sess.unitsChanged()
+	case FactUpdate:
+		if u.Category != CategoryFact && u.Category != CategoryCore {
+			return fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
+		}
+		u.Content, u.Tokens, u.bow = op.Text, s.tok.Count(job.enc, op.Text), nil
+		u.UpdatedAt = now
+		touch(u, now)
+		u.persisted, u.indexed = false, false
+		sess.unitsChanged()
+	case FactBoost:
+		if !u.Category.decays() && u.Category != CategoryCore {
+			return fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
+		}
+		return s.boostLocked(u, now)
+	case FactDelete:
+		if !u.Category.decays() {
+			return fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
+		}
+		s.deleteUnitLocked(sess, op.ID)
+	}
+	return nil
+}

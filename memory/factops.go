@@ -1,0 +1,219 @@
+package memory
+
+import (
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// FactOpKind is the kind of a memory operation produced by the Extractor.
+type FactOpKind uint8
+
+const (
+	FactAdd    FactOpKind = iota + 1 // [ADD] text
+	FactUpdate                       // [UPDATE:id] text
+	FactBoost                        // [BOOST:id]
+	FactDelete                       // [DELETE:id]
+	FactSkip                         // [SKIP]
+)
+
+func (k FactOpKind) String() string {
+	switch k {
+	case FactAdd:
+		return "ADD"
+	case FactUpdate:
+		return "UPDATE"
+	case FactBoost:
+		return "BOOST"
+	case FactDelete:
+		return "DELETE"
+	case FactSkip:
+		return "SKIP"
+	}
+	return fmt.Sprintf("FactOpKind(%d)", uint8(k))
+}
+
+// FactOp is one parsed memory operation. ID is set for UPDATE, BOOST and
+// DELETE; Text for ADD and UPDATE.
+type FactOp struct {
+	Kind FactOpKind
+	ID   string
+	Text string
+}
+
+// String renders the operation in the form ParseFactOps accepts.
+func (op FactOp) String() string {
+	switch op.Kind {
+	case FactAdd:
+		return "[ADD] " + op.Text
+	case FactUpdate:
+		return "[UPDATE:" + op.ID + "] " + op.Text
+	case FactBoost, FactDelete:
+		return "[" + op.Kind.String() + ":" + op.ID + "]"
+	case FactSkip:
+		return "[SKIP]"
+	}
+	return op.Kind.String()
+}
+
+// Limits of the fact-operation parser.
+const (
+	maxFactBytes     = 500      // text of one fact
+	maxFactLineBytes = 1024     // one line of the reply
+	maxFactOutput    = 64 << 10 // the reply; the rest is rejected unread
+	maxFactOps       = 32       // operations per reply
+	maxFactIDLen     = 64
+)
+
+// ParseFactOps parses an Extractor's reply strictly: one operation per
+// line, exactly "[ADD] text", "[UPDATE:id] text", "[BOOST:id]",
+// "[DELETE:id]" or "[SKIP]" (surrounding spaces and blank lines allowed).
+// Ids are 1–64 characters of [a-z0-9-]; texts are 1–500 bytes of valid
+// UTF-8 without control, format (zero-width, bidi) or line-separator
+// characters and without anything that looks like another operation.
+// Every other line — malformed, too long, hostile, beyond 32 operations or
+// 64 KiB — is rejected with an error (wrapping ErrInvalid) and skipped; it
+// never stops the valid ones. Whether an id exists is for the caller.
+func ParseFactOps(out string) (ops []FactOp, rejected []error) {
+	if len(out) > maxFactOutput {
+		rejected = append(rejected, fmt.Errorf("%w: fact ops: reply of %d bytes, only the first %d read", ErrInvalid, len(out), maxFactOutput))
+		out = out[:maxFactOutput]
+	}
+	n := 0
+	for line := range strings.Lines(out) {
+		n++
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		op, err := parseFactOp(line)
+		if err == nil && len(ops) == maxFactOps {
+			err = fmt.Errorf("more than %d operations", maxFactOps)
+		}
+		if err != nil {
+			rejected = append(rejected, fmt.Errorf("%w: fact ops: line %d: %v: %q", ErrInvalid, n, err, truncateRunes(line, 80)))
+			continue
+		}
+		ops = append(ops, op)
+	}
+	return ops, rejected
+}
+
+func parseFactOp(line string) (FactOp, error) {
+	if len(line) > maxFactLineBytes {
+		return FactOp{}, fmt.Errorf("line of %d bytes", len(line))
+	}
+	if !utf8.ValidString(line) {
+		return FactOp{}, fmt.Errorf("invalid UTF-8")
+	}
+	if line[0] != '[' {
+		return FactOp{}, fmt.Errorf("not an operation")
+	}
+	end := strings.IndexByte(line, ']')
+	if end < 0 {
+		return FactOp{}, fmt.Errorf("unterminated tag")
+	}
+	tag, rest := line[1:end], line[end+1:]
+	name, id, hasID := strings.Cut(tag, ":")
+	var op FactOp
+	switch name {
+	case "ADD":
+		op.Kind = FactAdd
+	case "UPDATE":
+		op.Kind = FactUpdate
+	case "BOOST":
+		op.Kind = FactBoost
+	case "DELETE":
+		op.Kind = FactDelete
+	case "SKIP":
+		op.Kind = FactSkip
+	default:
+		return FactOp{}, fmt.Errorf("unknown operation")
+	}
+	needID := op.Kind == FactUpdate || op.Kind == FactBoost || op.Kind == FactDelete
+	if hasID != needID {
+		return FactOp{}, fmt.Errorf("%s takes %s id", op.Kind, map[bool]string{true: "an", false: "no"}[needID])
+	}
+	if needID {
+		if err := validFactID(id); err != nil {
+			return FactOp{}, err
+		}
+		op.ID = id
+	}
+	if op.Kind == FactAdd || op.Kind == FactUpdate {
+		if rest == "" || rest[0] != ' ' {
+			return FactOp{}, fmt.Errorf("%s needs a space and a text", op.Kind)
+		}
+		op.Text = strings.TrimSpace(rest)
+		if err := validFactText(op.Text); err != nil {
+			return FactOp{}, err
+		}
+		return op, nil
+	}
+	if strings.TrimSpace(rest) != "" {
+		return FactOp{}, fmt.Errorf("%s takes no text", op.Kind)
+	}
+	return op, nil
+}
+
+func validFactID(id string) error {
+	if id == "" || len(id) > maxFactIDLen {
+		return fmt.Errorf("id of %d bytes", len(id))
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return fmt.Errorf("bad character in id")
+		}
+	}
+	return nil
+}
+
+// opMarkers are what a fact text may not contain: a model tricked into
+// smuggling a second operation into a text must not get it stored either.
+var opMarkers = []string{"[ADD", "[UPDATE", "[BOOST", "[DELETE", "[SKIP"}
+
+func validFactText(t string) error {
+	if t == "" {
+		return fmt.Errorf("empty text")
+	}
+	if len(t) > maxFactBytes {
+		return fmt.Errorf("text of %d bytes (max %d)", len(t), maxFactBytes)
+	}
+	if !utf8.ValidString(t) {
+		return fmt.Errorf("invalid UTF-8")
+	}
+	for _, r := range t {
+		if unsafeRune(r) {
+			return fmt.Errorf("control or format character %U", r)
+		}
+	}
+	upper := strings.ToUpper(t)
+	for _, m := range opMarkers {
+		if strings.Contains(upper, m) {
+			return fmt.Errorf("text contains an operation marker")
+		}
+	}
+	return nil
+}
+
+// unsafeRune reports control, format (zero-width, bidi override) and line
+// or paragraph separator characters.
+func unsafeRune(r rune) bool {
+	return r == utf8.RuneError || unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
+}
+
+// sanitizeText makes model or operator text safe to store and inject: valid
+// UTF-8, unsafe characters and runs of white space folded into one space,
+// at most maxBytes.
+func sanitizeText(s string, maxBytes int) string {
+	s = strings.ToValidUTF8(s, " ")
+	s = strings.Map(func(r rune) rune {
+		if unsafeRune(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	return truncateRunes(strings.Join(strings.Fields(s), " "), maxBytes)
+}

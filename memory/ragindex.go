@@ -1,0 +1,369 @@
+package memory
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvsidecar/kvsidecar/index"
+)
+
+// The RAG index is per session: memory units belong to sessions, so a
+// session's index holds exactly its units (tenant isolation by
+// construction, no filtering at query time) and deleting the session
+// deletes its index. Sharing across sessions goes through the pool.
+//
+// The index lives next to the session log, <hash>.idx, written atomically
+// (index.Save) at most every Options.IndexSaveInterval by the worker and on
+// Close. It is derived data: on load it is checked against the units from
+// the log, and a missing, corrupt or stale file is rebuilt from them (the
+// stored vectors of documents whose text still matches are reused). Deleting
+// a memory deletes it from the index at once.
+//
+// Each message unit is indexed together with the message before it (a
+// question and its answer retrieve each other); the unit's own text is what
+// gets injected.
+
+// maxDocBytes bounds the text of one indexed document.
+const maxDocBytes = 16 << 10
+
+func indexPath(sess *session) string { return strings.TrimSuffix(sess.path, ".log") + ".idx" }
+
+// docText is the indexed text of u.
+func (sess *session) docText(u *Unit) string {
+	text := u.Content
+	if (u.Type == UnitTask || u.Type == UnitContext) && u.FromSeq == u.ToSeq && u.FromSeq > 1 {
+		if prev := sess.prevMessageText(u.FromSeq); prev != "" {
+			text += "\n" + prev
+		}
+	}
+	return truncateRunes(text, maxDocBytes)
+}
+
+// prevMessageText is the text of the history message before seq.
+func (sess *session) prevMessageText(seq uint64) string {
+	if i := sess.histIndex(seq); i > 0 {
+		return sess.hist[i-1].text()
+	}
+	if u := sess.units[msgUnitID(seq-1)]; u != nil {
+		return u.Content
+	}
+	return ""
+}
+
+// unitMeta is what the index's reranker reads.
+func unitMeta(u *Unit) index.Meta {
+	t := u.CreatedAt
+	if u.TouchedAt.After(t) {
+		t = u.TouchedAt
+	}
+	return index.Meta{Time: t, Importance: max(u.Importance, 0), AccessCount: int64(u.AccessCount)}
+}
+
+func metaEqual(a, b index.Meta) bool {
+	return a.Time.Equal(b.Time) && a.Importance == b.Importance && a.AccessCount == b.AccessCount
+}
+
+// indexLocked returns the session's index, loading it on first use, with
+// every unit indexed when the embedder is local (offline: microseconds per
+// unit); with a remote embedder the worker indexes new units. nil when the
+// index is off. Called with sess.mu held.
+func (s *Store) indexLocked(ctx context.Context, sess *session) *index.Index {
+	if s.opts.IndexDisabled {
+		return nil
+	}
+	if sess.ix == nil {
+		s.loadIndexLocked(ctx, sess)
+	}
+	if s.localEmbedder {
+		s.indexPendingLocked(ctx, sess)
+	}
+	return sess.ix
+}
+
+// loadIndexLocked loads the session's index file and reconciles it with the
+// units; a missing or corrupt file gives an empty index that the pending
+// units then fill.
+func (s *Store) loadIndexLocked(ctx context.Context, sess *session) {
+	path := indexPath(sess)
+	x, err := index.Load(path, s.ixOpts)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			s.opts.Logger.Warn("memory: session index unusable, rebuilding from units", "file", path, "err", err)
+			s.stats.indexRebuilds.Add(1)
+		} else if len(sess.units) > 0 {
+			s.stats.indexRebuilds.Add(1)
+		}
+		if x, err = index.New(s.ixOpts); err != nil {
+			// Options were validated at Open; unreachable.
+			s.opts.Logger.Error("memory: new index", "err", err)
+			return
+		}
+		sess.ix = x
+		sess.ixVer, sess.ixSaved = 0, 0
+		if len(sess.units) > 0 {
+			sess.ixVer = 1 // write the rebuilt index
+		}
+		return
+	}
+	var keep []index.Doc
+	stale := false
+	for _, u := range sess.units {
+		d, ok := x.Get(u.ID)
+		if !ok {
+			continue
+		}
+		text := sess.docText(u)
+		if d.Text != text {
+			stale = true
+			continue
+		}
+		m := unitMeta(u)
+		if !metaEqual(d.Meta, m) {
+			stale = true
+		}
+		keep = append(keep, index.Doc{ID: u.ID, Text: text, Meta: m, Vector: d.Vector})
+		u.indexed = true
+	}
+	if stale || x.Len() != len(keep) {
+		// Documents of deleted or changed units: rebuild from the rest,
+		// reusing their vectors (no embedding).
+		if err := x.Rebuild(ctx, keep); err != nil {
+			s.opts.Logger.Warn("memory: reconcile session index", "err", err)
+			for _, u := range sess.units {
+				u.indexed = false
+			}
+			x, _ = index.New(s.ixOpts)
+		}
+		sess.ixVer, sess.ixSaved = 1, 0
+	}
+	sess.ix = x
+}
+
+// pendingDocsLocked returns the documents of units whose latest state is
+// not indexed, reusing stored vectors when the text is unchanged.
+func (s *Store) pendingDocsLocked(sess *session) []index.Doc {
+	if sess.ix == nil {
+		return nil
+	}
+	var docs []index.Doc
+	for _, u := range sess.units {
+		if u.indexed {
+			continue
+		}
+		d := index.Doc{ID: u.ID, Text: sess.docText(u), Meta: unitMeta(u)}
+		if old, ok := sess.ix.Get(u.ID); ok && old.Text == d.Text {
+			d.Vector = old.Vector
+		}
+		docs = append(docs, d)
+	}
+	slices.SortFunc(docs, func(a, b index.Doc) int { return strings.Compare(a.ID, b.ID) })
+	return docs
+}
+
+// markIndexedLocked records that docs were upserted: units still in that
+// state are indexed; documents of units deleted meanwhile are removed.
+func (s *Store) markIndexedLocked(sess *session, x *index.Index, docs []index.Doc) {
+	for _, d := range docs {
+		u := sess.units[d.ID]
+		if u == nil {
+			x.Delete(d.ID)
+			continue
+		}
+		if sess.docText(u) == d.Text && metaEqual(unitMeta(u), d.Meta) {
+			u.indexed = true
+		}
+	}
+	sess.ixVer++
+}
+
+// indexPendingLocked indexes pending units under the session's lock.
+func (s *Store) indexPendingLocked(ctx context.Context, sess *session) {
+	docs := s.pendingDocsLocked(sess)
+	if len(docs) == 0 {
+		return
+	}
+	if err := sess.ix.Upsert(ctx, docs...); err != nil {
+		s.stats.indexErrors.Add(1)
+		s.opts.Logger.Warn("memory: index units", "n", len(docs), "err", err)
+		return
+	}
+	s.markIndexedLocked(sess, sess.ix, docs)
+}
+
+// syncIndex is the worker's part: it indexes pending units with the
+// session unlocked while embedding, then saves the index if it changed and
+// the last save is IndexSaveInterval old (always when force).
+func (s *Store) syncIndex(sess *session, force bool) {
+	sess.mu.Lock()
+	if s.opts.IndexDisabled || sess.gone.Load() || !sess.exists {
+		sess.mu.Unlock()
+		return
+	}
+	if sess.ix == nil {
+		s.loadIndexLocked(s.ctx, sess)
+	}
+	x := sess.ix
+	docs := s.pendingDocsLocked(sess)
+	sess.mu.Unlock()
+	if x == nil {
+		return
+	}
+	ctx := s.ctx
+	if s.localEmbedder {
+		ctx = context.Background() // offline: also indexes on Close
+	}
+	if len(docs) > 0 && ctx.Err() == nil {
+		err := x.Upsert(ctx, docs...)
+		sess.mu.Lock()
+		if err != nil {
+			s.stats.indexErrors.Add(1)
+			s.opts.Logger.Warn("memory: index units", "n", len(docs), "err", err)
+		} else if sess.ix == x {
+			s.markIndexedLocked(sess, x, docs)
+		}
+		sess.mu.Unlock()
+	}
+	s.saveIndex(sess, x, force)
+}
+
+// saveIndex writes the index file if it changed since the last save.
+func (s *Store) saveIndex(sess *session, x *index.Index, force bool) {
+	sess.mu.Lock()
+	now := s.opts.Clock.Now()
+	due := sess.ix == x && sess.exists && !sess.gone.Load() && sess.ixVer != sess.ixSaved &&
+		(force || now.Sub(sess.ixLastSave) >= s.opts.IndexSaveInterval)
+	ver := sess.ixVer
+	path := indexPath(sess)
+	if due {
+		sess.ixLastSave = now
+	}
+	sess.mu.Unlock()
+	if !due {
+		return
+	}
+	if err := x.Save(path); err != nil {
+		s.stats.indexErrors.Add(1)
+		s.opts.Logger.Warn("memory: save session index", "err", err)
+		return
+	}
+	s.stats.indexSaves.Add(1)
+	sess.mu.Lock()
+	if sess.ix == x && ver > sess.ixSaved {
+		sess.ixSaved = ver
+	}
+	gone := sess.gone.Load() && !sess.exists
+	sess.mu.Unlock()
+	if gone {
+		// Deleted while saving: do not leave the file behind.
+		os.Remove(path)
+	}
+}
+
+// recallLocked chooses the memories to inject for query through the
+// session's working memory (needs_recall):
+//
+//   - the active set is expired (ActiveSetDecay after each memory's last
+//     activation);
+//   - if it is not empty, a light probe (the ProbeK best hits) is compared
+//     with the active set and its Hebbian neighbours: an overlap of at least
+//     ReuseOverlap means the same topic, and the previous recalled set is
+//     injected again unchanged (same bytes, so the upstream's prefix cache
+//     keeps hitting); probe hits in the neighbourhood are activated;
+//   - otherwise a full recall (the RecallK best hits) replaces the recalled
+//     set and joins the active set, and the memories recalled together
+//     strengthen their links.
+//
+// Index hits count when a query term matched (BM25 > 0) or their cosine
+// similarity reaches RecallMinScore; Recaller hits when their score does.
+// Other hits are ignored, as are the ids in skip and pinned
+// memories (always injected). Called with sess.mu held.
+func (s *Store) recallLocked(ctx context.Context, sess *session, query string, now time.Time, skip map[string]bool) ([]*Unit, string) {
+	if query == "" || s.opts.RecallK <= 0 {
+		return nil, ""
+	}
+	hits := s.searchLocked(ctx, sess, query, max(s.opts.RecallK, s.opts.ProbeK), skip)
+	wm := &sess.wm
+	hl := s.opts.LinkHalfLife
+	wm.expire(now, s.opts.ActiveSetDecay)
+	if len(wm.active) > 0 {
+		probe := hits[:min(len(hits), s.opts.ProbeK)]
+		hood := wm.neighbourhood(now, hl)
+		if len(probe) == 0 || overlap(probe, hood) >= s.opts.ReuseOverlap {
+			s.stats.probeReuses.Add(1)
+			together := slices.Clone(wm.injected)
+			for _, id := range probe {
+				if hood[id] && !slices.Contains(together, id) {
+					together = append(together, id)
+				}
+			}
+			if len(probe) > 0 {
+				wm.activate(together, now, s.opts.ActiveSetSize)
+				wm.coactivate(together, now, hl)
+			}
+			var out []*Unit
+			for _, id := range wm.injected {
+				if u := sess.units[id]; u != nil && !skip[id] {
+					out = append(out, u)
+				}
+			}
+			return out, "reuse"
+		}
+	}
+	s.stats.fullRecalls.Add(1)
+	full := hits[:min(len(hits), s.opts.RecallK)]
+	wm.injected = slices.Sorted(slices.Values(full))
+	wm.activate(full, now, s.opts.ActiveSetSize)
+	wm.coactivate(full, now, hl)
+	out := make([]*Unit, 0, len(full))
+	for _, id := range wm.injected {
+		out = append(out, sess.units[id])
+	}
+	return out, "full"
+}
+
+// searchLocked returns up to k unit ids for query, best first, through the
+// index (or the Recaller when the index is off).
+func (s *Store) searchLocked(ctx context.Context, sess *session, query string, k int, skip map[string]bool) []string {
+	ok := func(id string, score float64) bool {
+		u := sess.units[id]
+		return u != nil && !skip[id] && !u.Category.pinned() && score >= s.opts.RecallMinScore
+	}
+	var ids []string
+	if x := s.indexLocked(ctx, sess); x != nil && x.Len() > 0 {
+		hits, err := x.Search(ctx, query, k+recallExtra, index.ModeHybrid)
+		if err == nil {
+			for _, h := range hits {
+				// Lexical evidence (a BM25 term match) or enough similarity.
+				score := h.Cosine
+				if h.BM25 > 0 {
+					score = max(score, s.opts.RecallMinScore)
+				}
+				if ok(h.ID, score) && len(ids) < k {
+					ids = append(ids, h.ID)
+				}
+			}
+			return ids
+		}
+		s.stats.indexErrors.Add(1)
+		s.opts.Logger.Warn("memory: index search failed, using the Recaller", "err", err)
+	}
+	sess.refreshIndex()
+	if len(sess.cands) == 0 {
+		return nil
+	}
+	hits, err := s.opts.Recaller.Recall(ctx, query, sess.cands, k+recallExtra)
+	if err != nil {
+		s.opts.Logger.Warn("memory: recall failed", "err", err)
+	}
+	for _, h := range hits {
+		if ok(h.ID, h.Score) && len(ids) < k {
+			ids = append(ids, h.ID)
+		}
+	}
+	return ids
+}
