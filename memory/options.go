@@ -108,6 +108,22 @@ func ParseStrategy(s string) (Strategy, error) {
 	return 0, fmt.Errorf("memory: unknown strategy %q (want importance|tail|summary)", s)
 }
 
+// BlockRefresh says when the injected memory block may change.
+type BlockRefresh uint8
+
+const (
+	// BlockRefreshOnEvict (default) keeps the block byte for byte while no
+	// history leaves the window, so consecutive prompts extend each other
+	// and the upstream's prefix cache covers the whole history; recall runs
+	// again when the history is cut (the cached prefix breaks there anyway)
+	// or when what the block shows changed.
+	BlockRefreshOnEvict BlockRefresh = iota
+	// BlockRefreshEveryTurn recalls for every request: fresher memories,
+	// at the cost of a prefix-cache miss after the system message whenever
+	// the recalled set changes.
+	BlockRefreshEveryTurn
+)
+
 // Clock is the time source; tests inject a fake one. It must be safe for
 // concurrent use (the worker reads it too).
 type Clock interface{ Now() time.Time }
@@ -231,6 +247,9 @@ type Options struct {
 	// PoolMaxEntries bounds the entries of one tenant's pool. Zero: 100000.
 	PoolMaxEntries int
 
+	// BlockRefresh says when the injected block may change. Zero:
+	// BlockRefreshOnEvict.
+	BlockRefresh BlockRefresh
 	// Summarizer makes summaries for StrategySummary. Nil: no summaries;
 	// StrategySummary then behaves as StrategyImportance.
 	Summarizer Summarizer

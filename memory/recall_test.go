@@ -124,7 +124,7 @@ func simulate(t *testing.T, s *Store, id string, queries []string) float64 {
 // topic every turn forces a full recall almost every time.
 func TestConversationSimulationFullRecallRate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := openBubbleStore(t, t.TempDir(), nil)
+		s := openBubbleStore(t, t.TempDir(), func(o *Options) { o.BlockRefresh = BlockRefreshEveryTurn })
 		var continuous, switching []string
 		for round := 0; round < 4; round++ {
 			continuous = append(continuous, topics[0].questions...)
@@ -157,7 +157,7 @@ func TestConversationSimulationFullRecallRate(t *testing.T) {
 // together strengthen on co-activation and fade with time.
 func TestWorkingMemoryExpiryAndLinks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := openBubbleStore(t, t.TempDir(), nil)
+		s := openBubbleStore(t, t.TempDir(), func(o *Options) { o.BlockRefresh = BlockRefreshEveryTurn })
 		turn := prepare(t, s, "t", "s", ModeAppend, text("user", "hello"))
 		turn.Complete(text("assistant", "hi"))
 		for _, f := range topics[0].facts {
@@ -214,7 +214,7 @@ func TestWorkingMemoryExpiryAndLinks(t *testing.T) {
 // TestReuseKeepsBlockBytes: a reused recall injects the same bytes, so the
 // prefix up to the history is shared with the previous window.
 func TestReuseKeepsBlockBytes(t *testing.T) {
-	s := openStore(t, t.TempDir(), func(o *Options) { o.HardLimit = 32000 })
+	s := openStore(t, t.TempDir(), func(o *Options) { o.HardLimit = 32000; o.BlockRefresh = BlockRefreshEveryTurn })
 	prepare(t, s, "t", "s", ModeAppend, text("system", "sys"), text("user", "hello")).Complete(text("assistant", "hi"))
 	for _, f := range topics[1].facts {
 		if _, err := s.AddMemory("t", "s", CategoryFact, f, 1); err != nil {

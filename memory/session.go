@@ -147,6 +147,9 @@ type session struct {
 	cands    []*Unit // working-tier non-summary units: keyword recall candidates
 	pinned   []*Unit // system and core memories by id: always injected
 	block    cachedBlock
+	// sticky is the block of the last window, reused byte for byte while
+	// no history leaves the window (Options.BlockRefresh).
+	sticky cachedBlock
 
 	deleted    map[string]bool // ids of deleted units (never recreated)
 	delDirty   []string        // deletions not yet written
@@ -178,6 +181,12 @@ type cachedBlock struct {
 	cost     int
 	recalled []*Unit
 	nsum     int
+	// fp fingerprints what the block was made of (pinned memories, every
+	// summary, the recalled units, with their text), so a sticky block is
+	// dropped as soon as any of it changed.
+	fp uint64
+	// set marks a sticky block (raw may be nil: no block).
+	set bool
 }
 
 // unitsChanged invalidates the unit indexes and the cached block.

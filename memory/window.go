@@ -74,19 +74,6 @@ func (s *Store) buildWindow(ctx context.Context, sess *session, p windowParams) 
 		query = hist[mandStart].msg.Content
 	}
 
-	sysPad := max(w.sysTokens, s.opts.SystemReserve)
-	toolsPad := max(p.tools, s.opts.ToolsReserve)
-	block, blockCost, recalled, nsum := s.buildBlock(ctx, sess, p, query)
-	budget := p.limit - sysPad - toolsPad - blockCost - mandCost
-	if budget < 0 && blockCost > 0 {
-		block, blockCost, recalled, nsum = nil, 0, nil, 0
-		budget = p.limit - sysPad - toolsPad - mandCost
-	}
-	if budget < 0 {
-		// Oversized system prompt or tools: give up the reserves' padding.
-		budget = p.limit - w.sysTokens - p.tools - mandCost
-	}
-
 	// Group the history before the current turn into turns; a turn that was
 	// partly evicted (its messages arrived over several requests) goes whole.
 	var groups []group
@@ -117,8 +104,52 @@ func (s *Store) buildWindow(ctx context.Context, sess *session, p windowParams) 
 		lo = hi
 	}
 
+	sysPad := max(w.sysTokens, s.opts.SystemReserve)
+	toolsPad := max(p.tools, s.opts.ToolsReserve)
+	budgetFor := func(blockCost int) int {
+		return p.limit - sysPad - toolsPad - blockCost - mandCost
+	}
+	// Prefix-cache friendliness: while nothing leaves the window, the block
+	// stays byte for byte what the previous window had, so the upstream's
+	// cached prefix runs through the whole history. Recall runs again only
+	// when the history is cut anyway (or what the block shows changed).
+	var (
+		block     json.RawMessage
+		blockCost int
+		recalled  []*Unit
+		nsum      int
+	)
+	sess.refreshIndex() // pinned memories and summaries as they are now
+	if st := &sess.sticky; s.opts.BlockRefresh == BlockRefreshOnEvict && st.set && w.evicted == 0 &&
+		st.fp == blockFingerprint(sess, st.recalled) {
+		// When the history outgrew the window with this block, it is cut
+		// below and the block made again: a cheaper block alone would
+		// change the prompt right after the system message without the
+		// hysteresis an eviction brings.
+		block, blockCost, recalled, nsum = st.raw, st.cost, st.recalled, st.nsum
+		sess.lastRecall = "sticky"
+	} else {
+		block, blockCost, recalled, nsum = s.buildBlock(ctx, sess, p, query)
+	}
+	budget := budgetFor(blockCost)
+	if budget < 0 && blockCost > 0 {
+		block, blockCost, recalled, nsum = nil, 0, nil, 0
+		budget = budgetFor(0)
+	}
+	if budget < 0 {
+		// Oversized system prompt or tools: give up the reserves' padding.
+		budget = p.limit - w.sysTokens - p.tools - mandCost
+	}
+	reblock := false
 	if total > budget {
+		// Evict so that a full block fits afterwards: the block is made
+		// again below, once the evicted turns are memories it may recall.
+		full := budgetFor(s.opts.InjectMaxTokens)
+		reblock = full > 0
 		target := int(float64(budget) * s.opts.EvictTo)
+		if reblock {
+			target = int(float64(full) * s.opts.EvictTo)
+		}
 		strategy := p.strategy
 		if strategy == StrategySummary {
 			strategy = StrategyImportance
@@ -155,6 +186,14 @@ func (s *Store) buildWindow(ctx context.Context, sess *session, p windowParams) 
 			}
 		}
 	}
+
+	if reblock {
+		block, blockCost, recalled, nsum = s.buildBlock(ctx, sess, p, query)
+	}
+	// A block made before this request's eviction may miss the turns that
+	// just left: it is not kept as sticky, so the next request recalls.
+	sess.sticky = cachedBlock{raw: block, cost: blockCost, recalled: recalled, nsum: nsum,
+		fp: blockFingerprint(sess, recalled), set: w.evicted == 0 || reblock}
 
 	w.msgs = make([]json.RawMessage, 0, len(sess.sys)+1+len(hist)-mandStart+len(groups))
 	w.costs = make([]int, 0, cap(w.msgs))
@@ -336,6 +375,23 @@ func (s *Store) buildBlock(ctx context.Context, sess *session, p windowParams, q
 	}
 	sess.block = cachedBlock{key: key, raw: raw, cost: cost, recalled: recalled, nsum: len(keptSums)}
 	return raw, cost, recalled, len(keptSums)
+}
+
+// blockFingerprint hashes what a block shows: every pinned memory and
+// summary of the session and the recalled units, ids and text.
+func blockFingerprint(sess *session, recalled []*Unit) uint64 {
+	var h maphash.Hash
+	h.SetSeed(keySeed)
+	for _, part := range [][]*Unit{sess.pinned, sess.sums, recalled} {
+		for _, u := range part {
+			h.WriteString(u.ID)
+			h.WriteByte(0)
+			h.WriteString(u.Content)
+			h.WriteByte(0)
+		}
+		h.WriteByte(1)
+	}
+	return h.Sum64()
 }
 
 func (s *Store) assembleBlock(p windowParams, pinned, sums, recalled []*Unit) (json.RawMessage, int) {
