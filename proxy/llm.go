@@ -23,6 +23,7 @@ type LLM struct {
 	host    string
 	up      *upClient
 	apiKey  string
+	model   string
 	timeout time.Duration
 	log     *slog.Logger
 }
@@ -33,6 +34,9 @@ type LLMOptions struct {
 	Upstream string
 	// APIKey, when set, is sent as a bearer token (local servers need none).
 	APIKey string
+	// Model, when set, names the model of every call; otherwise summaries
+	// use the session's model and extraction the upstream's default.
+	Model string
 	// Timeout bounds one call. Default 2 minutes.
 	Timeout time.Duration
 	// Logger; default slog.Default().
@@ -54,7 +58,7 @@ func NewLLM(o LLMOptions) (*LLM, error) {
 		o.Logger = slog.Default()
 	}
 	po.MaxIdleConnsPerHost = 4
-	return &LLM{base: base.Path, host: base.Host, up: newUpClient(base, &po), apiKey: o.APIKey, timeout: o.Timeout, log: o.Logger}, nil
+	return &LLM{base: base.Path, host: base.Host, up: newUpClient(base, &po), apiKey: o.APIKey, model: o.Model, timeout: o.Timeout, log: o.Logger}, nil
 }
 
 // Close drops pooled connections.
@@ -66,12 +70,16 @@ func (l *LLM) Complete(ctx context.Context, model, system, user string) (string,
 		Role    string `json:"role"`
 		Content string `json:"content"`
 	}
+	msgs := []msg{{"user", user}}
+	if system != "" {
+		msgs = append([]msg{{"system", system}}, msgs...)
+	}
 	body, err := json.Marshal(struct {
 		Model       string  `json:"model,omitempty"`
 		Messages    []msg   `json:"messages"`
 		Temperature float64 `json:"temperature"`
 		Stream      bool    `json:"stream"`
-	}{model, []msg{{"system", system}, {"user", user}}, 0, false})
+	}{model, msgs, 0, false})
 	if err != nil {
 		return "", err
 	}
@@ -137,7 +145,11 @@ func (l *LLM) Summarize(ctx context.Context, req memory.SummaryRequest) (memory.
 	for _, m := range req.Messages {
 		fmt.Fprintf(&b, "%s: %s\n", m.Role, m.Content)
 	}
-	out, err := l.Complete(ctx, req.Model, summaryPrompt, b.String())
+	model := req.Model
+	if l.model != "" {
+		model = l.model
+	}
+	out, err := l.Complete(ctx, model, summaryPrompt, b.String())
 	if err != nil {
 		return memory.Summary{}, err
 	}
@@ -157,6 +169,14 @@ func (l *LLM) Summarize(ctx context.Context, req memory.SummaryRequest) (memory.
 		return memory.Summary{}, errors.New("proxy: llm: empty summary")
 	}
 	return sum, nil
+}
+
+// Extractor returns a memory.Extractor that runs fact extraction and
+// episodic summaries through the upstream.
+func (l *LLM) Extractor() memory.Extractor {
+	return memory.ExtractorFunc(func(ctx context.Context, prompt string) (string, error) {
+		return l.Complete(ctx, l.model, "", prompt)
+	})
 }
 
 var _ memory.Summarizer = (*LLM)(nil)

@@ -46,6 +46,18 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 	} {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", c.name, c.help, c.name, c.name, c.v)
 	}
+	for _, c := range []struct {
+		name, help string
+		v          int64
+	}{
+		{"full_recalls", "Recalls that ran a full top-k search (topic switch or first turn).", st.FullRecalls},
+		{"probe_reuses", "Recalls answered by the working memory (same topic).", st.ProbeReuses},
+		{"extract_dropped", "Fact-extraction jobs dropped because the queue was full.", st.ExtractDropped},
+		{"fact_ops_rejected", "Fact operations from the model rejected by the strict parser.", st.FactOpsRejected},
+	} {
+		fmt.Fprintf(w, "# HELP sidecar_memory_%s_total %s\n# TYPE sidecar_memory_%s_total counter\nsidecar_memory_%s_total %d\n", c.name, c.help, c.name, c.name, c.v)
+	}
+	fmt.Fprintf(w, "# HELP sidecar_memory_full_recall_rate Full recalls over all recalls.\n# TYPE sidecar_memory_full_recall_rate gauge\nsidecar_memory_full_recall_rate %g\n", st.FullRecallRate)
 	fmt.Fprintf(w, "# HELP sidecar_memory_sessions_loaded Sessions held in memory.\n# TYPE sidecar_memory_sessions_loaded gauge\nsidecar_memory_sessions_loaded %d\n", st.Sessions)
 }
 

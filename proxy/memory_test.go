@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -268,4 +269,92 @@ func TestKVAPI(t *testing.T) {
 	}
 	resp, b = do("GET", path, "k1", nil, nil)
 	wantOpenAIError(t, resp, b, 404, "kv_not_found")
+}
+
+func TestPoolAPI(t *testing.T) {
+	st := openMemory(t, memory.Options{})
+	base, _ := startSidecar(t, "http://127.0.0.1:1", func(o *Options) { o.Memory = st })
+	do := func(method, path, key, body string) (*http.Response, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("X-Session-ID", "writer-1")
+		resp, err := noPoolClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, b
+	}
+	var e memory.PoolEntry
+	resp, b := do("PUT", "/v1/pool/team%2Fplan", "k", `{"value":{"step":1},"metadata":{"by":"a"}}`)
+	if resp.StatusCode != 200 || json.Unmarshal(b, &e) != nil || e.Version == 0 || e.Creator != "writer-1" {
+		t.Fatalf("put: %d %s", resp.StatusCode, b)
+	}
+	stale := e.Version
+	resp, b = do("PUT", "/v1/pool/team%2Fplan", "k", `{"value":{"step":2}}`) // last writer wins
+	if resp.StatusCode != 200 {
+		t.Fatalf("overwrite: %d %s", resp.StatusCode, b)
+	}
+	resp, b = do("PUT", "/v1/pool/team%2Fplan", "k", fmt.Sprintf(`{"value":{"step":3},"expected_version":%d}`, stale))
+	if resp.StatusCode != 409 || !strings.Contains(string(b), `"version_conflict"`) || !strings.Contains(string(b), `"step":2`) {
+		t.Fatalf("stale write: %d %s", resp.StatusCode, b)
+	}
+	do("PUT", "/v1/pool/team%2Fnotes", "k", `{"value":"x"}`)
+	do("PUT", "/v1/pool/other", "k", `{"value":"y"}`)
+	var list struct{ Data []memory.PoolEntry }
+	resp, b = do("GET", "/v1/pool?prefix=team/", "k", "")
+	if resp.StatusCode != 200 || json.Unmarshal(b, &list) != nil || len(list.Data) != 2 || list.Data[0].Key != "team/notes" {
+		t.Fatalf("list: %d %s", resp.StatusCode, b)
+	}
+	resp, b = do("GET", "/v1/pool/team%2Fplan", "other-key", "")
+	wantOpenAIError(t, resp, b, 404, "pool_key_not_found")
+	resp, b = do("PUT", "/v1/pool/x", "k", `not json`)
+	wantOpenAIError(t, resp, b, 400, "invalid_pool_write")
+	resp, _ = do("DELETE", "/v1/pool/other", "k", "")
+	if resp.StatusCode != 200 {
+		t.Fatalf("delete: %d", resp.StatusCode)
+	}
+	resp, b = do("GET", "/v1/pool/other", "k", "")
+	wantOpenAIError(t, resp, b, 404, "pool_key_not_found")
+}
+
+func TestLLMSummarizeAndExtract(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got = append(got, r.Header.Get("Authorization")+" "+string(b))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices":[{"message":{"role":"assistant","content":"They planned a trip.\nFACT: the user likes volcanoes\n"}}]}`)
+	}))
+	defer up.Close()
+	l, err := NewLLM(LLMOptions{Upstream: up.URL + "/v1", APIKey: "bg-key", Model: "small"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	sum, err := l.Summarize(context.Background(), memory.SummaryRequest{Model: "big", Previous: "Earlier.",
+		Messages: []memory.Message{memory.NewMessage("user", "let's see Etna")}})
+	if err != nil || sum.Text != "They planned a trip." || len(sum.Facts) != 1 || sum.Facts[0] != "the user likes volcanoes" {
+		t.Fatalf("summary %+v, %v", sum, err)
+	}
+	out, err := l.Extractor().Complete(context.Background(), "extract please")
+	if err != nil || !strings.Contains(out, "FACT:") {
+		t.Fatalf("extract %q, %v", out, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 2 || !strings.HasPrefix(got[0], "Bearer bg-key ") || !strings.Contains(got[0], `"model":"small"`) ||
+		!strings.Contains(got[0], "let's see Etna") || !strings.Contains(got[1], `"content":"extract please"`) {
+		t.Fatalf("upstream saw %q", got)
+	}
+	// A broken upstream is an error, never a summary.
+	bad, _ := NewLLM(LLMOptions{Upstream: "http://127.0.0.1:1"})
+	if _, err := bad.Summarize(context.Background(), memory.SummaryRequest{}); err == nil {
+		t.Fatal("unreachable upstream gave a summary")
+	}
 }

@@ -27,13 +27,14 @@ const (
 	routeMetrics
 	routeSessions
 	routeKV
+	routePool
 	routeNotFound
 	numRoutes
 )
 
 var routeNames = [numRoutes]string{
 	"chat_completions", "completions", "embeddings", "models", "passthrough",
-	"healthz", "readyz", "metrics", "sessions", "kv", "not_found",
+	"healthz", "readyz", "metrics", "sessions", "kv", "pool", "not_found",
 }
 
 func (r route) String() string { return routeNames[r] }

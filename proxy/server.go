@@ -176,6 +176,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		s.handleSessions(ctx)
 		s.finish(routeSessions, ctx.Response.StatusCode(), start)
+	case bytes.Equal(path, []byte("/v1/pool")) || bytes.HasPrefix(path, []byte("/v1/pool/")):
+		if !s.tooLarge(ctx, s.opts.MaxBodyBytes) {
+			s.handlePool(ctx)
+		}
+		s.finish(routePool, ctx.Response.StatusCode(), start)
 	case bytes.HasPrefix(path, []byte("/v1/kv/")):
 		if !s.tooLarge(ctx, s.opts.MaxKVBytes) {
 			s.handleKV(ctx)

@@ -83,7 +83,7 @@ type scriptedUpstream struct {
 	*httptest.Server
 	mu      sync.Mutex
 	headers []http.Header
-	prompts []json.RawMessage // "messages" of each chat request
+	prompts []json.RawMessage // "messages" of each client chat request
 	step    chan struct{}
 }
 
@@ -107,7 +107,9 @@ func (u *scriptedUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	var raw struct {
 		Messages json.RawMessage `json:"messages"`
 	}
-	if json.Unmarshal(body, &raw) == nil && raw.Messages != nil {
+	// Client prompts only: the sidecar's own background calls (summaries,
+	// extraction) carry no session.
+	if json.Unmarshal(body, &raw) == nil && raw.Messages != nil && r.Header.Get("X-Session-Id") != "" {
 		u.mu.Lock()
 		u.prompts = append(u.prompts, raw.Messages)
 		u.mu.Unlock()

@@ -40,6 +40,9 @@ type serveConfig struct {
 	slotDir string
 	slots   int
 	device  string
+
+	extract     bool
+	memoryModel string
 }
 
 func serveFlags(c *serveConfig) *flag.FlagSet {
@@ -57,6 +60,8 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.IntVar(&c.windowTokens, "window-tokens", 8192, "hard token limit of the window sent upstream (the Focus window)")
 	fs.StringVar(&c.overflow, "overflow", "importance", "when history overflows the window: importance, tail or summary")
 	fs.StringVar(&c.fsync, "fsync", "always", "session log fsync policy: always, interval or never")
+	fs.BoolVar(&c.extract, "extract", true, "extract facts and episodes from conversations in the background through the upstream model")
+	fs.StringVar(&c.memoryModel, "memory-model", "", "model name for the sidecar's own summary and extraction calls (default: the session's model, or the upstream's default)")
 	fs.StringVar(&c.summaryKey, "summary-api-key", "", "bearer token for the sidecar's own summary calls to the upstream (local servers need none)")
 	fs.StringVar(&c.kvStrategy, "kv-strategy", "", "KV eviction strategy: lru, lfu, weighted, lru-k (default) or hybrid[:preset]")
 	fs.IntVar(&c.maxKV, "max-kv-bytes", 64<<20, "largest KV API body accepted (413 beyond)")
@@ -175,7 +180,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		log.Info("engine connector", "engine", conn.Name())
 	}
 
-	llm, err := proxy.NewLLM(proxy.LLMOptions{Upstream: c.upstream, APIKey: c.summaryKey, Logger: log})
+	llm, err := proxy.NewLLM(proxy.LLMOptions{Upstream: c.upstream, APIKey: c.summaryKey, Model: c.memoryModel, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -188,10 +193,14 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	if err != nil {
 		return err
 	}
+	var extractor memory.Extractor
+	if c.extract {
+		extractor = llm.Extractor()
+	}
 	t = time.Now()
 	mem, err := memory.Open(memory.Options{
 		Dir: filepath.Join(dataDir, "sessions"), HardLimit: c.windowTokens, Strategy: strategy,
-		Fsync: fsyncPolicy, Summarizer: llm, Logger: log,
+		Fsync: fsyncPolicy, Summarizer: llm, Extractor: extractor, Logger: log,
 	})
 	if err != nil {
 		return fmt.Errorf("open session memory: %w", err)
