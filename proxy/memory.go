@@ -234,7 +234,8 @@ func ptrIf[T any](v T, ok bool) *T {
 	return &v
 }
 
-// pathAfter returns the raw (still escaped) request path after prefix.
+// pathAfter returns the raw (still escaped) request path after prefix; ok is
+// false when the path does not start with prefix or nothing follows it.
 func pathAfter(ctx *fasthttp.RequestCtx, prefix string) (string, bool) {
 	uri := string(ctx.Request.Header.RequestURI())
 	if i := strings.IndexAny(uri, "?#"); i >= 0 {

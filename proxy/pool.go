@@ -29,7 +29,10 @@ func (s *Server) handlePool(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	tenant := tenantOf(ctx.Request.Header.Peek("Authorization"))
-	rest, _ := pathAfter(ctx, "/v1/pool/")
+	rest, ok := pathAfter(ctx, "/v1/pool/")
+	if !ok {
+		rest = "" // GET /v1/pool lists
+	}
 	key, err := url.PathUnescape(rest)
 	if err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_path", "pool key must be URL-escaped")
