@@ -5,12 +5,16 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
+
+// relayBufs recycles the relays' read buffers.
+var relayBufs = sync.Pool{New: func() any { return new([32 << 10]byte) }}
 
 // errAbortStream ends a relayed response without its terminating chunk, so
 // the client sees a broken stream rather than a finished one.
@@ -151,6 +155,8 @@ func (r *relay) CloseWithError(err error) error {
 		return nil
 	}
 	r.stopWatch()
+	relayBufs.Put((*[32 << 10]byte)(r.buf))
+	r.buf = nil
 	if !r.body.eof {
 		r.body.slot.cancel()
 	}

@@ -317,10 +317,13 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 			s: s, body: ub, conn: ctx.Conn(),
 			sse: isSSE, validate: isSSE && (r == routeChat || r == routeCompletions),
 			route: r, status: status, start: start, sessLog: sessLog,
-			buf: make([]byte, 32<<10),
+			buf: relayBufs.Get().(*[32 << 10]byte)[:],
 		}
 		turn, ereq = nil, nil // the relay records them
-		ctx.Response.ImmediateHeaderFlush = true
+		// Headers go out at once unless the first bytes of the body are
+		// already here: then both leave in one write, one wakeup less for
+		// the client's time to first event.
+		ctx.Response.ImmediateHeaderFlush = uc.br.Buffered() == 0
 		ctx.SetBodyStream(rl, -1)
 		return true
 	}

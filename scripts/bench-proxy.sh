@@ -31,8 +31,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 UP=$(free_port); SC=$(free_port); NG=$(free_port)
 
 bin/sidecar bench upstream --listen "127.0.0.1:$UP" 2>"$work/upstream.log" & pids+=($!)
-bin/sidecar serve --listen "127.0.0.1:$SC" --upstream "http://127.0.0.1:$UP" \
-  --data-dir "$work/data" --log-level warn 2>"$work/sidecar.log" & pids+=($!)
+${SIDECAR_ENV:-} bin/sidecar serve --listen "127.0.0.1:$SC" --upstream "http://127.0.0.1:$UP" \
+  --data-dir "$work/data" --log-level warn ${SIDECAR_PPROF:+--pprof $SIDECAR_PPROF} 2>"$work/sidecar.log" & pids+=($!)
 
 cat >"$work/nginx.conf" <<CONF
 worker_processes 2;

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -43,6 +45,7 @@ type serveConfig struct {
 
 	extract     bool
 	memoryModel string
+	pprof       string
 }
 
 func serveFlags(c *serveConfig) *flag.FlagSet {
@@ -69,6 +72,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.engine, "engine", "generic", "engine connector: generic (byte-stable prefixes, stats only), llamacpp (slot save/restore) or none")
 	fs.StringVar(&c.slotDir, "llamacpp-slot-dir", "", "the llama.cpp server's --slot-save-path, shared with the sidecar (--engine llamacpp)")
 	fs.IntVar(&c.slots, "llamacpp-slots", 1, "the llama.cpp server's -np (parallel slots)")
+	fs.StringVar(&c.pprof, "pprof", "", "serve Go's /debug/pprof on this address (loopback only; off when empty)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
 	return fs
@@ -138,6 +142,21 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		}
 	}()
 	onClose := func(name string, f func() error) { names, closers = append(names, name), append(closers, f) }
+
+	if c.pprof != "" {
+		ln, err := net.Listen("tcp", c.pprof)
+		if err != nil {
+			return fmt.Errorf("pprof listen %s: %w", c.pprof, err)
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		ps := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = ps.Serve(ln) }()
+		onClose("pprof", ps.Close)
+		log.Info("pprof listening", "addr", ln.Addr().String())
+	}
 
 	t := time.Now()
 	dev, err := openDevice(c.device, log)
