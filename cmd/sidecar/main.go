@@ -2,6 +2,9 @@
 // an OpenAI-compatible LLM server.
 //
 //	sidecar serve --listen 127.0.0.1:8080 --upstream http://127.0.0.1:8000 --data-dir ./data
+//	sidecar bench [workload] [--json]
+//	sidecar gpu [--device auto|cuda|cpu]
+//	sidecar inspect DIR
 //	sidecar version
 //
 // Every flag also reads an environment variable: --upstream-timeout reads
@@ -35,6 +38,7 @@ commands:
   serve     run the sidecar in front of an OpenAI-compatible server
   bench     run a benchmark workload ("sidecar bench help" lists them)
   gpu       list GPUs, memory and a host<->device bandwidth probe
+  inspect   report what a data dir holds (sessions, KV archive, quarantine)
   version   print the version
 
 Run "sidecar <command> -h" for a command's flags.
@@ -56,6 +60,8 @@ func run(args []string) int {
 		return cmdBench(args[1:])
 	case "gpu":
 		return cmdGPU(args[1:])
+	case "inspect":
+		return cmdInspect(args[1:])
 	case "version", "--version", "-version":
 		fmt.Println("sidecar", versionString())
 		return 0
