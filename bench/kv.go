@@ -6,7 +6,6 @@ package bench
 
 import (
 	"container/heap"
-	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -582,119 +581,30 @@ func kvCompression(o KVOptions) []KVCompression {
 	}
 }
 
-// kvPrefill is a compute of realistic shape: for each layer, project the
-// hidden states of the prefix (tokens × dModel) to K and V (tokens × kvDim)
-// with two matrix products, as a prefill does, and store them as fp16.
-func kvPrefill(layers, tokens, dModel, heads, headDim int, seed uint64) func(context.Context) (*kv.Block, error) {
-	return func(ctx context.Context) (*kv.Block, error) {
-		rng := rand.New(rand.NewPCG(seed, 5))
-		kvDim := heads * headDim
-		x := make([]float32, tokens*dModel)
-		for i := range x {
-			x[i] = float32(rng.NormFloat64())
-		}
-		w := make([]float32, dModel*kvDim)
-		out := make([]float32, tokens*kvDim)
-		b := &kv.Block{ModelID: "bench", DType: kv.DTypeF16, KVHeads: heads, Tokens: tokens, HeadDim: headDim}
-		for range layers {
-			for _, dst := range []*[][]byte{&b.K, &b.V} {
-				if err := ctx.Err(); err != nil {
-					return nil, err
-				}
-				for i := range w {
-					w[i] = float32(rng.NormFloat64()) / float32(math.Sqrt(float64(dModel)))
-				}
-				clear(out)
-				for t := range tokens {
-					xr := x[t*dModel : (t+1)*dModel]
-					or := out[t*kvDim : (t+1)*kvDim]
-					for d, xv := range xr {
-						wr := w[d*kvDim : (d+1)*kvDim]
-						for j := range or {
-							or[j] += xv * wr[j]
-						}
-					}
-				}
-				// [tokens, heads, headDim] → [heads, tokens, headDim], fp16
-				t16 := make([]byte, 2*len(out))
-				for t := range tokens {
-					for h := range heads {
-						for j := range headDim {
-							v := out[t*kvDim+h*headDim+j]
-							binary.LittleEndian.PutUint16(t16[2*((h*tokens+t)*headDim+j):], tiers.F32ToF16(v))
-						}
-					}
-				}
-				*dst = append(*dst, t16)
-			}
-		}
-		return b, nil
-	}
-}
-
+// kvAmortization is RunAmortization's measurement (the reference KV
+// computer, a 2,048-token prefix) in the KV report's shape: rows for T a
+// power of two, and the measured costs.
 func kvAmortization(o KVOptions, dir string) ([]KVAmortization, kv.AmortizationStats, error) {
-	// 4 layers × 256 tokens × 2 heads × 128 = 1 MiB of fp16 K and V.
-	layers, tokens, dModel, heads, headDim := 4, 256, 1024, 2, 128
-	if o.Quick {
-		dModel = 512
+	r, err := RunAmortization(AmortOptions{Quick: o.Quick, Dir: dir, Seed: o.Seed})
+	if err != nil {
+		return nil, kv.AmortizationStats{}, err
 	}
-	maxT := 64
-	blockBytes := int64(2 * layers * tokens * heads * headDim * 2)
+	ms := func(v float64) time.Duration { return time.Duration(v * 1e6) }
+	st := kv.AmortizationStats{MeanComputeCost: ms(r.ComputeMs), MeanLoadCost: map[string]time.Duration{}}
 	var rows []KVAmortization
-	var last kv.AmortizationStats
-	for _, tier := range []string{"focus", "working", "archive"} {
-		so := tiers.Options{Dir: filepath.Join(dir, tier), PromoteThreshold: math.MaxFloat64}
-		switch tier {
-		case "working":
-			so.DisableFocus = true
-		case "archive":
-			// Too small for the block: it goes straight to the archive.
-			so.DisableFocus = true
-			so.Working = tiers.Budget{MaxBytes: blockBytes / 2}
-		}
-		c, err := kv.Open(kv.Options{Store: so})
-		if err != nil {
-			return nil, last, err
-		}
-		compute := kvPrefill(layers, tokens, dModel, heads, headDim, 9)
-		turns := make([]time.Duration, maxT)
-		for i := range turns {
-			t0 := time.Now()
-			_, out, err := c.GetOrCompute(context.Background(), "session", "prefix", compute)
-			turns[i] = time.Since(t0)
-			if err != nil {
-				c.Close()
-				return nil, last, err
-			}
-			if i > 0 && out.Tier.String() != tier {
-				c.Close()
-				return nil, last, fmt.Errorf("bench: kv: turn %d served by %s, want %s", i, out.Tier, tier)
-			}
-		}
-		st := c.AmortizationStats()
-		c.Close()
-		os.RemoveAll(filepath.Join(dir, tier))
-		if tier == "focus" {
-			last = st
-		} else {
-			last.MeanLoadCost[tier] = st.MeanLoadCost[tier]
-		}
-		var sum time.Duration
-		for T := 1; T <= maxT; T++ {
-			sum += turns[T-1]
-			if T&(T-1) != 0 {
+	for _, t := range r.Tiers {
+		st.MeanLoadCost[t.Tier] = ms(t.LoadMs)
+		for _, turn := range t.Turns {
+			if turn.T&(turn.T-1) != 0 {
 				continue // powers of two
 			}
-			formula := st.CostPerTurn(T, tiers.TierNone)
 			rows = append(rows, KVAmortization{
-				Tier: tier, Turns: T,
-				MeasuredMs: float64(sum) / float64(T) / 1e6,
-				FormulaMs:  float64(formula) / 1e6,
-				Speedup:    float64(st.MeanComputeCost) / float64(max(formula, 1)),
+				Tier: t.Tier, Turns: turn.T, MeasuredMs: turn.MeasuredMs, FormulaMs: turn.FormulaMs,
+				Speedup: t.MissMs / max(turn.MeasuredMs, 1e-9),
 			})
 		}
 	}
-	return rows, last, nil
+	return rows, st, nil
 }
 
 func kvNotes(r KVReport) []string {
