@@ -324,8 +324,8 @@ func amortTier(o AmortOptions, tier, dir string, blockBytes int64, ref *engine.R
 	at.LoadMs = float64(st.MeanLoadCost[tier]) / 1e6
 	at.StoreMs = float64(store) / puts / 1e6
 	at.MissMs = kvMeanMs(misses)
-	at.LoadP50Ms = kvPercentileMs(loads, 0.5)
-	at.LoadP99Ms = kvPercentileMs(loads, 0.99)
+	at.LoadP50Ms = percentileMs(loads, 0.5)
+	at.LoadP99Ms = percentileMs(loads, 0.99)
 	if at.LoadMs > 0 {
 		at.Speedup = at.ComputeMs / at.LoadMs
 	}

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -301,7 +300,7 @@ func gpuBandwidth(dev gpu.Device, data []byte, reps int) ([]GPUBandwidth, error)
 			}
 			row := GPUBandwidth{Direction: o.dir, Host: host, BlockSize: size, Reps: reps,
 				GBps: gpuRate(size, ours), PlainGBps: gpuRate(size, base)}
-			row.Ratio = gpuRatio(row.GBps, row.PlainGBps)
+			row.Ratio = ratio(row.GBps, row.PlainGBps)
 			if len(events) > 0 {
 				row.EventGBps = gpuRate(size, events)
 			}
@@ -373,35 +372,18 @@ func gpuFocusLatency(dev gpu.Device, data []byte, ops int) (GPULatency, error) {
 			puts, gets = append(puts, p), append(gets, g)
 		}
 	}
-	row.PutP50Ms, row.PutP99Ms = gpuPercentileMs(puts, 0.5), gpuPercentileMs(puts, 0.99)
-	row.GetP50Ms, row.GetP99Ms = gpuPercentileMs(gets, 0.5), gpuPercentileMs(gets, 0.99)
+	row.PutP50Ms, row.PutP99Ms = percentileMs(puts, 0.5), percentileMs(puts, 0.99)
+	row.GetP50Ms, row.GetP99Ms = percentileMs(gets, 0.5), percentileMs(gets, 0.99)
 	return row, nil
 }
 
 // gpuRate is size bytes over the median duration, in GB/s.
 func gpuRate(size int, d []time.Duration) float64 {
-	m := gpuPercentileMs(d, 0.5)
+	m := percentileMs(d, 0.5)
 	if m <= 0 {
 		return 0
 	}
 	return float64(size) / (m / 1e3) / 1e9
-}
-
-func gpuRatio(a, b float64) float64 {
-	if b == 0 {
-		return 0
-	}
-	return a / b
-}
-
-func gpuPercentileMs(d []time.Duration, q float64) float64 {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	i := int(math.Ceil(q*float64(len(s)))) - 1
-	return float64(s[max(0, min(i, len(s)-1))]) / 1e6
 }
 
 func gpuSize(n int) string {

@@ -363,16 +363,6 @@ func kvFP16(n int, seed uint64) []byte {
 	return b
 }
 
-func kvPercentileMs(d []time.Duration, q float64) float64 {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	i := int(math.Ceil(q*float64(len(s)))) - 1
-	return float64(s[max(0, min(i, len(s)-1))]) / 1e6
-}
-
 func kvLatency(o KVOptions, dir string) ([]KVLatency, error) {
 	var rows []KVLatency
 	for _, size := range []int{128 << 10, 1 << 20, 16 << 20} {
@@ -440,8 +430,8 @@ func kvLatency(o KVOptions, dir string) ([]KVLatency, error) {
 				a.Close()
 				os.RemoveAll(d)
 			}
-			row.GetP50Ms, row.GetP99Ms = kvPercentileMs(gets, 0.5), kvPercentileMs(gets, 0.99)
-			row.PutP50Ms, row.PutP99Ms = kvPercentileMs(puts, 0.5), kvPercentileMs(puts, 0.99)
+			row.GetP50Ms, row.GetP99Ms = percentileMs(gets, 0.5), percentileMs(gets, 0.99)
+			row.PutP50Ms, row.PutP99Ms = percentileMs(puts, 0.5), percentileMs(puts, 0.99)
 			rows = append(rows, row)
 		}
 	}

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -221,8 +220,8 @@ func RunProxy(o ProxyOptions) (ProxyReport, error) {
 	for i, t := range o.Targets {
 		p := &rep.Paths[i]
 		p.Errors = accs[i].errs
-		p.P50Ms, p.P99Ms = pctMs(accs[i].lat, 0.50), pctMs(accs[i].lat, 0.99)
-		p.StreamTTFEP50, p.StreamTTFEP99 = pctMs(accs[i].ttfe, 0.50), pctMs(accs[i].ttfe, 0.99)
+		p.P50Ms, p.P99Ms = percentileMs(accs[i].lat, 0.50), percentileMs(accs[i].lat, 0.99)
+		p.StreamTTFEP50, p.StreamTTFEP99 = percentileMs(accs[i].ttfe, 0.50), percentileMs(accs[i].ttfe, 0.99)
 		if t.Name == "direct" {
 			base = i
 		}
@@ -251,23 +250,6 @@ func RunProxy(o ProxyOptions) (ProxyReport, error) {
 		rep.RatioAddedTTFEP99 = ratio(sc.AddedTTFEP99, ng.AddedTTFEP99)
 	}
 	return rep, nil
-}
-
-func ratio(a, b float64) float64 {
-	if b <= 0 {
-		return 0
-	}
-	return a / b
-}
-
-func pctMs(d []time.Duration, q float64) float64 {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	i := int(q * float64(len(s)-1))
-	return float64(s[i].Microseconds()) / 1000
 }
 
 // proxyLoad sends n requests from conc clients and returns each latency:

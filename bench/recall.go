@@ -384,7 +384,7 @@ func RunRecall(opts RecallOptions) (RecallReport, error) {
 		for cat, a := range byCat[m] {
 			rep.ByCategory[m.String()][cat] = pct(a)
 		}
-		rep.Latency[m.String()] = RecallLatency{P50us: recallPercentileMicros(lat[m], 0.50), P99us: recallPercentileMicros(lat[m], 0.99)}
+		rep.Latency[m.String()] = RecallLatency{P50us: 1000 * percentileMs(lat[m], 0.50), P99us: 1000 * percentileMs(lat[m], 0.99)}
 	}
 	return rep, nil
 }
@@ -402,18 +402,6 @@ func evidenceRecall(hits []index.Hit, evidence []string, k int) float64 {
 
 func recallRound1(v float64) float64 {
 	return float64(int64(v*10+0.5)) / 10
-}
-
-// recallPercentileMicros returns the q-quantile (nearest rank) in microseconds.
-func recallPercentileMicros(d []time.Duration, q float64) float64 {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	i := int(q*float64(len(s))+0.999999) - 1
-	i = max(0, min(i, len(s)-1))
-	return float64(s[i].Nanoseconds()) / 1e3
 }
 
 // WriteRecallTable prints r for people: overall recall per mode beside the

@@ -136,7 +136,7 @@ func RunRecallScale(opts RecallScaleOptions) (RecallScaleReport, error) {
 			}
 			lat = append(lat, time.Since(t0))
 		}
-		rep.Latency[m.String()] = RecallLatency{P50us: recallPercentileMicros(lat, 0.5), P99us: recallPercentileMicros(lat, 0.99)}
+		rep.Latency[m.String()] = RecallLatency{P50us: 1000 * percentileMs(lat, 0.5), P99us: 1000 * percentileMs(lat, 0.99)}
 	}
 	runtime.KeepAlive(x)
 	return rep, nil
