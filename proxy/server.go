@@ -328,7 +328,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 		return true
 	}
 
-	b, err := readAllLimit(ub, s.opts.MaxResponseBytes)
+	err = readBodyInto(&ctx.Response, ub, s.opts.MaxResponseBytes)
 	stopWatch()
 	timedOut := ub.timedO
 	_ = ub.Close()
@@ -351,10 +351,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 		return false
 	}
 	s.metrics.ttfb[r].observe(time.Since(start))
-	s.metrics.bytesOut.Add(uint64(len(b)))
-	ctx.SetBody(b)
+	s.metrics.bytesOut.Add(uint64(len(ctx.Response.Body())))
 	if turn != nil && status < 300 {
-		s.record(turn, replyMessage(b), "", false)
+		s.record(turn, replyMessage(ctx.Response.Body()), "", false)
 		turn = nil
 	}
 	return false

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -127,3 +128,29 @@ func readAllLimit(r io.Reader, limit int64) ([]byte, error) {
 }
 
 var errTooLarge = errors.New("upstream response exceeds the size limit")
+
+// copyBufs recycles buffers for reading buffered upstream bodies.
+var copyBufs = sync.Pool{New: func() any { return new([16 << 10]byte) }}
+
+// readBodyInto reads r to the end into dst's body, at most limit bytes,
+// with no buffer of its own beyond a pooled one.
+func readBodyInto(dst *fasthttp.Response, r io.Reader, limit int64) error {
+	dst.ResetBody()
+	buf := copyBufs.Get().(*[16 << 10]byte)
+	defer copyBufs.Put(buf)
+	var n int64
+	for {
+		k, err := r.Read(buf[:])
+		n += int64(k)
+		if n > limit {
+			return errTooLarge
+		}
+		dst.AppendBody(buf[:k])
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
