@@ -11,7 +11,7 @@ export SIDECAR_UPSTREAM ?= http://127.0.0.1:8000
 export SIDECAR_LISTEN   ?= 127.0.0.1:8080
 export SIDECAR_DATA_DIR ?= ./data
 
-.PHONY: help build run test test-race bench bench-proxy bench-kv bench-recall bench-amortization docker-cuda fuzz lint clean
+.PHONY: help build run test test-race bench bench-proxy bench-kv bench-recall bench-memory bench-amortization docker-cuda fuzz lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -42,11 +42,14 @@ bench-amortization: ## cost per turn of a session prefix's KV, T = 1..64 (plot i
 docker-cuda: ## build the CUDA image kvsidecar:cuda (needs a Docker engine)
 	docker build -f Dockerfile.cuda --build-arg VERSION=$(VERSION) -t kvsidecar:cuda .
 
+bench-memory: ## window building at 10/100/1000 turns, tokenizer cold vs cached, log append per fsync policy
+	$(GO) test ./memory -run '^$$' -bench 'Prepare|Count|LogAppend' -benchtime 300x
+
 bench-kv: ## KV tiers: hit rate vs Belady, latency, throughput, compression, amortization
 	$(GO) run ./cmd/sidecar bench kv
 
 bench-recall: ## LoCoMo evidence recall (bm25, vector, hybrid) on $(LOCOMO)
-	$(GO) run ./cmd/sidecar bench recall --data $(LOCOMO)
+	$(GO) run ./cmd/sidecar bench recall --data $(LOCOMO) --scale 100000
 
 fuzz: ## run every fuzz target for $(FUZZTIME) each
 	@for pkg in $$($(GO) list $(PKGS)); do \

@@ -146,20 +146,20 @@ func benchRecall(args []string) error {
 	if err != nil {
 		return err
 	}
-	both := struct {
-		Recall bench.RecallReport      `json:"recall"`
-		Scale  bench.RecallScaleReport `json:"scale"`
-	}{r, s}
-	return emit(*asJSON, both, func(w io.Writer, b struct {
-		Recall bench.RecallReport      `json:"recall"`
-		Scale  bench.RecallScaleReport `json:"scale"`
-	}) error {
-		if err := bench.WriteRecallTable(w, b.Recall); err != nil {
+	// The scale figures ride along in the same object, beside "recall".
+	both := recallWithScale{r, s}
+	return emit(*asJSON, both, func(w io.Writer, b recallWithScale) error {
+		if err := bench.WriteRecallTable(w, b.RecallReport); err != nil {
 			return err
 		}
 		fmt.Fprintln(w)
 		return bench.WriteRecallScaleTable(w, b.Scale)
 	})
+}
+
+type recallWithScale struct {
+	bench.RecallReport
+	Scale bench.RecallScaleReport `json:"scale"`
 }
 
 // targetsFlag collects --target name=host:port[,metrics] values.
