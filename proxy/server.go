@@ -258,7 +258,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	}()
 	var ereq *engine.Request
 	if s.opts.Engine != nil && sess.ID != "" && (r == routeChat || r == routeCompletions) && ctx.IsPost() {
-		ereq = &engine.Request{Tenant: sess.Tenant, SessionID: sess.ID, Model: info.Model, Body: body}
+		// The after-hook runs once the handler returned and fasthttp reuses
+		// the request buffer: the engine gets its own copy of the body.
+		ereq = &engine.Request{Tenant: sess.Tenant, SessionID: sess.ID, Model: info.Model, Body: append([]byte(nil), body...)}
 		nb, err := s.opts.Engine.Before(ctx, ereq)
 		if err != nil {
 			s.log.Warn("engine connector before-hook failed; forwarding anyway", append(sessLog, "engine", s.opts.Engine.Name(), "err", err)...)
