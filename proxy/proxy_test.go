@@ -176,7 +176,27 @@ func TestProxyPassesOtherV1RoutesAndUpstreamErrors(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(string(b), `"id":"m"`) {
 		t.Fatalf("models: %d %s", resp.StatusCode, b)
 	}
-	req, _ := http.NewRequest(http.MethodDelete, base+"/v1/files/abc", nil)
+	// HEAD: the upstream's Content-Length describes a body that never comes.
+	req, _ := http.NewRequest(http.MethodHead, base+"/v1/models", nil)
+	resp, err = noPoolClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.ContentLength != int64(len(`{"object":"list","data":[{"id":"m","object":"model"}]}`)) {
+		t.Fatalf("HEAD models: %d, length %d", resp.StatusCode, resp.ContentLength)
+	}
+	// The pooled upstream connection is still usable after a HEAD.
+	resp, err = noPoolClient.Get(base + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"id":"m"`) {
+		t.Fatalf("models after HEAD: %d %s", resp.StatusCode, b)
+	}
+	req, _ = http.NewRequest(http.MethodDelete, base+"/v1/files/abc", nil)
 	resp, err = noPoolClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

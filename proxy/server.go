@@ -331,6 +331,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	}
 
 	err = readBodyInto(&ctx.Response, ub, s.opts.MaxResponseBytes)
+	if ctx.IsHead() && err == nil {
+		// No body came; the client hears the length the upstream announced.
+		ctx.Response.Header.SetContentLength(resp.Header.ContentLength())
+	}
 	stopWatch()
 	timedOut := ub.timedO
 	_ = ub.Close()

@@ -180,6 +180,7 @@ func (u *upClient) exchange(uc *upConn, req *fasthttp.Request, resp *fasthttp.Re
 		_ = uc.c.SetReadDeadline(time.Now().Add(headerTimeout))
 	}
 	resp.StreamBody = true
+	resp.SkipBody = req.Header.IsHead() // a HEAD answer has no body, whatever its Content-Length
 	return resp.Read(uc.br)
 }
 
@@ -207,7 +208,8 @@ type upBody struct {
 }
 
 func (b *upBody) Read(p []byte) (int, error) {
-	if b.eof {
+	if b.eof || b.r == nil { // nil: a response without a body (HEAD)
+		b.eof = true
 		return 0, io.EOF
 	}
 	if b.idle > 0 {
