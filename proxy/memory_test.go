@@ -33,6 +33,11 @@ func newRecordingUpstream(t *testing.T) *recordingUpstream {
 			Messages json.RawMessage `json:"messages"`
 		}
 		body, _ := io.ReadAll(r.Body)
+		if r.Header.Get("X-Session-Id") != "" && r.Header.Get("Accept-Encoding") != "" {
+			// The sidecar must read session answers: no compression.
+			http.Error(w, "session request asked for compression", 400)
+			return
+		}
 		if err := json.Unmarshal(body, &req); err != nil {
 			http.Error(w, err.Error(), 400)
 			return
@@ -108,7 +113,7 @@ func TestSessionMemoryWindowRecordsAndAdmin(t *testing.T) {
 	up := newRecordingUpstream(t)
 	st := openMemory(t, memory.Options{})
 	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
-	hdr := map[string]string{"Authorization": "Bearer key-a", "X-Session-ID": "chat/1 é"}
+	hdr := map[string]string{"Authorization": "Bearer key-a", "X-Session-ID": "chat/1 é", "Accept-Encoding": "gzip"}
 
 	// A full-history client: turn 2 repeats turn 1 and the reply.
 	resp, b := post(t, base+"/v1/chat/completions", `{"model":"gpt-4o","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"my cat is Tom"}]}`, hdr)

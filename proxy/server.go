@@ -279,6 +279,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
 	s.upstreamRequest(req, &ctx.Request, body)
+	if turn != nil || ereq != nil {
+		// The sidecar reads this answer (to record the reply, or for the
+		// engine's timings): ask for it uncompressed.
+		req.Header.Del("Accept-Encoding")
+	}
 
 	slot := new(cancelSlot)
 	stopWatch := watchClientGone(ctx.Conn(), slot.cancel, func() { s.metrics.disconnects.Add(1) })

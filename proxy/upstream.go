@@ -64,8 +64,8 @@ func copyRequestHeaders(dst *fasthttp.RequestHeader, src *fasthttp.RequestHeader
 	drop := connectionTokens(string(src.Peek("Connection")))
 	for k, v := range src.All() {
 		key := http.CanonicalHeaderKey(string(k))
-		if hopHeaders[key] || drop[key] || key == "Host" || key == "Content-Length" {
-			continue
+		if hopHeaders[key] || drop[key] || key == "Host" || key == "Content-Length" || key == "Expect" {
+			continue // the sidecar already holds the body: no 100-continue upstream
 		}
 		dst.AddBytesKV(k, v)
 	}
