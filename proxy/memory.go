@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -112,30 +113,25 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 	return turn, out, false
 }
 
-// record finishes a turn after its response, off the request path. text is
-// the assistant's reply (raw, the message object of a non-streamed answer);
-// partial marks a reply cut short. A turn without any reply is aborted.
-func (s *Server) record(turn *memory.Turn, raw []byte, text string, partial bool) {
+// record finishes a turn after its response, off the request path. raw is
+// the assistant's reply as a message object; partial marks a reply cut
+// short. A turn without any reply is aborted.
+func (s *Server) record(turn *memory.Turn, raw []byte, partial bool) {
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
-		var msg memory.Message
-		switch {
-		case len(raw) > 0:
-			msgs, err := memory.ParseMessages(append(append([]byte{'['}, raw...), ']'))
-			if err != nil || len(msgs) != 1 {
-				s.log.Warn("upstream reply is not a chat message; recorded as text", "err", err)
-				msg = memory.NewMessage("assistant", string(raw))
-			} else {
-				msg = msgs[0]
-			}
-		case text != "":
-			msg = memory.NewMessage("assistant", text)
-		default:
+		if len(raw) == 0 {
 			turn.Abort()
 			return
 		}
-		var err error
+		var msg memory.Message
+		msgs, err := memory.ParseMessages(append(append([]byte{'['}, raw...), ']'))
+		if err != nil || len(msgs) != 1 {
+			s.log.Warn("upstream reply is not a chat message; recorded as text", "err", err)
+			msg = memory.NewMessage("assistant", string(raw))
+		} else {
+			msg = msgs[0]
+		}
 		if partial {
 			err = turn.CompletePartial(msg)
 		} else {
@@ -159,9 +155,73 @@ func replyMessage(body []byte) []byte {
 	return []byte(m.Raw)
 }
 
-// deltaText returns the content of a chat completion chunk.
-func deltaText(data []byte) string {
-	return gjson.GetBytes(data, "choices.0.delta.content").String()
+// streamReply accumulates a streamed chat answer (choice 0): its text and
+// its tool calls, whose ids, names and argument pieces arrive in deltas.
+// The zero value is ready.
+type streamReply struct {
+	text  strings.Builder
+	calls []streamCall
+}
+
+type streamCall struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+// add folds one chunk's data payload in.
+func (sr *streamReply) add(data []byte) {
+	d := gjson.GetBytes(data, "choices.0.delta")
+	if !d.Exists() {
+		return
+	}
+	sr.text.WriteString(d.Get("content").String())
+	d.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
+		i := int(tc.Get("index").Int())
+		if i < 0 || i > 128 {
+			return true // not a real index; ignore rather than grow
+		}
+		for len(sr.calls) <= i {
+			sr.calls = append(sr.calls, streamCall{Type: "function"})
+		}
+		c := &sr.calls[i]
+		if v := tc.Get("id").String(); v != "" {
+			c.ID = v
+		}
+		if v := tc.Get("type").String(); v != "" {
+			c.Type = v
+		}
+		if v := tc.Get("function.name").String(); v != "" {
+			c.Function.Name = v
+		}
+		c.Function.Arguments += tc.Get("function.arguments").String()
+		return true
+	})
+}
+
+// message returns the reply as an assistant message object, nil when the
+// stream carried neither text nor tool calls.
+func (sr *streamReply) message() []byte {
+	if sr.text.Len() == 0 && len(sr.calls) == 0 {
+		return nil
+	}
+	m := struct {
+		Role      string       `json:"role"`
+		Content   *string      `json:"content"`
+		ToolCalls []streamCall `json:"tool_calls,omitempty"`
+	}{Role: "assistant", ToolCalls: sr.calls}
+	if sr.text.Len() > 0 || len(sr.calls) == 0 {
+		t := sr.text.String()
+		m.Content = &t
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil
+	}
+	return b
 }
 
 // handleSessions serves the admin API: GET /v1/sessions/{id},

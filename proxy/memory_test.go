@@ -363,3 +363,30 @@ func TestLLMSummarizeAndExtract(t *testing.T) {
 		t.Fatal("unreachable upstream gave a summary")
 	}
 }
+
+func TestStreamReplyAccumulatesTextAndToolCalls(t *testing.T) {
+	var sr streamReply
+	for _, d := range []string{
+		`{"choices":[{"index":0,"delta":{"role":"assistant","content":"Let me "}}]}`,
+		`{"choices":[{"index":0,"delta":{"content":"check."}}]}`,
+		`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"ci"}}]}}]}`,
+		`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"ty\":\"Oslo\"}"}}]}}]}`,
+		`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_2","function":{"name":"noop","arguments":"{}"}}]}}]}`,
+		`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":99999,"id":"bogus"}]}}]}`,
+		`{"choices":[],"usage":{"total_tokens":9}}`,
+	} {
+		sr.add([]byte(d))
+	}
+	msgs, err := memory.ParseMessages(append(append([]byte("["), sr.message()...), ']'))
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("reply %s: %v", sr.message(), err)
+	}
+	want := `{"role":"assistant","content":"Let me check.","tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Oslo\"}"}},{"id":"call_2","type":"function","function":{"name":"noop","arguments":"{}"}}]}`
+	if string(sr.message()) != want || msgs[0].Content != "Let me check." {
+		t.Fatalf("reply\n got %s\nwant %s", sr.message(), want)
+	}
+	var empty streamReply
+	if empty.message() != nil {
+		t.Fatal("an empty stream made a reply")
+	}
+}

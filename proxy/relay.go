@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,7 +40,7 @@ type relay struct {
 	stopWatch func()
 	// turn, when not nil, records the streamed reply once the stream ends.
 	turn  *memory.Turn
-	reply strings.Builder
+	reply streamReply
 	// ereq, when not nil, is handed to the engine's after-hook with the
 	// last data events (llama.cpp puts timings in the final chunk).
 	ereq     *engine.Request
@@ -132,7 +131,7 @@ func (r *relay) pass(ev []byte) bool {
 	if r.turn != nil || r.ereq != nil {
 		if data := eventData(ev); len(data) > 0 && string(data) != "[DONE]" {
 			if r.turn != nil {
-				r.reply.WriteString(deltaText(data))
+				r.reply.add(data)
 			}
 			if r.ereq != nil {
 				r.lastData[0] = append(r.lastData[0][:0], r.lastData[1]...)
@@ -169,7 +168,7 @@ func (r *relay) CloseWithError(err error) error {
 		// Record what was produced; a stream cut short by either side is a
 		// partial reply.
 		clean := err == nil && errors.Is(r.final, io.EOF) && r.status < 300
-		r.s.record(r.turn, nil, r.reply.String(), !clean)
+		r.s.record(r.turn, r.reply.message(), !clean)
 		r.turn = nil
 	}
 	if r.ereq != nil {

@@ -364,7 +364,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	s.metrics.ttfb[r].observe(time.Since(start))
 	s.metrics.bytesOut.Add(uint64(len(ctx.Response.Body())))
 	if turn != nil && status < 300 {
-		s.record(turn, replyMessage(ctx.Response.Body()), "", false)
+		s.record(turn, replyMessage(ctx.Response.Body()), false)
 		turn = nil
 	}
 	return false
