@@ -263,6 +263,21 @@ func TestSIGTERMLetsInFlightStreamFinish(t *testing.T) {
 	}
 }
 
+func TestParseModelLimits(t *testing.T) {
+	m, err := parseModelLimits(" gpt-4o=128000, llama-3*=32768 ")
+	if err != nil || len(m) != 2 || m["gpt-4o"] != 128000 || m["llama-3*"] != 32768 {
+		t.Fatalf("%v %v", m, err)
+	}
+	for _, bad := range []string{"gpt-4o", "=5", "m=0", "m=x"} {
+		if _, err := parseModelLimits(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if m, err := parseModelLimits(""); m != nil || err != nil {
+		t.Fatalf("empty: %v %v", m, err)
+	}
+}
+
 func TestFlagsReadEnvironment(t *testing.T) {
 	env := map[string]string{"SIDECAR_UPSTREAM": "http://env:1", "SIDECAR_LISTEN": "127.0.0.1:9", "SIDECAR_UPSTREAM_TIMEOUT": "7s"}
 	var c serveConfig

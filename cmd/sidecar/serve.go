@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -33,6 +35,7 @@ type serveConfig struct {
 	logLevel, logFormat       string
 
 	windowTokens    int
+	modelWindows    string
 	overflow, fsync string
 	summaryKey      string
 	kvStrategy      string
@@ -61,6 +64,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long in-flight requests and streams may finish")
 	fs.IntVar(&c.maxBody, "max-body-bytes", 32<<20, "largest request body accepted (413 beyond)")
 	fs.IntVar(&c.windowTokens, "window-tokens", 8192, "hard token limit of the window sent upstream (the Focus window)")
+	fs.StringVar(&c.modelWindows, "model-window-tokens", "", "per-model window limits, e.g. 'gpt-4o=128000,llama-3*=32768' (a trailing * matches a prefix)")
 	fs.StringVar(&c.overflow, "overflow", "importance", "when history overflows the window: importance, tail or summary")
 	fs.StringVar(&c.fsync, "fsync", "always", "session log fsync policy: always, interval or never")
 	fs.BoolVar(&c.extract, "extract", true, "extract facts and episodes from conversations in the background through the upstream model")
@@ -212,13 +216,17 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	if err != nil {
 		return err
 	}
+	modelLimits, err := parseModelLimits(c.modelWindows)
+	if err != nil {
+		return err
+	}
 	var extractor memory.Extractor
 	if c.extract {
 		extractor = llm.Extractor()
 	}
 	t = time.Now()
 	mem, err := memory.Open(memory.Options{
-		Dir: filepath.Join(dataDir, "sessions"), HardLimit: c.windowTokens, Strategy: strategy,
+		Dir: filepath.Join(dataDir, "sessions"), HardLimit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy,
 		Fsync: fsyncPolicy, Summarizer: llm, Extractor: extractor, Logger: log,
 	})
 	if err != nil {
@@ -285,4 +293,21 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		err = nil
 	}
 	return err
+}
+
+// parseModelLimits parses "name=tokens,prefix*=tokens".
+func parseModelLimits(v string) (map[string]int, error) {
+	if strings.TrimSpace(v) == "" {
+		return nil, nil
+	}
+	m := map[string]int{}
+	for _, part := range strings.Split(v, ",") {
+		name, n, ok := strings.Cut(strings.TrimSpace(part), "=")
+		tokens, err := strconv.Atoi(strings.TrimSpace(n))
+		if !ok || strings.TrimSpace(name) == "" || err != nil || tokens <= 0 {
+			return nil, fmt.Errorf("--model-window-tokens: want name=tokens[,…], got %q", part)
+		}
+		m[strings.TrimSpace(name)] = tokens
+	}
+	return m, nil
 }
