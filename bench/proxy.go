@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"net"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 )
 
@@ -61,7 +63,35 @@ func (m *MockUpstream) handle(ctx *fasthttp.RequestCtx) {
 	case "/v1/models", "/models":
 		ctx.SetBodyString(`{"object":"list","data":[{"id":"mock","object":"model","created":1700000000,"owned_by":"kvsidecar"}]}`)
 	case "/v1/embeddings":
-		ctx.SetBodyString(`{"object":"list","model":"mock","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2,0.3]}],"usage":{"prompt_tokens":1,"total_tokens":1}}`)
+		// One deterministic 8-dim vector per input, from the input's bytes.
+		in := gjson.GetBytes(ctx.Request.Body(), "input")
+		var texts []string
+		if in.IsArray() {
+			for _, v := range in.Array() {
+				texts = append(texts, v.Raw)
+			}
+		} else {
+			texts = []string{in.Raw}
+		}
+		var b bytes.Buffer
+		b.WriteString(`{"object":"list","model":"mock","data":[`)
+		for i, t := range texts {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `{"object":"embedding","index":%d,"embedding":[`, i)
+			h := fnv.New64a()
+			for d := 0; d < 8; d++ {
+				h.Write([]byte(t))
+				if d > 0 {
+					b.WriteByte(',')
+				}
+				fmt.Fprintf(&b, "%.4f", float64(h.Sum64()%2000)/1000-1)
+			}
+			b.WriteString(`]}`)
+		}
+		fmt.Fprintf(&b, `],"usage":{"prompt_tokens":%d,"total_tokens":%d}}`, len(texts), len(texts))
+		ctx.SetBody(b.Bytes())
 	case "/v1/completions":
 		ctx.SetBodyString(`{"id":"cmpl-mock","object":"text_completion","created":1700000000,"model":"mock","choices":[{"index":0,"text":"canned","finish_reason":"stop"}]}`)
 	case "/v1/chat/completions":

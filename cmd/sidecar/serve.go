@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/gpu"
+	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
 	"github.com/kvsidecar/kvsidecar/proxy"
@@ -36,6 +37,9 @@ type serveConfig struct {
 
 	windowTokens    int
 	modelWindows    string
+	embedder        string
+	embeddingModel  string
+	embeddingDim    int
 	overflow, fsync string
 	summaryKey      string
 	kvStrategy      string
@@ -65,6 +69,9 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.IntVar(&c.maxBody, "max-body-bytes", 32<<20, "largest request body accepted (413 beyond)")
 	fs.IntVar(&c.windowTokens, "window-tokens", 8192, "hard token limit of the window sent upstream (the Focus window)")
 	fs.StringVar(&c.modelWindows, "model-window-tokens", "", "per-model window limits, e.g. 'gpt-4o=128000,llama-3*=32768' (a trailing * matches a prefix)")
+	fs.StringVar(&c.embedder, "embedder", "offline", "memory recall embeddings: offline (built in, no model) or upstream (the upstream's /v1/embeddings)")
+	fs.StringVar(&c.embeddingModel, "embedding-model", "", "model name for --embedder upstream")
+	fs.IntVar(&c.embeddingDim, "embedding-dim", 0, "vector size of --embedder upstream's model (0: learned from the first answer)")
 	fs.StringVar(&c.overflow, "overflow", "importance", "when history overflows the window: importance, tail or summary")
 	fs.StringVar(&c.fsync, "fsync", "always", "session log fsync policy: always, interval or never")
 	fs.BoolVar(&c.extract, "extract", true, "extract facts and episodes from conversations in the background through the upstream model")
@@ -224,10 +231,22 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	if c.extract {
 		extractor = llm.Extractor()
 	}
+	var idx index.Options
+	switch c.embedder {
+	case "offline", "":
+	case "upstream":
+		e, err := index.NewOpenAIEmbedder(index.OpenAIOptions{BaseURL: c.upstream, APIKey: c.summaryKey, Model: c.embeddingModel, Dim: c.embeddingDim})
+		if err != nil {
+			return fmt.Errorf("--embedder upstream: %w", err)
+		}
+		idx.Embedder = e
+	default:
+		return fmt.Errorf("--embedder %q: want offline or upstream", c.embedder)
+	}
 	t = time.Now()
 	mem, err := memory.Open(memory.Options{
 		Dir: filepath.Join(dataDir, "sessions"), HardLimit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy,
-		Fsync: fsyncPolicy, Summarizer: llm, Extractor: extractor, Logger: log,
+		Fsync: fsyncPolicy, Summarizer: llm, Extractor: extractor, Index: idx, Logger: log,
 	})
 	if err != nil {
 		return fmt.Errorf("open session memory: %w", err)
