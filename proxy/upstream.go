@@ -108,23 +108,9 @@ func classifyBodyError(err error, timedOut bool) (status int, code, kind string)
 
 // readAllLimit reads r to the end, at most limit bytes.
 func readAllLimit(r io.Reader, limit int64) ([]byte, error) {
-	buf := make([]byte, 0, 4096)
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := r.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if int64(len(buf)) > limit {
-			return nil, errTooLarge
-		}
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
+	var b []byte
+	err := readLimited(r, limit, func(p []byte) { b = append(b, p...) })
+	return b, err
 }
 
 var errTooLarge = errors.New("upstream response exceeds the size limit")
@@ -136,6 +122,12 @@ var copyBufs = sync.Pool{New: func() any { return new([16 << 10]byte) }}
 // with no buffer of its own beyond a pooled one.
 func readBodyInto(dst *fasthttp.Response, r io.Reader, limit int64) error {
 	dst.ResetBody()
+	return readLimited(r, limit, func(p []byte) { dst.AppendBody(p) })
+}
+
+// readLimited hands each piece of r to emit until EOF, failing with
+// errTooLarge past limit bytes. The pieces are only valid during emit.
+func readLimited(r io.Reader, limit int64, emit func([]byte)) error {
 	buf := copyBufs.Get().(*[16 << 10]byte)
 	defer copyBufs.Put(buf)
 	var n int64
@@ -145,7 +137,7 @@ func readBodyInto(dst *fasthttp.Response, r io.Reader, limit int64) error {
 		if n > limit {
 			return errTooLarge
 		}
-		dst.AppendBody(buf[:k])
+		emit(buf[:k])
 		if err == io.EOF {
 			return nil
 		}
