@@ -26,10 +26,21 @@ type Request struct {
 
 	// Set by Before, read by After.
 	assigned bool
+	kvPath   kvPath // how the prefix KV got into the engine, for kv.Cache's amortization
 	slot     int
 	owner    string // slot owner key (tenant, session, model)
 	sess     string // session stats key (tenant, session)
 }
+
+// kvPath says how a request's prefix KV came to be in the engine.
+type kvPath uint8
+
+const (
+	kvUnknown  kvPath = iota
+	kvResident        // the session still held its slot
+	kvRestored        // a saved state was restored into a slot
+	kvCold            // nothing saved: the engine prefills
+)
 
 // Response is what the proxy saw of the upstream's answer to a Request.
 type Response struct {

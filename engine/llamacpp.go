@@ -273,6 +273,7 @@ func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 		sl.inflight++
 		c.mu.Unlock()
 		c.slotHits.Add(1)
+		req.kvPath = kvResident
 		return c.rewrite(req, sl.id, owner, sk)
 	}
 	sl = c.victimLocked()
@@ -322,7 +323,9 @@ func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 		if c.probe.Load() == probeDisabled {
 			return
 		}
+		req.kvPath = kvCold
 		if c.restore(sctx, sl.id, owner, sk) {
+			req.kvPath = kvRestored
 			c.mu.Lock()
 			if sl.owner == owner {
 				sl.valid = true
@@ -419,6 +422,16 @@ func (c *LlamaCPP) After(ctx context.Context, req *Request, resp *Response) {
 	if timed {
 		c.ts.record(tm)
 	}
+	// The request path's share of kv.Cache's hit and amortization figures:
+	// a resident slot is a free hit, a restore was counted by restore, and
+	// a cold slot costs the prefill the engine timed.
+	switch {
+	case req.kvPath == kvResident && ok2xx:
+		c.opts.Cache.RecordResident()
+	case req.kvPath == kvCold && ok2xx && timed && tm.PromptMs > 0:
+		c.opts.Cache.RecordCompute(time.Duration(tm.PromptMs * float64(time.Millisecond)))
+	}
+	req.kvPath = kvUnknown
 	if !req.assigned {
 		return
 	}
@@ -706,6 +719,7 @@ func (c *LlamaCPP) restore(ctx context.Context, slot int, owner, sk string) bool
 	c.restores.Add(1)
 	c.restoredB.Add(int64(len(raw)))
 	c.restoreNs.Add(int64(time.Since(start)))
+	c.opts.Cache.RecordLoad(tier, time.Since(start))
 	if int(tier) < len(c.restoredFrom) {
 		c.restoredFrom[tier].Add(1)
 	}

@@ -392,6 +392,13 @@ func TestLlamaCPPEvictionAndReturn(t *testing.T) {
 		s.SaveErrors+s.RestoreErrors+s.ParseErrors+s.StoreErrors != 0 || s.TimedResponses != 5 || s.Sessions != 3 {
 		t.Fatalf("stats %+v", s)
 	}
+	// The same turns in kv.Cache's figures: A1, B1 and C1 prefilled
+	// (misses costing the engine's prompt_ms), A2 found its slot and B2
+	// was restored (hits).
+	ks, am := h.cache.Stats(), h.cache.AmortizationStats()
+	if ks.Hits != 2 || ks.Misses != 3 || am.TotalTurns != 5 || am.Computes != 3 || am.MeanComputeCost <= 0 || len(am.MeanLoadCost) == 0 {
+		t.Fatalf("kv cache stats %+v, amortization %+v", ks, am)
+	}
 	ss, ok := h.c.SessionStats("t1", "B")
 	if !ok || ss.Slot != slot || ss.Requests != 2 || ss.Saves != 1 || ss.Restores != 1 || ss.Last.CacheN != int64(promptLen("B", 1)) || ss.SavedTokens != promptLen("B", 1) {
 		t.Fatalf("B's stats %+v", ss)

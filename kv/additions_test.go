@@ -3,6 +3,9 @@ package kv
 import (
 	"errors"
 	"testing"
+	"time"
+
+	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
 func TestPrefixQuery(t *testing.T) {
@@ -48,5 +51,23 @@ func TestPutBlobCached(t *testing.T) {
 	}
 	if err := c.DeleteBlob("ns", "k"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestRecordLoadAndCompute(t *testing.T) {
+	c, err := Open(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.RecordCompute(200 * time.Millisecond)
+	c.RecordLoad(tiers.TierArchive, 10*time.Millisecond)
+	c.RecordLoad(tiers.TierArchive, 30*time.Millisecond)
+	st, a := c.Stats(), c.AmortizationStats()
+	if st.Hits != 2 || st.Misses != 1 || a.TotalTurns != 3 || a.Computes != 1 || a.ComputeSaved != 2 {
+		t.Fatalf("stats %+v, amortization %+v", st, a)
+	}
+	if a.MeanComputeCost != 200*time.Millisecond || a.MeanLoadCost["archive"] != 20*time.Millisecond {
+		t.Fatalf("costs %v %v", a.MeanComputeCost, a.MeanLoadCost)
 	}
 }
