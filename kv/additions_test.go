@@ -71,3 +71,40 @@ func TestRecordLoadAndCompute(t *testing.T) {
 		t.Fatalf("costs %v %v", a.MeanComputeCost, a.MeanLoadCost)
 	}
 }
+
+// TestPutWithHintFeedsWeightedStrategy: with room for three blocks, the
+// weighted strategy drops the unimportant one, not the oldest. (With two,
+// the oldest important block and the newer unimportant one tie:
+// 0.3·importance against 0.3·recency.)
+func TestPutWithHintFeedsWeightedStrategy(t *testing.T) {
+	blk := func(seed uint64) *Block { return testBlock(2, 2, 64, 64, seed) }
+	size := int64(len(blk(1).K[0])) * 4 // K and V of 2 layers
+	c, err := Open(Options{Store: tiers.Options{
+		DisableFocus: true, Strategy: "weighted",
+		Working: tiers.Budget{MaxBytes: size*3 + size/2},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.PutWithHint("s", "important-old", blk(1), Hint{Importance: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PutWithHint("s", "unimportant", blk(2), Hint{Importance: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PutWithHint("s", "important-mid", blk(3), Hint{Importance: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PutWithHint("s", "important-new", blk(4), Hint{Importance: 1}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Contains("s", "unimportant") && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond) // demotion runs in the store's goroutine
+	}
+	if c.Contains("s", "unimportant") || !c.Contains("s", "important-old") || !c.Contains("s", "important-mid") || !c.Contains("s", "important-new") {
+		t.Fatalf("kept unimportant %v, important-old %v, important-new %v",
+			c.Contains("s", "unimportant"), c.Contains("s", "important-old"), c.Contains("s", "important-new"))
+	}
+}

@@ -308,10 +308,20 @@ func (c *Cache) Contains(memoryID, query string) bool {
 // Put caches b for memoryID and query, replacing any older block, until
 // the TTL passes. The cache copies b's tensors; b stays the caller's.
 func (c *Cache) Put(memoryID, query string, b *Block) error {
-	return c.put(memoryID, QueryHash(query), b)
+	return c.put(memoryID, QueryHash(query), b, Hint{})
 }
 
-func (c *Cache) put(id string, h uint64, b *Block) error {
+// Hint carries a block's importance (the weighted strategy's α) and its
+// semantic relevance (the hybrid strategy's γ term), both in [0, 1].
+type Hint = tiers.Hint
+
+// PutWithHint is Put with the scores the weighted and hybrid strategies
+// rank by; Put leaves both at zero.
+func (c *Cache) PutWithHint(memoryID, query string, b *Block, hint Hint) error {
+	return c.put(memoryID, QueryHash(query), b, hint)
+}
+
+func (c *Cache) put(id string, h uint64, b *Block, hint Hint) error {
 	if c.closed.Load() {
 		return ErrClosed
 	}
@@ -320,7 +330,7 @@ func (c *Cache) put(id string, h uint64, b *Block) error {
 	}
 	now := c.opts.Clock.Now()
 	key := cacheKey(id, h)
-	if err := c.store.Put(key, blockToValue(b, now), tiers.PutOptions{Lossy: c.opts.Lossy}); err != nil {
+	if err := c.store.Put(key, blockToValue(b, now), tiers.PutOptions{Lossy: c.opts.Lossy, Hint: hint}); err != nil {
 		return fmt.Errorf("kv: put: %w", err)
 	}
 	c.mu.Lock()
@@ -425,7 +435,7 @@ func (c *Cache) GetOrCompute(ctx context.Context, memoryID, query string, comput
 			stale := c.gens[memoryID] != gen
 			c.mu.Unlock()
 			if !stale {
-				if err := c.put(memoryID, h, f.blk); err != nil {
+				if err := c.put(memoryID, h, f.blk, Hint{}); err != nil {
 					f.err = err
 				}
 			}
