@@ -117,9 +117,7 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 // the assistant's reply as a message object; partial marks a reply cut
 // short. A turn without any reply is aborted.
 func (s *Server) record(turn *memory.Turn, raw []byte, partial bool) {
-	s.bg.Add(1)
-	go func() {
-		defer s.bg.Done()
+	s.bg.run(func() {
 		if len(raw) == 0 {
 			turn.Abort()
 			return
@@ -142,7 +140,7 @@ func (s *Server) record(turn *memory.Turn, raw []byte, partial bool) {
 			return
 		}
 		s.mem.recorded.Add(1)
-	}()
+	})
 }
 
 // replyMessage returns the assistant message object of a non-streamed chat

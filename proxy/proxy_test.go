@@ -405,3 +405,25 @@ func readEvent(br *bufio.Reader) (string, error) {
 		}
 	}
 }
+
+func TestBgTasksWaitThenRunInline(t *testing.T) {
+	var b bgTasks
+	release := make(chan struct{})
+	var order []string
+	var mu sync.Mutex
+	b.run(func() { <-release; mu.Lock(); order = append(order, "bg"); mu.Unlock() })
+	done := make(chan struct{})
+	go func() { b.closeAndWait(); close(done) }()
+	select {
+	case <-done:
+		t.Fatal("closeAndWait returned with work still running")
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(release)
+	<-done
+	ran := false
+	b.run(func() { ran = true }) // after close: inline, before run returns
+	if !ran || len(order) != 1 {
+		t.Fatalf("inline run %v, background runs %v", ran, order)
+	}
+}

@@ -34,9 +34,9 @@ type Server struct {
 	probeMu sync.Mutex
 	up      *upClient
 	mem     memMetrics
-	// bg tracks reply recording that runs after responses; Shutdown waits
-	// for it.
-	bg sync.WaitGroup
+	// bg runs reply recording and engine after-hooks once responses are
+	// out; Shutdown waits for it.
+	bg bgTasks
 }
 
 type readyState struct {
@@ -98,7 +98,7 @@ func (s *Server) Serve(ln net.Listener) error {
 func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.srv.ShutdownWithContext(ctx)
 	s.up.closeIdle(true)
-	s.bg.Wait() // replies still being recorded
+	s.bg.closeAndWait() // replies still being recorded
 	return err
 }
 
@@ -374,11 +374,39 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 // a slot's state). resp.Body is copied: the response buffer is reused.
 func (s *Server) engineAfter(req *engine.Request, resp *engine.Response) {
 	resp.Body = append([]byte(nil), resp.Body...)
-	s.bg.Add(1)
+	s.bg.run(func() { s.opts.Engine.After(context.Background(), req, resp) })
+}
+
+// bgTasks runs work after responses in goroutines it tracks. Once closed
+// (Shutdown ran out of grace while streams were still open) it runs new work
+// inline, so a late stream never races a Wait. The zero value is ready.
+type bgTasks struct {
+	// mu protects closed and orders Add before Wait.
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+func (b *bgTasks) run(f func()) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		f()
+		return
+	}
+	b.wg.Add(1)
+	b.mu.Unlock()
 	go func() {
-		defer s.bg.Done()
-		s.opts.Engine.After(context.Background(), req, resp)
+		defer b.wg.Done()
+		f()
 	}()
+}
+
+func (b *bgTasks) closeAndWait() {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	b.wg.Wait()
 }
 
 // statusClientClosed is logged and counted for requests whose client went
