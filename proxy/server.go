@@ -68,18 +68,16 @@ func New(opts Options) (*Server, error) {
 		s.metrics.AddCollector(func(w io.Writer) { writeEngineMetrics(w, opts.Engine) })
 	}
 	s.srv = &fasthttp.Server{
-		Handler:                       s.handle,
-		ErrorHandler:                  s.handleParseError,
-		Name:                          "kvsidecar",
-		NoDefaultServerHeader:         true,
-		NoDefaultContentType:          true,
-		DisableHeaderNamesNormalizing: false,
-		MaxRequestBodySize:            max(opts.MaxBodyBytes, opts.MaxKVBytes),
-		ReadTimeout:                   opts.ReadTimeout,
-		WriteTimeout:                  opts.WriteTimeout,
-		IdleTimeout:                   opts.IdleTimeout,
-		CloseOnShutdown:               true,
-		Logger:                        fasthttpLogger{opts.Logger},
+		Handler:               s.handle,
+		ErrorHandler:          s.handleParseError,
+		NoDefaultServerHeader: true, // the upstream's Server header passes through
+		NoDefaultContentType:  true,
+		MaxRequestBodySize:    max(opts.MaxBodyBytes, opts.MaxKVBytes),
+		ReadTimeout:           opts.ReadTimeout,
+		WriteTimeout:          opts.WriteTimeout,
+		IdleTimeout:           opts.IdleTimeout,
+		CloseOnShutdown:       true,
+		Logger:                fasthttpLogger{opts.Logger},
 	}
 	return s, nil
 }
@@ -101,9 +99,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.bg.closeAndWait() // replies still being recorded
 	return err
 }
-
-// Handler returns the request handler, for tests and embedding.
-func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 
 type fasthttpLogger struct{ l *slog.Logger }
 
