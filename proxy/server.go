@@ -165,11 +165,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.metrics.WritePrometheus(ctx)
 		s.finish(routeMetrics, ctx.Response.StatusCode(), start)
 	case bytes.HasPrefix(path, []byte("/v1/sessions/")):
-		if s.tooLarge(ctx, s.opts.MaxBodyBytes) {
-			s.finish(routeSessions, ctx.Response.StatusCode(), start)
-			return
+		if !s.tooLarge(ctx, s.opts.MaxBodyBytes) {
+			s.handleSessions(ctx)
 		}
-		s.handleSessions(ctx)
 		s.finish(routeSessions, ctx.Response.StatusCode(), start)
 	case bytes.Equal(path, []byte("/v1/pool")) || bytes.HasPrefix(path, []byte("/v1/pool/")):
 		if !s.tooLarge(ctx, s.opts.MaxBodyBytes) {
