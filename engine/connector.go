@@ -23,6 +23,10 @@ type Request struct {
 	Model string
 	// Body is the JSON request body the proxy is about to forward.
 	Body []byte
+	// Background marks the sidecar's own calls (summaries, extraction,
+	// reviews) made on behalf of the session: a connector places them so
+	// that they never cost a session its KV.
+	Background bool
 
 	// Set by Before, read by After.
 	assigned bool
