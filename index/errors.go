@@ -1,6 +1,10 @@
 package index
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/kvsidecar/kvsidecar/internal/durable"
+)
 
 // Sentinel errors. Classify with errors.Is; the returned errors wrap them with
 // context and the "index:" prefix.
@@ -8,8 +12,9 @@ var (
 	// ErrCorrupt marks a persisted index that cannot be used: missing,
 	// truncated, failing its checksum, malformed, or written with another
 	// embedder or dimension. The caller rebuilds from its documents
-	// (Index.Rebuild); the file is never partially trusted.
-	ErrCorrupt = errors.New("index: persisted index missing or corrupt")
+	// (Index.Rebuild); the file is never partially trusted. It matches
+	// durable.ErrCorrupt.
+	ErrCorrupt = durable.NewCorrupt("index: persisted index missing or corrupt")
 	// ErrNotFound: no document with that ID.
 	ErrNotFound = errors.New("index: not found")
 	// ErrDuplicate: Add of an ID that is already indexed (use Upsert).

@@ -1,7 +1,6 @@
 package index
 
 import (
-	"bufio"
 	"encoding/binary"
 	"fmt"
 	"hash"
@@ -9,8 +8,9 @@ import (
 	"io"
 	"math"
 	"os"
-	"path/filepath"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
 // File format (little-endian), version 1:
@@ -41,11 +41,12 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// Save writes the index to path atomically: a temporary file in the same
-// folder is written, fsynced and renamed over path, then the folder is
-// fsynced. Readers of path see the old or the new index, never a mix. The
-// index stays usable (searches and updates) while the file is written; the
-// file holds the documents as they were when Save began.
+// Save writes the index to path atomically and durably
+// (durable.WriteAtomic: a temporary file in the same folder is written,
+// fsynced and renamed over path, then the folder is fsynced). Readers of
+// path see the old or the new index, never a mix. The index stays usable
+// (searches and updates) while the file is written; the file holds the
+// documents as they were when Save began.
 func (x *Index) Save(path string) (err error) {
 	x.mu.RLock()
 	snap := make([]*entry, 0, x.live)
@@ -57,46 +58,13 @@ func (x *Index) Save(path string) (err error) {
 	dim := x.dim
 	x.mu.RUnlock()
 
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	err = durable.WriteAtomic(path, func(w io.Writer) error {
+		return encodeIndex(w, x.emb.Name(), dim, snap)
+	})
 	if err != nil {
-		return fmt.Errorf("index: save %s: %w", path, err)
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	bw := bufio.NewWriterSize(f, 1<<16)
-	if err := encodeIndex(bw, x.emb.Name(), dim, snap); err != nil {
-		return fmt.Errorf("index: save %s: %w", path, err)
-	}
-	if err := bw.Flush(); err != nil {
-		return fmt.Errorf("index: save %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("index: save %s: fsync: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("index: save %s: %w", path, err)
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return fmt.Errorf("index: save %s: %w", path, err)
-	}
-	if err := syncDir(dir); err != nil {
-		return fmt.Errorf("index: save %s: fsync folder: %w", path, err)
+		return fmt.Errorf("index: save: %w", err)
 	}
 	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // Load reads an index saved by Save, with opts as for New. A missing,

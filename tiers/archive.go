@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
 // ArchiveOptions configure an Archive. Only Dir is required.
@@ -192,7 +194,7 @@ func (a *Archive) scan() error {
 		for _, f := range files {
 			name := path.Join(dir, f.Name())
 			switch {
-			case strings.HasSuffix(f.Name(), ".tmp"):
+			case durable.IsTemp(f.Name()):
 				// A write that never reached its rename: never acknowledged.
 				if err := a.fs.Remove(name); err == nil {
 					removed = true
@@ -331,9 +333,9 @@ func (a *Archive) Quarantined() []Quarantine {
 }
 
 // Put writes v under key durably: when Put returns nil the block survives a
-// crash. The file is written to a temporary name, fsynced, renamed over the
-// old block and its folder fsynced. lossy allows q8 quantisation of 16-bit
-// float data.
+// crash. The file is written with durable.WriteAtomicFS (temporary name,
+// fsync, rename over the old block, folder fsync). lossy allows q8
+// quantisation of 16-bit float data.
 func (a *Archive) Put(key string, v Value, lossy bool) error {
 	if len(key) == 0 || len(key) > MaxKeyLen {
 		return fmt.Errorf("archive: put: key of %d bytes, want 1 to %d", len(key), MaxKeyLen)
@@ -367,43 +369,26 @@ func (a *Archive) Put(key string, v Value, lossy bool) error {
 	if err := a.ensureShard(shard); err != nil {
 		return err
 	}
-	tmp := path.Join(shard, "."+path.Base(name)+"."+strconv.FormatUint(a.seq.Add(1), 10)+".tmp")
 	crc := crc32.Update(crc32.Checksum(header, castagnoli), castagnoli, payload)
-	if err := a.writeFile(tmp, header, payload, binary.LittleEndian.AppendUint32(nil, crc)); err != nil {
-		_ = a.fs.Remove(tmp)
-		return fmt.Errorf("archive: put: %w", err)
-	}
-	if err := a.fs.Rename(tmp, name); err != nil {
-		_ = a.fs.Remove(tmp)
-		return fmt.Errorf("archive: put: rename: %w", err)
-	}
-	if err := a.fs.SyncDir(shard); err != nil {
+	err := durable.WriteAtomicFS(a.fs, name, func(w io.Writer) error {
+		for _, p := range [][]byte{header, payload, binary.LittleEndian.AppendUint32(nil, crc)} {
+			if _, err := w.Write(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, durable.ErrUnsyncedRename) {
 		// The rename may or may not survive a crash; the file itself is
 		// whole either way. Index it, since it is what is on disk now.
 		a.index(key, name, h, size)
-		return fmt.Errorf("archive: put: sync %s: %w", shard, err)
+	}
+	if err != nil {
+		return fmt.Errorf("archive: put: %w", err)
 	}
 	a.index(key, name, h, size)
 	a.puts.Add(1)
 	return nil
-}
-
-func (a *Archive) writeFile(name string, parts ...[]byte) error {
-	f, err := a.fs.Create(name)
-	if err != nil {
-		return err
-	}
-	for _, p := range parts {
-		if _, err := f.Write(p); err != nil {
-			f.Close()
-			return err
-		}
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 func (a *Archive) ensureShard(shard string) error {

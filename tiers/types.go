@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
 // Errors returned by the tiers. Classify them with errors.Is.
@@ -14,7 +16,8 @@ var (
 	// ErrCorrupt marks an archive file that failed its checks. The file was
 	// moved to quarantine and is never served; errors carrying this mark
 	// also carry ErrNotFound.
-	ErrCorrupt = errors.New("tiers: corrupt block")
+	// It matches durable.ErrCorrupt.
+	ErrCorrupt = durable.NewCorrupt("tiers: corrupt block")
 	// ErrTooLarge means a value does not fit a tier's hard budget even when
 	// the tier is empty, or exceeds the archive's block limit.
 	ErrTooLarge = errors.New("tiers: value too large")
