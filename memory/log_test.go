@@ -2,135 +2,211 @@ package memory
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
-func TestRecordRoundTripAndDamage(t *testing.T) {
-	var b []byte
-	payloads := [][]byte{[]byte("a"), []byte("hello"), bytes.Repeat([]byte{0xff}, 300)}
-	for _, p := range payloads {
-		b = appendRecord(b, p)
+// recordOffsets returns where each record of a log file starts.
+func recordOffsets(t *testing.T, data []byte) []int {
+	t.Helper()
+	if !bytes.HasPrefix(data, logMagic) {
+		t.Fatalf("not a log: %q", data[:min(8, len(data))])
 	}
-	var got [][]byte
-	valid, err := scanRecords(b, 1<<20, func(p []byte) error { got = append(got, p); return nil })
-	if err != nil || valid != len(b) || len(got) != 3 || !bytes.Equal(got[2], payloads[2]) {
-		t.Fatalf("round trip: valid %d/%d err %v got %d", valid, len(b), err, len(got))
-	}
-	first := recordHeaderSize + 1
-	f := func(name string, data []byte, wantValid int, wantTorn bool) {
-		t.Helper()
-		valid, err := scanRecords(data, 1<<20, func([]byte) error { return nil })
-		if valid != wantValid || !errors.Is(err, ErrCorrupt) || errors.Is(err, errTorn) != wantTorn {
-			t.Errorf("%s: valid %d err %v, want %d torn=%v", name, valid, err, wantValid, wantTorn)
-		}
-	}
-	f("torn header", b[:first+3], first, true)
-	f("torn payload", b[:len(b)-1], len(b)-recordHeaderSize-300, true)
-	flipped := bytes.Clone(b)
-	flipped[first+recordHeaderSize] ^= 1
-	f("bit flip", flipped, first, false)
-	zeros := append(bytes.Clone(b[:first]), make([]byte, 64)...)
-	f("zero fill", zeros, first, false)
-	huge := appendRecord(nil, []byte("x"))
-	huge[3] = 0x7f
-	f("oversized length", huge, 0, false)
+	var offs []int
+	durable.ScanRecords(data[len(logMagic):], 1<<24, func(off int, _ []byte) { offs = append(offs, len(logMagic)+off) })
+	return offs
 }
 
-func FuzzDecodeRecords(f *testing.F) {
-	f.Add(appendRecord(appendRecord(nil, []byte(`{"k":"msg"}`)), []byte("second")))
-	f.Add([]byte{})
-	f.Add([]byte{1, 0, 0, 0, 0, 0, 0, 0, 'x'})
-	f.Add(make([]byte, 20))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		var payloads [][]byte
-		valid, err := scanRecords(data, 1<<16, func(p []byte) error {
-			payloads = append(payloads, p)
-			return nil
-		})
-		if valid < 0 || valid > len(data) {
-			t.Fatalf("valid %d out of range %d", valid, len(data))
-		}
-		if (err == nil) != (valid == len(data)) {
-			t.Fatalf("err %v with valid %d of %d", err, valid, len(data))
-		}
-		if err != nil && !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("error %v is not ErrCorrupt", err)
-		}
-		// Re-encoding the decoded payloads reproduces the valid prefix.
-		var re []byte
-		for _, p := range payloads {
-			re = appendRecord(re, p)
-		}
-		if !bytes.Equal(re, data[:valid]) {
-			t.Fatalf("re-encoded %x, want %x", re, data[:valid])
-		}
-		// Decoding the session records must not panic either.
-		for _, p := range payloads {
-			sess := newSession("/nonexistent", "t", "s")
-			var rec record
-			if json.Unmarshal(p, &rec) == nil {
-				_ = sess.apply(&rec, nil, recount)
-			}
-		}
-	})
-}
-
-func TestOpenLogTruncatesTornTailAndQuarantines(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "x.log")
-	l, err := createLog(path, FsyncAlways, []byte("meta"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 3; i++ {
-		if err := l.append(appendRecord(nil, []byte(fmt.Sprintf("rec%d", i)))); err != nil {
+// writeTurns writes n append-mode turns (user "u<i>", assistant "a<i>").
+func writeTurns(t *testing.T, dir string, n int) string {
+	t.Helper()
+	s := openStore(t, dir, nil)
+	for i := range n {
+		tr := prepare(t, s, "t", "s", ModeAppend, text("user", fmt.Sprintf("u%d", i)))
+		if err := tr.Complete(text("assistant", fmt.Sprintf("a%d", i))); err != nil {
 			t.Fatal(err)
 		}
 	}
-	l.close()
-	good, _ := os.ReadFile(path)
-	torn := appendRecord(nil, []byte("never acknowledged"))[:10]
-	os.WriteFile(path, append(bytes.Clone(good), torn...), 0o600)
+	s.Close()
+	return sessionPath(dir, "t", "s")
+}
 
-	var got []string
-	q := filepath.Join(dir, "quarantine")
-	l, rep, err := openLog(path, FsyncAlways, 1<<20, q, func(p []byte) error { got = append(got, string(p)); return nil })
+func messageTexts(v SessionView) string {
+	var out []string
+	for _, m := range v.Messages {
+		out = append(out, m.Content)
+	}
+	return strings.Join(out, " ")
+}
+
+func wantTurns(n int, skip string) string {
+	var out []string
+	for i := range n {
+		for _, m := range []string{fmt.Sprintf("u%d", i), fmt.Sprintf("a%d", i)} {
+			if m != skip {
+				out = append(out, m)
+			}
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+// TestDamagedRecordLosesOnlyItself reproduces issue 12 row 9: one flipped
+// byte mid-log used to drop every valid record after it (127 of 256).
+func TestDamagedRecordLosesOnlyItself(t *testing.T) {
+	dir := t.TempDir()
+	path := writeTurns(t, dir, 128)
+	data, _ := os.ReadFile(path)
+	offs := recordOffsets(t, data)
+	// Record 0 is meta; records 1+2i and 2+2i are turn i's messages.
+	victim := offs[1+2*64+1] // a64
+	data[victim+durable.RecordHeaderSize+5] ^= 0x08
+	os.WriteFile(path, data, 0o600)
+
+	s := openStore(t, dir, nil)
+	v, err := s.Session("t", "s")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(got) != "[meta rec0 rec1 rec2]" || rep.truncated != 10 || !errors.Is(rep.cutErr, errTorn) {
-		t.Fatalf("got %q, report %+v", got, rep)
+	if got, want := messageTexts(v), wantTurns(128, "a64"); got != want {
+		t.Fatalf("kept %d messages, want 255:\n%s", len(v.Messages), got)
 	}
-	saved, err := os.ReadFile(rep.quarantined)
-	if err != nil || !bytes.Equal(saved, torn) {
-		t.Fatalf("quarantined %x (%v), want %x", saved, err, torn)
+	if st := s.Stats(); st.Quarantined != 1 || st.RecordsLost != 1 {
+		t.Fatalf("stats: quarantined %d, lost %d", st.Quarantined, st.RecordsLost)
 	}
-	// Appends after the cut land right after the last good record.
-	if err := l.append(appendRecord(nil, []byte("rec3"))); err != nil {
-		t.Fatal(err)
+	// The session goes on: new turns are appended and survive a reopen.
+	prepare(t, s, "t", "s", ModeAppend, text("user", "after")).Complete(text("assistant", "repair"))
+	s.Close()
+	s = openStore(t, dir, nil)
+	v, _ = s.Session("t", "s")
+	if got, want := messageTexts(v), wantTurns(128, "a64")+" after repair"; got != want || s.Stats().Quarantined != 0 {
+		t.Fatalf("after reopen (quarantined %d): %s", s.Stats().Quarantined, got)
 	}
-	l.close()
-	got = nil
-	l, rep, err = openLog(path, FsyncAlways, 1<<20, q, func(p []byte) error { got = append(got, string(p)); return nil })
-	if err != nil || rep.truncated != 0 || fmt.Sprint(got) != "[meta rec0 rec1 rec2 rec3]" {
-		t.Fatalf("after reopen got %q, report %+v, err %v", got, rep, err)
-	}
-	l.close()
 }
 
-func TestOpenLogRejectsForeignFile(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "x.log")
-	os.WriteFile(path, []byte("not a kvsidecar log at all"), 0o600)
-	if _, _, err := openLog(path, FsyncNever, 1<<20, "", func([]byte) error { return nil }); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("err %v, want ErrCorrupt", err)
+// TestDamagedHeaderRecreatesSession: a flipped byte in the first record
+// (meta) used to delete the whole session and leave its index behind; a
+// bad magic made GET and DELETE answer 500 forever. Now the other records
+// are kept and the session works.
+func TestDamagedHeaderRecreatesSession(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(data []byte, offs []int)
+	}{
+		{"meta record", func(d []byte, offs []int) { d[offs[0]+durable.RecordHeaderSize+3] ^= 0x01 }},
+		{"magic", func(d []byte, _ []int) { d[0] = 'X' }},
+		{"magic and meta", func(d []byte, offs []int) { clear(d[:offs[1]]) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := writeTurns(t, dir, 10)
+			data, _ := os.ReadFile(path)
+			tc.damage(data, recordOffsets(t, data))
+			os.WriteFile(path, data, 0o600)
+
+			s := openStore(t, dir, nil)
+			v, err := s.Session("t", "s")
+			if err != nil {
+				t.Fatalf("GET after damage: %v", err)
+			}
+			if got := messageTexts(v); got != wantTurns(10, "") {
+				t.Fatalf("kept %q", got)
+			}
+			prepare(t, s, "t", "s", ModeAppend, text("user", "more")).Abort()
+			s.Close()
+			s = openStore(t, dir, nil)
+			if v, err := s.Session("t", "s"); err != nil || messageTexts(v) != wantTurns(10, "")+" more" || s.Stats().Quarantined != 0 {
+				t.Fatalf("reopen: %v %q quarantined %d", err, messageTexts(v), s.Stats().Quarantined)
+			}
+			if err := s.Delete("t", "s"); err != nil {
+				t.Fatalf("DELETE: %v", err)
+			}
+		})
 	}
-	if data, _ := os.ReadFile(path); string(data) != "not a kvsidecar log at all" {
-		t.Fatalf("foreign file modified")
+}
+
+func TestForeignOrEmptyLogStartsAfresh(t *testing.T) {
+	dir := t.TempDir()
+	path := writeTurns(t, dir, 3)
+	idx := strings.TrimSuffix(path, ".log") + ".idx"
+	os.WriteFile(idx, []byte("stale index"), 0o600)
+
+	// Another session's log at this path: quarantined, never served.
+	other := writeTurns(t, t.TempDir(), 1)
+	data, _ := os.ReadFile(other)
+	// Re-framed so the checksums hold: a well-formed log of another session.
+	img := append([]byte(nil), logMagic...)
+	durable.ScanRecords(data[len(logMagic):], 1<<20, func(_ int, p []byte) {
+		p = bytes.Replace(p, []byte(`"session":"s"`), []byte(`"session":"x"`), 1)
+		img = appendRecord(img, p)
+	})
+	os.WriteFile(path, img, 0o600)
+
+	s := openStore(t, dir, nil)
+	if _, err := s.Session("t", "s"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("foreign log served: %v", err)
+	}
+	if _, err := os.Stat(idx); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("index left behind: %v", err)
+	}
+	q, _ := os.ReadDir(filepath.Join(dir, "quarantine"))
+	if len(q) != 1 {
+		t.Fatalf("quarantine holds %d files", len(q))
+	}
+	tr := prepare(t, s, "t", "s", ModeAppend, text("user", "fresh"))
+	tr.Abort()
+	if v, err := s.Session("t", "s"); err != nil || messageTexts(v) != "fresh" {
+		t.Fatalf("recreated: %v %q", err, messageTexts(v))
+	}
+
+	// Only the magic (a creation torn by a crash): removed with its index.
+	s.Close()
+	os.WriteFile(path, logMagic, 0o600)
+	os.WriteFile(idx, []byte("stale index"), 0o600)
+	s = openStore(t, dir, nil)
+	if _, err := s.Session("t", "s"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("empty log: %v", err)
+	}
+	for _, f := range []string{path, idx} {
+		if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s left behind: %v", filepath.Base(f), err)
+		}
+	}
+}
+
+func TestVersion1LogIsConverted(t *testing.T) {
+	dir := t.TempDir()
+	path := sessionPath(dir, "t", "s")
+	os.MkdirAll(filepath.Dir(path), 0o755)
+	v1 := func(dst, p []byte) []byte {
+		h := make([]byte, 8)
+		h[0], h[1], h[2], h[3] = byte(len(p)), byte(len(p)>>8), byte(len(p)>>16), byte(len(p)>>24)
+		c := crc32.Checksum(p, crc32.MakeTable(crc32.Castagnoli))
+		h[4], h[5], h[6], h[7] = byte(c), byte(c>>8), byte(c>>16), byte(c>>24)
+		return append(append(dst, h...), p...)
+	}
+	img := append([]byte(nil), legacyMagic...)
+	img = v1(img, []byte(`{"k":"meta","v":1,"tenant":"t","session":"s","t":1}`))
+	img = v1(img, []byte(`{"k":"msg","t":2,"seq":1,"msg":{"role":"user","content":"old"}}`))
+	img = append(img, 1, 2, 3) // torn tail
+	os.WriteFile(path, img, 0o600)
+	s := openStore(t, dir, nil)
+	prepare(t, s, "t", "s", ModeAppend, text("user", "new")).Abort()
+	s.Close()
+	data, _ := os.ReadFile(path)
+	if !bytes.HasPrefix(data, logMagic) {
+		t.Fatal("not converted")
+	}
+	s = openStore(t, dir, nil)
+	if v, err := s.Session("t", "s"); err != nil || messageTexts(v) != "old new" {
+		t.Fatalf("after conversion: %v %q", err, messageTexts(v))
 	}
 }
 
@@ -164,4 +240,28 @@ func TestStoreSurvivesTornTail(t *testing.T) {
 	if len(v.Messages) != 3 || v.Messages[2].Content != "after repair" {
 		t.Fatalf("after repair: %d messages", len(v.Messages))
 	}
+}
+
+// FuzzSessionLog: any bytes after the magic load as a session without an
+// error or a panic, and the session accepts a new turn.
+func FuzzSessionLog(f *testing.F) {
+	meta := appendRecord(nil, []byte(`{"k":"meta","v":1,"tenant":"t","session":"s","t":1}`))
+	f.Add(append(bytes.Clone(meta), appendRecord(nil, []byte(`{"k":"msg","seq":1,"msg":{"role":"user","content":"x"}}`))...))
+	f.Add(append(bytes.Clone(meta), appendRecord(nil, []byte(`{"k":"trunc","keep":5}`))...))
+	f.Add(append(bytes.Clone(meta), appendRecord(nil, []byte(`{"k":"unit","unit":{"id":"msg-000000000001","content":"c"}}`))...))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		dir := t.TempDir()
+		path := sessionPath(dir, "t", "s")
+		os.MkdirAll(filepath.Dir(path), 0o755)
+		os.WriteFile(path, append(bytes.Clone(logMagic), data...), 0o600)
+		s := openStore(t, dir, nil)
+		if _, err := s.Session("t", "s"); err != nil && !errors.Is(err, ErrNotFound) {
+			t.Fatalf("load: %v", err)
+		}
+		if _, err := s.Prepare(t.Context(), "t", "s", ModeAppend, "m", []Message{text("user", "q")}, 0); err != nil && !errors.Is(err, ErrContextTooLarge) {
+			t.Fatalf("prepare after load: %v", err)
+		}
+		s.Close()
+	})
 }

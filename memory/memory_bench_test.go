@@ -107,7 +107,8 @@ func BenchmarkLogAppend(b *testing.B) {
 	payload := appendRecord(nil, []byte(`{"k":"msg","msg":{"role":"user","content":"`+strings.Repeat("x", 260)+`"}}`))
 	for _, p := range []FsyncPolicy{FsyncAlways, FsyncInterval, FsyncNever} {
 		b.Run(p.String(), func(b *testing.B) {
-			l, err := createLog(b.TempDir()+"/bench.log", p, []byte("meta"))
+			s := openStore(b, b.TempDir(), func(o *Options) { o.Fsync = p })
+			l, err := s.createLog(b.TempDir()+"/bench.log", appendRecord(nil, []byte("meta")))
 			if err != nil {
 				b.Fatal(err)
 			}

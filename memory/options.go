@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
 // Sentinel errors. Classify with errors.Is; returned errors wrap them with
@@ -25,8 +26,9 @@ var (
 	ErrContextTooLarge = errors.New("memory: context too large for the window")
 	// ErrClosed: the Store was closed.
 	ErrClosed = errors.New("memory: store closed")
-	// ErrCorrupt marks a log record that failed its length or CRC check.
-	ErrCorrupt = errors.New("memory: corrupt record")
+	// ErrCorrupt marks a log record that failed its checks. It matches
+	// durable.ErrCorrupt.
+	ErrCorrupt = durable.NewCorrupt("memory: corrupt record")
 )
 
 // FsyncPolicy says when a session log is fsynced.
@@ -278,6 +280,10 @@ type Options struct {
 	// MaxRecordBytes bounds one log record. Zero: 16 MiB.
 	MaxRecordBytes int
 
+	// Storage bounds open files, disk use and retention, and what is kept
+	// of a reply (see StorageOptions).
+	Storage StorageOptions
+
 	// Clock is the time source. Nil: the system clock.
 	Clock Clock
 	// Logger receives warnings (quarantined log tails, summarizer errors).
@@ -403,6 +409,7 @@ func (o *Options) setDefaults() {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	o.Storage.setDefaults()
 }
 
 // minHistory is the least history budget a limit must leave after the
@@ -472,7 +479,7 @@ func (o *Options) validate() error {
 	if !(o.BoostAmount > 0 && o.BoostAmount <= MaxBoostPerDay) {
 		return fmt.Errorf("memory: BoostAmount %v not in (0, %v]", o.BoostAmount, MaxBoostPerDay)
 	}
-	return nil
+	return o.Storage.validate()
 }
 
 // lookupModel finds model in m: exact key first, then the longest key

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 	"unicode/utf8"
+
+	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
 // The shared pool is a small key-value store per tenant that every session
@@ -147,23 +149,26 @@ func (s *Store) pool(tenant string) (*pool, error) {
 func (s *Store) loadPool(p *pool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	first := true
-	lf, rep, err := openLog(p.path, s.opts.Fsync, s.opts.MaxRecordBytes, s.quarantine, func(b []byte) error {
+	first, foreign, meta, rejected := true, false, false, 0
+	lf, rep, err := s.openLog(p.path, func(b []byte) {
+		isFirst := first
+		first = false
 		var r poolRecord
-		if err := json.Unmarshal(b, &r); err != nil {
-			return fmt.Errorf("%w: pool record: %v", ErrCorrupt, err)
-		}
-		if first {
-			first = false
-			if r.K != "meta" || r.Tenant != p.tenant {
-				return fmt.Errorf("memory: pool log %s belongs to another tenant: %w", filepath.Base(p.path), ErrCorrupt)
-			}
-			return nil
+		if foreign || json.Unmarshal(b, &r) != nil {
+			rejected++
+			return
 		}
 		switch r.K {
+		case "meta":
+			if r.Tenant != p.tenant {
+				foreign = isFirst
+				rejected++
+			}
+			meta = meta || !foreign
 		case "put":
 			if r.Entry == nil || r.Entry.Key == "" {
-				return fmt.Errorf("%w: bad pool put", ErrCorrupt)
+				rejected++
+				return
 			}
 			e := *r.Entry
 			p.entries[e.Key] = &e
@@ -176,7 +181,6 @@ func (s *Store) loadPool(p *pool) error {
 		case "rev":
 			p.rev = max(p.rev, r.Rev)
 		}
-		return nil
 	})
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -184,17 +188,32 @@ func (s *Store) loadPool(p *pool) error {
 	if err != nil {
 		return err
 	}
-	if rep.truncated > 0 {
+	if rep.Repaired() || rejected > 0 {
 		s.stats.quarantined.Add(1)
-		s.opts.Logger.Warn("memory: cut a torn or corrupt pool log tail", "file", filepath.Base(p.path),
-			"bytes", rep.truncated, "reason", rep.cutErr, "saved", rep.quarantined)
+		s.stats.recordsLost.Add(int64(rep.Damaged + rejected))
+		s.opts.Logger.Warn("memory: repaired a damaged pool log", "file", filepath.Base(p.path),
+			"records", rep.Records, "damaged", rep.Damaged, "rejected", rejected, "tail_bytes", rep.TailBytes,
+			"bad_magic", rep.BadMagic, "saved", rep.Quarantined)
 	}
-	if first {
+	switch {
+	case foreign:
+		lf.close()
+		clear(p.entries)
+		p.rev, p.records = 0, 0
+		if _, err := durable.Quarantine(p.path, s.quarantine, s.opts.Clock.Now()); err != nil {
+			return fmt.Errorf("memory: quarantine foreign pool log: %w", err)
+		}
+		return nil
+	case rep.Records == 0:
 		// Only the magic survived: a creation that was never acknowledged.
 		lf.close()
 		return os.Remove(p.path)
 	}
 	p.log = lf
+	if !meta {
+		// The meta record was damaged: compaction writes a new one.
+		p.records = 2*len(p.entries) + 1025
+	}
 	if p.records > 2*len(p.entries)+1024 {
 		if err := s.compactPoolLocked(p); err != nil {
 			s.opts.Logger.Warn("memory: compact pool log", "err", err)
@@ -203,46 +222,33 @@ func (s *Store) loadPool(p *pool) error {
 	return nil
 }
 
-// compactPoolLocked rewrites the log with the live entries only: a
-// temporary file is written and fsynced, renamed over the log and the
-// folder fsynced. On error the old log stays in use.
+// compactPoolLocked rewrites the log with a meta record and the live
+// entries only, atomically (durable.WriteFile). On error the old log stays
+// in use.
 func (s *Store) compactPoolLocked(p *pool) error {
-	tmp := p.path + ".compact"
-	os.Remove(tmp)
 	meta, err := json.Marshal(&poolRecord{K: "meta", V: 1, Tenant: p.tenant})
 	if err != nil {
 		return err
 	}
-	lf, err := createLog(tmp, FsyncAlways, meta)
-	if err != nil {
-		return err
-	}
-	framed, err := encodePoolRecord(nil, &poolRecord{K: "rev", Rev: p.rev})
+	image := appendRecord(append([]byte(nil), logMagic...), meta)
+	image, err = encodePoolRecord(image, &poolRecord{K: "rev", Rev: p.rev})
 	for _, k := range slices.Sorted(maps.Keys(p.entries)) {
 		if err != nil {
-			break
+			return err
 		}
-		framed, err = encodePoolRecord(framed, &poolRecord{K: "put", Entry: p.entries[k]})
-	}
-	if err == nil {
-		err = lf.append(framed)
-	}
-	if cerr := lf.close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, p.path)
+		image, err = encodePoolRecord(image, &poolRecord{K: "put", Entry: p.entries[k]})
 	}
 	if err != nil {
-		os.Remove(tmp)
 		return err
 	}
-	if err := syncDir(filepath.Dir(p.path)); err != nil {
+	if err := p.log.close(); err != nil {
 		return err
 	}
-	p.log.close()
 	p.log = nil
-	nl, _, err := openLog(p.path, s.opts.Fsync, s.opts.MaxRecordBytes, s.quarantine, func([]byte) error { return nil })
+	if err := durable.WriteFile(p.path, image); err != nil {
+		s.opts.Logger.Warn("memory: compact pool log", "err", err)
+	}
+	nl, _, err := s.openLog(p.path, func([]byte) {})
 	if err != nil {
 		return err
 	}
@@ -275,7 +281,7 @@ func (s *Store) writePoolLocked(p *pool, r *poolRecord) error {
 		if err != nil {
 			return err
 		}
-		if p.log, err = createLog(p.path, s.opts.Fsync, meta); err != nil {
+		if p.log, err = s.createLog(p.path, appendRecord(nil, meta)); err != nil {
 			return err
 		}
 	}

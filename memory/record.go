@@ -2,62 +2,41 @@ package memory
 
 import (
 	"encoding/binary"
-	"fmt"
 	"hash/crc32"
+
+	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
-// Record framing: [u32 little-endian payload length][u32 little-endian
-// CRC32C of the payload][payload]. A zero length is invalid, so a region of
-// zeros (what some filesystems show after a crash) never decodes as records.
-const recordHeaderSize = 8
+// Records are framed by package durable (length, payload CRC-32C, header
+// CRC-32C); see durable.AppendRecord.
+
+// appendRecord appends the framed payload to dst.
+func appendRecord(dst, payload []byte) []byte { return durable.AppendRecord(dst, payload) }
+
+// Version 1 logs (magic "KVSMLOG1") framed each record as [u32 length][u32
+// CRC-32C of the payload][payload], with no header checksum, so a reader
+// could not resynchronise after damage. They are converted to the current
+// framing when opened (legacyRecords).
+
+const legacyHeaderSize = 8
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// appendRecord appends the framed payload to dst.
-func appendRecord(dst, payload []byte) []byte {
-	var h [recordHeaderSize]byte
-	binary.LittleEndian.PutUint32(h[0:4], uint32(len(payload)))
-	binary.LittleEndian.PutUint32(h[4:8], crc32.Checksum(payload, castagnoli))
-	dst = append(dst, h[:]...)
-	return append(dst, payload...)
-}
-
-// decodeRecord decodes the record at the start of b. It returns the payload
-// (aliasing b) and the record's framed size. A short b is a torn record
-// (errTorn); a bad length or CRC is ErrCorrupt. maxPayload bounds the length.
-func decodeRecord(b []byte, maxPayload int) (payload []byte, n int, err error) {
-	if len(b) < recordHeaderSize {
-		return nil, 0, errTorn
-	}
-	l := binary.LittleEndian.Uint32(b[0:4])
-	if l == 0 || uint64(l) > uint64(maxPayload) {
-		return nil, 0, fmt.Errorf("%w: length %d", ErrCorrupt, l)
-	}
-	if uint64(len(b)-recordHeaderSize) < uint64(l) {
-		return nil, 0, errTorn
-	}
-	payload = b[recordHeaderSize : recordHeaderSize+int(l)]
-	if got, want := crc32.Checksum(payload, castagnoli), binary.LittleEndian.Uint32(b[4:8]); got != want {
-		return nil, 0, fmt.Errorf("%w: crc %08x, want %08x", ErrCorrupt, got, want)
-	}
-	return payload, recordHeaderSize + int(l), nil
-}
-
-var errTorn = fmt.Errorf("%w: torn record", ErrCorrupt)
-
-// scanRecords decodes records from b until the end or the first bad record.
-// It calls fn for each payload and returns the length of the valid prefix
-// and the error that stopped it (nil when all of b was valid).
-func scanRecords(b []byte, maxPayload int, fn func(payload []byte) error) (valid int, err error) {
-	for valid < len(b) {
-		p, n, err := decodeRecord(b[valid:], maxPayload)
-		if err != nil {
-			return valid, err
+// legacyRecords returns the payloads of a version 1 record region up to the
+// first record that is short, oversized, zero-length or fails its CRC, and
+// where that record starts.
+func legacyRecords(b []byte, maxPayload int) (payloads [][]byte, valid int) {
+	for valid+legacyHeaderSize <= len(b) {
+		l := binary.LittleEndian.Uint32(b[valid : valid+4])
+		if l == 0 || uint64(l) > uint64(maxPayload) || uint64(len(b)-valid-legacyHeaderSize) < uint64(l) {
+			break
 		}
-		if err := fn(p); err != nil {
-			return valid, err
+		p := b[valid+legacyHeaderSize : valid+legacyHeaderSize+int(l)]
+		if crc32.Checksum(p, castagnoli) != binary.LittleEndian.Uint32(b[valid+4:valid+8]) {
+			break
 		}
-		valid += n
+		payloads = append(payloads, p)
+		valid += legacyHeaderSize + int(l)
 	}
-	return valid, nil
+	return payloads, valid
 }

@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
 // Mode is how a client sends its conversation.
@@ -49,6 +51,7 @@ type Store struct {
 	opts       Options
 	tok        *Tokenizer
 	quarantine string
+	files      *durable.Files // bounds the log files held open
 
 	// mu protects the fields below.
 	mu       sync.Mutex
@@ -80,6 +83,7 @@ type storeStats struct {
 	prepares, appended, appendBytes, evicted    atomic.Int64
 	summaries, summaryErrors, queueFull         atomic.Int64
 	quarantined, writeErrors, completes, orphan atomic.Int64
+	recordsLost                                 atomic.Int64
 
 	fullRecalls, probeReuses                 atomic.Int64
 	indexRebuilds, indexErrors, indexSaves   atomic.Int64
@@ -101,7 +105,8 @@ type Stats struct {
 	Summaries     int64 // summaries made
 	SummaryErrors int64
 	QueueFull     int64 // background syncs deferred because the queue was full
-	Quarantined   int64 // log tails cut on open
+	Quarantined   int64 // logs repaired or quarantined on open (damage skipped, torn tail cut)
+	RecordsLost   int64 // damaged log records skipped on open (every intact one is kept)
 	WriteErrors   int64 // background writes that failed
 
 	// Recall through the working memory: FullRecalls ran a full top-k
@@ -145,6 +150,7 @@ func Open(opts Options) (*Store, error) {
 		opts:       opts,
 		tok:        NewTokenizer(opts.TokenCacheEntries),
 		quarantine: filepath.Join(opts.Dir, "quarantine"),
+		files:      durable.NewFiles(opts.Storage.MaxOpenFiles),
 		sessions:   map[string]*session{},
 		queue:      make(chan *session, opts.QueueSize),
 		stop:       make(chan struct{}),
@@ -261,6 +267,7 @@ func (s *Store) Stats() Stats {
 		AppendBytes: st.appendBytes.Load(), Evicted: st.evicted.Load(), Completes: st.completes.Load(),
 		Orphans: st.orphan.Load(), Summaries: st.summaries.Load(), SummaryErrors: st.summaryErrors.Load(),
 		QueueFull: st.queueFull.Load(), Quarantined: st.quarantined.Load(), WriteErrors: st.writeErrors.Load(),
+		RecordsLost: st.recordsLost.Load(),
 	}
 	out.FullRecalls, out.ProbeReuses = st.fullRecalls.Load(), st.probeReuses.Load()
 	if n := out.FullRecalls + out.ProbeReuses; n > 0 {
@@ -372,17 +379,41 @@ func (sess *session) hasUnpersisted() bool {
 	return false
 }
 
-// load replays the session's log, if it has one.
+// load replays the session's log, if it has one. Damage never leaves a
+// session stuck: damaged records are skipped (the log is repaired, see
+// openLog); records that decode but cannot apply (their context was in a
+// damaged record) are skipped too; a log whose meta record is damaged keeps
+// its other records and gets a new meta record; a log that belongs to
+// another session (or holds nothing) is moved to quarantine (or removed)
+// with its index, and the session starts afresh. Only I/O errors fail.
 func (s *Store) load(sess *session) error {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
-	var rec record
-	lf, rep, err := openLog(sess.path, s.opts.Fsync, s.opts.MaxRecordBytes, s.quarantine, func(p []byte) error {
+	var (
+		rec      record
+		first    = true
+		foreign  bool
+		rejected int
+	)
+	lf, rep, err := s.openLog(sess.path, func(p []byte) {
+		if foreign {
+			return
+		}
+		isFirst := first
+		first = false
 		rec = record{}
 		if err := json.Unmarshal(p, &rec); err != nil {
-			return fmt.Errorf("%w: record: %v", ErrCorrupt, err)
+			rejected++
+			return
 		}
-		return sess.apply(&rec, nil, s.tok)
+		if rec.K == "meta" && (rec.Tenant != sess.tenant || rec.Session != sess.id) {
+			foreign = isFirst
+			rejected++
+			return
+		}
+		if err := sess.apply(&rec, nil, s.tok); err != nil {
+			rejected++
+		}
 	})
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -390,19 +421,43 @@ func (s *Store) load(sess *session) error {
 	if err != nil {
 		return err
 	}
-	if rep.truncated > 0 {
+	if rep.Repaired() || rejected > 0 {
 		s.stats.quarantined.Add(1)
-		s.opts.Logger.Warn("memory: cut a torn or corrupt log tail", "file", filepath.Base(sess.path),
-			"bytes", rep.truncated, "reason", rep.cutErr, "saved", rep.quarantined)
+		s.stats.recordsLost.Add(int64(rep.Damaged + rejected))
+		s.opts.Logger.Warn("memory: repaired a damaged session log", "file", filepath.Base(sess.path),
+			"records", rep.Records, "damaged", rep.Damaged, "damaged_bytes", rep.DamagedBytes, "rejected", rejected,
+			"tail_bytes", rep.TailBytes, "bad_magic", rep.BadMagic, "saved", rep.Quarantined)
 	}
-	if sess.created.IsZero() {
-		// The meta record itself was torn: a creation that was never acknowledged.
+	switch {
+	case foreign:
+		// Not this session's log (a misplaced or forged file): keep it in
+		// quarantine and start afresh.
 		lf.close()
-		if err := os.Remove(sess.path); err != nil {
+		sess.reset()
+		sess.created = time.Time{}
+		dst, err := durable.Quarantine(sess.path, s.quarantine, s.opts.Clock.Now())
+		if err != nil {
+			return fmt.Errorf("memory: quarantine foreign log: %w", err)
+		}
+		s.stats.quarantined.Add(1)
+		s.opts.Logger.Warn("memory: session log belongs to another session; quarantined", "saved", dst)
+		return s.removeIndexFile(sess)
+	case sess.created.IsZero() && rep.Records == 0:
+		// Nothing but the magic: a creation never acknowledged, or a log
+		// whose every record was damaged.
+		lf.close()
+		if err := os.Remove(sess.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("memory: remove empty log: %w", err)
 		}
 		sess.reset()
-		return nil
+		return s.removeIndexFile(sess)
+	case sess.created.IsZero():
+		// The meta record was damaged, the rest salvaged: write a new one
+		// first so the next open finds the log whole.
+		lf.close()
+		if lf, err = s.rewriteMeta(sess); err != nil {
+			return err
+		}
 	}
 	sess.log = lf
 	sess.exists = true
@@ -410,6 +465,39 @@ func (s *Store) load(sess *session) error {
 	s.maybeDecayLocked(sess, now)
 	if sess.decayDirty {
 		s.enqueue(sess)
+	}
+	return nil
+}
+
+// rewriteMeta rewrites the session's log with a new meta record before its
+// records (atomically) and reopens it. Called with sess.mu held.
+func (s *Store) rewriteMeta(sess *session) (*logFile, error) {
+	now := s.opts.Clock.Now()
+	meta, err := json.Marshal(&record{K: "meta", V: logVersion, Tenant: sess.tenant, Session: sess.id, T: now.UnixNano()})
+	if err != nil {
+		return nil, fmt.Errorf("memory: encode meta: %w", err)
+	}
+	data, err := os.ReadFile(sess.path)
+	if err != nil || !bytes.HasPrefix(data, logMagic) {
+		return nil, fmt.Errorf("memory: reread repaired log: %w", errors.Join(err, ErrCorrupt))
+	}
+	image := appendRecord(append([]byte(nil), logMagic...), meta)
+	image = append(image, data[len(logMagic):]...)
+	if err := durable.WriteFile(sess.path, image); err != nil {
+		return nil, fmt.Errorf("memory: rewrite meta: %w", err)
+	}
+	lf, _, err := s.openLog(sess.path, func([]byte) {})
+	if err != nil {
+		return nil, err
+	}
+	sess.created = now
+	return lf, nil
+}
+
+// removeIndexFile removes the session's index file, if any.
+func (s *Store) removeIndexFile(sess *session) error {
+	if err := os.Remove(indexPath(sess)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("memory: remove index: %w", err)
 	}
 	return nil
 }
@@ -435,7 +523,7 @@ func (s *Store) writeLocked(sess *session, framed []byte, now time.Time) error {
 		if err != nil {
 			return fmt.Errorf("memory: encode meta: %w", err)
 		}
-		lf, err := createLog(sess.path, s.opts.Fsync, meta)
+		lf, err := s.createLog(sess.path, appendRecord(nil, meta))
 		if err != nil {
 			return err
 		}
@@ -494,7 +582,7 @@ func (s *Store) Delete(tenant, sessionID string) error {
 	if err := os.Remove(sess.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("memory: remove log: %w", err))
 	} else if s.opts.Fsync != FsyncNever {
-		errs = append(errs, syncDir(filepath.Dir(sess.path)))
+		errs = append(errs, durable.SyncDir(filepath.Dir(sess.path)))
 	}
 	if sess.pending != nil {
 		close(sess.pending)
