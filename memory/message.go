@@ -33,6 +33,9 @@ type Message struct {
 	toolText string
 	// nonText counts content parts that are not text (images, audio, files).
 	nonText int
+	// pre is the message's cost, counted before the session was locked
+	// (Store.precount).
+	pre precounted
 }
 
 type wireToolCall struct {

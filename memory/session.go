@@ -38,6 +38,9 @@ func newEntry(seq uint64, m Message, at time.Time) *entry {
 	for i := range e.tokens {
 		e.tokens[i] = -1
 	}
+	if m.pre.ok {
+		e.tokens[m.pre.enc] = m.pre.n
+	}
 	return e
 }
 

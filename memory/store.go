@@ -83,7 +83,7 @@ type storeStats struct {
 	prepares, appended, appendBytes, evicted    atomic.Int64
 	summaries, summaryErrors, queueFull         atomic.Int64
 	quarantined, writeErrors, completes, orphan atomic.Int64
-	recordsLost                                 atomic.Int64
+	recordsLost, repliesCut                     atomic.Int64
 
 	fullRecalls, probeReuses                 atomic.Int64
 	indexRebuilds, indexErrors, indexSaves   atomic.Int64
@@ -107,6 +107,7 @@ type Stats struct {
 	QueueFull     int64 // background syncs deferred because the queue was full
 	Quarantined   int64 // logs repaired or quarantined on open (damage skipped, torn tail cut)
 	RecordsLost   int64 // damaged log records skipped on open (every intact one is kept)
+	RepliesCut    int64 // replies recorded cut to Storage.MaxReplyBytes
 	WriteErrors   int64 // background writes that failed
 
 	// Recall through the working memory: FullRecalls ran a full top-k
@@ -182,10 +183,22 @@ func Open(opts Options) (*Store, error) {
 	return s, nil
 }
 
-// Close stops the worker after it drains its queue, cancels summaries in
-// flight and waits for them, then closes (and, unless FsyncNever, fsyncs)
-// every log. Turns not yet completed can no longer record their reply.
-func (s *Store) Close() error {
+// Close is Shutdown without a deadline.
+func (s *Store) Close() error { return s.Shutdown(context.Background()) }
+
+// Shutdown closes the store within ctx's deadline whatever is running. It
+// first cancels everything in flight that waits or computes (token
+// counting in Prepare and Complete, summaries, extraction, remote
+// embedding), so no request holds a session for long; then it lets the
+// worker drain its queue, writes what the last turns left (units, access
+// counts) and the changed indexes, and closes (and, unless FsyncNever,
+// fsyncs) every log. When ctx ends first it stops waiting: goroutines still
+// running finish on their own, index files not yet saved are rebuilt on
+// the next load, and sessions whose lock it could not take keep their log
+// open until the process exits (every acknowledged record is already
+// written). Turns not yet completed can no longer record their reply. Later
+// calls return nil at once.
+func (s *Store) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -193,11 +206,15 @@ func (s *Store) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
-	close(s.stop)
-	s.workerWG.Wait()
 	s.cancel()
-	s.sumWG.Wait()
-	s.extractWG.Wait()
+	close(s.stop)
+	var errs []error
+	for _, wg := range []*sync.WaitGroup{&s.workerWG, &s.sumWG, &s.extractWG} {
+		if !waitGroup(ctx, wg) {
+			errs = append(errs, fmt.Errorf("memory: shutdown: background work still running: %w", ctx.Err()))
+			break
+		}
+	}
 	s.mu.Lock()
 	loaded := make([]*session, 0, len(s.sessions))
 	for _, sess := range s.sessions {
@@ -205,27 +222,77 @@ func (s *Store) Close() error {
 	}
 	s.mu.Unlock()
 	for _, sess := range loaded {
+		if ctx.Err() != nil {
+			break
+		}
 		// Write what the last turns left (units, deletions), then the index.
-		sess.mu.Lock()
+		if !lockCtx(ctx, &sess.mu) {
+			break
+		}
 		if !sess.gone.Load() && sess.exists {
 			s.persistLocked(sess, s.opts.Clock.Now())
 		}
 		sess.mu.Unlock()
 		s.syncIndex(sess, true)
 	}
-	errs := []error{s.closePools()}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, sess := range s.sessions {
-		sess.mu.Lock()
+	errs = append(errs, s.closePools())
+	skipped := 0
+	for _, sess := range loaded {
+		if !lockCtx(ctx, &sess.mu) {
+			skipped++
+			continue
+		}
 		if sess.log != nil {
 			errs = append(errs, sess.log.close())
+			sess.log = nil
 		}
 		sess.gone.Store(true)
 		sess.mu.Unlock()
 	}
+	if skipped > 0 {
+		errs = append(errs, fmt.Errorf("memory: shutdown: %d sessions still busy: %w", skipped, ctx.Err()))
+	}
+	s.mu.Lock()
 	clear(s.sessions)
+	s.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// waitGroup waits for wg until ctx ends; it reports whether wg finished.
+func waitGroup(ctx context.Context, wg *sync.WaitGroup) bool {
+	if ctx.Done() == nil {
+		wg.Wait()
+		return true
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// lockCtx locks mu unless ctx ends first; it reports whether it locked.
+// Without a deadline it simply locks.
+func lockCtx(ctx context.Context, mu *sync.Mutex) bool {
+	if ctx.Done() == nil {
+		mu.Lock()
+		return true
+	}
+	for d := 50 * time.Microsecond; ; d = min(2*d, 10*time.Millisecond) {
+		if mu.TryLock() {
+			return true
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return mu.TryLock()
+		case <-t.C:
+		}
+	}
 }
 
 // Tokenizer returns the store's token counter (shared cache).
@@ -267,7 +334,7 @@ func (s *Store) Stats() Stats {
 		AppendBytes: st.appendBytes.Load(), Evicted: st.evicted.Load(), Completes: st.completes.Load(),
 		Orphans: st.orphan.Load(), Summaries: st.summaries.Load(), SummaryErrors: st.summaryErrors.Load(),
 		QueueFull: st.queueFull.Load(), Quarantined: st.quarantined.Load(), WriteErrors: st.writeErrors.Load(),
-		RecordsLost: st.recordsLost.Load(),
+		RecordsLost: st.recordsLost.Load(), RepliesCut: st.repliesCut.Load(),
 	}
 	out.FullRecalls, out.ProbeReuses = st.fullRecalls.Load(), st.probeReuses.Load()
 	if n := out.FullRecalls + out.ProbeReuses; n > 0 {

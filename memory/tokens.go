@@ -1,9 +1,13 @@
 package memory
 
 import (
+	"bytes"
+	"context"
 	"hash/maphash"
 	"strings"
 	"sync"
+	"unicode"
+	"unicode/utf8"
 
 	tiktoken "github.com/pkoukk/tiktoken-go"
 	tiktoken_loader "github.com/pkoukk/tiktoken-go-loader"
@@ -122,41 +126,232 @@ func (t *Tokenizer) encoding(e Encoding) (*tiktoken.Tiktoken, error) {
 var countSeed = maphash.MakeSeed()
 
 // Count returns the number of tokens of text (special tokens are counted as
-// ordinary text). If the encoding cannot load, which the embedded files
+// ordinary text). Its cost is linear in len(text) for any input (see
+// CountContext). If the encoding cannot load, which the embedded files
 // make impossible short of memory exhaustion, it falls back to one token
 // per byte, an over-count that keeps the window within its limit.
 func (t *Tokenizer) Count(e Encoding, text string) int {
+	n, _ := t.CountContext(context.Background(), e, text)
+	return n
+}
+
+// CountContext is Count that stops when ctx is done (checked about every
+// 16 KiB), returning ctx's error.
+//
+// tiktoken's byte-pair merge is quadratic in the length of one
+// pre-tokenizer piece, and a piece is one run of letters, digits, spaces or
+// punctuation: 'a'×100 KB or CJK text without spaces is a single piece
+// (12.5 s for 100 KB, 151 s for 400 KB). So the text is counted in
+// segments:
+//
+//   - at a space that follows a non-space character, every encoding's
+//     pre-tokenizer starts a new piece, so cutting there changes nothing:
+//     ordinary text is cut into segments of about 16 KiB (bounding the
+//     tokenizer's per-call memory) and counted exactly;
+//   - a run of one character class (letters and marks, digits, white
+//     space, other) longer than 128 bytes is cut every 128 bytes, and text
+//     with no space for 64 KiB is cut at the next class change: the count
+//     of such text is the sum of its segments' counts, an estimate that may
+//     differ from tiktoken's by about one token per cut.
+//
+// Each segment costs at most what 128 bytes of a pathological run cost, so
+// the whole is linear: 'a'×400 KB counts in tens of milliseconds, as fast
+// per byte as prose (BenchmarkCountPathological).
+func (t *Tokenizer) CountContext(ctx context.Context, e Encoding, text string) (int, error) {
 	if text == "" {
-		return 0
+		return 0, nil
 	}
 	var key uint64
 	if t.cache != nil {
 		key = maphash.String(countSeed, text) ^ uint64(e)*0x9E3779B97F4A7C15
 		if n, ok := t.cache.get(key); ok {
-			return n
+			return n, nil
 		}
 	}
-	n := len(text)
-	if tk, err := t.encoding(e); err == nil {
-		n = len(tk.EncodeOrdinary(text))
+	tk, err := t.encoding(e)
+	if err != nil {
+		return len(text), nil
+	}
+	n, err := countSegments(ctx, tk, text)
+	if err != nil {
+		return 0, err
 	}
 	if t.cache != nil {
 		t.cache.put(key, n)
 	}
-	return n
+	return n, nil
+}
+
+// Segmentation bounds (see CountContext).
+const (
+	maxRunBytes     = 128      // longest run of one character class counted whole
+	segmentBytes    = 16 << 10 // target segment size at exact cuts
+	maxSegmentBytes = 64 << 10 // forced cut at a class change beyond this
+)
+
+// countSegments counts text segment by segment, checking ctx between
+// segments every segmentBytes or so.
+func countSegments(ctx context.Context, tk *tiktoken.Tiktoken, text string) (int, error) {
+	n, since := 0, 0
+	var err error
+	forSegments(text, func(seg string) bool {
+		if testHookSegment != nil {
+			testHookSegment()
+		}
+		if since >= segmentBytes {
+			since = 0
+			if err = ctx.Err(); err != nil {
+				return false
+			}
+		}
+		n += len(tk.EncodeOrdinary(seg))
+		since += len(seg)
+		return true
+	})
+	return n, err
+}
+
+// testHookSegment, when set by a test, runs before each segment is counted.
+var testHookSegment func()
+
+// Character classes of the pre-tokenizers' pieces.
+const (
+	classOther uint8 = iota
+	classLetter
+	classNumber
+	classSpace
+)
+
+var asciiClass = func() (c [utf8.RuneSelf]uint8) {
+	for i := range c {
+		r := rune(i)
+		switch {
+		case unicode.IsLetter(r):
+			c[i] = classLetter
+		case unicode.IsNumber(r):
+			c[i] = classNumber
+		case unicode.IsSpace(r):
+			c[i] = classSpace
+		}
+	}
+	return c
+}()
+
+func runeClass(r rune) uint8 {
+	switch {
+	case r < utf8.RuneSelf:
+		return asciiClass[r]
+	case unicode.IsLetter(r) || unicode.IsMark(r):
+		return classLetter
+	case unicode.IsNumber(r):
+		return classNumber
+	case unicode.IsSpace(r):
+		return classSpace
+	}
+	return classOther
+}
+
+// forSegments calls yield with consecutive segments that concatenate to
+// text, cut as CountContext describes, until yield returns false.
+func forSegments(text string, yield func(string) bool) {
+	if len(text) <= maxRunBytes {
+		yield(text)
+		return
+	}
+	start, runStart := 0, 0
+	prev := uint8(255)
+	for i := 0; i < len(text); {
+		var c uint8
+		size := 1
+		if b := text[i]; b < utf8.RuneSelf {
+			c = asciiClass[b]
+		} else {
+			var r rune
+			r, size = utf8.DecodeRuneInString(text[i:])
+			c = runeClass(r)
+		}
+		cut := false
+		if c != prev {
+			switch {
+			case text[i] == ' ' && prev != classSpace && i-start >= segmentBytes:
+				cut = true // exact: a piece starts here in every encoding
+			case i-start >= maxSegmentBytes:
+				cut = true
+			}
+			prev, runStart = c, i
+		} else if i-runStart >= maxRunBytes {
+			cut, runStart = true, i
+		}
+		if cut && i > start {
+			if !yield(text[start:i]) {
+				return
+			}
+			start = i
+		}
+		i += size
+	}
+	yield(text[start:])
 }
 
 // MessageTokens is the cost of a message in the window: its text, name and
 // tool-call tokens, NonTextPartTokens per non-text part, plus MessageFraming.
 func (t *Tokenizer) MessageTokens(e Encoding, m *Message) int {
-	n := MessageFraming + t.Count(e, m.Content) + m.nonText*NonTextPartTokens
-	if m.Name != "" {
-		n += t.Count(e, m.Name)
-	}
-	if m.toolText != "" {
-		n += t.Count(e, m.toolText)
-	}
+	n, _ := t.MessageTokensContext(context.Background(), e, m)
 	return n
+}
+
+// MessageTokensContext is MessageTokens that stops when ctx is done.
+func (t *Tokenizer) MessageTokensContext(ctx context.Context, e Encoding, m *Message) (int, error) {
+	n := MessageFraming + m.nonText*NonTextPartTokens
+	for _, s := range [...]string{m.Content, m.Name, m.toolText} {
+		c, err := t.CountContext(ctx, e, s)
+		if err != nil {
+			return 0, err
+		}
+		n += c
+	}
+	return n, nil
+}
+
+// precounted is a message's cost under one encoding.
+type precounted struct {
+	enc Encoding
+	n   int32
+	ok  bool
+}
+
+// precount counts the messages of msgs not yet counted under enc, before
+// their session is locked, so that the locked part of Prepare and Complete
+// only reads counts: tokenizing a large message never holds the session's
+// lock, and it stops when ctx is done.
+func (t *Tokenizer) precount(ctx context.Context, enc Encoding, msgs []Message) error {
+	for i := range msgs {
+		if p := msgs[i].pre; p.ok && p.enc == enc {
+			continue
+		}
+		n, err := t.MessageTokensContext(ctx, enc, &msgs[i])
+		if err != nil {
+			return err
+		}
+		msgs[i].pre = precounted{enc: enc, n: int32(min(n, 1<<31-1)), ok: true}
+	}
+	return nil
+}
+
+// reuseCosts gives the messages of a request that repeat the stored ones
+// position by position (a full-history client's history) their stored
+// counts, so precount only tokenizes what is new. Called with sess.mu held.
+func (sess *session) reuseCosts(enc Encoding, msgs []Message) {
+	same := func(e *entry, m *Message) bool {
+		return e.tokens[enc] >= 0 && (bytes.Equal(e.msg.Raw, m.Raw) || e.key == m.matchKey())
+	}
+	i := 0
+	for ; i < len(msgs) && i < len(sess.sys) && same(sess.sys[i], &msgs[i]); i++ {
+		msgs[i].pre = precounted{enc: enc, n: sess.sys[i].tokens[enc], ok: true}
+	}
+	for j := 0; i < len(msgs) && j < len(sess.hist) && same(sess.hist[j], &msgs[i]); i, j = i+1, j+1 {
+		msgs[i].pre = precounted{enc: enc, n: sess.hist[j].tokens[enc], ok: true}
+	}
 }
 
 // countCache is a bounded map of text hash → token count: sharded, each

@@ -92,6 +92,9 @@ func (s *Store) Prepare(ctx context.Context, tenant, sessionID string, mode Mode
 			msgs[i].Raw = raw
 		}
 	}
+	ctx, stop := s.withStore(ctx) // counting stops when the store closes too
+	defer stop()
+	enc := s.Encoding(model)
 	for attempt := 0; ; attempt++ {
 		sess, err := s.session(tenant, sessionID, true)
 		if err != nil {
@@ -99,6 +102,13 @@ func (s *Store) Prepare(ctx context.Context, tenant, sessionID string, mode Mode
 		}
 		if err := s.waitPending(ctx, sess); err != nil {
 			return nil, err
+		}
+		// Count what the session does not hold yet before locking it.
+		sess.mu.Lock()
+		sess.reuseCosts(enc, msgs)
+		sess.mu.Unlock()
+		if err := s.tok.precount(ctx, enc, msgs); err != nil {
+			return nil, fmt.Errorf("memory: count tokens: %w", err)
 		}
 		sess.mu.Lock()
 		if sess.gone.Load() {
@@ -327,6 +337,15 @@ func (t *Turn) finish(m *Message, partial bool) error {
 		return nil
 	}
 	s, sess := t.store, t.sess
+	if m != nil {
+		m = s.capReply(m, &partial)
+		// Counted before locking; when the store is closing the count is
+		// left for later (the reply is still recorded).
+		one := []Message{*m}
+		if s.tok.precount(s.ctx, t.enc, one) == nil {
+			m = &one[0]
+		}
+	}
 	sess.mu.Lock()
 	err := t.recordLocked(m, partial)
 	if sess.pending == t.pending {
