@@ -323,6 +323,18 @@ func (s *Store) Limit(model string) int {
 // request's tools/functions to pass to Prepare.
 func (s *Store) CountTokens(model, text string) int { return s.tok.Count(s.Encoding(model), text) }
 
+// CountTokensContext is CountTokens that stops when ctx is done or the
+// store closes.
+func (s *Store) CountTokensContext(ctx context.Context, model, text string) (int, error) {
+	ctx, stop := s.withStore(ctx)
+	defer stop()
+	n, err := s.tok.CountContext(ctx, s.Encoding(model), text)
+	if err != nil {
+		return 0, fmt.Errorf("memory: count tokens: %w", err)
+	}
+	return n, nil
+}
+
 // Stats returns cumulative counters.
 func (s *Store) Stats() Stats {
 	s.mu.Lock()

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -75,12 +76,19 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 	}
 	tools := 0
 	if len(info.Tools) > 0 {
-		tools = st.CountTokens(info.Model, string(info.Tools))
+		tools, err = st.CountTokensContext(ctx, info.Model, string(info.Tools))
 	}
 	mode := memory.ParseMode(string(ctx.Request.Header.Peek("X-Session-Mode")))
-	turn, err = st.Prepare(ctx, sess.Tenant, sess.ID, mode, info.Model, msgs, tools)
+	if err == nil {
+		turn, err = st.Prepare(ctx, sess.Tenant, sess.ID, mode, info.Model, msgs, tools)
+	}
 	switch {
 	case err == nil:
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, memory.ErrClosed):
+		// The sidecar is shutting down (or the request was cancelled):
+		// forwarding now would bypass memory for nothing.
+		writeError(ctx, fasthttp.StatusServiceUnavailable, typeServer, "shutting_down", "the sidecar is shutting down; retry")
+		return nil, nil, true
 	case errors.Is(err, memory.ErrContextTooLarge):
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "context_length_exceeded", strings.TrimPrefix(err.Error(), "memory: "))
 		return nil, nil, true
@@ -123,13 +131,21 @@ func (s *Server) record(turn *memory.Turn, raw []byte, partial bool) {
 			return
 		}
 		var msg memory.Message
-		msgs, err := memory.ParseMessages(append(append([]byte{'['}, raw...), ']'))
-		if err != nil || len(msgs) != 1 {
+		if max := s.opts.Memory.MaxReplyBytes(); len(raw) > 2*max+4096 {
+			// A huge reply: keep the first max bytes of its text without
+			// parsing it all (memory caps what it records anyway).
+			text := gjson.GetBytes(raw, "content").String()
+			if text == "" {
+				text = gjson.GetBytes(raw, "tool_calls").Raw
+			}
+			msg, partial = memory.NewMessage("assistant", memory.CutText(text, max)), true
+		} else if msgs, err := memory.ParseMessages(append(append([]byte{'['}, raw...), ']')); err != nil || len(msgs) != 1 {
 			s.log.Warn("upstream reply is not a chat message; recorded as text", "err", err)
 			msg = memory.NewMessage("assistant", string(raw))
 		} else {
 			msg = msgs[0]
 		}
+		var err error
 		if partial {
 			err = turn.CompletePartial(msg)
 		} else {
@@ -159,6 +175,8 @@ func replyMessage(body []byte) []byte {
 type streamReply struct {
 	text  strings.Builder
 	calls []streamCall
+	size  int  // bytes of text and tool-call arguments kept
+	cut   bool // more arrived than the cap: the reply is recorded partial
 }
 
 type streamCall struct {
@@ -170,13 +188,23 @@ type streamCall struct {
 	} `json:"function"`
 }
 
-// add folds one chunk's data payload in.
-func (sr *streamReply) add(data []byte) {
+// add folds one chunk's data payload in, keeping at most maxBytes of text
+// and arguments (memory.Store.MaxReplyBytes), so a huge stream costs
+// bounded memory.
+func (sr *streamReply) add(data []byte, maxBytes int) {
+	if sr.cut {
+		return
+	}
 	d := gjson.GetBytes(data, "choices.0.delta")
 	if !d.Exists() {
 		return
 	}
-	sr.text.WriteString(d.Get("content").String())
+	text := d.Get("content").String()
+	if sr.size+len(text) > maxBytes {
+		text, sr.cut = memory.CutText(text, maxBytes-sr.size), true
+	}
+	sr.size += len(text)
+	sr.text.WriteString(text)
 	d.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
 		i := int(tc.Get("index").Int())
 		if i < 0 || i > 128 {
@@ -195,8 +223,13 @@ func (sr *streamReply) add(data []byte) {
 		if v := tc.Get("function.name").String(); v != "" {
 			c.Function.Name = v
 		}
-		c.Function.Arguments += tc.Get("function.arguments").String()
-		return true
+		args := tc.Get("function.arguments").String()
+		if sr.size+len(args) > maxBytes {
+			args, sr.cut = memory.CutText(args, maxBytes-sr.size), true
+		}
+		sr.size += len(args)
+		c.Function.Arguments += args
+		return !sr.cut
 	})
 }
 

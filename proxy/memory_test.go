@@ -375,7 +375,7 @@ func TestStreamReplyAccumulatesTextAndToolCalls(t *testing.T) {
 		`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":99999,"id":"bogus"}]}}]}`,
 		`{"choices":[],"usage":{"total_tokens":9}}`,
 	} {
-		sr.add([]byte(d))
+		sr.add([]byte(d), 1<<20)
 	}
 	msgs, err := memory.ParseMessages(append(append([]byte("["), sr.message()...), ']'))
 	if err != nil || len(msgs) != 1 {

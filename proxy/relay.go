@@ -131,7 +131,7 @@ func (r *relay) pass(ev []byte) bool {
 	if r.turn != nil || r.ereq != nil {
 		if data := eventData(ev); len(data) > 0 && string(data) != "[DONE]" {
 			if r.turn != nil {
-				r.reply.add(data)
+				r.reply.add(data, r.s.opts.Memory.MaxReplyBytes())
 			}
 			if r.ereq != nil {
 				r.lastData[0] = append(r.lastData[0][:0], r.lastData[1]...)
@@ -167,7 +167,7 @@ func (r *relay) CloseWithError(err error) error {
 	if r.turn != nil {
 		// Record what was produced; a stream cut short by either side is a
 		// partial reply.
-		clean := err == nil && errors.Is(r.final, io.EOF) && r.status < 300
+		clean := err == nil && errors.Is(r.final, io.EOF) && r.status < 300 && !r.reply.cut
 		r.s.record(r.turn, r.reply.message(), !clean)
 		r.turn = nil
 	}
