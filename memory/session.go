@@ -85,6 +85,7 @@ func (e *entry) text() string {
 //	xseq  facts were extracted up to message Seq
 //	eseq  episodes cover the messages up to Seq
 //	decay the decay pass ran at T
+//	drop  message Seq left the window without a unit (its content was one)
 type record struct {
 	K       string            `json:"k"`
 	V       int               `json:"v,omitempty"`
@@ -154,6 +155,8 @@ type session struct {
 	// no history leaves the window (Options.BlockRefresh).
 	sticky cachedBlock
 
+	dedup      dedupIndex      // units by content (dedupe.go)
+	drops      []uint64        // evicted without a unit, not yet written
 	deleted    map[string]bool // ids of deleted units (never recreated)
 	delDirty   []string        // deletions not yet written
 	lastDecay  time.Time       // last decay pass (zero: none since load)
@@ -308,9 +311,12 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 			}
 			u := s.units[msgUnitID(e.seq)]
 			if u == nil {
+				if s.redundant(e) {
+					continue
+				}
 				u = unitFromEntry(e, tk, s.lastEnc, 0, at)
 				u.persisted = true // derived from this record on every replay
-				s.units[u.ID] = u
+				s.putUnit(u)
 			}
 			u.Tier = TierArchive
 			u.UpdatedAt = at
@@ -354,6 +360,11 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 			s.deleted = map[string]bool{}
 		}
 		s.deleted[r.ID] = true
+	case "drop":
+		// An evicted message whose content a unit already held (dedupe.go).
+		if i := s.histIndex(r.Seq); i >= 0 {
+			s.hist[i].dropped = true
+		}
 	case "xseq":
 		s.factSeq = max(s.factSeq, r.Seq)
 	case "eseq":

@@ -447,7 +447,7 @@ func (s *Store) shrinkLocked(keep *session) {
 }
 
 func (sess *session) hasUnpersisted() bool {
-	if len(sess.accessDirty) > 0 || len(sess.delDirty) > 0 || sess.extracting || sess.decayDirty || sess.seqDirty {
+	if len(sess.accessDirty) > 0 || len(sess.delDirty) > 0 || len(sess.drops) > 0 || sess.extracting || sess.decayDirty || sess.seqDirty {
 		return true
 	}
 	for _, u := range sess.units {
@@ -588,6 +588,7 @@ func (sess *session) reset() {
 	sess.coveredSeq = 0
 	sess.prevPrompt, sess.prevCosts = nil, nil
 	sess.deleted, sess.delDirty, sess.lastDecay, sess.lastRecall = nil, nil, time.Time{}, ""
+	sess.drops, sess.dedup = nil, dedupIndex{}
 	sess.ix, sess.ixVer, sess.ixSaved = nil, 0, 0
 	sess.wm.reset()
 	sess.factSeq, sess.episodeSeq = 0, 0

@@ -391,13 +391,16 @@ func (t *Turn) recordLocked(m *Message, partial bool) error {
 	case pos >= 0 && pos < len(sess.hist) && sess.hist[pos].key == e.key:
 		return nil // the client already sent this reply back to us
 	default:
-		// History moved on: keep the reply as an archive unit, not in order.
+		// History moved on: keep the reply as an archive unit, not in order
+		// (unless a unit already holds it).
+		sess.nextSeq++
+		if sess.redundant(e) {
+			return nil
+		}
 		u := unitFromEntry(e, s.tok, t.enc, 0, now)
 		u.ID = orphanUnitID(e.seq)
 		u.Tier = TierArchive
-		sess.units[u.ID] = u
-		sess.unitsChanged()
-		sess.nextSeq++
+		sess.putUnit(u)
 		s.stats.orphan.Add(1)
 		return nil
 	}

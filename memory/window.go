@@ -270,12 +270,15 @@ func (s *Store) evict(sess *session, e *entry, importance float64, p windowParam
 	if sess.units[id] != nil || sess.deleted[id] {
 		return
 	}
-	sess.unitsChanged()
+	if sess.redundant(e) {
+		sess.drops = append(sess.drops, e.seq) // no unit: remember it left (dedupe.go)
+		return
+	}
 	if importance == 0 {
 		e.features()
 		importance = 0.2*e.emph + 0.1*e.strct
 	}
-	sess.units[id] = unitFromEntry(e, s.tok, p.enc, importance, p.now)
+	sess.putUnit(unitFromEntry(e, s.tok, p.enc, importance, p.now))
 }
 
 // Block layout. The text is assembled from stored strings in a fixed order,

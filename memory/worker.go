@@ -153,6 +153,12 @@ func (s *Store) persistLocked(sess *session, now time.Time) {
 			return
 		}
 	}
+	drops := sess.drops
+	for _, seq := range drops {
+		if framed, err = encodeRecord(framed, &record{K: "drop", T: now.UnixNano(), Seq: seq}); err != nil {
+			return
+		}
+	}
 	if sess.decayDirty {
 		if framed, err = encodeRecord(framed, &record{K: "decay", T: sess.lastDecay.UnixNano()}); err != nil {
 			return
@@ -202,6 +208,7 @@ func (s *Store) persistLocked(sess *session, now time.Time) {
 		u.persisted = true
 	}
 	sess.delDirty = sess.delDirty[len(dels):]
+	sess.drops = sess.drops[len(drops):]
 	sess.seqDirty, sess.decayDirty = false, false
 	clear(sess.accessDirty)
 }
