@@ -56,7 +56,12 @@ type Store struct {
 	// mu protects the fields below.
 	mu       sync.Mutex
 	sessions map[string]*session
+	sessGen  uint64 // counts sessions added to the map (retention.go)
 	closed   bool
+	// byPath indexes sessions by log path for the retention sweep, rebuilt
+	// when sessGen moved past byPathGen.
+	byPath    map[string]*session
+	byPathGen uint64
 
 	queue    chan *session
 	stop     chan struct{}
@@ -72,6 +77,8 @@ type Store struct {
 	extractQ  chan *extractJob
 	extractWG sync.WaitGroup
 
+	retentionWG sync.WaitGroup // the retention goroutine (retention.go)
+
 	// poolMu protects pools.
 	poolMu sync.Mutex
 	pools  map[string]*pool
@@ -84,6 +91,9 @@ type storeStats struct {
 	summaries, summaryErrors, queueFull         atomic.Int64
 	quarantined, writeErrors, completes, orphan atomic.Int64
 	recordsLost, repliesCut                     atomic.Int64
+	sessionsExpired, sessionsEvicted            atomic.Int64
+	quarantineRemoved, sharedTrims              atomic.Int64
+	diskBytes, sharedBytes                      atomic.Int64
 
 	fullRecalls, probeReuses                 atomic.Int64
 	indexRebuilds, indexErrors, indexSaves   atomic.Int64
@@ -108,7 +118,20 @@ type Stats struct {
 	Quarantined   int64 // logs repaired or quarantined on open (damage skipped, torn tail cut)
 	RecordsLost   int64 // damaged log records skipped on open (every intact one is kept)
 	RepliesCut    int64 // replies recorded cut to Storage.MaxReplyBytes
-	WriteErrors   int64 // background writes that failed
+
+	// Disk and files (see StorageOptions). DiskBytes and SharedDiskBytes
+	// are as of the last retention sweep.
+	DiskBytes         int64 // bytes under Options.Dir
+	SharedDiskBytes   int64 // bytes of Storage.Shared (the KV archive)
+	MaxDiskBytes      int64 // Storage.MaxDiskBytes (0: no bound)
+	SessionsExpired   int64 // sessions deleted by Storage.SessionTTL
+	SessionsEvicted   int64 // sessions deleted to stay under MaxDiskBytes
+	QuarantineRemoved int64 // quarantined files deleted (age or budget)
+	SharedTrims       int64 // times the shared store was trimmed for the budget
+	OpenFiles         int   // log files open now
+	MaxOpenFiles      int   // Storage.MaxOpenFiles in effect
+	FileReopens       int64 // idle logs reopened by a write
+	WriteErrors       int64 // background writes that failed
 
 	// Recall through the working memory: FullRecalls ran a full top-k
 	// recall, ProbeReuses kept the recalled set because the light probe
@@ -174,6 +197,8 @@ func Open(opts Options) (*Store, error) {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.workerWG.Add(1)
 	go s.worker()
+	s.retentionWG.Add(1)
+	go s.retention()
 	if opts.Extractor != nil {
 		for range max(1, opts.ExtractWorkers) {
 			s.extractWG.Add(1)
@@ -209,7 +234,7 @@ func (s *Store) Shutdown(ctx context.Context) error {
 	s.cancel()
 	close(s.stop)
 	var errs []error
-	for _, wg := range []*sync.WaitGroup{&s.workerWG, &s.sumWG, &s.extractWG} {
+	for _, wg := range []*sync.WaitGroup{&s.retentionWG, &s.workerWG, &s.sumWG, &s.extractWG} {
 		if !waitGroup(ctx, wg) {
 			errs = append(errs, fmt.Errorf("memory: shutdown: background work still running: %w", ctx.Err()))
 			break
@@ -347,7 +372,12 @@ func (s *Store) Stats() Stats {
 		Orphans: st.orphan.Load(), Summaries: st.summaries.Load(), SummaryErrors: st.summaryErrors.Load(),
 		QueueFull: st.queueFull.Load(), Quarantined: st.quarantined.Load(), WriteErrors: st.writeErrors.Load(),
 		RecordsLost: st.recordsLost.Load(), RepliesCut: st.repliesCut.Load(),
+		DiskBytes: st.diskBytes.Load(), SharedDiskBytes: st.sharedBytes.Load(), MaxDiskBytes: s.opts.Storage.MaxDiskBytes,
+		SessionsExpired: st.sessionsExpired.Load(), SessionsEvicted: st.sessionsEvicted.Load(),
+		QuarantineRemoved: st.quarantineRemoved.Load(), SharedTrims: st.sharedTrims.Load(),
 	}
+	fst := s.files.Stats()
+	out.OpenFiles, out.MaxOpenFiles, out.FileReopens = fst.Open, fst.Max, fst.Reopens
 	out.FullRecalls, out.ProbeReuses = st.fullRecalls.Load(), st.probeReuses.Load()
 	if n := out.FullRecalls + out.ProbeReuses; n > 0 {
 		out.FullRecallRate = float64(out.FullRecalls) / float64(n)
@@ -373,6 +403,7 @@ func (s *Store) session(tenant, id string, create bool) (*session, error) {
 	if sess == nil || sess.gone.Load() {
 		sess = newSession(s.opts.Dir, tenant, id)
 		s.sessions[key] = sess
+		s.sessGen++
 		s.shrinkLocked(sess)
 	}
 	s.mu.Unlock()
@@ -649,6 +680,20 @@ func (s *Store) Delete(tenant, sessionID string) error {
 		sess.mu.Unlock()
 		return fmt.Errorf("%w: %q", ErrNotFound, sessionID)
 	}
+	err = s.removeLocked(sess, s.opts.Fsync != FsyncNever)
+	sess.mu.Unlock()
+	s.mu.Lock()
+	if s.sessions[sess.key] == sess {
+		delete(s.sessions, sess.key)
+	}
+	s.mu.Unlock()
+	return err
+}
+
+// removeLocked deletes a loaded session's files and state (fsyncing its
+// folder when sync) and marks it gone. Called with sess.mu held; the caller
+// drops it from s.sessions.
+func (s *Store) removeLocked(sess *session, sync bool) error {
 	sess.gone.Store(true)
 	sess.exists = false
 	var errs []error
@@ -661,7 +706,7 @@ func (s *Store) Delete(tenant, sessionID string) error {
 	}
 	if err := os.Remove(sess.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("memory: remove log: %w", err))
-	} else if s.opts.Fsync != FsyncNever {
+	} else if sync {
 		errs = append(errs, durable.SyncDir(filepath.Dir(sess.path)))
 	}
 	if sess.pending != nil {
@@ -669,11 +714,5 @@ func (s *Store) Delete(tenant, sessionID string) error {
 		sess.pending = nil
 	}
 	sess.reset()
-	sess.mu.Unlock()
-	s.mu.Lock()
-	if s.sessions[sess.key] == sess {
-		delete(s.sessions, sess.key)
-	}
-	s.mu.Unlock()
 	return errors.Join(errs...)
 }

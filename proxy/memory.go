@@ -56,11 +56,31 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{"probe_reuses", "Recalls answered by the working memory (same topic).", st.ProbeReuses},
 		{"extract_dropped", "Fact-extraction jobs dropped because the queue was full.", st.ExtractDropped},
 		{"fact_ops_rejected", "Fact operations from the model rejected by the strict parser.", st.FactOpsRejected},
+		{"logs_repaired", "Session and pool logs repaired on open (damaged records skipped, torn tails cut).", st.Quarantined},
+		{"log_records_lost", "Damaged log records skipped on open (every intact record is kept).", st.RecordsLost},
+		{"replies_cut", "Replies recorded cut to the reply size cap.", st.RepliesCut},
+		{"sessions_expired", "Sessions deleted by the session TTL.", st.SessionsExpired},
+		{"sessions_evicted", "Sessions deleted to stay under the disk budget.", st.SessionsEvicted},
+		{"quarantine_removed", "Quarantined files deleted (age or disk budget).", st.QuarantineRemoved},
+		{"disk_budget_kv_trims", "Times the KV archive was trimmed to stay under the disk budget.", st.SharedTrims},
+		{"log_reopens", "Idle session logs reopened (open files are bounded).", st.FileReopens},
 	} {
 		fmt.Fprintf(w, "# HELP sidecar_memory_%s_total %s\n# TYPE sidecar_memory_%s_total counter\nsidecar_memory_%s_total %d\n", c.name, c.help, c.name, c.name, c.v)
 	}
 	fmt.Fprintf(w, "# HELP sidecar_memory_full_recall_rate Full recalls over all recalls.\n# TYPE sidecar_memory_full_recall_rate gauge\nsidecar_memory_full_recall_rate %g\n", st.FullRecallRate)
 	fmt.Fprintf(w, "# HELP sidecar_memory_sessions_loaded Sessions held in memory.\n# TYPE sidecar_memory_sessions_loaded gauge\nsidecar_memory_sessions_loaded %d\n", st.Sessions)
+	for _, g := range []struct {
+		name, help string
+		v          int64
+	}{
+		{"sidecar_memory_disk_bytes", "Bytes of session data on disk (logs, indexes, pools, quarantine) at the last retention sweep.", st.DiskBytes},
+		{"sidecar_kv_archive_disk_bytes", "Bytes of KV archive blocks on disk at the last retention sweep.", st.SharedDiskBytes},
+		{"sidecar_disk_budget_bytes", "The disk budget of sessions and KV archive together (0: none).", st.MaxDiskBytes},
+		{"sidecar_memory_open_files", "Session and pool log files open now.", int64(st.OpenFiles)},
+		{"sidecar_memory_open_files_max", "The bound on open log files (from RLIMIT_NOFILE unless set).", int64(st.MaxOpenFiles)},
+	} {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n%s %d\n", g.name, g.help, g.name, g.name, g.v)
+	}
 }
 
 // prepareTurn records the request's new messages in the session and returns

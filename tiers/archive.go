@@ -451,6 +451,12 @@ func (a *Archive) Trim() {
 	a.evictWhile(func() bool { return a.opts.Budget.overSoft(a.bytes, a.tokens) }, "")
 }
 
+// TrimTo deletes least recently used blocks until the block files take at
+// most maxBytes (a shared disk budget's share, see Store.TrimDisk).
+func (a *Archive) TrimTo(maxBytes int64) {
+	a.evictWhile(func() bool { return a.bytes > maxBytes }, "")
+}
+
 // evictWhile deletes LRU blocks while over() (called under mu) holds.
 func (a *Archive) evictWhile(over func() bool, skip string) {
 	for {

@@ -555,6 +555,25 @@ func (s *Store) Stats() Stats {
 // Strategy returns the eviction strategy of Focus and Working.
 func (s *Store) Strategy() string { return s.opts.Strategy }
 
+// DiskBytes returns the bytes of the archive's block files (0 without an
+// archive). With TrimDisk it lets a disk budget shared with other data
+// (the session store's) count and trim the archive.
+func (s *Store) DiskBytes() int64 {
+	if s.archive == nil {
+		return 0
+	}
+	return s.archive.Bytes()
+}
+
+// TrimDisk deletes least recently used archive blocks until the archive
+// takes at most maxBytes on disk. Blocks also held in Focus or Working stay
+// there; those held only in the archive are gone (a later Get misses).
+func (s *Store) TrimDisk(maxBytes int64) {
+	if s.archive != nil {
+		s.archive.TrimTo(maxBytes)
+	}
+}
+
 // Quarantined reports the archive files quarantined since open.
 func (s *Store) Quarantined() []Quarantine {
 	if s.archive == nil {

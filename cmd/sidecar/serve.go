@@ -53,6 +53,9 @@ type serveConfig struct {
 	extract     bool
 	memoryModel string
 	pprof       string
+
+	sessionTTL   time.Duration
+	maxDiskBytes int64
 }
 
 func serveFlags(c *serveConfig) *flag.FlagSet {
@@ -74,6 +77,8 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.IntVar(&c.embeddingDim, "embedding-dim", 0, "vector size of --embedder upstream's model (0: learned from the first answer)")
 	fs.StringVar(&c.overflow, "overflow", "importance", "when history overflows the window: importance, tail or summary")
 	fs.StringVar(&c.fsync, "fsync", "always", "session log fsync policy: always, interval or never")
+	fs.DurationVar(&c.sessionTTL, "session-ttl", 0, "delete a session (log and index) once nothing was written to it for this long (0: never)")
+	fs.Int64Var(&c.maxDiskBytes, "max-disk-bytes", 0, "bound on the bytes of sessions and KV archive under --data-dir together; over it the KV archive is trimmed first, then the least recently written sessions are deleted (0: none)")
 	fs.BoolVar(&c.extract, "extract", true, "extract facts and episodes from conversations in the background through the upstream model")
 	fs.StringVar(&c.memoryModel, "memory-model", "", "model name for the sidecar's own summary and extraction calls (default: the session's model, or the upstream's default)")
 	fs.StringVar(&c.summaryKey, "summary-api-key", "", "bearer token for the sidecar's own summary calls to the upstream (local servers need none)")
@@ -145,6 +150,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	// Open in dependency order; close in reverse.
 	var closers []func() error
 	var names []string
+	var shutdownDeadline time.Time // set when a shutdown starts
 	defer func() {
 		for i := len(closers) - 1; i >= 0; i-- {
 			t := time.Now()
@@ -184,7 +190,13 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	t = time.Now()
 	// Blobs of the KV API are bounded by --max-kv-bytes at the HTTP layer;
 	// the cache also keeps engine slot states, which can be larger.
-	kvc, err := kv.Open(kv.Options{Store: tiers.Options{Dir: filepath.Join(dataDir, "kv"), Strategy: c.kvStrategy, Device: focusDev}, MaxBlobBytes: max(int64(c.maxKV), 1<<30)})
+	if c.maxDiskBytes < 0 || c.sessionTTL < 0 {
+		return errors.New("--max-disk-bytes and --session-ttl must not be negative")
+	}
+	// With a disk budget the archive alone never exceeds it; the session
+	// store's retention sweep trims it further to leave sessions room.
+	kvc, err := kv.Open(kv.Options{Store: tiers.Options{Dir: filepath.Join(dataDir, "kv"), Strategy: c.kvStrategy, Device: focusDev,
+		Archive: tiers.Budget{MaxBytes: c.maxDiskBytes}}, MaxBlobBytes: max(int64(c.maxKV), 1<<30)})
 	if err != nil {
 		return fmt.Errorf("open KV cache: %w", err)
 	}
@@ -247,12 +259,23 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	mem, err := memory.Open(memory.Options{
 		Dir: filepath.Join(dataDir, "sessions"), HardLimit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy,
 		Fsync: fsyncPolicy, Summarizer: llm, Extractor: extractor, Index: idx, Logger: log,
+		Storage: memory.StorageOptions{SessionTTL: c.sessionTTL, MaxDiskBytes: c.maxDiskBytes, Shared: kvc.Store()},
 	})
 	if err != nil {
 		return fmt.Errorf("open session memory: %w", err)
 	}
-	onClose("session memory", mem.Close)
-	log.Info("opened session memory", "ms", time.Since(t).Milliseconds(), "window_tokens", c.windowTokens, "overflow", strategy.String())
+	onClose("session memory", func() error {
+		// Within what the shutdown grace leaves.
+		ctx := context.Background()
+		if !shutdownDeadline.IsZero() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, shutdownDeadline)
+			defer cancel()
+		}
+		return mem.Shutdown(ctx)
+	})
+	log.Info("opened session memory", "ms", time.Since(t).Milliseconds(), "window_tokens", c.windowTokens, "overflow", strategy.String(),
+		"session_ttl", c.sessionTTL.String(), "max_disk_bytes", c.maxDiskBytes, "max_open_logs", mem.Stats().MaxOpenFiles)
 
 	srv, err := proxy.New(proxy.Options{
 		Memory:     mem,
@@ -300,8 +323,13 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 
 	log.Info("shutting down", "grace", c.shutdownTimeout.String())
 	t = time.Now()
-	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+	// The grace covers the whole shutdown: the proxy's in-flight requests
+	// get it less a reserve for closing session memory after them.
+	deadline := t.Add(c.shutdownTimeout)
+	reserve := min(5*time.Second, c.shutdownTimeout/4)
+	sctx, cancel := context.WithDeadline(context.Background(), deadline.Add(-reserve))
 	defer cancel()
+	shutdownDeadline = deadline
 	err = srv.Shutdown(sctx)
 	log.Info("closed proxy", "ms", time.Since(t).Milliseconds(), "err", err)
 	if serr := <-errc; serr != nil && err == nil {
