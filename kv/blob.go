@@ -125,11 +125,8 @@ func (c *Cache) GetBlob(ns, key string) (BlobMeta, []byte, Tier, error) {
 		return BlobMeta{}, nil, tiers.TierNone, fmt.Errorf("kv: get blob: %w", err)
 	}
 	v, t, err := c.store.Get(k)
-	if errors.Is(err, tiers.ErrNotFound) {
-		return BlobMeta{}, nil, tiers.TierNone, fmt.Errorf("kv: get blob: %w: %w", ErrNotFound, err)
-	}
 	if err != nil {
-		return BlobMeta{}, nil, tiers.TierNone, fmt.Errorf("kv: get blob: %w", err)
+		return BlobMeta{}, nil, tiers.TierNone, blobError("get", ns, key, err)
 	}
 	return BlobMeta{DType: v.DType, Shape: v.Shape, Size: int64(len(v.Data))}, v.Data, t, nil
 }
@@ -145,11 +142,8 @@ func (c *Cache) StatBlob(ns, key string) (BlobMeta, Tier, error) {
 		return BlobMeta{}, tiers.TierNone, fmt.Errorf("kv: stat blob: %w", err)
 	}
 	m, n, t, err := c.store.Stat(k)
-	if errors.Is(err, tiers.ErrNotFound) {
-		return BlobMeta{}, tiers.TierNone, fmt.Errorf("kv: stat blob: %w", ErrNotFound)
-	}
 	if err != nil {
-		return BlobMeta{}, tiers.TierNone, fmt.Errorf("kv: stat blob: %w", err)
+		return BlobMeta{}, tiers.TierNone, blobError("stat", ns, key, err)
 	}
 	return BlobMeta{DType: m.DType, Shape: m.Shape, Size: n}, t, nil
 }
@@ -165,10 +159,20 @@ func (c *Cache) DeleteBlob(ns, key string) error {
 		return fmt.Errorf("kv: delete blob: %w", err)
 	}
 	if err := c.store.Delete(k); err != nil {
-		if errors.Is(err, tiers.ErrNotFound) {
-			return fmt.Errorf("kv: delete blob: %w", ErrNotFound)
-		}
-		return fmt.Errorf("kv: delete blob: %w", err)
+		return blobError("delete", ns, key, err)
 	}
 	return nil
+}
+
+// blobError wraps a tiers error once: a missing blob is ErrNotFound naming
+// the blob (a corrupt one keeps the corruption's text and mark), anything
+// else "kv: <op> blob ns/key: <cause>".
+func blobError(op, ns, key string, err error) error {
+	switch {
+	case errors.Is(err, tiers.ErrCorrupt):
+		return fmt.Errorf("%w: blob %s/%s: %w", ErrNotFound, ns, key, err)
+	case errors.Is(err, tiers.ErrNotFound):
+		return fmt.Errorf("%w: blob %s/%s", ErrNotFound, ns, key)
+	}
+	return fmt.Errorf("kv: %s blob %s/%s: %w", op, ns, key, err)
 }

@@ -282,13 +282,15 @@ func (c *Cache) get(key string) (*Block, Tier, time.Duration, error) {
 	}
 	start := time.Now()
 	if c.expired(key, c.opts.Clock.Now()) {
-		return nil, tiers.TierNone, 0, fmt.Errorf("kv: get: %w", ErrNotFound)
+		return nil, tiers.TierNone, 0, ErrNotFound
 	}
 	v, t, err := c.store.Get(key)
-	if errors.Is(err, tiers.ErrNotFound) {
-		return nil, tiers.TierNone, 0, fmt.Errorf("kv: get: %w: %w", ErrNotFound, err)
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, tiers.ErrCorrupt):
+		return nil, tiers.TierNone, 0, fmt.Errorf("%w: %w", ErrNotFound, err)
+	case errors.Is(err, tiers.ErrNotFound):
+		return nil, tiers.TierNone, 0, ErrNotFound
+	case err != nil:
 		return nil, tiers.TierNone, 0, fmt.Errorf("kv: get: %w", err)
 	}
 	b, err := valueToBlock(v)

@@ -44,7 +44,7 @@ func (s *Store) openLog(path string, fn func(payload []byte)) (*logFile, durable
 	}
 	l, rep, err := durable.OpenLog(path, s.logOptions(), fn)
 	if err != nil {
-		return nil, rep, fmt.Errorf("memory: %w", err)
+		return nil, rep, err // names the operation and the file
 	}
 	return &logFile{l, s.opts.Fsync}, rep, nil
 }
@@ -88,32 +88,18 @@ func (s *Store) convertLegacy(path string) error {
 func (s *Store) createLog(path string, first []byte) (*logFile, error) {
 	l, err := durable.CreateLog(path, s.logOptions(), first)
 	if err != nil {
-		return nil, fmt.Errorf("memory: %w", err)
+		return nil, err
 	}
 	return &logFile{l, s.opts.Fsync}, nil
 }
 
 // append writes framed records (built with appendRecord) as one write,
-// fsynced when the policy is FsyncAlways.
-func (l *logFile) append(framed []byte) error {
-	if err := l.Append(framed, l.policy == FsyncAlways); err != nil {
-		return fmt.Errorf("memory: %w", err)
-	}
-	return nil
-}
+// fsynced when the policy is FsyncAlways. Errors come from package durable,
+// which names the operation and the file.
+func (l *logFile) append(framed []byte) error { return l.Append(framed, l.policy == FsyncAlways) }
 
 // sync fsyncs the log if it was written since the last fsync.
-func (l *logFile) sync() error {
-	if err := l.Sync(); err != nil {
-		return fmt.Errorf("memory: %w", err)
-	}
-	return nil
-}
+func (l *logFile) sync() error { return l.Sync() }
 
 // close fsyncs (unless the policy is FsyncNever) and closes the file.
-func (l *logFile) close() error {
-	if err := l.Close(l.policy != FsyncNever); err != nil {
-		return fmt.Errorf("memory: %w", err)
-	}
-	return nil
-}
+func (l *logFile) close() error { return l.Close(l.policy != FsyncNever) }

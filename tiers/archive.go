@@ -508,7 +508,7 @@ func (a *Archive) get(key string) (Value, float64, uint64, error) {
 		if !ok {
 			a.mu.Unlock()
 			a.misses.Add(1)
-			return Value{}, 0, 0, fmt.Errorf("archive: get: %w", ErrNotFound)
+			return Value{}, 0, 0, ErrNotFound
 		}
 		hot := e.hot.bump(a.opts.Clock.Now(), a.opts.HotHalfLife)
 		a.lru.MoveToFront(e.elem)
@@ -532,11 +532,11 @@ func (a *Archive) get(key string) (Value, float64, uint64, error) {
 				continue
 			}
 			a.misses.Add(1)
-			return Value{}, 0, 0, fmt.Errorf("archive: get: %w", ErrNotFound)
+			return Value{}, 0, 0, ErrNotFound
 		}
 		if !errors.Is(err, errFormat) && !errors.Is(err, fs.ErrNotExist) {
 			mu.Unlock()
-			return Value{}, 0, 0, fmt.Errorf("archive: get: %w", err)
+			return Value{}, 0, 0, fmt.Errorf("archive: read %s: %w", path.Base(e.name), err)
 		}
 		a.mu.Lock()
 		a.dropLocked(e)
@@ -545,13 +545,20 @@ func (a *Archive) get(key string) (Value, float64, uint64, error) {
 		if errors.Is(err, fs.ErrNotExist) {
 			// Removed behind the archive's back: forget it.
 			mu.Unlock()
-			return Value{}, 0, 0, fmt.Errorf("archive: get: %w", ErrNotFound)
+			return Value{}, 0, 0, ErrNotFound
 		}
 		a.quarantine(e.name, err.Error())
 		mu.Unlock()
-		return Value{}, 0, 0, fmt.Errorf("archive: get %s: %w: %w", e.name, ErrCorrupt, ErrNotFound)
+		return Value{}, 0, 0, alsoNotFound{fmt.Errorf("%w: %s quarantined: %v", ErrCorrupt, path.Base(e.name), err)}
 	}
 }
+
+// alsoNotFound marks a corruption error as ErrNotFound too, without
+// repeating that sentinel's text in the message.
+type alsoNotFound struct{ error }
+
+func (e alsoNotFound) Is(target error) bool { return target == ErrNotFound }
+func (e alsoNotFound) Unwrap() error        { return e.error }
 
 // genOf returns the generation of key's block, or 0.
 func (a *Archive) genOf(key string) uint64 {

@@ -386,15 +386,18 @@ func (s *Store) Get(key string) (Value, Tier, error) {
 				}
 				return v, TierArchive, nil
 			}
-			if !errors.Is(err, ErrNotFound) || errors.Is(err, ErrCorrupt) {
-				return Value{}, TierNone, fmt.Errorf("tiers: get: %w", err)
+			if errors.Is(err, ErrCorrupt) {
+				return Value{}, TierNone, err // "tiers: corrupt block: …", also ErrNotFound
+			}
+			if !errors.Is(err, ErrNotFound) {
+				return Value{}, TierNone, fmt.Errorf("tiers: get %q: %w", key, err)
 			}
 		}
 		if s.moves.Load() == gen {
 			break
 		}
 	}
-	return Value{}, TierNone, fmt.Errorf("tiers: get: %w", ErrNotFound)
+	return Value{}, TierNone, fmt.Errorf("%w: %q", ErrNotFound, key)
 }
 
 // promote moves key from Working to Focus if Focus has room; it gives up
@@ -472,7 +475,7 @@ func (s *Store) Stat(key string) (Meta, int64, Tier, error) {
 			break
 		}
 	}
-	return Meta{}, 0, TierNone, fmt.Errorf("tiers: stat: %w", ErrNotFound)
+	return Meta{}, 0, TierNone, fmt.Errorf("%w: %q", ErrNotFound, key)
 }
 
 // Delete removes key from every tier, durably for the Archive. It returns
@@ -491,11 +494,11 @@ func (s *Store) Delete(key string) error {
 	if s.archive != nil && s.archive.Contains(key) {
 		found = true
 		if err := s.archive.Delete(key); err != nil {
-			return fmt.Errorf("tiers: delete: %w", err)
+			return fmt.Errorf("tiers: delete %q: %w", key, err)
 		}
 	}
 	if !found {
-		return fmt.Errorf("tiers: delete: %w", ErrNotFound)
+		return fmt.Errorf("%w: %q", ErrNotFound, key)
 	}
 	return nil
 }
