@@ -3,7 +3,9 @@ package memory
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"hash/maphash"
+	"math"
 	"strings"
 	"sync"
 	"unicode"
@@ -158,28 +160,35 @@ func (t *Tokenizer) Count(e Encoding, text string) int {
 // the whole is linear: 'a'×400 KB counts in tens of milliseconds, as fast
 // per byte as prose (BenchmarkCountPathological).
 func (t *Tokenizer) CountContext(ctx context.Context, e Encoding, text string) (int, error) {
+	n, _, err := t.countUpTo(ctx, e, text, math.MaxInt)
+	return n, err
+}
+
+// countUpTo is CountContext that stops once the count passes max: over is
+// then true and n (> max) is a lower bound, not cached.
+func (t *Tokenizer) countUpTo(ctx context.Context, e Encoding, text string, max int) (n int, over bool, err error) {
 	if text == "" {
-		return 0, nil
+		return 0, false, nil
 	}
 	var key uint64
 	if t.cache != nil {
 		key = maphash.String(countSeed, text) ^ uint64(e)*0x9E3779B97F4A7C15
 		if n, ok := t.cache.get(key); ok {
-			return n, nil
+			return n, n > max, nil
 		}
 	}
 	tk, err := t.encoding(e)
 	if err != nil {
-		return len(text), nil
+		return len(text), len(text) > max, nil
 	}
-	n, err := countSegments(ctx, tk, text)
+	n, over, err = countSegments(ctx, tk, text, max)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	if t.cache != nil {
+	if t.cache != nil && !over {
 		t.cache.put(key, n)
 	}
-	return n, nil
+	return n, over, nil
 }
 
 // Segmentation bounds (see CountContext).
@@ -190,10 +199,9 @@ const (
 )
 
 // countSegments counts text segment by segment, checking ctx between
-// segments every segmentBytes or so.
-func countSegments(ctx context.Context, tk *tiktoken.Tiktoken, text string) (int, error) {
-	n, since := 0, 0
-	var err error
+// segments every segmentBytes or so, and stops once the count passes max.
+func countSegments(ctx context.Context, tk *tiktoken.Tiktoken, text string, max int) (n int, over bool, err error) {
+	since := 0
 	forSegments(text, func(seg string) bool {
 		if testHookSegment != nil {
 			testHookSegment()
@@ -206,9 +214,10 @@ func countSegments(ctx context.Context, tk *tiktoken.Tiktoken, text string) (int
 		}
 		n += len(tk.EncodeOrdinary(seg))
 		since += len(seg)
-		return true
+		over = n > max
+		return !over
 	})
-	return n, err
+	return n, over, err
 }
 
 // testHookSegment, when set by a test, runs before each segment is counted.
@@ -302,15 +311,69 @@ func (t *Tokenizer) MessageTokens(e Encoding, m *Message) int {
 
 // MessageTokensContext is MessageTokens that stops when ctx is done.
 func (t *Tokenizer) MessageTokensContext(ctx context.Context, e Encoding, m *Message) (int, error) {
-	n := MessageFraming + m.nonText*NonTextPartTokens
+	n, _, err := t.messageUpTo(ctx, e, m, math.MaxInt)
+	return n, err
+}
+
+// messageUpTo is MessageTokensContext that stops once the cost passes max
+// (over: n is then a lower bound).
+func (t *Tokenizer) messageUpTo(ctx context.Context, e Encoding, m *Message, max int) (n int, over bool, err error) {
+	n = MessageFraming + m.nonText*NonTextPartTokens
 	for _, s := range [...]string{m.Content, m.Name, m.toolText} {
-		c, err := t.CountContext(ctx, e, s)
+		c, over, err := t.countUpTo(ctx, e, s, max-n)
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		n += c
+		if over {
+			return n, true, nil
+		}
 	}
-	return n, nil
+	return n, n > max, nil
+}
+
+// checkFixedPart counts, before anything else, the part of a request that
+// every window must hold — its leading system messages and its newest user
+// message with what follows — and fails with ErrContextTooLarge as soon as
+// that part and the tools pass limit. Whatever the request's size, a
+// request that cannot fit costs about limit tokens of counting (a 33 MB
+// one-word message is refused in milliseconds). The part is a lower bound
+// of what Prepare checks under the session's lock (stored system messages
+// or history may add to it), so it refuses nothing Prepare would accept.
+// Finished counts are kept on the messages.
+func (s *Store) checkFixedPart(ctx context.Context, enc Encoding, limit int, msgs []Message, tools int) error {
+	nsys := 0
+	for nsys < len(msgs) && isSystem(msgs[nsys].Role) {
+		nsys++
+	}
+	last := len(msgs)
+	for i := len(msgs) - 1; i >= nsys; i-- {
+		if msgs[i].Role == "user" {
+			last = i
+			break
+		}
+	}
+	sys, turn := 0, 0
+	for i := range msgs {
+		if i >= nsys && i < last {
+			continue
+		}
+		n, over, err := s.tok.messageUpTo(ctx, enc, &msgs[i], limit-tools-sys-turn)
+		if err != nil {
+			return fmt.Errorf("memory: count tokens: %w", err)
+		}
+		if i < nsys {
+			sys += n
+		} else {
+			turn += n
+		}
+		if over {
+			return fmt.Errorf("%w: system %d + current turn %d + tools %d tokens > limit %d (counting stopped there)",
+				ErrContextTooLarge, sys, turn, tools, limit)
+		}
+		msgs[i].pre = precounted{enc: enc, n: int32(min(n, 1<<31-1)), ok: true}
+	}
+	return nil
 }
 
 // precounted is a message's cost under one encoding.

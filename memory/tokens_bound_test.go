@@ -185,3 +185,31 @@ func ExampleCutText() {
 	fmt.Println(CutText("héllo", 2))
 	// Output: h
 }
+
+// TestOversizedTurnIsRefusedAfterCountingTheLimit: a turn that cannot fit
+// the window costs about the window's worth of counting, whatever its size.
+func TestOversizedTurnIsRefusedAfterCountingTheLimit(t *testing.T) {
+	s := openStore(t, t.TempDir(), nil) // limit 8192
+	segs := 0
+	testHookSegment = func() { segs++ }
+	defer func() { testHookSegment = nil }()
+	huge := strings.Repeat("a", 8<<20) // 8 MiB: 1 M tokens
+	_, err := s.Prepare(context.Background(), "t", "s", ModeAppend, "m", []Message{text("user", huge)}, 0)
+	testHookSegment = nil
+	if !errors.Is(err, ErrContextTooLarge) {
+		t.Fatalf("err %v", err)
+	}
+	// 128-byte segments of 16 tokens each: about 8192/16 of them.
+	if limit := 8192/16 + 2; segs > limit {
+		t.Fatalf("counted %d segments to refuse it, want at most %d", segs, limit)
+	}
+	if _, err := s.Session("t", "s"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a refused turn created the session: %v", err)
+	}
+	// A fitting request is not refused by the early check: the system
+	// message and the turn together just fit.
+	sys := strings.Repeat("word ", 3000)
+	if _, err := s.Prepare(context.Background(), "t", "s2", ModeFull, "m", []Message{text("system", sys), text("user", "hi")}, 0); err != nil {
+		t.Fatal(err)
+	}
+}

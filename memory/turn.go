@@ -95,6 +95,9 @@ func (s *Store) Prepare(ctx context.Context, tenant, sessionID string, mode Mode
 	ctx, stop := s.withStore(ctx) // counting stops when the store closes too
 	defer stop()
 	enc := s.Encoding(model)
+	if err := s.checkFixedPart(ctx, enc, s.Limit(model), msgs, toolsTokens); err != nil {
+		return nil, err
+	}
 	for attempt := 0; ; attempt++ {
 		sess, err := s.session(tenant, sessionID, true)
 		if err != nil {

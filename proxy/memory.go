@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -151,21 +152,13 @@ func (s *Server) record(turn *memory.Turn, raw []byte, partial bool) {
 			return
 		}
 		var msg memory.Message
-		if max := s.opts.Memory.MaxReplyBytes(); len(raw) > 2*max+4096 {
-			// A huge reply: keep the first max bytes of its text without
-			// parsing it all (memory caps what it records anyway).
-			text := gjson.GetBytes(raw, "content").String()
-			if text == "" {
-				text = gjson.GetBytes(raw, "tool_calls").Raw
-			}
-			msg, partial = memory.NewMessage("assistant", memory.CutText(text, max)), true
-		} else if msgs, err := memory.ParseMessages(append(append([]byte{'['}, raw...), ']')); err != nil || len(msgs) != 1 {
+		msgs, err := memory.ParseMessages(append(append([]byte{'['}, raw...), ']'))
+		if err != nil || len(msgs) != 1 {
 			s.log.Warn("upstream reply is not a chat message; recorded as text", "err", err)
 			msg = memory.NewMessage("assistant", string(raw))
 		} else {
 			msg = msgs[0]
 		}
-		var err error
 		if partial {
 			err = turn.CompletePartial(msg)
 		} else {
@@ -180,13 +173,50 @@ func (s *Server) record(turn *memory.Turn, raw []byte, partial bool) {
 }
 
 // replyMessage returns the assistant message object of a non-streamed chat
-// completion, or nil.
-func replyMessage(body []byte) []byte {
-	m := gjson.GetBytes(body, "choices.0.message")
+// completion (a copy), or nil. A message over what memory keeps of a reply
+// (maxBytes, memory.Store.MaxReplyBytes) comes back as a text message cut
+// to maxBytes, with cut set: read from the body in place, so a huge reply
+// costs no copy of itself (issue 12 row 3).
+func replyMessage(body []byte, maxBytes int) (msg []byte, cut bool) {
+	// The body outlives this call only through the copies made below.
+	m := gjson.Get(unsafe.String(unsafe.SliceData(body), len(body)), "choices.0.message")
 	if !m.IsObject() {
-		return nil
+		return nil, false
 	}
-	return []byte(m.Raw)
+	if len(m.Raw) <= 2*maxBytes+4096 {
+		return []byte(m.Raw), false
+	}
+	text := prefixString(m.Get("content"), maxBytes)
+	if text == "" {
+		text = memory.CutText(m.Get("tool_calls").Raw, maxBytes)
+	}
+	b, err := json.Marshal(struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}{"assistant", text})
+	if err != nil {
+		return nil, false
+	}
+	return b, true
+}
+
+// prefixString returns at most the first n bytes of the JSON string r,
+// unescaping only about that much of it.
+func prefixString(r gjson.Result, n int) string {
+	if r.Type != gjson.String {
+		return ""
+	}
+	raw := r.Raw
+	if len(raw) > 6*n+16 { // an escape takes at most 6 bytes per byte it stands for
+		raw = raw[:6*n+12]
+		// Drop an escape sequence cut in the middle (at most 12 bytes).
+		start := max(0, len(raw)-12)
+		if i := strings.LastIndexByte(raw[start:], '\\'); i >= 0 {
+			raw = raw[:start+i]
+		}
+		raw += `"`
+	}
+	return memory.CutText(gjson.Parse(raw).String(), n)
 }
 
 // streamReply accumulates a streamed chat answer (choice 0): its text and

@@ -52,3 +52,22 @@ func TestHugeRepliesAreRecordedCapped(t *testing.T) {
 		}
 	}
 }
+
+func TestReplyMessageCapsWithoutParsingAll(t *testing.T) {
+	f := func(content string, max int, want string, wantCut bool) {
+		t.Helper()
+		body := fmt.Sprintf(`{"choices":[{"index":0,"message":{"role":"assistant","content":%s}}]}`, content)
+		raw, cut := replyMessage([]byte(body), max)
+		msgs, err := memory.ParseMessages(append(append([]byte("["), raw...), ']'))
+		if err != nil || len(msgs) != 1 || msgs[0].Content != want || cut != wantCut {
+			t.Errorf("content %.40s… max %d: got %q cut %v (%v), want %q cut %v", content, max, raw, cut, err, want, wantCut)
+		}
+	}
+	f(`"short"`, 100, "short", false)
+	long := strings.Repeat("ab", 5000)
+	f(`"`+long+`"`, 100, long[:100], true)
+	// Escapes before and across the cut.
+	esc := strings.Repeat(`x\n\"\u00e9`, 3000)
+	f(`"`+esc+`"`, 64, memory.CutText(strings.Repeat("x\n\"é", 30), 64), true)
+	f(`null`, 10, "", false)
+}

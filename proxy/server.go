@@ -357,7 +357,8 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	s.metrics.ttfb[r].observe(time.Since(start))
 	s.metrics.bytesOut.Add(uint64(len(ctx.Response.Body())))
 	if turn != nil && status < 300 {
-		s.record(turn, replyMessage(ctx.Response.Body()), false)
+		raw, cut := replyMessage(ctx.Response.Body(), s.opts.Memory.MaxReplyBytes())
+		s.record(turn, raw, cut)
 		turn = nil
 	}
 	return false
