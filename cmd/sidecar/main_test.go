@@ -43,6 +43,13 @@ func startChild(t *testing.T, env []string, args ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", t.TempDir()}, args...)...)
 	cmd.Env = append(append(os.Environ(), "SIDECAR_TEST_MAIN=1"), env...)
+	return startCmd(t, cmd)
+}
+
+// startCmd starts a prepared `sidecar serve` command and waits until it
+// listens.
+func startCmd(t *testing.T, cmd *exec.Cmd) *child {
+	t.Helper()
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
