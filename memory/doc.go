@@ -8,21 +8,36 @@
 //   - A Store (Open … Close) rooted at Options.Dir, normally
 //     <data-dir>/sessions. Each session is one append-only log file at
 //     Dir/<hash(tenant)>/<xx>/<hash(tenant, session)>.log; no client string is
-//     ever used as a file name. Records are framed as
-//     [u32 length][u32 CRC32C(payload)][payload] after an 8-byte magic; on
-//     open the first record that is short, oversized, zero-length or fails its
-//     CRC ends the log: the file is truncated there and the cut bytes are kept
-//     in Dir/quarantine/ for inspection.
+//     ever used as a file name. Logs are durable.Log files (magic
+//     "KVSMLOG2", records framed with a length, a payload CRC-32C and a
+//     header CRC-32C). On open a damaged record is skipped and every intact
+//     record around it kept (the reader resynchronises), a torn tail is cut,
+//     a damaged magic or meta record is rewritten; the damaged bytes go to
+//     Dir/quarantine/. A log of another session is quarantined whole and the
+//     session starts afresh. Version 1 logs ("KVSMLOG1") are converted.
+//     Loading fails only on I/O errors (log.go, store.go load).
 //   - Token counting (Tokenizer) with tiktoken-go and its embedded offline BPE
 //     files: o200k_base for gpt-4o / gpt-4.1 / gpt-4.5 / gpt-5 / o1 / o3 / o4
 //     style names, cl100k_base otherwise, both overridable. Counts are cached
 //     per text hash in a bounded cache, so a request tokenizes only new text.
 //     A message costs its content tokens plus 4 tokens of chat framing.
+//     Counting is linear in the text for any input (long runs of one
+//     character class are counted in 128-byte pieces, an estimate within a
+//     token per cut; ordinary text is exact), runs before the session is
+//     locked, and stops with the request's context or Close. A turn that
+//     cannot fit the window is refused after counting about the window's
+//     worth (tokens.go).
+//   - Open files and disk (storage.go, retention.go): log descriptors are
+//     bounded (durable.Files, a quarter of RLIMIT_NOFILE by default); a
+//     retention goroutine deletes sessions past Storage.SessionTTL and keeps
+//     Dir plus the KV archive under Storage.MaxDiskBytes; a recorded reply
+//     is capped at Storage.MaxReplyBytes.
 //   - The window builder (Store.Prepare): pinned client system messages, the
 //     injected memory block, history that fits, and the current turn.
 //   - A background worker goroutine that persists memory units, access counts
 //     and summaries after the response (Turn.Complete), plus the summarizer
-//     goroutines it starts. Close stops and waits for all of them.
+//     goroutines it starts. Close stops and waits for all of them; Shutdown
+//     does the same within a deadline.
 //   - A RAG index (package index, hybrid BM25 + vectors, index.DefaultRerank)
 //     per session over its memory units — evicted turns (each indexed with
 //     the message before it), replies, summaries, facts, episodes — kept
@@ -71,7 +86,9 @@
 //     everything after it. When that is impossible Prepare fails with
 //     ErrContextTooLarge instead of sending a cut prompt.
 //   - Nothing that leaves the window is deleted: an evicted message becomes a
-//     memory unit (tier working, later archive) and stays in the log (only
+//     memory unit (tier working, later archive), unless a unit already holds
+//     its text (units are deduplicated by role and text and never empty,
+//     dedupe.go), and stays in the log (only
 //     DeleteMemory, the Extractor's [DELETE:id] on facts and episodes, and
 //     episode expiry delete units; a deleted unit leaves its session's
 //     units, index and working memory at once and is never recreated); a

@@ -22,10 +22,12 @@
 //   - Get never waits for maintenance: it takes each tier's lock only to look
 //     up and record the access, and promotes only under TryLock and only
 //     into room that exists.
-//   - A durable Put that returned nil is on disk: written to a temporary
-//     file, fsynced, renamed, the folder fsynced. A file that fails any check
-//     is moved to quarantine/ and reported, never served and never fatal;
-//     temporary files left by a crash are removed on open.
+//   - A durable Put that returned nil is on disk: written with
+//     durable.WriteAtomicFS (temporary file, fsync, rename, folder fsync). A
+//     file that fails any check is moved to quarantine/ and reported, never
+//     served and never fatal; temporary files left by a crash are removed on
+//     open. A shared disk budget trims the archive by plain deletion, least
+//     recently used first (Store.TrimDisk).
 //   - Archive file names are hashes of keys, never the keys themselves.
 //   - Every goroutine belongs to a Store and stops in Close.
 package tiers
