@@ -348,12 +348,15 @@ func (s *Store) Limit(model string) int {
 // request's tools/functions to pass to Prepare.
 func (s *Store) CountTokens(model, text string) int { return s.tok.Count(s.Encoding(model), text) }
 
-// CountTokensContext is CountTokens that stops when ctx is done or the
-// store closes.
+// CountTokensContext is CountTokens for what goes into a window (a
+// request's tools): it stops when ctx is done or the store closes, and once
+// the count passes model's window limit, returning a lower bound above the
+// limit that Prepare refuses (so huge tools cost about a window's worth of
+// counting).
 func (s *Store) CountTokensContext(ctx context.Context, model, text string) (int, error) {
 	ctx, stop := s.withStore(ctx)
 	defer stop()
-	n, err := s.tok.CountContext(ctx, s.Encoding(model), text)
+	n, _, err := s.tok.countUpTo(ctx, s.Encoding(model), text, s.Limit(model))
 	if err != nil {
 		return 0, fmt.Errorf("memory: count tokens: %w", err)
 	}

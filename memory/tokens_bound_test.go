@@ -213,3 +213,21 @@ func TestOversizedTurnIsRefusedAfterCountingTheLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestCountTokensContextStopsPastTheLimit(t *testing.T) {
+	s := openStore(t, t.TempDir(), nil) // limit 8192
+	tools := `[{"type":"function","function":{"name":"f","description":"` + strings.Repeat("b", 4<<20) + `"}}]`
+	segs := 0
+	testHookSegment = func() { segs++ }
+	n, err := s.CountTokensContext(context.Background(), "m", tools)
+	testHookSegment = nil
+	if err != nil || n <= 8192 || segs > 8192/16+4 {
+		t.Fatalf("count %d (%v) after %d segments", n, err, segs)
+	}
+	if _, err := s.Prepare(context.Background(), "t", "s", ModeAppend, "m", []Message{text("user", "hi")}, n); !errors.Is(err, ErrContextTooLarge) {
+		t.Fatalf("Prepare with tools over the limit: %v", err)
+	}
+	if n, err := s.CountTokensContext(context.Background(), "m", "hello world"); n != 2 || err != nil {
+		t.Fatalf("small count %d %v", n, err)
+	}
+}
