@@ -142,6 +142,9 @@ func (s *Store) scanDir(now time.Time) (sessions []sessionFile, other int64, qua
 	stale := func(fi fs.FileInfo, age time.Duration) bool { return now.Sub(fi.ModTime()) > age }
 	tenants, _ := os.ReadDir(root)
 	for _, td := range tenants {
+		if s.ctx.Err() != nil {
+			break // closing: the next start sweeps again
+		}
 		dir := filepath.Join(root, td.Name())
 		if td.Name() == filepath.Base(s.quarantine) {
 			files, _ := os.ReadDir(dir)
