@@ -41,14 +41,15 @@ func TestEngineHooksWrapEachSessionRequest(t *testing.T) {
 	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Engine = fc })
 
 	post(t, base+"/v1/chat/completions", chatBody, map[string]string{"X-Session-ID": "s1", "Authorization": "Bearer k"})
-	post(t, base+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hey"}]}`, map[string]string{"X-Session-ID": "s1"})
-	post(t, base+"/v1/chat/completions", chatBody, nil) // stateless: no hooks
+	post(t, base+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hey"}]}`, map[string]string{"X-Session-ID": "s1", "Authorization": "Bearer k"})
+	post(t, base+"/v1/chat/completions", chatBody, nil)                                     // stateless: no hooks
+	post(t, base+"/v1/chat/completions", chatBody, map[string]string{"X-Session-ID": "s1"}) // anonymous: stateless too
 	waitFor(t, func() bool { fc.mu.Lock(); defer fc.mu.Unlock(); return len(fc.after) == 2 })
 
 	up.mu.Lock()
 	bodies := up.bodies
 	up.mu.Unlock()
-	if !strings.HasPrefix(bodies[0], `{"id_slot":3,`) || !strings.HasPrefix(bodies[1], `{"id_slot":3,`) || strings.Contains(bodies[2], "id_slot") {
+	if !strings.HasPrefix(bodies[0], `{"id_slot":3,`) || !strings.HasPrefix(bodies[1], `{"id_slot":3,`) || strings.Contains(bodies[2], "id_slot") || strings.Contains(bodies[3], "id_slot") {
 		t.Fatalf("upstream bodies %q", bodies)
 	}
 	fc.mu.Lock()

@@ -3,7 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
-	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -16,22 +16,28 @@ import (
 // PUT|GET|HEAD|DELETE /v1/kv/{namespace}/{key}, octet-stream bodies with
 // optional X-KV-Dtype and X-KV-Shape; reads add X-KV-Tier. Namespaces are
 // scoped by tenant like sessions. A PUT answered 201 is durable (fsynced to
-// the archive) and survives kill -9.
-func (s *Server) handleKV(ctx *fasthttp.RequestCtx) {
+// the archive) and survives kill -9. tail is the raw path after /v1/kv (see
+// route.go).
+func (s *Server) handleKV(ctx *fasthttp.RequestCtx, tail []byte) {
 	c := s.opts.KV
 	if c == nil {
 		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "kv_disabled", "the KV API is disabled on this sidecar")
 		return
 	}
-	rest, _ := pathAfter(ctx, "/v1/kv/")
-	rawNS, rawKey, ok := strings.Cut(rest, "/")
-	ns, err1 := url.PathUnescape(rawNS)
-	key, err2 := url.PathUnescape(rawKey)
-	if !ok || ns == "" || key == "" || err1 != nil || err2 != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_path", "KV path must be /v1/kv/{namespace}/{key}, both URL-escaped and not empty")
+	// tail is "/{namespace}/{key}": the namespace one escaped segment, the
+	// key the rest (plain or escaped slashes alike); no dot segments, which
+	// clients and servers resolve differently.
+	segs, err := pathSegments(tail)
+	if err != nil || len(segs) < 2 || segs[0] == "" || slices.Contains(segs[1:], "") || slices.ContainsFunc(segs, isDotName) {
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_path", "KV path must be /v1/kv/{namespace}/{key}, both URL-escaped, not empty, without . or .. segments")
 		return
 	}
-	ns = tenantOf(ctx.Request.Header.Peek("Authorization")) + "/" + ns
+	key := strings.Join(segs[1:], "/")
+	tenant, ok := s.requireTenant(ctx)
+	if !ok {
+		return
+	}
+	ns := tenant + "/" + segs[0]
 
 	switch string(ctx.Method()) {
 	case fasthttp.MethodPut, fasthttp.MethodPost:

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"strings"
 	"sync/atomic"
 	"unsafe"
@@ -307,29 +306,29 @@ func (sr *streamReply) message() []byte {
 
 // handleSessions serves the admin API: GET /v1/sessions/{id},
 // GET /v1/sessions/{id}/memory, DELETE /v1/sessions/{id}, scoped by tenant.
-func (s *Server) handleSessions(ctx *fasthttp.RequestCtx) {
+// tail is the raw path after /v1/sessions (see route.go).
+func (s *Server) handleSessions(ctx *fasthttp.RequestCtx, tail []byte) {
 	if s.opts.Memory == nil {
 		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "memory_disabled", "session memory is disabled on this sidecar")
 		return
 	}
-	rest, ok := pathAfter(ctx, "/v1/sessions/")
-	if !ok {
+	// tail is what follows /v1/sessions: "/{id}" or "/{id}/memory", the id
+	// one escaped segment (so ".." is a name here, not a step up).
+	segs, err := pathSegments(tail)
+	wantMemory := len(segs) == 2 && segs[1] == "memory"
+	if err != nil || len(segs) == 0 || len(segs) > 2 || len(segs) == 2 && !wantMemory {
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_path", "session path must be /v1/sessions/{id}[/memory] with the id URL-escaped")
 		return
 	}
-	wantMemory := false
-	if id, found := strings.CutSuffix(rest, "/memory"); found {
-		rest, wantMemory = id, true
-	}
-	id, err := url.PathUnescape(rest)
-	if err == nil {
-		err = validSessionID(id)
-	}
-	if err != nil || id == "" || strings.Contains(rest, "/") {
+	id := segs[0]
+	if err := validSessionID(id); err != nil || id == "" {
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_session_id", "session id must be one URL-escaped path segment of 1..256 bytes without control characters")
 		return
 	}
-	tenant := tenantOf(ctx.Request.Header.Peek("Authorization"))
+	tenant, ok := s.requireTenant(ctx)
+	if !ok {
+		return
+	}
 	var v any
 	switch {
 	case ctx.IsGet() && wantMemory:
@@ -373,15 +372,4 @@ func ptrIf[T any](v T, ok bool) *T {
 		return nil
 	}
 	return &v
-}
-
-// pathAfter returns the raw (still escaped) request path after prefix; ok is
-// false when the path does not start with prefix or nothing follows it.
-func pathAfter(ctx *fasthttp.RequestCtx, prefix string) (string, bool) {
-	uri := string(ctx.Request.Header.RequestURI())
-	if i := strings.IndexAny(uri, "?#"); i >= 0 {
-		uri = uri[:i]
-	}
-	rest, ok := strings.CutPrefix(uri, prefix)
-	return rest, ok && rest != ""
 }

@@ -171,7 +171,7 @@ func TestSessionMemoryErrorsAreOpenAIShaped(t *testing.T) {
 	up := newRecordingUpstream(t)
 	st := openMemory(t, memory.Options{HardLimit: 128, SystemReserve: 8, ToolsReserve: 8, InjectMaxTokens: 8})
 	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
-	hdr := map[string]string{"X-Session-ID": "s"}
+	hdr := map[string]string{"X-Session-ID": "s", "Authorization": "Bearer k"}
 	resp, b := post(t, base+"/v1/chat/completions", `{"messages":[{"content":"no role"}]}`, hdr)
 	wantOpenAIError(t, resp, b, 400, "invalid_messages")
 	resp, b = post(t, base+"/v1/chat/completions", `{"messages":[{"role":"user","content":"`+strings.Repeat("word ", 500)+`"}]}`, hdr)
@@ -198,6 +198,7 @@ func TestStreamCutShortIsRecordedAsPartial(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
 		strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"tell me"}]}`))
 	req.Header.Set("X-Session-ID", "cut")
+	req.Header.Set("Authorization", "Bearer k")
 	resp, err := noPoolClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +211,7 @@ func TestStreamCutShortIsRecordedAsPartial(t *testing.T) {
 
 	var v sessionView
 	waitFor(t, func() bool {
-		return getJSON(t, base+"/v1/sessions/cut", "", &v) == 200 && len(v.Messages) == 2
+		return getJSON(t, base+"/v1/sessions/cut", "k", &v) == 200 && len(v.Messages) == 2
 	})
 	if m := v.Messages[1]; m.Role != "assistant" || m.Content != "half an ans" || !m.Partial {
 		t.Fatalf("partial reply %+v", m)

@@ -46,6 +46,9 @@ const (
 	upErrBroken      = "broken"
 	upErrTooLarge    = "too_large"
 	upErrGarbage     = "garbage"
+	// upErrIncomplete: an event stream that ended without its terminator
+	// ([DONE]) before every choice had a finish_reason.
+	upErrIncomplete = "incomplete"
 )
 
 // latencyBuckets are histogram upper bounds in seconds, from loopback
@@ -102,6 +105,7 @@ type Metrics struct {
 	bytesOut    atomic.Uint64
 	inFlight    atomic.Int64
 	disconnects atomic.Uint64
+	anonymous   atomic.Uint64 // session requests without a tenant, served statelessly
 	start       time.Time
 
 	// mu protects the fields below.
@@ -189,7 +193,7 @@ func (m *Metrics) WritePrometheus(out io.Writer) {
 
 	fmt.Fprintln(w, "# HELP sidecar_upstream_errors_total Upstream failures, by kind.")
 	fmt.Fprintln(w, "# TYPE sidecar_upstream_errors_total counter")
-	for _, kind := range []string{upErrUnreachable, upErrTimeout, upErrBroken, upErrTooLarge, upErrGarbage} {
+	for _, kind := range []string{upErrUnreachable, upErrTimeout, upErrBroken, upErrTooLarge, upErrGarbage, upErrIncomplete} {
 		var n uint64
 		if v, ok := m.upErrors.Load(kind); ok {
 			n = v.(*atomic.Uint64).Load()
@@ -199,6 +203,9 @@ func (m *Metrics) WritePrometheus(out io.Writer) {
 	fmt.Fprintln(w, "# HELP sidecar_client_disconnects_total Requests whose client went away before the response ended.")
 	fmt.Fprintln(w, "# TYPE sidecar_client_disconnects_total counter")
 	fmt.Fprintf(w, "sidecar_client_disconnects_total %d\n", m.disconnects.Load())
+	fmt.Fprintln(w, "# HELP sidecar_anonymous_stateless_requests_total Requests that named a session without an API key and went through without session state.")
+	fmt.Fprintln(w, "# TYPE sidecar_anonymous_stateless_requests_total counter")
+	fmt.Fprintf(w, "sidecar_anonymous_stateless_requests_total %d\n", m.anonymous.Load())
 	fmt.Fprintln(w, "# HELP sidecar_http_request_bytes_total Request body bytes received from clients.")
 	fmt.Fprintln(w, "# TYPE sidecar_http_request_bytes_total counter")
 	fmt.Fprintf(w, "sidecar_http_request_bytes_total %d\n", m.bytesIn.Load())
@@ -213,6 +220,10 @@ func (m *Metrics) WritePrometheus(out io.Writer) {
 	runtime.ReadMemStats(&ms)
 	fmt.Fprintln(w, "# TYPE process_resident_memory_bytes gauge")
 	fmt.Fprintf(w, "process_resident_memory_bytes %d\n", residentBytes())
+	if n, ok := openFDs(); ok {
+		fmt.Fprintln(w, "# TYPE process_open_fds gauge")
+		fmt.Fprintf(w, "process_open_fds %d\n", n)
+	}
 	fmt.Fprintln(w, "# TYPE process_start_time_seconds gauge")
 	fmt.Fprintf(w, "process_start_time_seconds %d\n", m.start.Unix())
 	fmt.Fprintln(w, "# TYPE go_goroutines gauge")
@@ -228,6 +239,21 @@ func (m *Metrics) WritePrometheus(out io.Writer) {
 	for _, c := range cs {
 		c(w)
 	}
+}
+
+// openFDs counts the process's open file descriptors from /proc; ok is false
+// where there is none.
+func openFDs() (int, bool) {
+	f, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return 0, false
+	}
+	return len(names) - 1, true // less the one reading the folder
 }
 
 // residentBytes reads the process RSS from /proc; 0 where there is none.

@@ -80,6 +80,14 @@ type Options struct {
 	// stats (engine.Generic). Nil: none. The Server does not close it.
 	Engine engine.Connector
 
+	// AllowAnonymous lets requests without a bearer token (no
+	// Authorization header, an empty one, or "Bearer" alone) share one
+	// tenant named "anonymous": its sessions, pool and KV are open to every
+	// such client. Default false: those requests keep no state — chat and
+	// completions go through statelessly even with a session id, and the
+	// sessions, pool and KV APIs answer 401.
+	AllowAnonymous bool
+
 	// OnSessionDelete, when set, is called after DELETE /v1/sessions/{id}
 	// removed a session's memory, to drop what else belongs to it (its KV).
 	OnSessionDelete func(tenant, sessionID string)

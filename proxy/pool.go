@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -21,21 +21,27 @@ import (
 //	DELETE /v1/pool/{key}[?expected_version=n]
 //
 // Writes are last-writer-wins unless expected_version is given; a mismatch
-// is 409 with the current entry. X-Session-ID names the writer.
-func (s *Server) handlePool(ctx *fasthttp.RequestCtx) {
+// is 409 with the current entry. X-Session-ID names the writer. tail is the
+// raw path after /v1/pool (see route.go).
+func (s *Server) handlePool(ctx *fasthttp.RequestCtx, tail []byte) {
 	st := s.opts.Memory
 	if st == nil {
 		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "memory_disabled", "session memory is disabled on this sidecar")
 		return
 	}
-	tenant := tenantOf(ctx.Request.Header.Peek("Authorization"))
-	rest, ok := pathAfter(ctx, "/v1/pool/")
-	if !ok {
-		rest = "" // GET /v1/pool lists
+	// tail is "" or "/" (the list), else "/{key}" where the key may hold
+	// escaped or plain slashes but no dot segments.
+	segs, err := pathSegments(tail)
+	if len(segs) == 1 && segs[0] == "" {
+		segs = nil // GET /v1/pool/ lists too
 	}
-	key, err := url.PathUnescape(rest)
-	if err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_path", "pool key must be URL-escaped")
+	if err != nil || slices.ContainsFunc(segs, isDotName) {
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_path", "pool key must be URL-escaped, without . or .. segments")
+		return
+	}
+	key := strings.Join(segs, "/")
+	tenant, ok := s.requireTenant(ctx)
+	if !ok {
 		return
 	}
 	var v any

@@ -37,6 +37,8 @@ type Server struct {
 	// bg runs reply recording and engine after-hooks once responses are
 	// out; Shutdown waits for it.
 	bg bgTasks
+	// anonWarned is set once the first anonymous session request was logged.
+	anonWarned atomic.Bool
 }
 
 type readyState struct {
@@ -122,16 +124,26 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	s.metrics.countRequest(routeNotFound, status, 0)
 }
 
-func classify(path []byte) route {
-	switch string(path) {
-	case "/v1/chat/completions":
-		return routeChat
-	case "/v1/completions":
+// classify names the /v1 route of a raw path that is not the sidecar's
+// own, segment by segment after decoding (routing and the upstream read
+// "/v1/chat/c%6Fmpletions" alike).
+func classify(raw []byte) route {
+	_, rest, _ := nextSegment(raw) // "v1", checked by the caller
+	a, rest, ok := nextSegment(rest)
+	if !ok {
+		return routePassthrough
+	}
+	b, rest, ok := nextSegment(rest)
+	switch {
+	case rest != nil:
+	case !ok && segmentIs(a, "completions"):
 		return routeCompletions
-	case "/v1/embeddings":
+	case !ok && segmentIs(a, "embeddings"):
 		return routeEmbeddings
-	case "/v1/models":
+	case !ok && segmentIs(a, "models"):
 		return routeModels
+	case ok && segmentIs(a, "chat") && segmentIs(b, "completions"):
+		return routeChat
 	}
 	return routePassthrough
 }
@@ -151,47 +163,61 @@ func endpointOf(r route) endpoint {
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
 	s.metrics.inFlight.Add(1)
-	path := ctx.Path()
-	switch {
-	case bytes.Equal(path, []byte("/healthz")):
+	// One reading of the path for routing and handling: the path as sent.
+	raw := ctx.URI().PathOriginal()
+	switch string(raw) {
+	case "/healthz":
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"status":"ok"}`)
 		s.finish(routeHealthz, ctx.Response.StatusCode(), start)
-	case bytes.Equal(path, []byte("/readyz")):
+		return
+	case "/readyz":
 		s.handleReady(ctx)
 		s.finish(routeReadyz, ctx.Response.StatusCode(), start)
-	case bytes.Equal(path, []byte("/metrics")):
+		return
+	case "/metrics":
 		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
 		s.metrics.WritePrometheus(ctx)
 		s.finish(routeMetrics, ctx.Response.StatusCode(), start)
-	case bytes.HasPrefix(path, []byte("/v1/sessions/")):
-		if !s.tooLarge(ctx, s.opts.MaxBodyBytes) {
-			s.handleSessions(ctx)
+		return
+	}
+	if r, tail, ok := ownedRoute(raw); ok {
+		limit := s.opts.MaxBodyBytes
+		if r == routeKV {
+			limit = s.opts.MaxKVBytes
 		}
-		s.finish(routeSessions, ctx.Response.StatusCode(), start)
-	case bytes.Equal(path, []byte("/v1/pool")) || bytes.HasPrefix(path, []byte("/v1/pool/")):
-		if !s.tooLarge(ctx, s.opts.MaxBodyBytes) {
-			s.handlePool(ctx)
+		if !s.tooLarge(ctx, limit) {
+			switch r {
+			case routeSessions:
+				s.handleSessions(ctx, tail)
+			case routePool:
+				s.handlePool(ctx, tail)
+			default:
+				s.handleKV(ctx, tail)
+			}
 		}
-		s.finish(routePool, ctx.Response.StatusCode(), start)
-	case bytes.HasPrefix(path, []byte("/v1/kv/")):
-		if !s.tooLarge(ctx, s.opts.MaxKVBytes) {
-			s.handleKV(ctx)
-		}
-		s.finish(routeKV, ctx.Response.StatusCode(), start)
-	case bytes.HasPrefix(path, []byte("/v1/")):
-		r := classify(path)
-		if s.tooLarge(ctx, s.opts.MaxBodyBytes) {
-			s.finish(r, ctx.Response.StatusCode(), start)
-			return
-		}
-		if !s.forward(ctx, r, start) {
-			s.finish(r, ctx.Response.StatusCode(), start)
-		}
-	default:
+		s.finish(r, ctx.Response.StatusCode(), start)
+		return
+	}
+	if seg0, rest, _ := nextSegment(raw); !segmentIs(seg0, "v1") || len(rest) == 0 {
 		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found",
-			fmt.Sprintf("no route for %s %s", ctx.Method(), path))
+			fmt.Sprintf("no route for %s %s", ctx.Method(), raw))
 		s.finish(routeNotFound, fasthttp.StatusNotFound, start)
+		return
+	}
+	if !forwardable(raw, ctx.Path()) {
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_path",
+			"the path holds dot segments or escapes that servers read differently; send it normalised")
+		s.finish(routePassthrough, fasthttp.StatusBadRequest, start)
+		return
+	}
+	r := classify(raw)
+	if s.tooLarge(ctx, s.opts.MaxBodyBytes) {
+		s.finish(r, ctx.Response.StatusCode(), start)
+		return
+	}
+	if !s.forward(ctx, r, start) {
+		s.finish(r, ctx.Response.StatusCode(), start)
 	}
 }
 
@@ -227,10 +253,16 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 			return false
 		}
 	}
-	sess, err := sessionOf(ctx, info)
+	sess, anonymous, err := s.sessionOf(ctx, info)
 	if err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_session_id", err.Error())
 		return false
+	}
+	if anonymous {
+		s.metrics.anonymous.Add(1)
+		if s.anonWarned.CompareAndSwap(false, true) {
+			s.log.Warn("a request named a session without an API key: it goes through without session state (send Authorization: Bearer …, or start with --allow-anonymous to share one anonymous tenant); further ones are counted in sidecar_anonymous_stateless_requests_total")
+		}
 	}
 	var sessLog []any
 	if sess.ID != "" {
@@ -407,13 +439,19 @@ func (b *bgTasks) closeAndWait() {
 // away before the answer (nginx's 499); the client never sees it.
 const statusClientClosed = 499
 
-// upstreamRequest builds the request to the upstream: same method, raw
-// request URI under the upstream's base path, end-to-end headers, the body
-// unchanged (not copied: body must outlive req's use).
+// upstreamRequest builds the request to the upstream: same method, the raw
+// path (the one routing read) and query under the upstream's base path,
+// end-to-end headers, the body unchanged (not copied: body must outlive
+// req's use). An absolute-form request target is sent in origin form.
 func (s *Server) upstreamRequest(req *fasthttp.Request, in *fasthttp.Request, body []byte) {
 	req.Header.DisableNormalizing()
 	req.Header.SetMethodBytes(in.Header.Method())
-	uri := append(append(make([]byte, 0, len(s.base.Path)+len(in.Header.RequestURI())), s.base.Path...), in.Header.RequestURI()...)
+	path, query := in.URI().PathOriginal(), in.URI().QueryString()
+	uri := make([]byte, 0, len(s.base.Path)+len(path)+1+len(query))
+	uri = append(append(uri, s.base.Path...), path...)
+	if len(query) > 0 {
+		uri = append(append(uri, '?'), query...)
+	}
 	req.Header.SetRequestURIBytes(uri)
 	req.Header.SetHost(s.base.Host)
 	copyRequestHeaders(&req.Header, &in.Header)

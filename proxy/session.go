@@ -14,7 +14,8 @@ import (
 // file names (storage hashes them), but they are logged and echoed.
 const maxSessionIDLen = 256
 
-// anonymousTenant is the tenant of requests without a bearer token.
+// anonymousTenant is the one tenant that requests without a bearer token
+// share when Options.AllowAnonymous is set.
 const anonymousTenant = "anonymous"
 
 // sessionRef identifies a session: its id as the client named it, scoped by
@@ -25,7 +26,8 @@ type sessionRef struct {
 }
 
 // tenantOf hashes the Authorization bearer token so that one key never sees
-// another key's sessions and no secret is kept or logged.
+// another key's sessions and no secret is kept or logged. It returns ""
+// when the header carries no token (absent, empty, "Bearer" alone).
 func tenantOf(authorization []byte) string {
 	const prefix = "bearer"
 	tok := bytes.TrimSpace(authorization)
@@ -34,7 +36,7 @@ func tenantOf(authorization []byte) string {
 		tok = bytes.TrimSpace(tok[len(prefix):])
 	}
 	if len(tok) == 0 {
-		return anonymousTenant
+		return ""
 	}
 	sum := sha256.Sum256(tok)
 	return "t_" + hex.EncodeToString(sum[:8])
@@ -73,18 +75,50 @@ func validSessionID(id string) error {
 	return nil
 }
 
+// tenant returns the request's tenant. ok is false for a request without
+// a bearer token unless Options.AllowAnonymous makes it the shared
+// anonymous tenant: anonymous requests keep no state by default, since any
+// client could read another's.
+func (s *Server) tenant(ctx *fasthttp.RequestCtx) (tenant string, ok bool) {
+	if t := tenantOf(ctx.Request.Header.Peek("Authorization")); t != "" {
+		return t, true
+	}
+	if s.opts.AllowAnonymous {
+		return anonymousTenant, true
+	}
+	return "", false
+}
+
+// requireTenant is tenant for the state APIs (sessions, pool, KV): without
+// one it answers 401 and returns ok false.
+func (s *Server) requireTenant(ctx *fasthttp.RequestCtx) (string, bool) {
+	t, ok := s.tenant(ctx)
+	if !ok {
+		writeError(ctx, fasthttp.StatusUnauthorized, typeInvalidRequest, "missing_api_key",
+			"this API keeps per-key state and needs an API key (Authorization: Bearer …); anonymous requests get no shared state")
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="kvsidecar"`)
+	}
+	return t, ok
+}
+
 // sessionOf finds the request's session: the X-Session-ID header, else the
-// body's prompt_cache_key. It returns the zero sessionRef when neither is set.
-func sessionOf(ctx *fasthttp.RequestCtx, info requestInfo) (sessionRef, error) {
+// body's prompt_cache_key. It returns the zero sessionRef when neither is
+// set, and also, with anonymous true, for a request that names a session
+// but has no tenant (see Server.tenant): it goes through statelessly.
+func (s *Server) sessionOf(ctx *fasthttp.RequestCtx, info requestInfo) (ref sessionRef, anonymous bool, err error) {
 	id := string(ctx.Request.Header.Peek("X-Session-ID"))
 	if id == "" {
 		id = info.PromptCacheKey
 	}
 	if id == "" {
-		return sessionRef{}, nil
+		return sessionRef{}, false, nil
 	}
 	if err := validSessionID(id); err != nil {
-		return sessionRef{}, err
+		return sessionRef{}, false, err
 	}
-	return sessionRef{Tenant: tenantOf(ctx.Request.Header.Peek("Authorization")), ID: id}, nil
+	tenant, ok := s.tenant(ctx)
+	if !ok {
+		return sessionRef{}, true, nil
+	}
+	return sessionRef{Tenant: tenant, ID: id}, false, nil
 }

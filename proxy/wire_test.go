@@ -26,14 +26,19 @@ func TestParseRequest(t *testing.T) {
 
 func TestTenantOf(t *testing.T) {
 	a, b := tenantOf([]byte("Bearer sk-one")), tenantOf([]byte("bearer  sk-one "))
-	if a != b || a == anonymousTenant || len(a) != 18 {
+	if a != b || a == "" || a == anonymousTenant || len(a) != 18 {
 		t.Fatalf("tenant %q vs %q", a, b)
 	}
 	if tenantOf([]byte("Bearer sk-two")) == a {
 		t.Fatal("two keys share a tenant")
 	}
-	if tenantOf(nil) != anonymousTenant || tenantOf([]byte("Bearer ")) != anonymousTenant || tenantOf([]byte("Bearer")) != anonymousTenant {
-		t.Fatal("no key must be the anonymous tenant")
+	for _, h := range []string{"", " ", "Bearer", "Bearer ", "bearer \t ", "BEARER"} {
+		if got := tenantOf([]byte(h)); got != "" {
+			t.Fatalf("Authorization %q has no key but got tenant %q", h, got)
+		}
+	}
+	if tenantOf([]byte("Basic dXNlcjpwdw==")) == "" || tenantOf([]byte("Bearerx")) == "" {
+		t.Fatal("a credential that is not a bearer token is a tenant of its own")
 	}
 }
 

@@ -1,0 +1,172 @@
+package proxy
+
+import (
+	"bytes"
+	"net/url"
+	"strings"
+)
+
+// Routing reads the request path once, as the client sent it (escaped, not
+// normalised), and every handler works from that same reading:
+//
+//   - A path whose first two segments are v1 and sessions, pool or kv (each
+//     compared after percent-decoding) belongs to the sidecar and is never
+//     forwarded. Its handler gets the remaining segments, each decoded on
+//     its own, so "/v1/sessions/.." names the session "..", and
+//     "/v1/sessions/a%2Fb" the session "a/b".
+//   - Any other /v1 path is forwarded exactly as sent, unless it holds a
+//     dot segment ("." or "..", escaped or not) or its normalised form
+//     (fasthttp's: decoded, "//" collapsed, dot segments resolved) would be
+//     a sidecar route or leave /v1: such paths are ambiguous between
+//     servers and get 400 invalid_path.
+//   - /healthz, /readyz and /metrics match the raw path exactly.
+//
+// Without this, a path such as /v1/kv/ns/../../etc/passwd was routed by its
+// normalised form (/v1/etc/passwd, a passthrough) and forwarded raw, with
+// the client's Authorization, to the upstream.
+
+// ownedRoute reports whether the raw path's first segments name a sidecar
+// route, and which; tail is the raw rest after it (after "/v1/kv", say,
+// tail is "" or starts with '/').
+func ownedRoute(raw []byte) (r route, tail []byte, ok bool) {
+	seg0, rest, ok0 := nextSegment(raw)
+	if !ok0 || !segmentIs(seg0, "v1") {
+		return 0, nil, false
+	}
+	seg1, rest, ok1 := nextSegment(rest)
+	if !ok1 {
+		return 0, nil, false
+	}
+	switch {
+	case segmentIs(seg1, "sessions"):
+		return routeSessions, rest, true
+	case segmentIs(seg1, "pool"):
+		return routePool, rest, true
+	case segmentIs(seg1, "kv"):
+		return routeKV, rest, true
+	}
+	return 0, nil, false
+}
+
+// nextSegment splits "/seg/rest" into seg and "/rest"; ok is false when p
+// does not start with '/'.
+func nextSegment(p []byte) (seg, rest []byte, ok bool) {
+	if len(p) == 0 || p[0] != '/' {
+		return nil, nil, false
+	}
+	p = p[1:]
+	if i := bytes.IndexByte(p, '/'); i >= 0 {
+		return p[:i], p[i:], true
+	}
+	return p, nil, true
+}
+
+// segmentIs reports whether the escaped segment seg decodes to lit, without
+// allocating.
+func segmentIs(seg []byte, lit string) bool {
+	j := 0
+	for i := 0; i < len(seg); i++ {
+		c := seg[i]
+		if c == '%' {
+			if i+2 >= len(seg) {
+				return false
+			}
+			h, l := unhex(seg[i+1]), unhex(seg[i+2])
+			if h < 0 || l < 0 {
+				return false
+			}
+			c = byte(h<<4 | l)
+			i += 2
+		}
+		if j >= len(lit) || lit[j] != c {
+			return false
+		}
+		j++
+	}
+	return j == len(lit)
+}
+
+func unhex(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'a' <= c && c <= 'f':
+		return int(c-'a') + 10
+	case 'A' <= c && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
+}
+
+// hasDotSegment reports whether the raw path holds a dot segment ("." or
+// ".."), counting escaped dots and segments made by escaped slashes or
+// backslashes ("a%2F..%2Fb"), which some servers split on.
+func hasDotSegment(raw []byte) bool {
+	var buf [64]byte
+	for p := raw; len(p) > 0; {
+		seg, rest, ok := nextSegment(p)
+		if !ok {
+			return false
+		}
+		p = rest
+		if bytes.IndexByte(seg, '.') < 0 && !bytes.Contains(seg, []byte("%2")) && !bytes.Contains(seg, []byte("%5")) {
+			continue // no dot, no escaped dot, slash or backslash
+		}
+		dec := buf[:0]
+		for i := 0; i < len(seg); i++ {
+			c := seg[i]
+			if c == '%' && i+2 < len(seg) && unhex(seg[i+1]) >= 0 && unhex(seg[i+2]) >= 0 {
+				c = byte(unhex(seg[i+1])<<4 | unhex(seg[i+2]))
+				i += 2
+			}
+			dec = append(dec, c)
+		}
+		for _, part := range bytes.FieldsFunc(dec, func(r rune) bool { return r == '/' || r == '\\' }) {
+			if string(part) == "." || string(part) == ".." {
+				return true
+			}
+		}
+		if string(dec) == "." || string(dec) == ".." {
+			return true
+		}
+	}
+	return false
+}
+
+// forwardable reports whether a /v1 path that is not a sidecar route may go
+// to the upstream as sent: no dot segment, and a normalised form (norm) that
+// stays under /v1 and names no sidecar route, so every server reads it as
+// the sidecar did.
+func forwardable(raw, norm []byte) bool {
+	if hasDotSegment(raw) {
+		return false
+	}
+	if bytes.Equal(raw, norm) {
+		return true
+	}
+	if !bytes.HasPrefix(norm, []byte("/v1/")) {
+		return false
+	}
+	_, _, owned := ownedRoute(norm)
+	return !owned
+}
+
+// pathSegments decodes the segments of tail ("/a/b%2Fc" → ["a", "b/c"]).
+// An empty tail gives none; a trailing slash gives a last empty segment.
+func pathSegments(tail []byte) ([]string, error) {
+	if len(tail) == 0 {
+		return nil, nil
+	}
+	parts := strings.Split(string(tail[1:]), "/")
+	for i, p := range parts {
+		s, err := url.PathUnescape(p)
+		if err != nil {
+			return nil, err
+		}
+		parts[i] = s
+	}
+	return parts, nil
+}
+
+// isDotName reports whether a decoded segment is "." or "..".
+func isDotName(s string) bool { return s == "." || s == ".." }
