@@ -27,6 +27,7 @@ type memMetrics struct {
 	recalled     atomic.Uint64
 	bypassed     atomic.Uint64 // memory failed; the request went through unchanged
 	recorded     atomic.Uint64 // replies recorded (complete or partial)
+	recordErrors atomic.Uint64 // replies that could not be recorded
 }
 
 func (m *memMetrics) write(w io.Writer, st memory.Stats) {
@@ -41,7 +42,8 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{"sidecar_memory_evicted_messages_total", "Messages that left the window (kept as memory units).", m.evicted.Load()},
 		{"sidecar_memory_recalled_total", "Memories injected into windows.", m.recalled.Load()},
 		{"sidecar_memory_bypassed_total", "Requests forwarded unchanged because session memory failed.", m.bypassed.Load()},
-		{"sidecar_memory_replies_recorded_total", "Assistant replies recorded after the response (complete or partial).", m.recorded.Load()},
+		{"sidecar_memory_replies_recorded_total", "Assistant replies recorded (complete ones before the client sees the answer's end, partial ones after).", m.recorded.Load()},
+		{"sidecar_memory_record_errors_total", "Assistant replies that could not be recorded (the answer went out regardless).", m.recordErrors.Load()},
 		{"sidecar_memory_summaries_total", "Summaries made in the background.", uint64(st.Summaries)},
 		{"sidecar_memory_queue_full_total", "Background syncs deferred because the queue was full.", uint64(st.QueueFull)},
 		{"sidecar_memory_write_errors_total", "Background memory writes that failed.", uint64(st.WriteErrors)},
@@ -141,34 +143,41 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 	return turn, out, false
 }
 
-// record finishes a turn after its response, off the request path. raw is
-// the assistant's reply as a message object; partial marks a reply cut
-// short. A turn without any reply is aborted.
+// record finishes a turn off the request path, for replies no client
+// waits on (cut short, partial). raw is the assistant's reply as a message
+// object; partial marks a reply cut short. A turn without any reply is
+// aborted.
 func (s *Server) record(turn *memory.Turn, raw []byte, partial bool) {
-	s.bg.run(func() {
-		if len(raw) == 0 {
-			turn.Abort()
-			return
-		}
-		var msg memory.Message
-		msgs, err := memory.ParseMessages(append(append([]byte{'['}, raw...), ']'))
-		if err != nil || len(msgs) != 1 {
-			s.log.Warn("upstream reply is not a chat message; recorded as text", "err", err)
-			msg = memory.NewMessage("assistant", string(raw))
-		} else {
-			msg = msgs[0]
-		}
-		if partial {
-			err = turn.CompletePartial(msg)
-		} else {
-			err = turn.Complete(msg)
-		}
-		if err != nil {
-			s.log.Warn("recording the reply failed", "err", err)
-			return
-		}
-		s.mem.recorded.Add(1)
-	})
+	s.bg.run(func() { s.recordTurn(turn, raw, partial) })
+}
+
+// recordTurn is record in the caller's goroutine: once it returns the reply
+// is in the session's log (fsynced per the store's policy). The proxy calls
+// it before the client sees the end of a complete answer.
+func (s *Server) recordTurn(turn *memory.Turn, raw []byte, partial bool) {
+	if len(raw) == 0 {
+		turn.Abort()
+		return
+	}
+	var msg memory.Message
+	msgs, err := memory.ParseMessages(append(append([]byte{'['}, raw...), ']'))
+	if err != nil || len(msgs) != 1 {
+		s.log.Warn("upstream reply is not a chat message; recorded as text", "err", err)
+		msg = memory.NewMessage("assistant", string(raw))
+	} else {
+		msg = msgs[0]
+	}
+	if partial {
+		err = turn.CompletePartial(msg)
+	} else {
+		err = turn.Complete(msg)
+	}
+	if err != nil {
+		s.mem.recordErrors.Add(1)
+		s.log.Warn("recording the reply failed", "err", err)
+		return
+	}
+	s.mem.recorded.Add(1)
 }
 
 // replyMessage returns the assistant message object of a non-streamed chat

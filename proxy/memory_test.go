@@ -391,3 +391,77 @@ func TestStreamReplyAccumulatesTextAndToolCalls(t *testing.T) {
 		t.Fatal("an empty stream made a reply")
 	}
 }
+
+// Issue 12 rows 4 and 15: a stream that stops without [DONE] is a partial
+// turn; a complete answer is in the session before the client sees its
+// end, streamed or not.
+func TestStreamEndDecidesTheRecordedTurn(t *testing.T) {
+	chunk := func(s string) string {
+		return fmt.Sprintf("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", s)
+	}
+	cases := []struct {
+		name    string
+		events  []string
+		partial bool
+	}{
+		{"cut without [DONE]", []string{chunk("one "), chunk("two "), chunk("three")}, true},
+		{"complete", []string{chunk("one "), chunk("two "), chunk("three"), "data: [DONE]\n\n"}, false},
+		{"finish_reason without [DONE]", []string{chunk("one "), chunk("two "), chunk("three"),
+			"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n"}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			up := streamUpstream(t, c.events, nil, nil)
+			defer up.Close()
+			st := openMemory(t, memory.Options{})
+			base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
+			hdr := map[string]string{"Authorization": "Bearer k", "X-Session-ID": "s"}
+			resp, err := func() (*http.Response, error) {
+				req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"count"}]}`))
+				for k, v := range hdr {
+					req.Header.Set(k, v)
+				}
+				return noPoolClient.Do(req)
+			}()
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, rerr := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if c.partial {
+				if rerr == nil || !strings.Contains(string(body), "event: error") || strings.Contains(string(body), "data: [DONE]") {
+					t.Fatalf("a cut stream reached the client as %q, %v", body, rerr)
+				}
+			} else if rerr != nil || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+				t.Fatalf("complete stream: %q, %v", body, rerr)
+			}
+			var v sessionView
+			if c.partial {
+				waitFor(t, func() bool { return getJSON(t, base+"/v1/sessions/s", "k", &v) == 200 && len(v.Messages) == 2 })
+			} else if getJSON(t, base+"/v1/sessions/s", "k", &v) != 200 || len(v.Messages) != 2 {
+				// No waiting: the reply was recorded before [DONE] went out.
+				t.Fatalf("reply not recorded when the client had [DONE]: %+v", v)
+			}
+			if m := v.Messages[1]; m.Role != "assistant" || m.Content != "one two three" || m.Partial != c.partial {
+				t.Fatalf("recorded %+v, want partial=%v", m, c.partial)
+			}
+		})
+	}
+	t.Run("not streamed", func(t *testing.T) {
+		up := newRecordingUpstream(t)
+		st := openMemory(t, memory.Options{})
+		base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
+		for i := range 20 {
+			msg := fmt.Sprintf("turn %d", i)
+			resp, b := post(t, base+"/v1/chat/completions", `{"messages":[{"role":"user","content":"`+msg+`"}]}`,
+				map[string]string{"Authorization": "Bearer k", "X-Session-ID": "plain", "X-Session-Mode": "append"})
+			if resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, b)
+			}
+			var v sessionView
+			if getJSON(t, base+"/v1/sessions/plain", "k", &v) != 200 || len(v.Messages) != 2*(i+1) || v.Messages[2*i+1].Content != "echo: "+msg {
+				t.Fatalf("turn %d: reply not recorded when the client had the answer: %+v", i, v.Messages)
+			}
+		}
+	})
+}

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
@@ -45,6 +47,9 @@ type relay struct {
 	// last data events (llama.cpp puts timings in the final chunk).
 	ereq     *engine.Request
 	lastData [2][]byte
+	// end tracks whether a validated stream finished: its [DONE], or a
+	// finish_reason for every choice it started.
+	end streamEnd
 
 	split  sseSplitter
 	buf    []byte
@@ -101,6 +106,22 @@ func (r *relay) fill() {
 				return
 			}
 		}
+		if r.validate && !r.end.done {
+			if !r.end.finished() {
+				// The upstream stopped before its answer ended: an error,
+				// not a short answer (issue 12 row 4).
+				r.s.metrics.countUpstreamError(upErrIncomplete)
+				r.s.log.Warn("upstream stream ended without [DONE]", append(r.sessLog, "route", r.route.String(), "events", r.events)...)
+				r.out = append(r.out, sseErrorEvent("upstream_stream_incomplete", "upstream stream ended before the answer was complete (no [DONE], no finish_reason)")...)
+				r.final = errAbortStream
+				return
+			}
+			// Every choice carried its finish_reason: the answer is whole
+			// and only the terminator is missing. Record, then add it, so
+			// every stream a client sees ends alike.
+			r.commitTurn()
+			r.out = append(r.out, "data: [DONE]\n\n"...)
+		}
 		r.final = io.EOF
 	case errors.Is(err, errCancelled):
 		// The client went away; nobody reads an error event.
@@ -116,6 +137,19 @@ func (r *relay) fill() {
 	}
 }
 
+// commitTurn records the streamed reply as complete, durably, before the
+// client sees the end of the stream: an answer whose [DONE] reached the
+// client survives kill -9 (issue 12 row 15). It costs one log append (an
+// fsync with the default policy) per turn.
+func (r *relay) commitTurn() {
+	if r.turn == nil || r.status >= 300 {
+		return
+	}
+	// A reply over what memory keeps is recorded cut, as partial.
+	r.s.recordTurn(r.turn, r.reply.message(), r.reply.cut)
+	r.turn = nil
+}
+
 // pass queues one complete event, or the error event that replaces garbage.
 func (r *relay) pass(ev []byte) bool {
 	if r.validate {
@@ -128,8 +162,18 @@ func (r *relay) pass(ev []byte) bool {
 		}
 	}
 	r.events++
-	if r.turn != nil || r.ereq != nil {
-		if data := eventData(ev); len(data) > 0 && string(data) != "[DONE]" {
+	if r.validate || r.turn != nil || r.ereq != nil {
+		data := eventData(ev)
+		switch {
+		case string(data) == "[DONE]":
+			if r.validate {
+				r.end.done = true
+				r.commitTurn() // before the client sees [DONE]
+			}
+		case len(data) > 0:
+			if r.validate {
+				r.end.add(data)
+			}
 			if r.turn != nil {
 				r.reply.add(data, r.s.opts.Memory.MaxReplyBytes())
 			}
@@ -141,6 +185,36 @@ func (r *relay) pass(ev []byte) bool {
 	}
 	r.out = append(r.out, ev...)
 	return true
+}
+
+// streamEnd follows the choices of an OpenAI event stream to tell a whole
+// answer from one cut short. The zero value is ready.
+type streamEnd struct {
+	done bool // [DONE] arrived
+	// started and ended are bit sets of choice indices (0..127; larger
+	// indices are not tracked) seen at all and seen with a finish_reason.
+	started, ended [2]uint64
+}
+
+// add folds one data payload in.
+func (e *streamEnd) add(data []byte) {
+	gjson.GetBytes(data, "choices").ForEach(func(_, c gjson.Result) bool {
+		i := c.Get("index").Int()
+		if i < 0 || i >= 128 {
+			return true
+		}
+		e.started[i/64] |= 1 << (i % 64)
+		if fr := c.Get("finish_reason"); fr.Type == gjson.String && fr.Str != "" {
+			e.ended[i/64] |= 1 << (i % 64)
+		}
+		return true
+	})
+}
+
+// finished reports whether at least one choice started and every started
+// choice ended with a finish_reason.
+func (e *streamEnd) finished() bool {
+	return e.started != [2]uint64{} && e.started == e.ended
 }
 
 // Close implements io.Closer for response writers that call it without an
@@ -165,10 +239,14 @@ func (r *relay) CloseWithError(err error) error {
 		r.s.log.Info("client went away mid-response", append(r.sessLog, "route", r.route.String(), "sent_bytes", r.sent)...)
 	}
 	if r.turn != nil {
-		// Record what was produced; a stream cut short by either side is a
-		// partial reply.
-		clean := err == nil && errors.Is(r.final, io.EOF) && r.status < 300 && !r.reply.cut
-		r.s.record(r.turn, r.reply.message(), !clean)
+		// Not committed at the stream's end: record what was produced as a
+		// partial reply (cut short by either side), or abort an error
+		// answer.
+		if r.status < 300 {
+			r.s.record(r.turn, r.reply.message(), true)
+		} else {
+			r.turn.Abort()
+		}
 		r.turn = nil
 	}
 	if r.ereq != nil {

@@ -389,8 +389,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	s.metrics.ttfb[r].observe(time.Since(start))
 	s.metrics.bytesOut.Add(uint64(len(ctx.Response.Body())))
 	if turn != nil && status < 300 {
+		// The reply is durable before the response is written (issue 12
+		// row 15): a client that got its answer finds it in the session.
 		raw, cut := replyMessage(ctx.Response.Body(), s.opts.Memory.MaxReplyBytes())
-		s.record(turn, raw, cut)
+		s.recordTurn(turn, raw, cut)
 		turn = nil
 	}
 	return false

@@ -167,6 +167,7 @@ func TestStreamBrokenUpstreamAbortsClient(t *testing.T) {
 		opts   func(*Options)
 		code   string
 		kind   string
+		skip   int // events passed after the first, before the error
 	}{
 		"reset": {events: []string{first}, after: func(w http.ResponseWriter) {
 			conn, _, err := w.(http.Hijacker).Hijack()
@@ -177,6 +178,14 @@ func TestStreamBrokenUpstreamAbortsClient(t *testing.T) {
 		}, code: "upstream_stream_broken", kind: upErrBroken},
 		"garbage": {events: []string{first, "data: <html>oops</html>\n\n", "data: [DONE]\n\n"},
 			code: "upstream_garbage", kind: upErrGarbage},
+		// Issue 12 row 4: chunks, then a clean close without [DONE] or a
+		// finish_reason, used to reach the client as a finished answer.
+		"no [DONE]": {events: []string{first, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}]}\n\n",
+			"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"c\"}}]}\n\n"},
+			code: "upstream_stream_incomplete", kind: upErrIncomplete, skip: 2},
+		"one of two choices unfinished": {events: []string{first,
+			"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"},{\"index\":1,\"delta\":{\"content\":\"b\"}}]}\n\n"},
+			code: "upstream_stream_incomplete", kind: upErrIncomplete, skip: 1},
 		"idle timeout": {events: []string{first}, after: func(http.ResponseWriter) { time.Sleep(2 * time.Second) },
 			opts: func(o *Options) { o.StreamIdleTimeout = 200 * time.Millisecond }, code: "upstream_timeout", kind: upErrTimeout},
 	}
@@ -189,6 +198,11 @@ func TestStreamBrokenUpstreamAbortsClient(t *testing.T) {
 			got, err := readEvent(br)
 			if err != nil || got != first {
 				t.Fatalf("first event %q, %v", got, err)
+			}
+			for i := 0; i < c.skip; i++ {
+				if got, err = readEvent(br); err != nil || got != c.events[1+i] {
+					t.Fatalf("event %d: %q, %v", 1+i, got, err)
+				}
 			}
 			got, err = readEvent(br)
 			if err != nil || !strings.HasPrefix(got, "event: error\ndata: {\"error\":") || !strings.Contains(got, c.code) {
@@ -204,5 +218,50 @@ func TestStreamBrokenUpstreamAbortsClient(t *testing.T) {
 				return ok && v.(interface{ Load() uint64 }).Load() == 1
 			})
 		})
+	}
+}
+
+// A stream whose every choice carried a finish_reason is a whole answer
+// even when the upstream forgets [DONE]: the client gets a clean end, with
+// the terminator added.
+func TestStreamFinishedWithoutDoneEndsCleanly(t *testing.T) {
+	events := []string{
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+		"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+	}
+	up := streamUpstream(t, events, nil, nil)
+	defer up.Close()
+	base, s := startSidecar(t, up.URL, nil)
+	_, br := openStream(t, base)
+	for i, want := range append(events, "data: [DONE]\n\n") {
+		if got, err := readEvent(br); err != nil || got != want {
+			t.Fatalf("event %d: %q, %v; want %q", i, got, err, want)
+		}
+	}
+	if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+		t.Fatalf("after [DONE]: %q, %v", rest, err)
+	}
+	if _, ok := s.metrics.upErrors.Load(upErrIncomplete); ok {
+		t.Fatal("a finished stream counted as incomplete")
+	}
+}
+
+func TestStreamEnd(t *testing.T) {
+	var e streamEnd
+	if e.finished() {
+		t.Fatal("no choices is not finished")
+	}
+	e.add([]byte(`{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}`))
+	e.add([]byte(`{"choices":[{"index":1,"delta":{"content":"y"}}]}`))
+	if e.finished() {
+		t.Fatal("unfinished choices")
+	}
+	e.add([]byte(`{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`))
+	if e.finished() {
+		t.Fatal("choice 1 is still open")
+	}
+	e.add([]byte(`{"choices":[{"index":1,"delta":{},"finish_reason":"length"},{"index":-1},{"index":9000}]}`))
+	if !e.finished() {
+		t.Fatal("both choices ended")
 	}
 }
