@@ -51,15 +51,18 @@ func (m *BlobMeta) validate(size int) error {
 	if len(m.Shape) == 0 {
 		return nil
 	}
+	// The element count is checked before each product, so it never wraps
+	// (1<<40 × 1<<24 used to overflow to 0 and match an empty body).
+	const maxElems = 1 << 50
 	n := uint64(1)
 	for _, d := range m.Shape {
 		if d < 0 || d > 1<<40 {
 			return fmt.Errorf("%w: dimension %d", ErrInvalid, d)
 		}
-		n *= uint64(d)
-		if n > 1<<50 {
+		if d > 0 && n > maxElems/uint64(d) {
 			return fmt.Errorf("%w: shape %v too large", ErrInvalid, m.Shape)
 		}
+		n *= uint64(d)
 	}
 	if m.DType != tiers.DTypeNone && n*uint64(m.DType.ElemSize()) != uint64(size) {
 		return fmt.Errorf("%w: shape %v of %s is %d bytes, body has %d", ErrInvalid, m.Shape, m.DType, n*uint64(m.DType.ElemSize()), size)
@@ -131,8 +134,10 @@ func (c *Cache) GetBlob(ns, key string) (BlobMeta, []byte, Tier, error) {
 	return BlobMeta{DType: v.DType, Shape: v.Shape, Size: int64(len(v.Data))}, v.Data, t, nil
 }
 
-// StatBlob returns a blob's metadata and fastest tier without reading it
-// (for HEAD).
+// StatBlob returns a blob's metadata and fastest tier (for HEAD). A blob
+// held only by the Archive is read and checked as GetBlob would, so the
+// two always agree: a file that fails its checks is quarantined and is
+// ErrNotFound to both.
 func (c *Cache) StatBlob(ns, key string) (BlobMeta, Tier, error) {
 	if c.closed.Load() {
 		return BlobMeta{}, tiers.TierNone, ErrClosed
@@ -142,6 +147,14 @@ func (c *Cache) StatBlob(ns, key string) (BlobMeta, Tier, error) {
 		return BlobMeta{}, tiers.TierNone, fmt.Errorf("kv: stat blob: %w", err)
 	}
 	m, n, t, err := c.store.Stat(k)
+	if err == nil && t == tiers.TierArchive {
+		// The archive's index knows a file's header, not whether its
+		// payload still reads.
+		var v tiers.Value
+		if v, t, err = c.store.Get(k); err == nil {
+			m, n = v.Meta, int64(len(v.Data))
+		}
+	}
 	if err != nil {
 		return BlobMeta{}, tiers.TierNone, blobError("stat", ns, key, err)
 	}
