@@ -50,9 +50,10 @@ type serveConfig struct {
 	slots   int
 	device  string
 
-	extract     bool
-	memoryModel string
-	pprof       string
+	extract        bool
+	memoryModel    string
+	pprof          string
+	allowAnonymous bool
 
 	sessionTTL   time.Duration
 	maxDiskBytes int64
@@ -88,7 +89,8 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.engine, "engine", "generic", "engine connector: generic (byte-stable prefixes, stats only), llamacpp (slot save/restore) or none")
 	fs.StringVar(&c.slotDir, "llamacpp-slot-dir", "", "the llama.cpp server's --slot-save-path, shared with the sidecar (--engine llamacpp)")
 	fs.IntVar(&c.slots, "llamacpp-slots", 1, "the llama.cpp server's -np (parallel slots)")
-	fs.StringVar(&c.pprof, "pprof", "", "serve Go's /debug/pprof on this address (loopback only; off when empty)")
+	fs.StringVar(&c.pprof, "pprof", "", "serve Go's /debug/pprof on this loopback address, e.g. 127.0.0.1:6060 (heap dumps hold prompts: any other address is refused; off when empty)")
+	fs.BoolVar(&c.allowAnonymous, "allow-anonymous", false, "let requests without an API key share one tenant named \"anonymous\" (sessions, pool, KV open to every such client); off: they keep no state and the state APIs answer 401")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
 	return fs
@@ -161,9 +163,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	onClose := func(name string, f func() error) { names, closers = append(names, name), append(closers, f) }
 
 	if c.pprof != "" {
-		ln, err := net.Listen("tcp", c.pprof)
+		ln, err := listenLoopback(c.pprof)
 		if err != nil {
-			return fmt.Errorf("pprof listen %s: %w", c.pprof, err)
+			return fmt.Errorf("--pprof: %w", err)
 		}
 		mux := http.NewServeMux()
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -298,6 +300,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		ReadTimeout:       c.readTO,
 		WriteTimeout:      c.writeTO,
 		IdleTimeout:       c.connIdle,
+		AllowAnonymous:    c.allowAnonymous,
 		Logger:            log,
 	})
 	if err != nil {
@@ -306,6 +309,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", c.listen, err)
+	}
+	for _, w := range exposureWarnings(ln.Addr(), c.allowAnonymous) {
+		log.Warn(w, "listen", ln.Addr().String())
 	}
 	log.Info("sidecar listening", "version", versionString(), "listen", ln.Addr().String(),
 		"upstream", c.upstream, "data_dir", dataDir, "start_ms", time.Since(t0).Milliseconds())
@@ -340,6 +346,54 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		err = nil
 	}
 	return err
+}
+
+// listenLoopback listens on addr only if it is a loopback address
+// (127.0.0.0/8, ::1, or a name such as localhost that resolves to one); an
+// empty host means every interface and is refused.
+func listenLoopback(addr string) (net.Listener, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if host == "" {
+		return nil, fmt.Errorf("%q binds every interface; give a loopback address such as 127.0.0.1:6060", addr)
+	}
+	if ip := net.ParseIP(host); ip != nil && !ip.IsLoopback() {
+		return nil, fmt.Errorf("%q is not a loopback address; give one such as 127.0.0.1:6060", addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if !isLoopback(ln.Addr()) {
+		ln.Close()
+		return nil, fmt.Errorf("%q resolved to %s, not a loopback address", addr, ln.Addr())
+	}
+	return ln, nil
+}
+
+// exposureWarnings returns what serve warns about when it listens on addr:
+// the sidecar has no authentication of its own, so whoever reaches a
+// non-loopback address uses the upstream and the state APIs under their
+// own key, and with allowAnonymous without one.
+func exposureWarnings(addr net.Addr, allowAnonymous bool) []string {
+	if isLoopback(addr) {
+		return nil
+	}
+	w := []string{"LISTENING ON A NON-LOOPBACK ADDRESS: the sidecar has no authentication of its own; anyone who can reach " +
+		addr.String() + " can send requests upstream and use the session, pool and KV APIs under their own API key. " +
+		"Put it behind a firewall or an authenticating proxy, or listen on 127.0.0.1."}
+	if allowAnonymous {
+		w = append(w, "--allow-anonymous ON A NON-LOOPBACK ADDRESS: every client on the network without an API key shares one tenant's sessions, pool and KV")
+	}
+	return w
+}
+
+// isLoopback reports whether a listener's address is a loopback one.
+func isLoopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
 }
 
 // parseModelLimits parses "name=tokens,prefix*=tokens".
