@@ -6,12 +6,13 @@ LDFLAGS  := -s -w -X main.version=$(VERSION)
 PKGS     := ./...
 FUZZTIME ?= 30s
 LOCOMO   ?= ../shared/data/locomo-dev.json
+HOSTILE_DURATION ?= 60s
 
 export SIDECAR_UPSTREAM ?= http://127.0.0.1:8000
 export SIDECAR_LISTEN   ?= 127.0.0.1:8080
 export SIDECAR_DATA_DIR ?= ./data
 
-.PHONY: help build run test test-race bench bench-proxy bench-kv bench-recall bench-memory bench-reliability bench-amortization docker-cuda fuzz lint clean
+.PHONY: help build run test test-race test-hostile bench bench-proxy bench-kv bench-recall bench-memory bench-reliability bench-amortization docker-cuda fuzz lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -27,6 +28,10 @@ test: ## vet, then every test with the race detector
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 test-race: test ## same as test (the race detector is always on)
+
+test-hostile: ## the binary against a fault-injecting upstream and hostile clients for $(HOSTILE_DURATION); report in out/hostile.json
+	SIDECAR_HOSTILE_DURATION=$(HOSTILE_DURATION) SIDECAR_HOSTILE_REPORT=$(CURDIR)/out/hostile.json \
+	  $(GO) test -race -count=1 -v -timeout 20m -run 'Hostile' ./cmd/sidecar
 
 bench: ## go test benchmarks, then sidecar bench (amortization)
 	$(GO) test -run '^$$' -bench . -benchtime 200x -timeout 30m $(PKGS)

@@ -15,7 +15,8 @@ import (
 //     its own, so "/v1/sessions/.." names the session "..", and
 //     "/v1/sessions/a%2Fb" the session "a/b".
 //   - Any other /v1 path is forwarded exactly as sent, unless it holds a
-//     dot segment ("." or "..", escaped or not) or its normalised form
+//     dot segment ("." or "..", escaped or not), a malformed escape, or its
+//     normalised form
 //     (fasthttp's: decoded, "//" collapsed, dot segments resolved) would be
 //     a sidecar route or leave /v1: such paths are ambiguous between
 //     servers and get 400 invalid_path.
@@ -133,12 +134,27 @@ func hasDotSegment(raw []byte) bool {
 	return false
 }
 
+// validEscapes reports whether every '%' in p starts a two-digit hex
+// escape (RFC 3986); servers answer other paths differently (Go's closes
+// the connection after a 400).
+func validEscapes(p []byte) bool {
+	for i := 0; i < len(p); i++ {
+		if p[i] == '%' {
+			if i+2 >= len(p) || unhex(p[i+1]) < 0 || unhex(p[i+2]) < 0 {
+				return false
+			}
+			i += 2
+		}
+	}
+	return true
+}
+
 // forwardable reports whether a /v1 path that is not a sidecar route may go
 // to the upstream as sent: no dot segment, and a normalised form (norm) that
 // stays under /v1 and names no sidecar route, so every server reads it as
 // the sidecar did.
 func forwardable(raw, norm []byte) bool {
-	if hasDotSegment(raw) {
+	if hasDotSegment(raw) || !validEscapes(raw) {
 		return false
 	}
 	if bytes.Equal(raw, norm) {

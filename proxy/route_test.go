@@ -125,6 +125,9 @@ func TestSidecarRoutesAreNeverForwarded(t *testing.T) {
 		"/v1/../../etc/passwd",
 		"/v1/models/../../admin",
 		"/v1/%2e%2e/etc/passwd",
+		"/v1/models/%zz",
+		"/v1/models/%",
+		"/v1/models/%4",
 		"http://evil.example/v1/kv/ns/../key",
 	} {
 		for _, method := range []string{"PUT", "GET", "DELETE", "HEAD"} {

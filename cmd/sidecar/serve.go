@@ -33,6 +33,7 @@ type serveConfig struct {
 	readTO, writeTO, connIdle time.Duration
 	shutdownTimeout           time.Duration
 	maxBody                   int
+	maxResponse               int64
 	logLevel, logFormat       string
 
 	windowTokens    int
@@ -71,6 +72,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.DurationVar(&c.connIdle, "idle-timeout", 120*time.Second, "idle keep-alive client connections are closed after this")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long in-flight requests and streams may finish")
 	fs.IntVar(&c.maxBody, "max-body-bytes", 32<<20, "largest request body accepted (413 beyond)")
+	fs.Int64Var(&c.maxResponse, "max-response-bytes", 256<<20, "largest non-streamed upstream response relayed (502 beyond; streams are not bounded as a whole)")
 	fs.IntVar(&c.windowTokens, "window-tokens", 8192, "hard token limit of the window sent upstream (the Focus window)")
 	fs.StringVar(&c.modelWindows, "model-window-tokens", "", "per-model window limits, e.g. 'gpt-4o=128000,llama-3*=32768' (a trailing * matches a prefix)")
 	fs.StringVar(&c.embedder, "embedder", "offline", "memory recall embeddings: offline (built in, no model) or upstream (the upstream's /v1/embeddings)")
@@ -295,6 +297,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		},
 		Upstream:          c.upstream,
 		MaxBodyBytes:      c.maxBody,
+		MaxResponseBytes:  c.maxResponse,
 		UpstreamTimeout:   c.upstreamTimeout,
 		StreamIdleTimeout: c.idleTO,
 		ReadTimeout:       c.readTO,
