@@ -2,12 +2,16 @@ package proxy
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvsidecar/kvsidecar/memory"
 )
 
 // benchUpstream serves a canned chat completion (and a short stream) on
@@ -78,6 +82,58 @@ func BenchmarkParseRequest(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		if _, err := parseRequest(epChat, body); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkSessionTurn is one chat turn of a session (append mode, a new
+// user message each time) as the client sees it: from the request to the
+// end of the answer (the last byte of the JSON, or data: [DONE]). The
+// reply is recorded before that end (issue 12 row 15), so with
+// fsync=always each turn pays two fsyncs on the client's path (the user
+// message before forwarding, the reply before the end); fsync=never shows
+// the same turn without them. Turns are spaced (untimed) so that work a
+// turn leaves behind never lands on the next one's clock: ns/op is one
+// turn's latency, not throughput.
+func BenchmarkSessionTurn(b *testing.B) {
+	for _, stream := range []bool{false, true} {
+		for _, pol := range []memory.FsyncPolicy{memory.FsyncAlways, memory.FsyncNever} {
+			b.Run(fmt.Sprintf("stream=%v/fsync=%s", stream, pol), func(b *testing.B) {
+				st, err := memory.Open(memory.Options{Dir: b.TempDir(), Fsync: pol})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { _ = st.Close() })
+				up := benchUpstream(b)
+				s, err := New(Options{Upstream: up, Memory: st, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					b.Fatal(err)
+				}
+				go s.Serve(ln) //nolint:errcheck
+				b.Cleanup(func() { _ = s.srv.Shutdown() })
+				c := &fasthttp.HostClient{Addr: ln.Addr().String()}
+				req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+				req.SetRequestURI("http://" + ln.Addr().String() + "/v1/chat/completions")
+				req.Header.SetMethod("POST")
+				req.Header.Set("Authorization", "Bearer k")
+				req.Header.Set("X-Session-ID", "bench")
+				req.Header.Set("X-Session-Mode", "append")
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					req.SetBodyString(fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"turn %d"}]}`, stream, i))
+					if err := c.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+						b.Fatalf("%v %d %s", err, resp.StatusCode(), resp.Body())
+					}
+					b.StopTimer()
+					time.Sleep(5 * time.Millisecond)
+					b.StartTimer()
+				}
+			})
 		}
 	}
 }
