@@ -43,6 +43,10 @@ const (
 	Huge          Fault = "huge"           // a JSON body larger than Options.HugeBytes
 	Status500     Fault = "500"            // an OpenAI-shaped 500 from the upstream itself
 	Status429     Fault = "429"            // an OpenAI-shaped 429
+	// LongWord answers with one word of Options.LongWordBytes letters (no
+	// space), streamed in 4 KiB chunks or whole: the pathological input
+	// of token counters (issue 12 row 3). Not in All.
+	LongWord Fault = "long-word"
 	// Drip is a stream that never ends: a chunk every SlowGap until the
 	// client goes away or the Server closes. It is not in All: it is for
 	// shutdown tests.
@@ -97,6 +101,8 @@ type Options struct {
 	HugeBytes int
 	// SlowGap is the pause between Slow chunks. Default 50 ms.
 	SlowGap time.Duration
+	// LongWordBytes is the length of the LongWord reply. Default 100 KiB.
+	LongWordBytes int
 }
 
 // Server is the fault-injecting upstream. Make one with New, serve with
@@ -107,7 +113,7 @@ type Server struct {
 	quit chan struct{}
 	once sync.Once
 
-	// mu protects counts.
+	// mu protects counts and opts.LongWordBytes.
 	mu     sync.Mutex
 	counts map[Fault]int
 }
@@ -122,6 +128,9 @@ func New(o Options) *Server {
 	}
 	if o.SlowGap == 0 {
 		o.SlowGap = 50 * time.Millisecond
+	}
+	if o.LongWordBytes == 0 {
+		o.LongWordBytes = 100 << 10
 	}
 	s := &Server{opts: o, quit: make(chan struct{}), counts: map[Fault]int{}}
 	s.srv = &http.Server{Handler: http.HandlerFunc(s.handle), ReadHeaderTimeout: 10 * time.Second}
@@ -143,6 +152,19 @@ func (s *Server) Close() error {
 	return s.srv.Close()
 }
 
+// SetLongWordBytes changes the length of LongWord replies from now on.
+func (s *Server) SetLongWordBytes(n int) {
+	s.mu.Lock()
+	s.opts.LongWordBytes = n
+	s.mu.Unlock()
+}
+
+func (s *Server) longWordBytes() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.opts.LongWordBytes
+}
+
 // Counts returns how many requests got each fault, OK included.
 func (s *Server) Counts() map[Fault]int {
 	s.mu.Lock()
@@ -158,7 +180,7 @@ func (s *Server) Counts() map[Fault]int {
 func (s *Server) String() string {
 	c := s.Counts()
 	var parts []string
-	for _, f := range append(All[:len(All):len(All)], Drip) {
+	for _, f := range append(All[:len(All):len(All)], LongWord, Drip) {
 		if c[f] > 0 {
 			parts = append(parts, fmt.Sprintf("%s=%d", f, c[f]))
 		}
@@ -284,6 +306,14 @@ func (s *Server) stream(w http.ResponseWriter, f Fault, chat bool) {
 		send(chunk(chat, words[0]))
 		s.stall(s.opts.StallFor)
 		return
+	case LongWord:
+		word := strings.Repeat("a", s.longWordBytes())
+		for i := 0; i < len(word); i += 4 << 10 {
+			send(chunk(chat, word[i:min(i+4<<10, len(word))]))
+		}
+		send(finish(chat))
+		send("data: [DONE]\n\n")
+		return
 	case Drip:
 		for {
 			if _, err := io.WriteString(w, chunk(chat, "drip ")); err != nil {
@@ -344,9 +374,13 @@ func (s *Server) plain(w http.ResponseWriter, f Fault, chat bool) {
 	case EmptyStream:
 		w.Header().Set("Content-Type", "application/json")
 		return
-	case Huge:
+	case Huge, LongWord:
 		w.Header().Set("Content-Type", "application/json")
-		pad := strings.Repeat("x", s.opts.HugeBytes)
+		n := s.opts.HugeBytes
+		if f == LongWord {
+			n = s.longWordBytes()
+		}
+		pad := strings.Repeat("x", n)
 		fmt.Fprintf(w, `{"id":"f","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"%s"},"finish_reason":"stop"}]}`, pad)
 		return
 	case StopMidStream, ResetMid, Stall:
