@@ -4,9 +4,11 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 
@@ -196,19 +198,42 @@ type streamEnd struct {
 	started, ended [2]uint64
 }
 
-// add folds one data payload in.
+// add folds one data payload in. It reads data in place (gjson on a string
+// view of it; no result outlives the call), so a chunk costs no allocation.
 func (e *streamEnd) add(data []byte) {
-	gjson.GetBytes(data, "choices").ForEach(func(_, c gjson.Result) bool {
-		i := c.Get("index").Int()
+	js := unsafe.String(unsafe.SliceData(data), len(data))
+	for k := 0; k < 128; k++ {
+		c := gjson.Get(js, choicePath(k))
+		if !c.Exists() {
+			return
+		}
+		i := int64(k)
+		if idx := c.Get("index"); idx.Exists() {
+			i = idx.Int()
+		}
 		if i < 0 || i >= 128 {
-			return true
+			continue
 		}
 		e.started[i/64] |= 1 << (i % 64)
 		if fr := c.Get("finish_reason"); fr.Type == gjson.String && fr.Str != "" {
 			e.ended[i/64] |= 1 << (i % 64)
 		}
-		return true
-	})
+	}
+}
+
+// choicePaths are the gjson paths of the first choices, built once.
+var choicePaths = func() (p [8]string) {
+	for k := range p {
+		p[k] = "choices." + strconv.Itoa(k)
+	}
+	return p
+}()
+
+func choicePath(k int) string {
+	if k < len(choicePaths) {
+		return choicePaths[k]
+	}
+	return "choices." + strconv.Itoa(k)
 }
 
 // finished reports whether at least one choice started and every started

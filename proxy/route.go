@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"net/url"
+	"path"
 	"strings"
 )
 
@@ -15,11 +16,11 @@ import (
 //     its own, so "/v1/sessions/.." names the session "..", and
 //     "/v1/sessions/a%2Fb" the session "a/b".
 //   - Any other /v1 path is forwarded exactly as sent, unless it holds a
-//     dot segment ("." or "..", escaped or not), a malformed escape, or its
-//     normalised form
-//     (fasthttp's: decoded, "//" collapsed, dot segments resolved) would be
-//     a sidecar route or leave /v1: such paths are ambiguous between
-//     servers and get 400 invalid_path.
+//     dot segment ("." or "..", escaped or not), a malformed escape, or a
+//     reading another server may give it (fasthttp's normalisation; full
+//     decoding with backslashes as slashes, then cleaning) that is a
+//     sidecar route or leaves /v1: such paths are ambiguous between servers
+//     and get 400 invalid_path.
 //   - /healthz, /readyz and /metrics match the raw path exactly.
 //
 // Without this, a path such as /v1/kv/ns/../../etc/passwd was routed by its
@@ -122,13 +123,16 @@ func hasDotSegment(raw []byte) bool {
 			}
 			dec = append(dec, c)
 		}
-		for _, part := range bytes.FieldsFunc(dec, func(r rune) bool { return r == '/' || r == '\\' }) {
-			if string(part) == "." || string(part) == ".." {
+		// The decoded segment split at slashes and backslashes.
+		start := 0
+		for i := 0; i <= len(dec); i++ {
+			if i < len(dec) && dec[i] != '/' && dec[i] != '\\' {
+				continue
+			}
+			if part := dec[start:i]; string(part) == "." || string(part) == ".." {
 				return true
 			}
-		}
-		if string(dec) == "." || string(dec) == ".." {
-			return true
+			start = i + 1
 		}
 	}
 	return false
@@ -150,21 +154,31 @@ func validEscapes(p []byte) bool {
 }
 
 // forwardable reports whether a /v1 path that is not a sidecar route may go
-// to the upstream as sent: no dot segment, and a normalised form (norm) that
-// stays under /v1 and names no sidecar route, so every server reads it as
-// the sidecar did.
+// to the upstream as sent: no dot segment, no malformed escape, and every
+// reading a server may give it — norm (fasthttp's normalisation), and the
+// path fully decoded with backslashes as slashes and cleaned — stays under
+// /v1 and names no sidecar route.
 func forwardable(raw, norm []byte) bool {
 	if hasDotSegment(raw) || !validEscapes(raw) {
 		return false
 	}
-	if bytes.Equal(raw, norm) {
-		return true
+	if bytes.Equal(raw, norm) && bytes.IndexByte(raw, '\\') < 0 {
+		return true // the common case: nothing to read differently
 	}
-	if !bytes.HasPrefix(norm, []byte("/v1/")) {
+	dec, err := url.PathUnescape(string(raw))
+	if err != nil {
 		return false
 	}
-	_, _, owned := ownedRoute(norm)
-	return !owned
+	loose := path.Clean(strings.ReplaceAll(dec, `\`, "/"))
+	for _, reading := range [][]byte{norm, []byte(loose)} {
+		if !bytes.HasPrefix(reading, []byte("/v1/")) {
+			return false
+		}
+		if _, _, owned := ownedRoute(reading); owned {
+			return false
+		}
+	}
+	return true
 }
 
 // pathSegments decodes the segments of tail ("/a/b%2Fc" → ["a", "b/c"]).

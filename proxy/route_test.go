@@ -7,10 +7,14 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"path"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
@@ -299,4 +303,42 @@ func TestRouteHelpers(t *testing.T) {
 			t.Errorf("segmentIs(%q, %q) = %v", c.seg, c.lit, got)
 		}
 	}
+}
+
+// FuzzForwardable: a path the sidecar forwards names no sidecar route and
+// stays under /v1 in every reading a server may give it — fasthttp's
+// normalisation, and full decoding with backslashes as slashes followed by
+// path.Clean.
+func FuzzForwardable(f *testing.F) {
+	for _, s := range []string{"/v1/models", "/v1/kv/ns/k", "/v1/x/../kv/a", "/v1/%2e%2e/kv", "/v1//kv/x", "/v1/%2Fkv/x",
+		"/v1/a%5C..%5Ckv%5Cx", "/v1/models/org%2Fname", "/v1/%6bv/x", "/v1/.%2e/sessions/x", "/v1/pool%2F..%2Fx"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		if !strings.HasPrefix(raw, "/v1/") {
+			return
+		}
+		if _, _, owned := ownedRoute([]byte(raw)); owned {
+			return
+		}
+		var u fasthttp.URI
+		if err := u.Parse(nil, []byte(raw)); err != nil {
+			return
+		}
+		if !forwardable([]byte(raw), u.Path()) {
+			return
+		}
+		dec, err := url.PathUnescape(raw)
+		if err != nil {
+			t.Fatalf("%q forwarded with a malformed escape", raw)
+		}
+		for _, reading := range []string{string(u.Path()), path.Clean(strings.ReplaceAll(dec, `\`, "/"))} {
+			if !strings.HasPrefix(reading+"/", "/v1/") {
+				t.Fatalf("%q forwarded, but reads as %q outside /v1", raw, reading)
+			}
+			if _, _, owned := ownedRoute([]byte(reading)); owned {
+				t.Fatalf("%q forwarded, but reads as the sidecar route %q", raw, reading)
+			}
+		}
+	})
 }

@@ -42,6 +42,7 @@ import (
 
 // proc is a sidecar process whose stderr is kept in a file.
 type proc struct {
+	pprof   atomic.Pointer[string] // the pprof address, when started with --pprof
 	cmd     *exec.Cmd
 	addr    string
 	logPath string
@@ -86,9 +87,14 @@ func startProcLimited(t *testing.T, dataDir string, nofile int, args ...string) 
 		for sc.Scan() {
 			line := sc.Bytes()
 			_, _ = lf.Write(append(line, '\n'))
-			var l struct{ Msg, Listen string }
-			if json.Unmarshal(line, &l) == nil && l.Msg == "sidecar listening" {
-				addr <- l.Listen
+			var l struct{ Msg, Listen, Addr string }
+			if json.Unmarshal(line, &l) == nil {
+				switch l.Msg {
+				case "sidecar listening":
+					addr <- l.Listen
+				case "pprof listening":
+					p.pprof.Store(&l.Addr)
+				}
 			}
 		}
 		_, _ = io.Copy(lf, pipe)
@@ -133,9 +139,11 @@ func (p *proc) crashes() []string {
 
 // procStats is what the harness watches for growth.
 type procStats struct {
-	FDs        int   `json:"fds"`
-	Goroutines int   `json:"goroutines"`
-	RSSBytes   int64 `json:"rss_bytes"`
+	FDs          int   `json:"fds"`
+	Goroutines   int   `json:"goroutines"`
+	RSSBytes     int64 `json:"rss_bytes"`
+	HeapInuse    int64 `json:"heap_inuse_bytes"`
+	SessionsHeld int   `json:"sessions_loaded"`
 }
 
 func (p *proc) stats(t *testing.T) procStats {
@@ -154,7 +162,18 @@ func (p *proc) stats(t *testing.T) procStats {
 			}
 		}
 	}
-	st.Goroutines = int(scrape(t, p.addr)["go_goroutines"])
+	if a := p.pprof.Load(); a != nil {
+		// A heap profile with gc=1 collects first: HeapInuse is then the
+		// live heap, not live plus garbage.
+		if resp, err := http.Get("http://" + *a + "/debug/pprof/heap?gc=1"); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
+	m := scrape(t, p.addr)
+	st.Goroutines = int(m["go_goroutines"])
+	st.HeapInuse = int64(m["go_memstats_heap_inuse_bytes"])
+	st.SessionsHeld = int(m["sidecar_memory_sessions_loaded"])
 	return st
 }
 
@@ -353,7 +372,7 @@ func TestHostile(t *testing.T) {
 	upstream := "http://" + uln.Addr().String()
 
 	dataDir := t.TempDir()
-	args := []string{"--upstream", upstream,
+	args := []string{"--upstream", upstream, "--pprof", "127.0.0.1:0",
 		"--upstream-timeout", "1500ms", "--stream-idle-timeout", "1500ms", "--shutdown-timeout", "2s",
 		"--max-response-bytes", strconv.Itoa(2 << 20), "--max-body-bytes", strconv.Itoa(1 << 20), "--max-kv-bytes", strconv.Itoa(1 << 20)}
 	p := startProc(t, dataDir, args...)
@@ -372,6 +391,14 @@ func TestHostile(t *testing.T) {
 
 	runWorkers(t, p, run, dur)
 	rep.After = p.quiesce(t)
+	if path, a := os.Getenv("SIDECAR_HOSTILE_HEAP"), p.pprof.Load(); path != "" && a != nil {
+		// The live heap after the run, for `go tool pprof`.
+		if resp, err := http.Get("http://" + *a + "/debug/pprof/heap"); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			_ = os.WriteFile(path, b, 0o644)
+		}
+	}
 	t.Logf("run done after %s", time.Since(tStart).Round(time.Millisecond))
 	rep.FaultsSent = map[string]int{}
 	for f, n := range up.Counts() {
