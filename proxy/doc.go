@@ -9,7 +9,12 @@
 //     trace and never a hang. Before response headers are written an upstream
 //     failure is a 502 (or 504 on timeout); after them the connection is aborted
 //     (no terminating chunk), after an SSE error event, so no client mistakes a
-//     broken stream for a finished one.
+//     broken stream for a finished one. A chat or completions stream that ends
+//     without [DONE] is broken too, unless every choice it started carried a
+//     finish_reason (then the relay adds [DONE]).
+//   - The raw path is read once (route.go) and routes and handles alike:
+//     /v1/sessions, /v1/pool and /v1/kv are never forwarded, and no path is
+//     forwarded that another server could read as one of them.
 //   - Request bodies are bounded (Options.MaxBodyBytes, 413 beyond), buffered
 //     upstream responses too (Options.MaxResponseBytes); streamed responses are
 //     relayed event by event with no line-length limit.
@@ -20,6 +25,10 @@
 //
 // Session plumbing: a request's session id comes from the X-Session-ID header,
 // else the body's prompt_cache_key; its tenant is a hash of the Authorization
-// bearer, so one key never sees another key's sessions. Without a session id
-// the request is a plain stateless passthrough.
+// bearer, so one key never sees another key's sessions. Without a session id,
+// or without a bearer token (unless Options.AllowAnonymous), the request is a
+// plain stateless passthrough, and the state APIs answer 401 to the latter.
+// A complete reply is recorded before the client sees the end of the answer
+// (the response is written, or [DONE] passed, after the session log append);
+// partial ones after the response.
 package proxy
