@@ -23,6 +23,7 @@ func TestInspectReportsAndQuarantinesCorruptBlocks(t *testing.T) {
 	sc := startChild(t, nil, "--data-dir", dir, "--upstream", up.URL)
 	for _, k := range []string{"a", "b"} {
 		req, _ := http.NewRequest(http.MethodPut, "http://"+sc.addr+"/v1/kv/ns/"+k, bytes.NewReader(bytes.Repeat([]byte(k), 4096)))
+		req.Header.Set("Authorization", "Bearer inspect")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil || resp.StatusCode != http.StatusCreated {
 			t.Fatalf("put %s: %v %v", k, resp, err)
@@ -31,6 +32,7 @@ func TestInspectReportsAndQuarantinesCorruptBlocks(t *testing.T) {
 	}
 	req, _ := http.NewRequest(http.MethodPost, "http://"+sc.addr+"/v1/chat/completions", strings.NewReader(`{"messages":[{"role":"user","content":"hi"}]}`))
 	req.Header.Set("X-Session-ID", "s")
+	req.Header.Set("Authorization", "Bearer inspect")
 	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("chat: %v %v", resp, err)
 	}
@@ -75,7 +77,9 @@ func TestInspectReportsAndQuarantinesCorruptBlocks(t *testing.T) {
 	sc2 := startChild(t, nil, "--data-dir", dir, "--upstream", up.URL)
 	okCount := 0
 	for _, k := range []string{"a", "b"} {
-		resp, err := http.Get("http://" + sc2.addr + "/v1/kv/ns/" + k)
+		req, _ := http.NewRequest(http.MethodGet, "http://"+sc2.addr+"/v1/kv/ns/"+k, nil)
+		req.Header.Set("Authorization", "Bearer inspect")
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
