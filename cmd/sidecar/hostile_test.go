@@ -749,12 +749,14 @@ var (
 	fuzzPrefixes = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/sessions/", "/v1/kv/",
 		"/v1/pool", "/v1/pool/", "/v1/", "/v1", "/", "/healthz", "/readyz", "/metrics", "/v2/x", "*", "http://h/v1/models", "/v1/files/"}
 	fuzzSegments = []string{"", "a", "ns", "k", "..", ".", "%2e%2e", "%2E", "%2F", "%2f..%2f", "%00", "%", "%zz", "%ff", "é", "%C3%A9",
-		"memory", "kv", "sessions", "w0-s0", ";x", "a?b=c", "#f", "\\..\\", "~", strings.Repeat("a", 300), strings.Repeat("%41", 200)}
+		"memory", "kv", "sessions", "fz-s0", ";x", "a?b=c", "#f", "\\..\\", "~", strings.Repeat("a", 300), strings.Repeat("%41", 200)}
 	// Header values by name. Authorization and session ids come from
 	// short lists so that the sessions a run touches are the ones warmUp
-	// opens first (each loaded session holds its log open).
+	// opens first (each loaded session holds its log open). None is a
+	// session whose turns the workers check ("w*-s*"): the fuzz may
+	// delete what it names.
 	fuzzAuth     = []string{"", "Bearer", "Bearer ", "Bearer key-0", "Bearer key-1", "Basic dTpw", "bearer\tkey-0"}
-	fuzzSessions = []string{"", "..", ".", "w0-s0", "é ☃", "a/b", strings.Repeat("s", 256), strings.Repeat("s", 257), "x\x01y", "pk0"}
+	fuzzSessions = []string{"", "..", ".", "fz-s0", "é ☃", "a/b", strings.Repeat("s", 256), strings.Repeat("s", 257), "x\x01y", "pk0"}
 	fuzzHeaders  = map[string][]string{
 		"X-Session-Mode":    {"", "append", "full", "garbage"},
 		"X-KV-Dtype":        {"", "f16", "bf16", "q8", "f32", "f64", "F16"},
