@@ -445,6 +445,9 @@ func TestHostile(t *testing.T) {
 		t.Fatalf("sidecar still running %s after SIGTERM (grace %s); its output:\n%s", time.Since(t0), grace, tail(p.log(), 40000))
 	}
 	rep.Shutdown.ExitAfter = p.exited.Sub(t0).Round(time.Millisecond).String()
+	if os.Getenv("SIDECAR_HOSTILE_DEBUG") != "" {
+		t.Logf("shutdown log:\n%s", tail(p.log(), 3000))
+	}
 	if d := p.exited.Sub(t0); d > grace+5*time.Second {
 		run.fail("shutdown took %s with a grace of %s", d, grace)
 	}
