@@ -98,11 +98,11 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 	}
 	tools := 0
 	if len(info.Tools) > 0 {
-		tools, err = st.CountTokensContext(ctx, info.Model, string(info.Tools))
+		tools, err = st.CountTokensContext(s.stopping, info.Model, string(info.Tools))
 	}
 	mode := memory.ParseMode(string(ctx.Request.Header.Peek("X-Session-Mode")))
 	if err == nil {
-		turn, err = st.Prepare(ctx, sess.Tenant, sess.ID, mode, info.Model, msgs, tools)
+		turn, err = st.Prepare(s.stopping, sess.Tenant, sess.ID, mode, info.Model, msgs, tools)
 	}
 	switch {
 	case err == nil:

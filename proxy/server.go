@@ -39,6 +39,12 @@ type Server struct {
 	bg bgTasks
 	// anonWarned is set once the first anonymous session request was logged.
 	anonWarned atomic.Bool
+	// stopping is cancelled when Shutdown begins; memory work on the
+	// request path stops with it. (A *fasthttp.RequestCtx carries the same
+	// signal, but a context derived from it reads the server's state from a
+	// goroutine that may outlive the handler, racing Shutdown.)
+	stopping context.Context
+	stop     context.CancelFunc
 }
 
 type readyState struct {
@@ -60,6 +66,7 @@ func New(opts Options) (*Server, error) {
 		metrics: newMetrics(),
 		up:      newUpClient(base, &opts),
 	}
+	s.stopping, s.stop = context.WithCancel(context.Background())
 	if opts.Memory != nil {
 		s.metrics.AddCollector(func(w io.Writer) { s.mem.write(w, opts.Memory.Stats()) })
 	}
@@ -96,6 +103,7 @@ func (s *Server) Serve(ln net.Listener) error {
 // Shutdown stops accepting, lets in-flight requests and streams finish until
 // ctx ends, then closes what is left and the upstream pool.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.stop()
 	err := s.srv.ShutdownWithContext(ctx)
 	s.up.closeIdle(true)
 	s.bg.closeAndWait() // replies still being recorded
