@@ -132,7 +132,7 @@ func (e *HashEmbedder) EmbedWeighted(text string, weight func(term string) float
 		s.toks = s.toks[:0]
 		e.pool.Put(s)
 	}()
-	s.toks = appendTokens(s.toks[:0], text)
+	s.toks = AppendTokens(s.toks[:0], text)
 	add := func(key uint64, w float32) {
 		h := mix(key)
 		idx := int(h % uint64(len(v)))
@@ -185,7 +185,7 @@ func (e *HashEmbedder) embedInto(v []float32, text string) {
 		s.toks = s.toks[:0]
 		e.pool.Put(s)
 	}()
-	s.toks = appendTokens(s.toks[:0], text)
+	s.toks = AppendTokens(s.toks[:0], text)
 	// Every feature is counted first so term frequency can be sublinear;
 	// the feature kind (and a trigram's weight share) is packed in the key.
 	var prev uint64

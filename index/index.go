@@ -176,6 +176,19 @@ func (x *Index) Get(id string) (Doc, bool) {
 	return x.docs[slot].doc, true
 }
 
+// Range calls fn with the ID and metadata of every live document, in no
+// particular order, until fn returns false. It holds the read lock: fn must
+// not call back into the index.
+func (x *Index) Range(fn func(id string, m Meta) bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for _, e := range x.docs {
+		if e != nil && !fn(e.doc.ID, e.doc.Meta) {
+			return
+		}
+	}
+}
+
 // Add indexes docs; it fails with ErrDuplicate, adding nothing, if any ID is
 // already indexed or repeated in docs.
 func (x *Index) Add(ctx context.Context, docs ...Doc) error {
@@ -557,6 +570,14 @@ type scored struct {
 // (the offline embedder embeds under the read lock, weighting query terms
 // by the index's IDF, see HashEmbedder.EmbedWeighted).
 func (x *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]Hit, error) {
+	return x.SearchFunc(ctx, query, k, mode, nil)
+}
+
+// SearchFunc is Search over the documents whose ID keep accepts (nil keeps
+// all). The filter applies before each retriever takes its best candidates,
+// so excluded documents never crowd out the ones asked for; keep is called
+// under the index's read lock and must not call back into the index.
+func (x *Index) SearchFunc(ctx context.Context, query string, k int, mode Mode, keep func(id string) bool) ([]Hit, error) {
 	if k < 1 {
 		return nil, fmt.Errorf("index: search k=%d: %w", k, ErrInvalid)
 	}
@@ -586,10 +607,10 @@ func (x *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]H
 	depth := max(k, x.opts.Candidates)
 	var bm, vec []scored
 	if mode != ModeVector {
-		bm = x.searchBM25(qterms, depth)
+		bm = x.searchBM25(qterms, depth, keep)
 	}
 	if mode != ModeBM25 && qv != nil {
-		vec = x.searchVector(qv, depth)
+		vec = x.searchVector(qv, depth, keep)
 	}
 	cands := x.fuse(mode, qterms, qv, bm, vec)
 	x.rerank(cands, now)
@@ -663,9 +684,9 @@ func (x *Index) bm25Term(idf float64, tf, dl int, avgdl float64) float64 {
 	return idf * f * (k1 + 1) / (f + k1*(1-b+b*float64(dl)/avgdl))
 }
 
-// searchBM25 returns the n best BM25 candidates; it fills qterms' idf.
-// x.mu must be held for reading.
-func (x *Index) searchBM25(qterms []queryTerm, n int) []scored {
+// searchBM25 returns the n best BM25 candidates that keep accepts (nil: all);
+// it fills qterms' idf. x.mu must be held for reading.
+func (x *Index) searchBM25(qterms []queryTerm, n int, keep func(string) bool) []scored {
 	if x.live == 0 || len(qterms) == 0 {
 		return nil
 	}
@@ -696,7 +717,9 @@ func (x *Index) searchBM25(qterms []queryTerm, n int) []scored {
 	}
 	top := newTopN(n)
 	for _, slot := range touched {
-		top.push(scored{slot: slot, score: acc[slot]})
+		if keep == nil || keep(x.docs[slot].doc.ID) {
+			top.push(scored{slot: slot, score: acc[slot]})
+		}
 		acc[slot] = 0
 	}
 	s.touched = touched[:0]
@@ -723,16 +746,16 @@ func (x *Index) docBM25(e *entry, qterms []queryTerm) float64 {
 	return s
 }
 
-// searchVector returns the n nearest live vectors by cosine similarity.
-// x.mu must be held for reading.
-func (x *Index) searchVector(q []float32, n int) []scored {
+// searchVector returns the n nearest live vectors by cosine similarity among
+// the documents keep accepts (nil: all). x.mu must be held for reading.
+func (x *Index) searchVector(q []float32, n int, keep func(string) bool) []scored {
 	if x.vecLive == 0 {
 		return nil
 	}
 	if x.graph == nil || (x.opts.ExactBelow >= 0 && x.vecLive <= x.opts.ExactBelow) {
 		top := newTopN(n)
 		for slot, e := range x.docs {
-			if e != nil && e.doc.Vector != nil {
+			if e != nil && e.doc.Vector != nil && (keep == nil || keep(e.doc.ID)) {
 				top.push(scored{slot: uint32(slot), score: float64(vek32.Dot(q, e.doc.Vector))})
 			}
 		}
@@ -746,7 +769,7 @@ func (x *Index) searchVector(q []float32, n int) []scored {
 		nodes := x.graph.Search(q, fetch)
 		top := newTopN(n)
 		for _, nd := range nodes {
-			if e := x.docs[nd.Key]; e != nil {
+			if e := x.docs[nd.Key]; e != nil && (keep == nil || keep(e.doc.ID)) {
 				top.push(scored{slot: nd.Key, score: float64(vek32.Dot(q, nd.Value))})
 			}
 		}

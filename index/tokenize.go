@@ -9,10 +9,16 @@ import (
 // input (a megabyte without spaces) costs linear time and bounded memory.
 const maxTokenBytes = 64
 
-// tokenize returns the index terms of text: see appendTokens.
-func tokenize(text string) []string { return appendTokens(nil, text) }
+// tokenize returns the index terms of text: see AppendTokens.
+func tokenize(text string) []string { return AppendTokens(nil, text) }
 
-// appendTokens appends the index terms of text to dst and returns it.
+// Tokenize returns the terms the index makes of text (see AppendTokens). It
+// is the one text tokenizer of the sidecar: package memory scores and
+// recalls with the same terms the index ranks by.
+func Tokenize(text string) []string { return AppendTokens(nil, text) }
+
+// AppendTokens appends the index terms of text to dst and returns it. Its
+// cost is linear in len(text) and its memory bounded by the terms produced.
 //
 // Terms are produced the same way for documents and queries:
 //   - letters, digits and combining marks form words, lower-cased; apostrophes
@@ -27,7 +33,7 @@ func tokenize(text string) []string { return appendTokens(nil, text) }
 //     separates terms.
 //
 // Words longer than maxTokenBytes bytes are truncated there.
-func appendTokens(dst []string, text string) []string {
+func AppendTokens(dst []string, text string) []string {
 	var word [maxTokenBytes + utf8.UTFMax]byte
 	n := 0 // bytes used in word
 	flush := func() {
