@@ -130,7 +130,7 @@ func normalizeUnit(u *Unit) {
 // catches up after a restart. It changes memory only; the worker persists.
 // Called with sess.mu held.
 func (s *Store) maybeDecayLocked(sess *session, now time.Time) {
-	if !sess.lastDecay.IsZero() && now.Sub(sess.lastDecay) < s.opts.DecayEvery {
+	if !sess.lastDecay.IsZero() && now.Sub(sess.lastDecay) < s.opts.Decay.Every {
 		return
 	}
 	sess.lastDecay = now
@@ -184,7 +184,7 @@ func (s *Store) boostLocked(u *Unit, now time.Time) error {
 	if u.BoostDay.IsZero() || now.Sub(u.BoostDay) >= 24*time.Hour {
 		u.BoostDay, u.Boosted = now, 0
 	}
-	add := min(s.opts.BoostAmount, MaxBoostPerDay-u.Boosted)
+	add := min(s.opts.Decay.BoostAmount, MaxBoostPerDay-u.Boosted)
 	if add <= 1e-9 {
 		s.stats.boostsLimited.Add(1)
 		return fmt.Errorf("%w: %s gained %.2f today (max %.1f)", ErrBoostLimited, u.ID, u.Boosted, MaxBoostPerDay)
@@ -203,9 +203,11 @@ func (s *Store) boostLocked(u *Unit, now time.Time) error {
 // deleteUnitLocked removes a unit from the session, its index and its
 // working memory; the worker writes the deletion. Called with sess.mu held.
 func (s *Store) deleteUnitLocked(sess *session, id string) {
-	if _, ok := sess.units[id]; !ok {
+	u, ok := sess.units[id]
+	if !ok {
 		return
 	}
+	sess.userDel = append(sess.userDel, userDocID(sess, unitRole(u), id))
 	delete(sess.units, id)
 	delete(sess.accessDirty, id)
 	if sess.deleted == nil {

@@ -15,14 +15,14 @@ func BenchmarkCompleteDurable(b *testing.B) {
 	for _, p := range []FsyncPolicy{FsyncAlways, FsyncNever} {
 		for _, size := range []int{1 << 10, 16 << 10} {
 			b.Run(fmt.Sprintf("%s/%dKiB", p, size>>10), func(b *testing.B) {
-				s := openStore(b, b.TempDir(), func(o *Options) { o.Fsync = p; o.HardLimit = 65536 })
+				s := openStore(b, b.TempDir(), func(o *Options) { o.Fsync = p; o.Window.Limit = 65536 })
 				body := strings.Repeat("The answer has several words. ", size/30)
 				i := 0
 				b.ReportAllocs()
 				b.SetBytes(int64(size))
 				for b.Loop() {
 					b.StopTimer()
-					tr, err := s.Prepare(context.Background(), "t", "bench", ModeAppend, "m", []Message{text("user", fmt.Sprintf("question %d", i))}, 0)
+					tr, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t", SessionID: "bench", Mode: ModeAppend, Model: "m", Messages: []Message{text("user", fmt.Sprintf("question %d", i))}})
 					if err != nil {
 						b.Fatal(err)
 					}

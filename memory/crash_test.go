@@ -29,13 +29,13 @@ func crashReply(i int) string   { return fmt.Sprintf("reply %d %s", i, strings.R
 // crashChild appends forever with the default fsync policy (always),
 // printing each acknowledged message, until the parent kills it.
 func crashChild(dir string) {
-	s, err := Open(Options{Dir: dir, HardLimit: 4096})
+	s, err := Open(Options{Dir: dir, Window: WindowOptions{Limit: 4096}})
 	if err != nil {
 		fmt.Println("open:", err)
 		os.Exit(2)
 	}
 	for i := 0; ; i++ {
-		tr, err := s.Prepare(context.Background(), "tenant", "crash", ModeAppend, "m", []Message{NewMessage("user", crashContent(i))}, 0)
+		tr, err := s.Prepare(context.Background(), TurnRequest{Tenant: "tenant", SessionID: "crash", Mode: ModeAppend, Model: "m", Messages: []Message{NewMessage("user", crashContent(i))}})
 		if err != nil {
 			fmt.Println("prepare:", err)
 			os.Exit(2)
@@ -86,7 +86,7 @@ func TestKill9KeepsAcknowledgedRecords(t *testing.T) {
 		ackedUsers = append(ackedUsers, acked["user"])
 		ackedReplies = append(ackedReplies, acked["reply"])
 
-		s, err := Open(Options{Dir: dir, HardLimit: 4096})
+		s, err := Open(Options{Dir: dir, Window: WindowOptions{Limit: 4096}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -50,7 +50,7 @@ func TestIdenticalRequestsMakeOneUnit(t *testing.T) {
 // session, 900 requests (14,156 units, 302 distinct, 2,358 empty on main).
 func TestSharedSessionFullHistoryClients(t *testing.T) {
 	dir := t.TempDir()
-	s := openStore(t, dir, func(o *Options) { o.HardLimit = 4096 })
+	s := openStore(t, dir, func(o *Options) { o.Window.Limit = 4096 })
 	const clients, turns = 20, 45
 	hist := make([][]Message, clients)
 	for turn := range turns {
@@ -77,7 +77,7 @@ func TestSharedSessionFullHistoryClients(t *testing.T) {
 		t.Fatalf("%d units for %d distinct messages", n, max)
 	}
 	s.Close()
-	s = openStore(t, dir, func(o *Options) { o.HardLimit = 4096 })
+	s = openStore(t, dir, func(o *Options) { o.Window.Limit = 4096 })
 	n2, distinct2, empty2 := unitStats(t, s, "shared")
 	if empty2 != 0 || n2 > distinct2+distinct2/20 {
 		t.Fatalf("after reopen: %d units, %d distinct, %d empty", n2, distinct2, empty2)
@@ -89,8 +89,8 @@ func TestSharedSessionFullHistoryClients(t *testing.T) {
 func TestEvictedDuplicateStaysOut(t *testing.T) {
 	dir := t.TempDir()
 	mod := func(o *Options) {
-		o.HardLimit, o.SystemReserve, o.ToolsReserve = 2300, 1024, 1024
-		o.Strategy = StrategyTail
+		o.Window.Limit, o.Window.SystemReserve, o.Window.ToolsReserve = 2300, 1024, 1024
+		o.Window.Strategy = StrategyTail
 	}
 	s := openStore(t, dir, mod)
 	for range 30 {

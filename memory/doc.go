@@ -1,7 +1,7 @@
 // Package memory owns conversation state for the sidecar: per-session durable
 // message logs, token counting, the Focus window sent upstream, the memory
-// units that hold what left the window, summaries, and the single injected
-// memory block.
+// units that hold what left the window, summaries, user memory across
+// sessions, and the blocks that bring memory back into the window.
 //
 // # What it owns
 //
@@ -32,8 +32,14 @@
 //     retention goroutine deletes sessions past Storage.SessionTTL and keeps
 //     Dir plus the KV archive under Storage.MaxDiskBytes; a recorded reply
 //     is capped at Storage.MaxReplyBytes.
-//   - The window builder (Store.Prepare): pinned client system messages, the
-//     injected memory block, history that fits, and the current turn.
+//   - The window builder (Store.Prepare, window.go): the client's system
+//     messages, the stable block (block.go: pinned memories and summaries,
+//     kept byte for byte until history next leaves the window), the
+//     history that fits, the per-turn recall block, and the current turn
+//     (the newest user message and what follows it). History leaves in
+//     large steps (Window.EvictTo), so the prompt's start moves rarely and
+//     the upstream's prefix cache keeps hitting; only the tail changes
+//     with the recall block.
 //   - A background worker goroutine that persists memory units, access counts
 //     and summaries after the response (Turn.Complete), plus the summarizer
 //     goroutines it starts. Close stops and waits for all of them; Shutdown
@@ -43,15 +49,26 @@
 //     the message before it), replies, summaries, facts, episodes — kept
 //     next to the log as <hash>.idx, saved atomically by the worker and on
 //     Close, and rebuilt from the units when missing, corrupt or stale
-//     (ragindex.go). Per session because units belong to sessions: isolation
-//     needs no filter and Delete removes the file; the pool is what sessions
-//     share.
+//     (ragindex.go).
+//   - User memory (users.go): a user is a scope inside a tenant
+//     (TurnRequest.UserID; "" is the tenant's default user). One index per
+//     (tenant, user) holds every message, fact, episode and added memory of
+//     the user's sessions, so a new session recalls the earlier ones; it is
+//     derived from the logs (each log's meta record names its user) and
+//     checked against them when loaded. The pool is what users share.
+//   - Per-turn recall (recall.go, block.go): the query is the newest user
+//     message (with the message before it when it is short); the session's
+//     index and the user's index are searched, their hits interleaved,
+//     deduplicated against the window and each other, fitted into
+//     Recall.Share of the limit best first, and shown oldest first, dated.
 //   - Session working memory (workingmem.go): an active set (ActiveSetSize,
 //     ActiveSetDecay) with Hebbian links between memories recalled together.
-//     Each turn a light probe (ProbeK hits) is compared with the active set
-//     and its neighbours; an overlap ≥ ReuseOverlap reuses the recalled set
-//     byte for byte, otherwise a full recall (RecallK) replaces it
-//     (Stats.FullRecallRate). In memory only.
+//     Each turn a light probe (ProbeK lexical hits, no query embedding) is
+//     compared with the active set and its neighbours; an overlap ≥
+//     ReuseOverlap skips the full retrieval (the previous set, rebuilt from
+//     current memory, plus the probe's hits), otherwise a full retrieval
+//     (Recall.K over both indexes) replaces it (Stats.FullRecallRate). The
+//     gating only saves work: what it shows is never stale. In memory only.
 //   - Memory categories and decay (categories.go): system and core memories
 //     never decay and are always injected; facts and episodes decay per
 //     period untouched, episodes expire; BOOST is rate-limited; review
@@ -63,6 +80,11 @@
 //     ([ADD], [UPDATE:id], [BOOST:id], [DELETE:id], [SKIP], parsed strictly:
 //     a bad line is rejected alone) and every EpisodeEvery messages into an
 //     episode. Never on the request path; a full queue drops (counted).
+//     Coalesced per session: one job in flight, at most one started per
+//     completed client turn (likewise summaries), each covering everything
+//     that waited, so the sidecar's own calls per client turn are bounded
+//     whatever a request's message count. Calls carry the session's model
+//     (ExtractRequest, SummaryRequest); package llm makes them.
 //   - The shared pool (pool.go): per-tenant keyed entries with versions,
 //     creator and updater sessions, metadata, conditional writes
 //     (ErrConflict), prefix listing, in one framed and checksummed log per
@@ -84,7 +106,8 @@
 //     tokenizer, always starts with the client's leading system (and
 //     developer) messages, and always contains the newest user message and
 //     everything after it. When that is impossible Prepare fails with
-//     ErrContextTooLarge instead of sending a cut prompt.
+//     ErrContextTooLarge instead of sending a cut prompt (checkFits, the one
+//     limit check, before anything is written).
 //   - Nothing that leaves the window is deleted: an evicted message becomes a
 //     memory unit (tier working, later archive), unless a unit already holds
 //     its text (units are deduplicated by role and text and never empty,
@@ -95,12 +118,24 @@
 //     history that a full-history client rewrote (edit, branch, regenerate)
 //     moves the replaced messages to archive units.
 //   - Byte stability: the window is the client's system messages, then at
-//     most one injected system block (system and core memories by id, then
-//     summaries oldest→newest, then recalled memories ordered by unit id,
-//     never by score), then history in original order. Eviction is sticky and has hysteresis (Options.EvictTo), so the
-//     history part of consecutive prompts stays identical between evictions.
+//     most one stable block (system and core memories by id, then
+//     summaries oldest→newest), then history in original order, then at
+//     most one recall block (memories ordered by time, never by score),
+//     then the current turn. Eviction is sticky and has hysteresis
+//     (Window.EvictTo), and the stable block changes only with it (or when
+//     what it shows was changed or deleted), so between evictions the
+//     previous prompt without its recall block is a prefix of the next.
+//   - Users never cross tenants: a user index lives under its tenant's
+//     folder and is keyed by (tenant, user); a session's user is fixed at
+//     its creation.
 //
 // # Client styles
+//
+// ModeAuto (no X-Session-Mode header) detects the style per request: a
+// request whose non-system messages extend the stored history is a full
+// history; one without any assistant message that does not extend it is
+// new input from a client that sends only its newest message (an append);
+// anything else is matched as a full history below.
 //
 // ModeFull clients send the whole conversation every time. The stored history
 // is matched message by message (role, text, name, tool call id and tool
@@ -111,14 +146,15 @@
 //   - if it is a suffix-aligned continuation (the client trimmed old turns
 //     itself), the overlap is recognised and only the new tail appended;
 //   - otherwise (edited message, branch, regenerate, a reused session id) the
-//     stored history is cut at the first difference, the cut messages become
-//     archive units (still listed by Memory, still recallable) and the
-//     request's messages from there on are appended.
+//     stored history is cut after the longest shared part, the cut messages
+//     become archive units (still listed by Memory, still recallable) and
+//     the request's messages from there on are appended.
 //
 // ModeAppend clients (X-Session-Mode: append) send only new messages; the
 // sidecar reconstitutes the history. Leading system messages equal to the
-// stored ones are ignored, different ones replace them.
+// stored ones are ignored, different ones replace them (an append without
+// system messages keeps the stored ones).
 //
-// In both modes the window is built from the stored history, and the stored
+// In every mode the window is built from the stored history, and the stored
 // raw bytes of each message are re-emitted unchanged.
 package memory

@@ -9,21 +9,33 @@ import (
 	"time"
 )
 
-// Extractor completes a prompt with the upstream model (the proxy
-// implements it with a non-streaming chat completion of one user message).
-// It is called from background goroutines the Store owns, never on the
-// request path; ctx is cancelled on Close and after Options.ExtractTimeout.
-// Safe for concurrent use.
+// ExtractRequest is one extraction call: its prompt and the session it is
+// made for.
+type ExtractRequest struct {
+	// Tenant and SessionID name the session; Model is the model of its
+	// latest turn (the call's model unless the Extractor overrides it).
+	Tenant, SessionID, Model string
+	// Kind is "facts" (the reply is fact operations, see ParseFactOps) or
+	// "episode" (the reply is a short summary).
+	Kind string
+	// Prompt is the whole prompt, sent as one user message.
+	Prompt string
+}
+
+// Extractor completes an extraction prompt with a model (package llm calls
+// the upstream). It is called from background goroutines the Store owns,
+// never on the request path; ctx is cancelled on Close and after
+// Extraction.Timeout. Safe for concurrent use.
 type Extractor interface {
-	Complete(ctx context.Context, prompt string) (string, error)
+	Extract(ctx context.Context, req ExtractRequest) (string, error)
 }
 
 // ExtractorFunc adapts a function to Extractor.
-type ExtractorFunc func(ctx context.Context, prompt string) (string, error)
+type ExtractorFunc func(ctx context.Context, req ExtractRequest) (string, error)
 
-// Complete implements Extractor.
-func (f ExtractorFunc) Complete(ctx context.Context, prompt string) (string, error) {
-	return f(ctx, prompt)
+// Extract implements Extractor.
+func (f ExtractorFunc) Extract(ctx context.Context, req ExtractRequest) (string, error) {
+	return f(ctx, req)
 }
 
 type jobKind uint8
@@ -31,6 +43,20 @@ type jobKind uint8
 const (
 	jobFacts jobKind = iota
 	jobEpisode
+)
+
+func (k jobKind) String() string {
+	if k == jobEpisode {
+		return "episode"
+	}
+	return "facts"
+}
+
+// The kinds of the sidecar's own model calls, for Stats.
+const (
+	callFacts = iota
+	callEpisode
+	callSummary
 )
 
 // extractJob is one Extractor call for a session.
@@ -41,6 +67,7 @@ type extractJob struct {
 	known    map[string]bool // fact ids shown in the prompt: the only ids ops may name
 	prompt   string
 	enc      Encoding
+	model    string
 }
 
 const (
@@ -52,11 +79,14 @@ const (
 
 // maybeExtractLocked queues an extraction job when one is due: an episode
 // when EpisodeEvery messages accumulated since the last, else facts when
-// ExtractEvery did. One job per session at a time; a full queue drops it
-// (counted) and the session's next sync tries again. Called with sess.mu
-// held, from the worker.
+// Every did. Extraction is coalesced per session: one job at a time, at
+// most one started per completed client turn, each covering every message
+// that waited (the newest that fit Extraction.PromptBytes), so a request
+// of thousands of messages costs one call, not one per Every messages. A
+// full queue drops the job (counted) and the session's next turn tries
+// again. Called with sess.mu held, from the worker.
 func (s *Store) maybeExtractLocked(sess *session) {
-	if s.opts.Extractor == nil || sess.extracting || s.ctx.Err() != nil {
+	if s.opts.Extraction.Extractor == nil || sess.extracting || s.ctx.Err() != nil || sess.turns == sess.extractTurn {
 		return
 	}
 	job := s.episodeJobLocked(sess)
@@ -66,16 +96,34 @@ func (s *Store) maybeExtractLocked(sess *session) {
 	if job == nil {
 		return
 	}
+	job.model = sess.lastModel
 	select {
 	case s.extractQ <- job:
 		sess.extracting = true
+		sess.extractTurn = sess.turns
 	default:
 		s.stats.extractDropped.Add(1)
 	}
 }
 
+// newestThatFit returns the tail of es whose prompt lines fit budget bytes
+// (at least one message).
+func newestThatFit(es []*entry, budget int) []*entry {
+	used := 0
+	i := len(es)
+	for i > 0 {
+		n := min(len(es[i-1].text()), maxPromptMsgBytes) + len(es[i-1].msg.Role) + 3
+		if used+n > budget && i < len(es) {
+			break
+		}
+		used += n
+		i--
+	}
+	return es[i:]
+}
+
 func (s *Store) episodeJobLocked(sess *session) *extractJob {
-	n := s.opts.EpisodeEvery
+	n := s.opts.Extraction.EpisodeEvery
 	if n <= 0 {
 		return nil
 	}
@@ -83,24 +131,25 @@ func (s *Store) episodeJobLocked(sess *session) *extractJob {
 	for _, e := range sess.hist {
 		if e.seq > sess.episodeSeq {
 			es = append(es, e)
-			if len(es) == n {
-				break
-			}
 		}
 	}
 	if len(es) < n {
 		return nil
 	}
+	// One episode for everything that waited; the part that does not fit
+	// one prompt is covered by it (it stays in the log and the indexes).
+	to := es[len(es)-1].seq
+	es = newestThatFit(es, s.opts.Extraction.PromptBytes)
 	var b strings.Builder
 	b.WriteString("Summarize this part of a conversation between a user and an assistant in at most five sentences, " +
 		"for the assistant's long-term memory: what the user wanted, what was decided or done, and facts learned. " +
 		"Reply with the summary only.\n\n")
 	writeMessages(&b, es)
-	return &extractJob{sess: sess, kind: jobEpisode, from: es[0].seq, to: es[len(es)-1].seq, prompt: b.String(), enc: sess.lastEnc}
+	return &extractJob{sess: sess, kind: jobEpisode, from: es[0].seq, to: to, prompt: b.String(), enc: sess.lastEnc}
 }
 
 func (s *Store) factJobLocked(sess *session) *extractJob {
-	n := s.opts.ExtractEvery
+	n := s.opts.Extraction.Every
 	if n <= 0 {
 		return nil
 	}
@@ -113,7 +162,8 @@ func (s *Store) factJobLocked(sess *session) *extractJob {
 	if len(es) < n {
 		return nil
 	}
-	es = es[max(0, len(es)-2*n):]
+	to := es[len(es)-1].seq
+	es = newestThatFit(es, s.opts.Extraction.PromptBytes)
 	var facts []*Unit
 	for _, u := range sess.units {
 		if u.Category == CategoryFact || u.Category == CategoryCore {
@@ -151,7 +201,7 @@ func (s *Store) factJobLocked(sess *session) *extractJob {
 		"[DELETE:<id>]  (a known fact is no longer true)\n" +
 		"[SKIP]         (nothing worth remembering)\n" +
 		"Use only the ids listed above. Do not repeat known facts. No other text.\n")
-	return &extractJob{sess: sess, kind: jobFacts, from: es[0].seq, to: es[len(es)-1].seq, known: known, prompt: b.String(), enc: sess.lastEnc}
+	return &extractJob{sess: sess, kind: jobFacts, from: es[0].seq, to: to, known: known, prompt: b.String(), enc: sess.lastEnc}
 }
 
 func writeMessages(b *strings.Builder, es []*entry) {
@@ -178,8 +228,14 @@ func (s *Store) extractWorker() {
 
 func (s *Store) runExtract(job *extractJob) {
 	s.stats.extractJobs.Add(1)
-	ctx, cancel := context.WithTimeout(s.ctx, s.opts.ExtractTimeout)
-	out, err := s.opts.Extractor.Complete(ctx, job.prompt)
+	if job.kind == jobEpisode {
+		s.stats.calls[callEpisode].Add(1)
+	} else {
+		s.stats.calls[callFacts].Add(1)
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.opts.Extraction.Timeout)
+	out, err := s.opts.Extraction.Extractor.Extract(ctx, ExtractRequest{Tenant: job.sess.tenant, SessionID: job.sess.id,
+		Model: job.model, Kind: job.kind.String(), Prompt: job.prompt})
 	cancel()
 	sess := job.sess
 	sess.mu.Lock()
@@ -202,12 +258,18 @@ func (s *Store) runExtract(job *extractJob) {
 	}
 	s.persistLocked(sess, now)
 	sess.mu.Unlock()
-	s.enqueue(sess) // index the new memories, and a next job if one is due
+	s.enqueue(sess) // index the new memories (a next job waits for the next turn)
 }
 
 func (s *Store) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
 	sess := job.sess
 	text := sanitizeText(out, maxEpisodeBytes)
+	if strings.EqualFold(strings.TrimSpace(text), "[SKIP]") {
+		// The model found nothing worth keeping: the messages are covered.
+		sess.episodeSeq = max(sess.episodeSeq, job.to)
+		sess.seqDirty = true
+		return
+	}
 	if text == "" {
 		s.stats.extractErrs.Add(1)
 		s.opts.Logger.Warn("memory: extraction: empty episode")
@@ -276,7 +338,7 @@ func (s *Store) applyFactOpLocked(job *extractJob, op FactOp, now time.Time, nex
 				return nil // already known
 			}
 		}
-		if n >= s.opts.MaxFacts {
+		if n >= s.opts.Extraction.MaxFacts {
 			return fmt.Errorf("%w: %d memories, the most a session keeps", ErrInvalid, n)
 		}
 		id := factUnitID(job.to, *next)

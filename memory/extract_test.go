@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 	"unicode/utf8"
 )
 
@@ -120,12 +121,15 @@ type scriptedExtractor struct {
 	mu      sync.Mutex
 	replies []string
 	prompts []string
+	reqs    []ExtractRequest
 }
 
-func (e *scriptedExtractor) Complete(_ context.Context, prompt string) (string, error) {
+func (e *scriptedExtractor) Extract(_ context.Context, req ExtractRequest) (string, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	prompt := req.Prompt
 	e.prompts = append(e.prompts, prompt)
+	e.reqs = append(e.reqs, req)
 	if strings.HasPrefix(prompt, "Summarize") {
 		return "The user and the assistant talked about \x00gardening\n and tomatoes.", nil
 	}
@@ -165,7 +169,7 @@ func TestExtractionAppliesValidOpsOnly(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ex := &scriptedExtractor{}
 		dir := t.TempDir()
-		s := openBubbleStore(t, dir, func(o *Options) { o.Extractor = ex; o.ExtractEvery = 2 })
+		s := openBubbleStore(t, dir, func(o *Options) { o.Extraction.Extractor = ex; o.Extraction.Every = 2 })
 		turn := func(u, a string) {
 			prepare(t, s, "t", "s", ModeAppend, text("user", u)).Complete(text("assistant", a))
 			synctest.Wait() // the worker and the extractor are done
@@ -229,7 +233,7 @@ func TestExtractionAppliesValidOpsOnly(t *testing.T) {
 		// Everything survives a restart, and extraction does not redo old turns.
 		s.Close()
 		n := len(ex.prompts)
-		s = openBubbleStore(t, dir, func(o *Options) { o.Extractor = ex; o.ExtractEvery = 2 })
+		s = openBubbleStore(t, dir, func(o *Options) { o.Extraction.Extractor = ex; o.Extraction.Every = 2 })
 		if got := factsOf(t, s); len(got) != 2 {
 			t.Fatalf("after restart: %v", got)
 		}
@@ -246,14 +250,14 @@ func TestExtractionAppliesValidOpsOnly(t *testing.T) {
 func TestExtractionQueueDropsUnderOverload(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		ex := ExtractorFunc(func(ctx context.Context, prompt string) (string, error) {
+		ex := ExtractorFunc(func(ctx context.Context, _ ExtractRequest) (string, error) {
 			select {
 			case <-release:
 			case <-ctx.Done():
 			}
 			return "[SKIP]", nil
 		})
-		s := openBubbleStore(t, t.TempDir(), func(o *Options) { o.Extractor = ex; o.ExtractEvery = 2; o.ExtractQueue = 1 })
+		s := openBubbleStore(t, t.TempDir(), func(o *Options) { o.Extraction.Extractor = ex; o.Extraction.Every = 2; o.Extraction.Queue = 1 })
 		for i := range 5 {
 			id := fmt.Sprint("s", i)
 			prepare(t, s, "t", id, ModeAppend, text("user", "hello")).Complete(text("assistant", "hi"))
@@ -264,5 +268,69 @@ func TestExtractionQueueDropsUnderOverload(t *testing.T) {
 			t.Fatalf("dropped %d, want 3 (%+v)", st.ExtractDropped, st)
 		}
 		close(release)
+	})
+}
+
+// TestExtractionCoalescedPerTurn reproduces issue 12 row 13: one request
+// of 2,000 messages caused 67 upstream calls, three of 1k, 5k and 20k
+// messages 868 (20k is left out here for time). Extraction is coalesced per session: a turn starts at most
+// one job, which covers every message that waited (the newest that fit
+// one prompt); the calls carry the session's model.
+func TestExtractionCoalescedPerTurn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := &scriptedExtractor{}
+		s := openBubbleStore(t, t.TempDir(), func(o *Options) { o.Extraction.Extractor = ex })
+		history := func(n int) []Message {
+			msgs := make([]Message, 0, n+1)
+			for i := 0; i < n; i++ {
+				role := "user"
+				if i%2 == 1 {
+					role = "assistant"
+				}
+				msgs = append(msgs, text(role, fmt.Sprintf("message %d about topic %d", i, i%17)))
+			}
+			return append(msgs, text("user", "and now?"))
+		}
+		calls := func() int {
+			ex.mu.Lock()
+			defer ex.mu.Unlock()
+			return len(ex.reqs)
+		}
+		for i, n := range []int{2000, 1000, 5000} {
+			before := calls()
+			tr, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t", SessionID: fmt.Sprint("big", i), Model: "llama-3-70b", Messages: history(n)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr.Complete(text("assistant", "ok"))
+			synctest.Wait()
+			if got := calls() - before; got != 1 {
+				t.Fatalf("a request of %d messages made %d extraction calls, want 1", n, got)
+			}
+			ex.mu.Lock()
+			req := ex.reqs[len(ex.reqs)-1]
+			ex.mu.Unlock()
+			if req.Model != "llama-3-70b" || req.SessionID != fmt.Sprint("big", i) || len(req.Prompt) > 40<<10 {
+				t.Fatalf("call %+v (prompt %d bytes)", req.Model, len(req.Prompt))
+			}
+		}
+		// Nothing runs between turns; the next turn of a session starts at
+		// most one more job.
+		before := calls()
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if got := calls() - before; got != 0 {
+			t.Fatalf("%d calls without a client turn", got)
+		}
+		tr := prepare(t, s, "t", "big0", ModeAppend, text("user", "one more"))
+		tr.Complete(text("assistant", "sure"))
+		synctest.Wait()
+		if got := calls() - before; got > 1 {
+			t.Fatalf("one turn made %d calls", got)
+		}
+		st := s.Stats()
+		if st.FactCalls+st.EpisodeCalls != int64(calls()) || st.Completes != 4 {
+			t.Fatalf("stats %+v, %d calls", st, calls())
+		}
 	})
 }

@@ -37,7 +37,7 @@ func TestSessionsBeyondTheDescriptorLimit(t *testing.T) {
 	for round := range 2 {
 		for i := range sessions {
 			id := fmt.Sprintf("s%d", i)
-			tr, err := s.Prepare(t.Context(), "t", id, ModeAppend, "m", []Message{text("user", fmt.Sprintf("q%d-%d", i, round))}, 0)
+			tr, err := s.Prepare(t.Context(), TurnRequest{Tenant: "t", SessionID: id, Mode: ModeAppend, Model: "m", Messages: []Message{text("user", fmt.Sprintf("q%d-%d", i, round))}})
 			if err != nil {
 				t.Fatalf("round %d session %d: %v", round, i, err)
 			}

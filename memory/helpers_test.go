@@ -92,7 +92,7 @@ func rawStrings(raws []json.RawMessage) []string {
 
 func prepare(t testing.TB, s *Store, tenant, id string, mode Mode, msgs ...Message) *Turn {
 	t.Helper()
-	turn, err := s.Prepare(context.Background(), tenant, id, mode, "test-model", msgs, 0)
+	turn, err := s.Prepare(context.Background(), TurnRequest{Tenant: tenant, SessionID: id, Mode: mode, Model: "test-model", Messages: msgs})
 	if err != nil {
 		t.Fatalf("Prepare: %v", err)
 	}

@@ -259,7 +259,7 @@ func FuzzSessionLog(f *testing.F) {
 		if _, err := s.Session("t", "s"); err != nil && !errors.Is(err, ErrNotFound) {
 			t.Fatalf("load: %v", err)
 		}
-		if _, err := s.Prepare(t.Context(), "t", "s", ModeAppend, "m", []Message{text("user", "q")}, 0); err != nil && !errors.Is(err, ErrContextTooLarge) {
+		if _, err := s.Prepare(t.Context(), TurnRequest{Tenant: "t", SessionID: "s", Mode: ModeAppend, Model: "m", Messages: []Message{text("user", "q")}}); err != nil && !errors.Is(err, ErrContextTooLarge) {
 			t.Fatalf("prepare after load: %v", err)
 		}
 		s.Close()

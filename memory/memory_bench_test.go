@@ -8,15 +8,53 @@ import (
 	"testing"
 )
 
+// zipfWords is a vocabulary of made-up words drawn with Zipf's law
+// (exponent 1.1 over 5,000 words), as words are in conversation: a few
+// frequent, most rare. (Uniform draws from a small vocabulary would put
+// every word in most messages, which no conversation does.)
+var zipfWords = func() []string {
+	r := rand.New(rand.NewPCG(11, 11))
+	syl := strings.Fields("ka lo mi ne ru sa ti vo pe da gi lu ze ba no fi ro te mu ya")
+	words := make([]string, 5000)
+	seen := map[string]bool{}
+	for i := range words {
+		for {
+			var b strings.Builder
+			for range 2 + r.IntN(3) {
+				b.WriteString(syl[r.IntN(len(syl))])
+			}
+			if w := b.String(); !seen[w] {
+				seen[w] = true
+				words[i] = w
+				break
+			}
+		}
+	}
+	return words
+}()
+
+func zipfText(r *rand.Rand, z *rand.Zipf, n int) string {
+	var b strings.Builder
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(zipfWords[z.Uint64()])
+	}
+	return b.String()
+}
+
 // benchSession builds a session of n turns (user + assistant) and returns
 // the full-history request of the next turn.
 func benchSession(b *testing.B, s *Store, n int) []Message {
 	b.Helper()
 	r := rand.New(rand.NewPCG(7, 7))
+	z := rand.NewZipf(r, 1.1, 1, uint64(len(zipfWords)-1))
+	randText := func(_ *rand.Rand, n int) string { return zipfText(r, z, n) }
 	msgs := []Message{text("system", "You are a helpful assistant. "+randText(r, 40))}
 	for i := 0; i < n; i++ {
 		msgs = append(msgs, text("user", fmt.Sprintf("q%d %s", i, randText(r, 30))))
-		tr, err := s.Prepare(context.Background(), "t", "bench", ModeFull, "test-model", msgs, 0)
+		tr, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t", SessionID: "bench", Mode: ModeFull, Model: "test-model", Messages: msgs})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -28,7 +66,7 @@ func benchSession(b *testing.B, s *Store, n int) []Message {
 }
 
 // BenchmarkPrepare measures the request-path cost of Prepare on a session
-// of n turns. "full": a full-history client re-sends the same request
+// of n turns (texts from zipfWords). "full": a full-history client re-sends the same request
 // (nothing new to append), which isolates matching and window building.
 // "turn": a new user message per iteration in append mode, then Complete
 // with a new reply: tokenizing the new text, the log appends (FsyncNever),
@@ -42,7 +80,7 @@ func BenchmarkPrepare(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				tr, err := s.Prepare(ctx, "t", "bench", ModeFull, "test-model", req, 0)
+				tr, err := s.Prepare(ctx, TurnRequest{Tenant: "t", SessionID: "bench", Mode: ModeFull, Model: "test-model", Messages: req})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -54,6 +92,8 @@ func BenchmarkPrepare(b *testing.B) {
 			benchSession(b, s, turns)
 			ctx := context.Background()
 			r := rand.New(rand.NewPCG(3, 3))
+			z := rand.NewZipf(r, 1.1, 1, uint64(len(zipfWords)-1))
+			randText := func(_ *rand.Rand, n int) string { return zipfText(r, z, n) }
 			const distinct = 512
 			var users, replies [distinct]Message
 			for i := range users {
@@ -64,7 +104,7 @@ func BenchmarkPrepare(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				tr, err := s.Prepare(ctx, "t", "bench", ModeAppend, "test-model", users[i%distinct:i%distinct+1], 0)
+				tr, err := s.Prepare(ctx, TurnRequest{Tenant: "t", SessionID: "bench", Mode: ModeAppend, Model: "test-model", Messages: users[i%distinct : i%distinct+1]})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -110,22 +110,6 @@ func ParseStrategy(s string) (Strategy, error) {
 	return 0, fmt.Errorf("memory: unknown strategy %q (want importance|tail|summary)", s)
 }
 
-// BlockRefresh says when the injected memory block may change.
-type BlockRefresh uint8
-
-const (
-	// BlockRefreshOnEvict (default) keeps the block byte for byte while no
-	// history leaves the window, so consecutive prompts extend each other
-	// and the upstream's prefix cache covers the whole history; recall runs
-	// again when the history is cut (the cached prefix breaks there anyway)
-	// or when what the block shows changed.
-	BlockRefreshOnEvict BlockRefresh = iota
-	// BlockRefreshEveryTurn recalls for every request: fresher memories,
-	// at the cost of a prefix-cache miss after the system message whenever
-	// the recalled set changes.
-	BlockRefreshEveryTurn
-)
-
 // Clock is the time source; tests inject a fake one. It must be safe for
 // concurrent use (the worker reads it too).
 type Clock interface{ Now() time.Time }
@@ -135,7 +119,9 @@ type realClock struct{}
 func (realClock) Now() time.Time { return time.Now() }
 
 // Options configure a Store. The zero value of every field is a documented
-// default; only Dir is required.
+// default; only Dir is required. Fields are grouped by concern, as nested
+// option structs, each with its own defaults and validation (Open applies
+// EnsureDefaults and Validate).
 type Options struct {
 	// Dir is the root of the session logs, normally <data-dir>/sessions.
 	// Required. Created if missing.
@@ -145,24 +131,76 @@ type Options struct {
 	Fsync FsyncPolicy
 	// FsyncInterval is the period for FsyncInterval. Zero: 1s.
 	FsyncInterval time.Duration
+	// MaxRecordBytes bounds one log record. Zero: 16 MiB.
+	MaxRecordBytes int
 
-	// HardLimit is the window's token limit. Zero: 8192.
-	HardLimit int
-	// ModelLimits overrides HardLimit per model: exact names, or prefixes
+	// Window shapes the window sent upstream: limits, tokenization,
+	// overflow.
+	Window WindowOptions
+	// Recall chooses what the per-turn recall block shows: the indexes,
+	// the working-memory gating, the user scope.
+	Recall RecallOptions
+	// Decay ages memories: categories' decay pass and boosts, tiering of
+	// units from working to archive.
+	Decay DecayOptions
+	// Extraction configures the sidecar's own model calls: facts,
+	// episodes, summaries.
+	Extraction ExtractionOptions
+	// Pool bounds the tenants' shared pools.
+	Pool PoolOptions
+	// Storage bounds open files, disk use and retention, and what is kept
+	// of a reply (see StorageOptions).
+	Storage StorageOptions
+
+	// QueueSize bounds the worker queue (sessions waiting for background
+	// writes). A full queue never blocks a request: the session stays dirty
+	// and is picked up by its next Complete. Zero: 1024.
+	QueueSize int
+	// PendingWait is how long Prepare waits for the previous turn of the same
+	// session to Complete, so that append-mode history stays in order.
+	// Zero: 2s; negative: do not wait.
+	PendingWait time.Duration
+	// MaxLoadedSessions bounds sessions kept in memory; idle ones are
+	// dropped from memory (never from disk) beyond it. It also bounds the
+	// user indexes kept in memory. Zero: 4096.
+	MaxLoadedSessions int
+
+	// Clock is the time source. Nil: the system clock.
+	Clock Clock
+	// Logger receives warnings (quarantined log tails, summarizer errors).
+	// Nil: discarded.
+	Logger *slog.Logger
+}
+
+// WindowOptions shape the window: its hard limit, how tokens are counted,
+// what is reserved, and how history overflows.
+type WindowOptions struct {
+	// Limit is the window's hard token limit. Zero: 8192.
+	Limit int
+	// ModelLimits overrides Limit per model: exact names, or prefixes
 	// ending in "*" (longest prefix wins). Nil: none.
 	ModelLimits map[string]int
-	// SystemReserve is reserved for the client's system messages: history
-	// gets what is left after max(SystemReserve, system cost). Zero: 1024.
+	// SystemReserve is the least budget kept for the client's system
+	// messages: history gets what is left after max(SystemReserve, the
+	// largest system cost this session sent). Zero: none (the largest
+	// cost seen alone keeps the history budget steady).
 	SystemReserve int
-	// ToolsReserve is reserved for tools/functions: history gets what is left
-	// after max(ToolsReserve, tools cost). Zero: 1024.
+	// ToolsReserve is the same for tools/functions. Zero: none.
 	ToolsReserve int
 	// Strategy selects overflow handling. Zero: StrategyImportance.
 	Strategy Strategy
 	// EvictTo is the hysteresis of eviction: when history overflows, it is
-	// cut down to EvictTo × its budget so the next turns append without
-	// evicting again (and share their prefix). In (0, 1]. Zero: 0.75.
+	// cut down to EvictTo × its budget, so history leaves the window in
+	// large steps, the next turns append without evicting again, and the
+	// prompt's stable prefix moves rarely. In (0, 1]. Zero: 0.85 (a step
+	// of 15% of the history budget; lower values evict more rarely but
+	// keep less history, and the recall block's share of the prompt
+	// after an eviction grows).
 	EvictTo float64
+	// StableMaxTokens caps the stable memory block after the client's
+	// system messages (pinned system and core memories, summaries);
+	// negative: no stable block. Zero: 1024.
+	StableMaxTokens int
 
 	// Encoding forces one tiktoken encoding for every model ("cl100k_base",
 	// "o200k_base", "p50k_base", "r50k_base"). Empty: chosen by model name.
@@ -171,30 +209,106 @@ type Options struct {
 	ModelEncodings map[string]string
 	// TokenCacheEntries bounds the token-count cache. Zero: 65536.
 	TokenCacheEntries int
+}
 
-	// InjectMaxTokens caps the injected memory block. Zero: 1024.
-	InjectMaxTokens int
-	// RecallK is how many memories recall may inject. Zero: 4; negative: none.
-	RecallK int
-	// RecallMinScore gates recall: hits scoring below it are not injected.
-	// Zero: 0.15.
-	RecallMinScore float64
-	// Recaller ranks memory units for the newest user message when the
-	// index is off or fails. Nil: keyword (bag-of-words cosine) recall.
+// minHistory is the least history budget a limit must leave after the
+// reserves and the recall block.
+const minHistory = 64
+
+func (o *WindowOptions) ensureDefaults() {
+	if o.Limit == 0 {
+		o.Limit = 8192
+	}
+	if o.EvictTo == 0 {
+		o.EvictTo = 0.85
+	}
+	if o.StableMaxTokens == 0 {
+		o.StableMaxTokens = 1024
+	}
+	if o.TokenCacheEntries == 0 {
+		o.TokenCacheEntries = 65536
+	}
+}
+
+func (o *WindowOptions) validate(recallShare float64) error {
+	if o.Strategy > StrategySummary {
+		return fmt.Errorf("memory: invalid strategy %d", o.Strategy)
+	}
+	if o.SystemReserve < 0 || o.ToolsReserve < 0 {
+		return errors.New("memory: reserves must not be negative")
+	}
+	checkLimit := func(name string, l int) error {
+		if float64(l)*(1-recallShare) < float64(o.SystemReserve+o.ToolsReserve+minHistory) {
+			return fmt.Errorf("memory: limit %d for %s leaves no history after reserves %d+%d and the recall block", l, name, o.SystemReserve, o.ToolsReserve)
+		}
+		return nil
+	}
+	if err := checkLimit("Window.Limit", o.Limit); err != nil {
+		return err
+	}
+	for m, l := range o.ModelLimits {
+		if err := checkLimit(m, l); err != nil {
+			return err
+		}
+	}
+	if !(o.EvictTo > 0 && o.EvictTo <= 1) {
+		return fmt.Errorf("memory: Window.EvictTo %v not in (0, 1]", o.EvictTo)
+	}
+	if o.Encoding != "" {
+		if _, ok := encodingByName(o.Encoding); !ok {
+			return fmt.Errorf("memory: unknown encoding %q", o.Encoding)
+		}
+	}
+	for m, e := range o.ModelEncodings {
+		if _, ok := encodingByName(e); !ok {
+			return fmt.Errorf("memory: unknown encoding %q for model %q", e, m)
+		}
+	}
+	if o.TokenCacheEntries < 0 {
+		return errors.New("memory: Window.TokenCacheEntries must not be negative")
+	}
+	return nil
+}
+
+// RecallOptions choose what the per-turn recall block shows. The block sits
+// right before the newest user message; its query is that message plus a
+// little of the message before it.
+type RecallOptions struct {
+	// Share is the recall block's share of the window limit, in [0, 0.5]:
+	// at the default limit it holds about 10–20 recalled conversation
+	// turns. Negative: no recall block. Zero: 0.08.
+	Share float64
+	// K is the most memories one block may show (the block's token share
+	// usually binds first). Zero: 20; negative: none.
+	K int
+	// MinScore gates recall: hits scoring below it are not shown. An index
+	// hit passes when a query term matched it (BM25) or its cosine
+	// similarity reaches MinScore. Zero: 0.15.
+	MinScore float64
+	// QueryContextBytes of the message before the newest user message are
+	// added to the recall query when the newest message is short (fewer
+	// than 4 index terms: "and then?" means little alone). Zero: 200;
+	// negative: none.
+	QueryContextBytes int
+	// Recaller ranks memory units when the index is off or fails. Nil:
+	// keyword (bag-of-words cosine) recall.
 	Recaller Recaller
 
-	// IndexDisabled turns the per-session RAG index off; recall then uses
-	// Recaller over the working-tier units.
+	// IndexDisabled turns the RAG indexes off (the session's and the
+	// user's); recall then uses Recaller over the session's working-tier
+	// units, and nothing is recalled across sessions.
 	IndexDisabled bool
-	// Index configures the per-session indexes (package index). Zero
-	// value: index defaults with the offline embedder, Rerank
-	// index.DefaultRerank and Now from Clock. An index hit passes
-	// RecallMinScore when a query term matched it (BM25) or its cosine
-	// similarity reaches it.
+	// Index configures the indexes (package index). Zero value: index
+	// defaults with the offline embedder, Rerank index.DefaultRerank and
+	// Now from the Store's Clock.
 	Index index.Options
-	// IndexSaveInterval is the least time between two saves of a session's
-	// index file by the worker (Close saves every changed one). Zero: 30s.
+	// IndexSaveInterval is the least time between two saves of an index
+	// file by the worker (Close saves every changed one). Zero: 30s.
 	IndexSaveInterval time.Duration
+	// UserMaxDocs bounds one user's cross-session index: beyond it the
+	// oldest documents leave it (they stay in their sessions' logs and
+	// session indexes). Zero: 50000.
+	UserMaxDocs int
 
 	// ActiveSetSize is the capacity of a session's working memory (the
 	// active set of recently recalled memories). Zero: 7.
@@ -206,151 +320,36 @@ type Options struct {
 	// stays on the active topic. Zero: 3.
 	ProbeK int
 	// ReuseOverlap: a probe whose share of hits in the active set and its
-	// linked neighbours reaches this reuses the recalled set; below it, a
-	// full recall of RecallK refreshes it. In (0, 1]. Zero: 0.6.
+	// linked neighbours reaches this skips the full retrieval (the
+	// previous recalled set, still valid, plus the probe's hits); below it
+	// a full retrieval of K refreshes it. In (0, 1]. Zero: 0.6.
 	ReuseOverlap float64
 	// LinkHalfLife is the half-life of the Hebbian links between memories
 	// recalled together. Zero: 30m.
 	LinkHalfLife time.Duration
-
-	// DecayEvery is how often the decay pass runs on a loaded session; a
-	// session loaded (after a restart) more than this after its last pass
-	// catches up at once. Zero: 24h.
-	DecayEvery time.Duration
-	// BoostAmount is what one BOOST adds to a memory's importance, within
-	// BoostCooldown and MaxBoostPerDay. Zero: 0.5.
-	BoostAmount float64
-
-	// Extractor runs fact extraction and episodic summaries through the
-	// upstream model, in background goroutines the Store owns, never on the
-	// request path. Nil: extraction off.
-	Extractor Extractor
-	// ExtractEvery: facts are extracted once this many new messages
-	// accumulated in a session. Zero: 6; negative: no fact extraction.
-	ExtractEvery int
-	// EpisodeEvery: an episodic summary is made each time a session's
-	// history passes this many messages since the last one. Zero: 30;
-	// negative: no episodes.
-	EpisodeEvery int
-	// ExtractQueue bounds queued extraction jobs; a full queue drops the
-	// job (Stats.ExtractDropped) and the session retries after its next
-	// turn. Zero: 64.
-	ExtractQueue int
-	// ExtractWorkers is the number of extraction goroutines. Zero: 1.
-	ExtractWorkers int
-	// ExtractTimeout bounds one Extractor call. Zero: 2m.
-	ExtractTimeout time.Duration
-	// MaxFacts bounds a session's categorized memories; ADD beyond it is
-	// rejected. Zero: 1000.
-	MaxFacts int
-
-	// PoolMaxValueBytes bounds a pool entry's value (JSON). Zero: 1 MiB.
-	PoolMaxValueBytes int
-	// PoolMaxEntries bounds the entries of one tenant's pool. Zero: 100000.
-	PoolMaxEntries int
-
-	// BlockRefresh says when the injected block may change. Zero:
-	// BlockRefreshOnEvict.
-	BlockRefresh BlockRefresh
-	// Summarizer makes summaries for StrategySummary. Nil: no summaries;
-	// StrategySummary then behaves as StrategyImportance.
-	Summarizer Summarizer
-	// SummaryTimeout bounds one Summarize call. Zero: 2m.
-	SummaryTimeout time.Duration
-	// MaxConcurrentSummaries bounds summarizer calls in flight. Zero: 2.
-	MaxConcurrentSummaries int
-
-	// QueueSize bounds the worker queue (sessions waiting for background
-	// writes). A full queue never blocks a request: the session stays dirty
-	// and is picked up by its next Complete. Zero: 1024.
-	QueueSize int
-	// WorkingMaxUnits is the most working-tier units a session keeps; older
-	// ones (by last access) move to archive. Zero: 256.
-	WorkingMaxUnits int
-	// ArchiveAfter moves working units not accessed for this long to
-	// archive. Zero: 24h.
-	ArchiveAfter time.Duration
-	// PendingWait is how long Prepare waits for the previous turn of the same
-	// session to Complete, so that append-mode history stays in order.
-	// Zero: 2s; negative: do not wait.
-	PendingWait time.Duration
-	// MaxLoadedSessions bounds sessions kept in memory; idle ones are
-	// dropped from memory (never from disk) beyond it. Zero: 4096.
-	MaxLoadedSessions int
-	// MaxRecordBytes bounds one log record. Zero: 16 MiB.
-	MaxRecordBytes int
-
-	// Storage bounds open files, disk use and retention, and what is kept
-	// of a reply (see StorageOptions).
-	Storage StorageOptions
-
-	// Clock is the time source. Nil: the system clock.
-	Clock Clock
-	// Logger receives warnings (quarantined log tails, summarizer errors).
-	// Nil: discarded.
-	Logger *slog.Logger
 }
 
-func (o *Options) setDefaults() {
-	if o.FsyncInterval == 0 {
-		o.FsyncInterval = time.Second
+func (o *RecallOptions) ensureDefaults(clock Clock) {
+	if o.Share == 0 {
+		o.Share = 0.08
 	}
-	if o.HardLimit == 0 {
-		o.HardLimit = 8192
+	if o.K == 0 {
+		o.K = 20
 	}
-	if o.SystemReserve == 0 {
-		o.SystemReserve = 1024
+	if o.MinScore == 0 {
+		o.MinScore = 0.15
 	}
-	if o.ToolsReserve == 0 {
-		o.ToolsReserve = 1024
-	}
-	if o.EvictTo == 0 {
-		o.EvictTo = 0.75
-	}
-	if o.TokenCacheEntries == 0 {
-		o.TokenCacheEntries = 65536
-	}
-	if o.InjectMaxTokens == 0 {
-		o.InjectMaxTokens = 1024
-	}
-	if o.RecallK == 0 {
-		o.RecallK = 4
-	}
-	if o.RecallMinScore == 0 {
-		o.RecallMinScore = 0.15
+	if o.QueryContextBytes == 0 {
+		o.QueryContextBytes = 200
 	}
 	if o.Recaller == nil {
 		o.Recaller = KeywordRecaller{}
 	}
-	if o.SummaryTimeout == 0 {
-		o.SummaryTimeout = 2 * time.Minute
-	}
-	if o.MaxConcurrentSummaries == 0 {
-		o.MaxConcurrentSummaries = 2
-	}
-	if o.QueueSize == 0 {
-		o.QueueSize = 1024
-	}
-	if o.WorkingMaxUnits == 0 {
-		o.WorkingMaxUnits = 256
-	}
-	if o.ArchiveAfter == 0 {
-		o.ArchiveAfter = 24 * time.Hour
-	}
-	if o.PendingWait == 0 {
-		o.PendingWait = 2 * time.Second
-	}
-	if o.MaxLoadedSessions == 0 {
-		o.MaxLoadedSessions = 4096
-	}
-	if o.MaxRecordBytes == 0 {
-		o.MaxRecordBytes = 16 << 20
-	}
-	if o.Clock == nil {
-		o.Clock = realClock{}
-	}
 	if o.IndexSaveInterval == 0 {
 		o.IndexSaveInterval = 30 * time.Second
+	}
+	if o.UserMaxDocs == 0 {
+		o.UserMaxDocs = 50000
 	}
 	if o.Index.Embedder == nil {
 		o.Index.Embedder = index.NewHashEmbedder(index.HashOptions{})
@@ -359,7 +358,7 @@ func (o *Options) setDefaults() {
 		o.Index.Rerank = index.DefaultRerank
 	}
 	if o.Index.Now == nil {
-		o.Index.Now = o.Clock.Now
+		o.Index.Now = clock.Now
 	}
 	if o.ActiveSetSize == 0 {
 		o.ActiveSetSize = 7
@@ -376,110 +375,235 @@ func (o *Options) setDefaults() {
 	if o.LinkHalfLife == 0 {
 		o.LinkHalfLife = 30 * time.Minute
 	}
-	if o.DecayEvery == 0 {
-		o.DecayEvery = 24 * time.Hour
+}
+
+// share is the block's share of the window, 0 when the block is off.
+func (o *RecallOptions) share() float64 { return max(o.Share, 0) }
+
+func (o *RecallOptions) validate() error {
+	if o.Share > 0.5 {
+		return fmt.Errorf("memory: Recall.Share %v above 0.5", o.Share)
+	}
+	if o.MinScore < 0 {
+		return errors.New("memory: Recall.MinScore must not be negative")
+	}
+	if o.IndexSaveInterval < 0 || o.ActiveSetDecay < 0 || o.LinkHalfLife < 0 {
+		return errors.New("memory: Recall durations must not be negative")
+	}
+	if o.ActiveSetSize < 0 || o.ProbeK < 0 || o.UserMaxDocs < 0 {
+		return errors.New("memory: Recall sizes must not be negative")
+	}
+	if !(o.ReuseOverlap > 0 && o.ReuseOverlap <= 1) {
+		return fmt.Errorf("memory: Recall.ReuseOverlap %v not in (0, 1]", o.ReuseOverlap)
+	}
+	if _, err := index.New(o.Index); err != nil {
+		return fmt.Errorf("memory: index options: %w", err)
+	}
+	return nil
+}
+
+// DecayOptions age memories: the decay pass of categorized memories, boosts,
+// and the tiering of units from working to archive.
+type DecayOptions struct {
+	// Every is how often the decay pass runs on a loaded session; a
+	// session loaded (after a restart) more than this after its last pass
+	// catches up at once. Zero: 24h.
+	Every time.Duration
+	// BoostAmount is what one BOOST adds to a memory's importance, within
+	// BoostCooldown and MaxBoostPerDay. Zero: 0.5.
+	BoostAmount float64
+	// WorkingMaxUnits is the most working-tier units a session keeps; older
+	// ones (by last access) move to archive. Zero: 256.
+	WorkingMaxUnits int
+	// ArchiveAfter moves working units not accessed for this long to
+	// archive. Zero: 24h.
+	ArchiveAfter time.Duration
+}
+
+func (o *DecayOptions) ensureDefaults() {
+	if o.Every == 0 {
+		o.Every = 24 * time.Hour
 	}
 	if o.BoostAmount == 0 {
 		o.BoostAmount = 0.5
 	}
-	if o.ExtractEvery == 0 {
-		o.ExtractEvery = 6
+	if o.WorkingMaxUnits == 0 {
+		o.WorkingMaxUnits = 256
+	}
+	if o.ArchiveAfter == 0 {
+		o.ArchiveAfter = 24 * time.Hour
+	}
+}
+
+func (o *DecayOptions) validate() error {
+	if o.Every < 0 || o.ArchiveAfter < 0 {
+		return errors.New("memory: Decay durations must not be negative")
+	}
+	if o.WorkingMaxUnits < 0 {
+		return errors.New("memory: Decay.WorkingMaxUnits must not be negative")
+	}
+	if !(o.BoostAmount > 0 && o.BoostAmount <= MaxBoostPerDay) {
+		return fmt.Errorf("memory: Decay.BoostAmount %v not in (0, %v]", o.BoostAmount, MaxBoostPerDay)
+	}
+	return nil
+}
+
+// ExtractionOptions configure the sidecar's own model calls (fact and
+// episode extraction, summaries). They run in goroutines the Store owns,
+// never on the request path, and are coalesced per session: at most one
+// extraction job and one summary in flight per session, each started only
+// after a client turn completed, each covering every message that waited
+// (so upstream calls per client turn stay bounded whatever the message
+// count).
+type ExtractionOptions struct {
+	// Extractor runs fact extraction and episodic summaries. Nil:
+	// extraction off.
+	Extractor Extractor
+	// Every: facts are extracted once this many new messages accumulated
+	// in a session. Zero: 6; negative: no fact extraction.
+	Every int
+	// EpisodeEvery: an episodic summary is made once this many messages
+	// accumulated since the last one. Zero: 30; negative: no episodes.
+	EpisodeEvery int
+	// PromptBytes bounds the messages one job's prompt carries (the newest
+	// that fit; older waiting ones are marked done, they stay in the
+	// log). Zero: 24 KiB.
+	PromptBytes int
+	// Queue bounds queued extraction jobs; a full queue drops the job
+	// (Stats.ExtractDropped) and the session retries after its next
+	// turn. Zero: 64.
+	Queue int
+	// Workers is the number of extraction goroutines. Zero: 1.
+	Workers int
+	// Timeout bounds one Extractor call. Zero: 2m.
+	Timeout time.Duration
+	// MaxFacts bounds a session's categorized memories; ADD beyond it is
+	// rejected. Zero: 1000.
+	MaxFacts int
+
+	// Summarizer makes summaries for StrategySummary. Nil: no summaries;
+	// StrategySummary then behaves as StrategyImportance.
+	Summarizer Summarizer
+	// SummaryTimeout bounds one Summarize call. Zero: 2m.
+	SummaryTimeout time.Duration
+	// MaxConcurrentSummaries bounds summarizer calls in flight over all
+	// sessions. Zero: 2.
+	MaxConcurrentSummaries int
+}
+
+func (o *ExtractionOptions) ensureDefaults() {
+	if o.Every == 0 {
+		o.Every = 6
 	}
 	if o.EpisodeEvery == 0 {
 		o.EpisodeEvery = 30
 	}
-	if o.ExtractQueue == 0 {
-		o.ExtractQueue = 64
+	if o.PromptBytes == 0 {
+		o.PromptBytes = 24 << 10
 	}
-	if o.ExtractWorkers == 0 {
-		o.ExtractWorkers = 1
+	if o.Queue == 0 {
+		o.Queue = 64
 	}
-	if o.ExtractTimeout == 0 {
-		o.ExtractTimeout = 2 * time.Minute
+	if o.Workers == 0 {
+		o.Workers = 1
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 2 * time.Minute
 	}
 	if o.MaxFacts == 0 {
 		o.MaxFacts = 1000
 	}
-	if o.PoolMaxValueBytes == 0 {
-		o.PoolMaxValueBytes = 1 << 20
+	if o.SummaryTimeout == 0 {
+		o.SummaryTimeout = 2 * time.Minute
 	}
-	if o.PoolMaxEntries == 0 {
-		o.PoolMaxEntries = 100000
+	if o.MaxConcurrentSummaries == 0 {
+		o.MaxConcurrentSummaries = 2
+	}
+}
+
+func (o *ExtractionOptions) validate() error {
+	if o.Timeout < 0 || o.SummaryTimeout < 0 {
+		return errors.New("memory: Extraction durations must not be negative")
+	}
+	if o.Queue < 0 || o.Workers < 0 || o.MaxFacts < 0 || o.MaxConcurrentSummaries < 0 || o.PromptBytes < 0 {
+		return errors.New("memory: Extraction sizes must not be negative")
+	}
+	return nil
+}
+
+// PoolOptions bound the tenants' shared pools.
+type PoolOptions struct {
+	// MaxValueBytes bounds a pool entry's value (JSON). Zero: 1 MiB.
+	MaxValueBytes int
+	// MaxEntries bounds the entries of one tenant's pool. Zero: 100000.
+	MaxEntries int
+}
+
+func (o *PoolOptions) ensureDefaults() {
+	if o.MaxValueBytes == 0 {
+		o.MaxValueBytes = 1 << 20
+	}
+	if o.MaxEntries == 0 {
+		o.MaxEntries = 100000
+	}
+}
+
+func (o *PoolOptions) validate() error {
+	if o.MaxValueBytes < 0 || o.MaxEntries < 0 {
+		return errors.New("memory: Pool sizes must not be negative")
+	}
+	return nil
+}
+
+// EnsureDefaults fills every zero field with its documented default and
+// returns o. Open calls it; calling it twice changes nothing.
+func (o *Options) EnsureDefaults() *Options {
+	if o.FsyncInterval == 0 {
+		o.FsyncInterval = time.Second
+	}
+	if o.MaxRecordBytes == 0 {
+		o.MaxRecordBytes = 16 << 20
+	}
+	if o.QueueSize == 0 {
+		o.QueueSize = 1024
+	}
+	if o.PendingWait == 0 {
+		o.PendingWait = 2 * time.Second
+	}
+	if o.MaxLoadedSessions == 0 {
+		o.MaxLoadedSessions = 4096
+	}
+	if o.Clock == nil {
+		o.Clock = realClock{}
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	o.Window.ensureDefaults()
+	o.Recall.ensureDefaults(o.Clock)
+	o.Decay.ensureDefaults()
+	o.Extraction.ensureDefaults()
+	o.Pool.ensureDefaults()
 	o.Storage.setDefaults()
+	return o
 }
 
-// minHistory is the least history budget a limit must leave after the
-// reserves.
-const minHistory = 64
-
-func (o *Options) validate() error {
+// Validate checks options after EnsureDefaults.
+func (o *Options) Validate() error {
 	if o.Dir == "" {
 		return errors.New("memory: Options.Dir is required")
 	}
 	if o.Fsync > FsyncNever {
 		return fmt.Errorf("memory: invalid fsync policy %d", o.Fsync)
 	}
-	if o.Strategy > StrategySummary {
-		return fmt.Errorf("memory: invalid strategy %d", o.Strategy)
+	if o.FsyncInterval < 0 {
+		return errors.New("memory: FsyncInterval must not be negative")
 	}
-	if o.FsyncInterval < 0 || o.SummaryTimeout < 0 || o.ArchiveAfter < 0 {
-		return errors.New("memory: durations must not be negative")
-	}
-	if o.SystemReserve < 0 || o.ToolsReserve < 0 || o.InjectMaxTokens < 0 {
-		return errors.New("memory: reserves must not be negative")
-	}
-	checkLimit := func(name string, l int) error {
-		if l < o.SystemReserve+o.ToolsReserve+minHistory {
-			return fmt.Errorf("memory: limit %d for %s leaves no history after reserves %d+%d", l, name, o.SystemReserve, o.ToolsReserve)
-		}
-		return nil
-	}
-	if err := checkLimit("HardLimit", o.HardLimit); err != nil {
-		return err
-	}
-	for m, l := range o.ModelLimits {
-		if err := checkLimit(m, l); err != nil {
-			return err
-		}
-	}
-	if !(o.EvictTo > 0 && o.EvictTo <= 1) {
-		return fmt.Errorf("memory: EvictTo %v not in (0, 1]", o.EvictTo)
-	}
-	if o.Encoding != "" {
-		if _, ok := encodingByName(o.Encoding); !ok {
-			return fmt.Errorf("memory: unknown encoding %q", o.Encoding)
-		}
-	}
-	for m, e := range o.ModelEncodings {
-		if _, ok := encodingByName(e); !ok {
-			return fmt.Errorf("memory: unknown encoding %q for model %q", e, m)
-		}
-	}
-	if o.TokenCacheEntries < 0 || o.QueueSize < 0 || o.WorkingMaxUnits < 0 ||
-		o.MaxConcurrentSummaries < 0 || o.MaxLoadedSessions < 0 || o.MaxRecordBytes < 0 {
+	if o.QueueSize < 0 || o.MaxLoadedSessions < 0 || o.MaxRecordBytes < 0 {
 		return errors.New("memory: sizes must not be negative")
 	}
-	if o.RecallMinScore < 0 {
-		return errors.New("memory: RecallMinScore must not be negative")
-	}
-	if o.IndexSaveInterval < 0 || o.ActiveSetDecay < 0 || o.LinkHalfLife < 0 || o.DecayEvery < 0 || o.ExtractTimeout < 0 {
-		return errors.New("memory: durations must not be negative")
-	}
-	if o.ActiveSetSize < 0 || o.ProbeK < 0 || o.ExtractQueue < 0 || o.ExtractWorkers < 0 || o.MaxFacts < 0 ||
-		o.PoolMaxValueBytes < 0 || o.PoolMaxEntries < 0 {
-		return errors.New("memory: sizes must not be negative")
-	}
-	if !(o.ReuseOverlap > 0 && o.ReuseOverlap <= 1) {
-		return fmt.Errorf("memory: ReuseOverlap %v not in (0, 1]", o.ReuseOverlap)
-	}
-	if !(o.BoostAmount > 0 && o.BoostAmount <= MaxBoostPerDay) {
-		return fmt.Errorf("memory: BoostAmount %v not in (0, %v]", o.BoostAmount, MaxBoostPerDay)
-	}
-	return o.Storage.validate()
+	return errors.Join(o.Window.validate(o.Recall.share()), o.Recall.validate(), o.Decay.validate(),
+		o.Extraction.validate(), o.Pool.validate(), o.Storage.validate())
 }
 
 // lookupModel finds model in m: exact key first, then the longest key

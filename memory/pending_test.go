@@ -21,7 +21,7 @@ func TestPrepareWaitsForPreviousTurn(t *testing.T) {
 		t1 := prepare(t, s, "t", "s", ModeAppend, text("user", "first"))
 		done := make(chan *Turn)
 		go func() {
-			t2, err := s.Prepare(context.Background(), "t", "s", ModeAppend, "m", []Message{text("user", "second")}, 0)
+			t2, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t", SessionID: "s", Mode: ModeAppend, Model: "m", Messages: []Message{text("user", "second")}})
 			if err != nil {
 				t.Error(err)
 			}
@@ -62,8 +62,8 @@ func TestCloseStopsWorkerAndSummaries(t *testing.T) {
 			<-ctx.Done()
 			return Summary{}, ctx.Err()
 		})
-		s, err := Open(Options{Dir: dir, Fsync: FsyncNever, HardLimit: 400, SystemReserve: 50, ToolsReserve: 50,
-			Strategy: StrategySummary, Summarizer: blocking})
+		s, err := Open(Options{Dir: dir, Fsync: FsyncNever, Window: WindowOptions{Limit: 400, SystemReserve: 50, ToolsReserve: 50,
+			Strategy: StrategySummary}, Extraction: ExtractionOptions{Summarizer: blocking}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -333,8 +333,8 @@ func (s *Store) PoolPut(tenant, key string, w PoolWrite) (PoolEntry, error) {
 	if err := validPoolString("session", w.Session, maxPoolSession, true); err != nil {
 		return PoolEntry{}, err
 	}
-	if len(w.Value) == 0 || len(w.Value) > s.opts.PoolMaxValueBytes || !json.Valid(w.Value) {
-		return PoolEntry{}, fmt.Errorf("%w: pool value must be 1-%d bytes of JSON", ErrInvalid, s.opts.PoolMaxValueBytes)
+	if len(w.Value) == 0 || len(w.Value) > s.opts.Pool.MaxValueBytes || !json.Valid(w.Value) {
+		return PoolEntry{}, fmt.Errorf("%w: pool value must be 1-%d bytes of JSON", ErrInvalid, s.opts.Pool.MaxValueBytes)
 	}
 	var val bytes.Buffer
 	if err := json.Compact(&val, w.Value); err != nil {
@@ -377,7 +377,7 @@ func (s *Store) PoolPut(tenant, key string, w PoolWrite) (PoolEntry, error) {
 			return out, fmt.Errorf("%w: pool key %q is at version %d, expected %d", ErrConflict, key, have, *w.ExpectedVersion)
 		}
 	}
-	if cur == nil && len(p.entries) >= s.opts.PoolMaxEntries {
+	if cur == nil && len(p.entries) >= s.opts.Pool.MaxEntries {
 		return PoolEntry{}, fmt.Errorf("%w: pool full (%d entries)", ErrInvalid, len(p.entries))
 	}
 	now := s.opts.Clock.Now()

@@ -7,7 +7,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
 )
@@ -73,7 +72,7 @@ func metaEqual(a, b index.Meta) bool {
 // unit); with a remote embedder the worker indexes new units. nil when the
 // index is off. Called with sess.mu held.
 func (s *Store) indexLocked(ctx context.Context, sess *session) *index.Index {
-	if s.opts.IndexDisabled {
+	if s.opts.Recall.IndexDisabled {
 		return nil
 	}
 	if sess.ix == nil {
@@ -181,10 +180,28 @@ func (s *Store) markIndexedLocked(sess *session, x *index.Index, docs []index.Do
 	sess.ixVer++
 }
 
+// updateMetaOnly applies the documents whose text the index already holds
+// as metadata updates (no tokenizing, no embedding) and returns the others.
+func updateMetaOnly(x *index.Index, docs []index.Doc) []index.Doc {
+	rest := docs[:0]
+	for _, d := range docs {
+		if d.Vector != nil && x.UpdateMeta(d.ID, d.Meta) == nil {
+			continue
+		}
+		rest = append(rest, d)
+	}
+	return rest
+}
+
 // indexPendingLocked indexes pending units under the session's lock.
 func (s *Store) indexPendingLocked(ctx context.Context, sess *session) {
 	docs := s.pendingDocsLocked(sess)
 	if len(docs) == 0 {
+		return
+	}
+	all := slices.Clone(docs)
+	if docs = updateMetaOnly(sess.ix, docs); len(docs) == 0 {
+		s.markIndexedLocked(sess, sess.ix, all)
 		return
 	}
 	if err := sess.ix.Upsert(ctx, docs...); err != nil {
@@ -192,7 +209,7 @@ func (s *Store) indexPendingLocked(ctx context.Context, sess *session) {
 		s.opts.Logger.Warn("memory: index units", "n", len(docs), "err", err)
 		return
 	}
-	s.markIndexedLocked(sess, sess.ix, docs)
+	s.markIndexedLocked(sess, sess.ix, all)
 }
 
 // syncIndex is the worker's part: it indexes pending units with the
@@ -200,7 +217,7 @@ func (s *Store) indexPendingLocked(ctx context.Context, sess *session) {
 // the last save is IndexSaveInterval old (always when force).
 func (s *Store) syncIndex(sess *session, force bool) {
 	sess.mu.Lock()
-	if s.opts.IndexDisabled || sess.gone.Load() || !sess.exists {
+	if s.opts.Recall.IndexDisabled || sess.gone.Load() || !sess.exists {
 		sess.mu.Unlock()
 		return
 	}
@@ -218,7 +235,10 @@ func (s *Store) syncIndex(sess *session, force bool) {
 		ctx = context.Background() // offline: also indexes on Close
 	}
 	if len(docs) > 0 && ctx.Err() == nil {
-		err := x.Upsert(ctx, docs...)
+		var err error
+		if rest := updateMetaOnly(x, slices.Clone(docs)); len(rest) > 0 {
+			err = x.Upsert(ctx, rest...)
+		}
 		sess.mu.Lock()
 		if err != nil {
 			s.stats.indexErrors.Add(1)
@@ -236,7 +256,7 @@ func (s *Store) saveIndex(sess *session, x *index.Index, force bool) {
 	sess.mu.Lock()
 	now := s.opts.Clock.Now()
 	due := sess.ix == x && sess.exists && !sess.gone.Load() && sess.ixVer != sess.ixSaved &&
-		(force || now.Sub(sess.ixLastSave) >= s.opts.IndexSaveInterval)
+		(force || now.Sub(sess.ixLastSave) >= s.opts.Recall.IndexSaveInterval)
 	ver := sess.ixVer
 	path := indexPath(sess)
 	if due {
@@ -262,108 +282,4 @@ func (s *Store) saveIndex(sess *session, x *index.Index, force bool) {
 		// Deleted while saving: do not leave the file behind.
 		os.Remove(path)
 	}
-}
-
-// recallLocked chooses the memories to inject for query through the
-// session's working memory (needs_recall):
-//
-//   - the active set is expired (ActiveSetDecay after each memory's last
-//     activation);
-//   - if it is not empty, a light probe (the ProbeK best hits) is compared
-//     with the active set and its Hebbian neighbours: an overlap of at least
-//     ReuseOverlap means the same topic, and the previous recalled set is
-//     injected again unchanged (same bytes, so the upstream's prefix cache
-//     keeps hitting); probe hits in the neighbourhood are activated;
-//   - otherwise a full recall (the RecallK best hits) replaces the recalled
-//     set and joins the active set, and the memories recalled together
-//     strengthen their links.
-//
-// Index hits count when a query term matched (BM25 > 0) or their cosine
-// similarity reaches RecallMinScore; Recaller hits when their score does.
-// Other hits are ignored, as are the ids in skip and pinned
-// memories (always injected). Called with sess.mu held.
-func (s *Store) recallLocked(ctx context.Context, sess *session, query string, now time.Time, skip map[string]bool) ([]*Unit, string) {
-	if query == "" || s.opts.RecallK <= 0 {
-		return nil, ""
-	}
-	hits := s.searchLocked(ctx, sess, query, max(s.opts.RecallK, s.opts.ProbeK), skip)
-	wm := &sess.wm
-	hl := s.opts.LinkHalfLife
-	wm.expire(now, s.opts.ActiveSetDecay)
-	if len(wm.active) > 0 {
-		probe := hits[:min(len(hits), s.opts.ProbeK)]
-		hood := wm.neighbourhood(now, hl)
-		if len(probe) == 0 || overlap(probe, hood) >= s.opts.ReuseOverlap {
-			s.stats.probeReuses.Add(1)
-			together := slices.Clone(wm.injected)
-			for _, id := range probe {
-				if hood[id] && !slices.Contains(together, id) {
-					together = append(together, id)
-				}
-			}
-			if len(probe) > 0 {
-				wm.activate(together, now, s.opts.ActiveSetSize)
-				wm.coactivate(together, now, hl)
-			}
-			var out []*Unit
-			for _, id := range wm.injected {
-				if u := sess.units[id]; u != nil && !skip[id] {
-					out = append(out, u)
-				}
-			}
-			return out, "reuse"
-		}
-	}
-	s.stats.fullRecalls.Add(1)
-	full := hits[:min(len(hits), s.opts.RecallK)]
-	wm.injected = slices.Sorted(slices.Values(full))
-	wm.activate(full, now, s.opts.ActiveSetSize)
-	wm.coactivate(full, now, hl)
-	out := make([]*Unit, 0, len(full))
-	for _, id := range wm.injected {
-		out = append(out, sess.units[id])
-	}
-	return out, "full"
-}
-
-// searchLocked returns up to k unit ids for query, best first, through the
-// index (or the Recaller when the index is off).
-func (s *Store) searchLocked(ctx context.Context, sess *session, query string, k int, skip map[string]bool) []string {
-	ok := func(id string, score float64) bool {
-		u := sess.units[id]
-		return u != nil && !skip[id] && !u.Category.pinned() && score >= s.opts.RecallMinScore
-	}
-	var ids []string
-	if x := s.indexLocked(ctx, sess); x != nil && x.Len() > 0 {
-		hits, err := x.Search(ctx, query, k+recallExtra, index.ModeHybrid)
-		if err == nil {
-			for _, h := range hits {
-				// Lexical evidence (a BM25 term match) or enough similarity.
-				score := h.Cosine
-				if h.BM25 > 0 {
-					score = max(score, s.opts.RecallMinScore)
-				}
-				if ok(h.ID, score) && len(ids) < k {
-					ids = append(ids, h.ID)
-				}
-			}
-			return ids
-		}
-		s.stats.indexErrors.Add(1)
-		s.opts.Logger.Warn("memory: index search failed, using the Recaller", "err", err)
-	}
-	sess.refreshIndex()
-	if len(sess.cands) == 0 {
-		return nil
-	}
-	hits, err := s.opts.Recaller.Recall(ctx, query, sess.cands, k+recallExtra)
-	if err != nil {
-		s.opts.Logger.Warn("memory: recall failed", "err", err)
-	}
-	for _, h := range hits {
-		if ok(h.ID, h.Score) && len(ids) < k {
-			ids = append(ids, h.ID)
-		}
-	}
-	return ids
 }

@@ -14,7 +14,7 @@ import (
 // openBubbleStore opens a store on the bubble's fake time (synctest).
 func openBubbleStore(t *testing.T, dir string, mod func(*Options)) *Store {
 	t.Helper()
-	o := Options{Dir: dir, Fsync: FsyncNever, HardLimit: 32000}
+	o := Options{Dir: dir, Fsync: FsyncNever, Window: WindowOptions{Limit: 32000}}
 	if mod != nil {
 		mod(&o)
 	}
@@ -87,7 +87,10 @@ var topics = []struct {
 // returns the share of recalls that were full recalls.
 func simulate(t *testing.T, s *Store, id string, queries []string) float64 {
 	t.Helper()
-	turn := prepare(t, s, "t", id, ModeAppend, text("user", "hello"))
+	turn, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t", SessionID: id, UserID: id, Mode: ModeAppend, Messages: []Message{text("user", "hello")}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	turn.Complete(text("assistant", "hi"))
 	for _, tp := range topics {
 		for _, f := range tp.facts {
@@ -98,7 +101,10 @@ func simulate(t *testing.T, s *Store, id string, queries []string) float64 {
 	}
 	full, reuse := 0, 0
 	for i, q := range queries {
-		turn := prepare(t, s, "t", id, ModeAppend, text("user", q))
+		turn, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t", SessionID: id, UserID: id, Mode: ModeAppend, Messages: []Message{text("user", q)}})
+		if err != nil {
+			t.Fatal(err)
+		}
 		if testing.Verbose() {
 			t.Logf("%s %q: %s %d", id, q, turn.Stats.Recall, turn.Stats.Recalled)
 		}
@@ -124,7 +130,7 @@ func simulate(t *testing.T, s *Store, id string, queries []string) float64 {
 // topic every turn forces a full recall almost every time.
 func TestConversationSimulationFullRecallRate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := openBubbleStore(t, t.TempDir(), func(o *Options) { o.BlockRefresh = BlockRefreshEveryTurn })
+		s := openBubbleStore(t, t.TempDir(), nil)
 		var continuous, switching []string
 		for round := 0; round < 4; round++ {
 			continuous = append(continuous, topics[0].questions...)
@@ -157,7 +163,7 @@ func TestConversationSimulationFullRecallRate(t *testing.T) {
 // together strengthen on co-activation and fade with time.
 func TestWorkingMemoryExpiryAndLinks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := openBubbleStore(t, t.TempDir(), func(o *Options) { o.BlockRefresh = BlockRefreshEveryTurn })
+		s := openBubbleStore(t, t.TempDir(), nil)
 		turn := prepare(t, s, "t", "s", ModeAppend, text("user", "hello"))
 		turn.Complete(text("assistant", "hi"))
 		for _, f := range topics[0].facts {
@@ -174,36 +180,52 @@ func TestWorkingMemoryExpiryAndLinks(t *testing.T) {
 			t.Fatalf("first recall %q, want full", st.Recall)
 		}
 		sess, _ := s.session("t", "s", false)
-		sess.mu.Lock()
-		inj := append([]string(nil), sess.wm.injected...)
-		sess.mu.Unlock()
-		if len(inj) < 2 {
-			t.Fatalf("injected %v, want at least 2", inj)
+		// links snapshots the weights between the active memories.
+		links := func() map[linkKey]float64 {
+			sess.mu.Lock()
+			defer sess.mu.Unlock()
+			out := map[linkKey]float64{}
+			for a := range sess.wm.active {
+				for b := range sess.wm.active {
+					if a < b {
+						out[mkLink(a, b)] = sess.wm.linkWeight(a, b, time.Now(), s.opts.Recall.LinkHalfLife)
+					}
+				}
+			}
+			return out
 		}
-		sess.mu.Lock()
-		w1 := sess.wm.linkWeight(inj[0], inj[1], time.Now(), s.opts.LinkHalfLife)
-		sess.mu.Unlock()
-		if w1 <= 0 {
-			t.Fatalf("injected %v, link %v", inj, w1)
+		before := links()
+		if len(before) == 0 {
+			t.Fatal("no two active memories")
+		}
+		for k, w := range before {
+			if w <= 0 {
+				t.Fatalf("active memories %v not linked after a full recall", k)
+			}
 		}
 
 		time.Sleep(time.Minute)
 		if st := ask(topics[0].questions[1]); st.Recall != "reuse" {
 			t.Fatalf("same topic after 1m: %q, want reuse", st.Recall)
 		}
-		sess.mu.Lock()
-		w2 := sess.wm.linkWeight(inj[0], inj[1], time.Now(), s.opts.LinkHalfLife)
-		sess.mu.Unlock()
-		if w2 <= w1 {
-			t.Fatalf("link %v after co-activation, was %v: want stronger", w2, w1)
+		after := links()
+		var strongest linkKey
+		for k, w := range after {
+			if w > before[k] && before[k] > 0 {
+				strongest = k
+			}
 		}
+		if strongest == (linkKey{}) {
+			t.Fatalf("no link between active memories grew on co-activation: %v then %v", before, after)
+		}
+		w2 := after[strongest]
 
-		time.Sleep(s.opts.ActiveSetDecay + time.Second)
+		time.Sleep(s.opts.Recall.ActiveSetDecay + time.Second)
 		sess.mu.Lock()
-		w3 := sess.wm.linkWeight(inj[0], inj[1], time.Now(), s.opts.LinkHalfLife)
+		w3 := sess.wm.linkWeight(strongest.a, strongest.b, time.Now(), s.opts.Recall.LinkHalfLife)
 		sess.mu.Unlock()
 		if w3 >= w2 {
-			t.Fatalf("link %v after %v idle, was %v: want decayed", w3, s.opts.ActiveSetDecay, w2)
+			t.Fatalf("link %v after %v idle, was %v: want decayed", w3, s.opts.Recall.ActiveSetDecay, w2)
 		}
 		if st := ask(topics[0].questions[2]); st.Recall != "full" {
 			t.Fatalf("same topic after the active set expired: %q, want full", st.Recall)
@@ -214,7 +236,7 @@ func TestWorkingMemoryExpiryAndLinks(t *testing.T) {
 // TestReuseKeepsBlockBytes: a reused recall injects the same bytes, so the
 // prefix up to the history is shared with the previous window.
 func TestReuseKeepsBlockBytes(t *testing.T) {
-	s := openStore(t, t.TempDir(), func(o *Options) { o.HardLimit = 32000; o.BlockRefresh = BlockRefreshEveryTurn })
+	s := openStore(t, t.TempDir(), func(o *Options) { o.Window.Limit = 32000 })
 	prepare(t, s, "t", "s", ModeAppend, text("system", "sys"), text("user", "hello")).Complete(text("assistant", "hi"))
 	for _, f := range topics[1].facts {
 		if _, err := s.AddMemory("t", "s", CategoryFact, f, 1); err != nil {
@@ -248,7 +270,8 @@ func evictedSession(t *testing.T, s *Store) []Message {
 }
 
 func smallWindow(o *Options) {
-	o.HardLimit, o.SystemReserve, o.ToolsReserve, o.Strategy = 400, 50, 50, StrategyTail
+	o.Window.Limit, o.Window.SystemReserve, o.Window.ToolsReserve, o.Window.Strategy = 400, 50, 50, StrategyTail
+	o.Recall.Share = 0.3
 }
 
 // TestIndexRebuiltWhenFileMissingOrCorrupt: the index file is derived data;
@@ -372,10 +395,46 @@ func TestPinnedMemoriesAlwaysInjected(t *testing.T) {
 		t.Fatalf("bad category: %v", err)
 	}
 	turn := prepare(t, s, "t", "s", ModeAppend, text("user", "unrelated question about weather"))
-	blk := string(turn.Block)
+	blk := string(turn.Stable)
 	i, j := strings.Index(blk, "French"), strings.Index(blk, "Ada")
 	if i < 0 || j < 0 || i > j {
 		t.Fatalf("pinned memories missing or out of order: %s", blk)
 	}
 	turn.Abort()
+}
+
+// TestReuseNeverShowsStaleMemory: when the probe finds the same topic the
+// full retrieval is skipped, but the set shown is rebuilt from memory as it
+// is: a memory deleted meanwhile is not shown.
+func TestReuseNeverShowsStaleMemory(t *testing.T) {
+	s := openStore(t, t.TempDir(), func(o *Options) { o.Window.Limit = 32000 })
+	prepare(t, s, "t", "s", ModeAppend, text("user", "hello")).Complete(text("assistant", "hi"))
+	for _, f := range topics[2].facts {
+		if _, err := s.AddMemory("t", "s", CategoryFact, f, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := prepare(t, s, "t", "s", ModeAppend, text("user", topics[2].questions[0]))
+	a.Complete(text("assistant", "ok"))
+	if a.Stats.Recall != "full" || !strings.Contains(string(a.Block), "carbonara") {
+		t.Fatalf("first recall %q: %s", a.Stats.Recall, a.Block)
+	}
+	var carbonara string
+	mem, _ := s.Memory("t", "s")
+	for _, u := range mem.Units {
+		if strings.Contains(u.Content, "carbonara") {
+			carbonara = u.ID
+		}
+	}
+	if err := s.DeleteMemory("t", "s", carbonara); err != nil {
+		t.Fatal(err)
+	}
+	b := prepare(t, s, "t", "s", ModeAppend, text("user", topics[2].questions[4]))
+	defer b.Abort()
+	if b.Stats.Recall != "reuse" {
+		t.Fatalf("same topic: %q, want reuse", b.Stats.Recall)
+	}
+	if strings.Contains(string(b.Block), "carbonara") {
+		t.Fatalf("a deleted memory shown on reuse: %s", b.Block)
+	}
 }

@@ -26,6 +26,9 @@ type entry struct {
 	dropped bool // left the window (it then has a msg-<seq> unit)
 	tokens  [numEncodings]int32
 
+	// chash is the hash of the text (textHash), 0 until first use.
+	chash uint64
+
 	// Scoring features, built on first use.
 	scored bool
 	bow    *bow
@@ -62,6 +65,14 @@ func (e *entry) features() {
 	}
 }
 
+// contentHash is textHash(e.text()), cached.
+func (e *entry) contentHash() uint64 {
+	if e.chash == 0 {
+		e.chash = textHash(e.text()) | 1
+	}
+	return e.chash
+}
+
 // text is what a unit made from the entry holds.
 func (e *entry) text() string {
 	if e.msg.Content == "" {
@@ -91,6 +102,7 @@ type record struct {
 	V       int               `json:"v,omitempty"`
 	Tenant  string            `json:"tenant,omitempty"`
 	Session string            `json:"session,omitempty"`
+	User    string            `json:"user,omitempty"`
 	T       int64             `json:"t,omitempty"`
 	Seq     uint64            `json:"seq,omitempty"`
 	Msg     json.RawMessage   `json:"msg,omitempty"`
@@ -118,6 +130,7 @@ type session struct {
 	tenant, id string
 	key        string
 	path       string
+	hash       string // hex hash naming the log, and the session's documents in its user's index
 
 	loadOnce sync.Once
 	loadErr  error
@@ -128,6 +141,7 @@ type session struct {
 	mu          sync.Mutex
 	log         *logFile // nil until the first append
 	exists      bool     // has a log on disk
+	user        string   // the user scope (the meta record's; "" is the tenant's default user)
 	nextSeq     uint64
 	sys         []*entry
 	hist        []*entry
@@ -150,10 +164,17 @@ type session struct {
 	sums     []*Unit // summaries by id (oldest first)
 	cands    []*Unit // working-tier non-summary units: keyword recall candidates
 	pinned   []*Unit // system and core memories by id: always injected
-	block    cachedBlock
-	// sticky is the block of the last window, reused byte for byte while
-	// no history leaves the window (Options.BlockRefresh).
+	// sticky is the stable block of the last window, kept byte for byte
+	// while no history leaves the window (see stableBlock).
 	sticky cachedBlock
+
+	// What the user's cross-session index holds of this session: document
+	// id → textHash; uSeq is the last message seq and uUnitsVer the units
+	// version synced (see syncUserDocs). uidx is nil until the first sync.
+	uidx      map[string]uint64
+	uSeq      uint64
+	uUnitsVer uint64
+	userDel   []string // documents of deleted units, to remove
 
 	dedup      dedupIndex      // units by content (dedupe.go)
 	drops      []uint64        // evicted without a unit, not yet written
@@ -175,24 +196,12 @@ type session struct {
 	factSeq    uint64 // facts extracted up to this message seq
 	episodeSeq uint64 // episodes cover messages up to this seq
 	extracting bool   // a job of this session is queued or running
-	seqDirty   bool   // factSeq or episodeSeq not yet written
-	decayDirty bool   // lastDecay not yet written
-}
-
-// cachedBlock is the last injected block, reused while the query, the
-// encoding and the units are the same (retries, identical questions).
-type cachedBlock struct {
-	key      uint64
-	raw      json.RawMessage
-	cost     int
-	recalled []*Unit
-	nsum     int
-	// fp fingerprints what the block was made of (pinned memories, every
-	// summary, the recalled units, with their text), so a sticky block is
-	// dropped as soon as any of it changed.
-	fp uint64
-	// set marks a sticky block (raw may be nil: no block).
-	set bool
+	// turns counts the session's finished client turns since load;
+	// extractTurn and summaryTurn are its value when the last extraction
+	// job and summary started (at most one of each per turn).
+	turns, extractTurn, summaryTurn uint64
+	seqDirty                        bool // factSeq or episodeSeq not yet written
+	decayDirty                      bool // lastDecay not yet written
 }
 
 // unitsChanged invalidates the unit indexes and the cached block.
@@ -222,19 +231,23 @@ func (s *session) refreshIndex() {
 
 func sessionKey(tenant, id string) string { return tenant + "\x00" + id }
 
+// sessionHash names a session's log (and its documents in its user's
+// index) by a hash of tenant and id.
+func sessionHash(tenant, id string) string {
+	sh := sha256.Sum256([]byte("session\x00" + tenant + "\x00" + id))
+	return hex.EncodeToString(sh[:16])
+}
+
 // sessionPath derives the log path from hashes only.
 func sessionPath(root, tenant, id string) string {
-	th := sha256.Sum256([]byte("tenant\x00" + tenant))
-	sh := sha256.Sum256([]byte("session\x00" + tenant + "\x00" + id))
-	t := hex.EncodeToString(th[:12])
-	s := hex.EncodeToString(sh[:16])
-	return filepath.Join(root, t, s[:2], s+".log")
+	h := sessionHash(tenant, id)
+	return filepath.Join(tenantDir(root, tenant), h[:2], h+".log")
 }
 
 func newSession(root, tenant, id string) *session {
 	return &session{
 		tenant: tenant, id: id, key: sessionKey(tenant, id),
-		path:    sessionPath(root, tenant, id),
+		path: sessionPath(root, tenant, id), hash: sessionHash(tenant, id),
 		nextSeq: 1,
 		units:   map[string]*Unit{},
 	}
@@ -283,6 +296,7 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 			return fmt.Errorf("memory: log %s belongs to another session: %w", filepath.Base(s.path), ErrCorrupt)
 		}
 		s.created = at
+		s.user = r.User
 	case "sys":
 		sys := make([]*entry, 0, len(r.Msgs))
 		for i, raw := range r.Msgs {
@@ -405,7 +419,7 @@ func unitFromEntry(e *entry, tk *Tokenizer, enc Encoding, importance float64, no
 	return &Unit{
 		ID: msgUnitID(e.seq), Type: typ, Tier: TierWorking, Role: e.msg.Role,
 		Content: e.text(), Importance: importance, Tokens: e.cost(tk, enc),
-		CreatedAt: now, UpdatedAt: now, LastAccess: e.at,
+		CreatedAt: now, UpdatedAt: now, LastAccess: e.at, At: e.at,
 		FromSeq: e.seq, ToSeq: e.seq,
 	}
 }

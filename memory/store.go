@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,27 +22,39 @@ import (
 type Mode uint8
 
 const (
+	// ModeAuto (no X-Session-Mode header) detects the client's style per
+	// request: a request whose non-system messages are only new input (no
+	// assistant message, not extending the stored history) is an append;
+	// anything else is matched as a full history (extend, trimmed,
+	// diverged).
+	ModeAuto Mode = iota
 	// ModeFull: every request carries the whole conversation (the OpenAI
 	// default); the stored history is matched and only the new tail appended.
-	ModeFull Mode = iota
+	ModeFull
 	// ModeAppend: requests carry only new messages (X-Session-Mode: append).
 	ModeAppend
 )
 
 func (m Mode) String() string {
-	if m == ModeAppend {
+	switch m {
+	case ModeFull:
+		return "full"
+	case ModeAppend:
 		return "append"
 	}
-	return "full"
+	return "auto"
 }
 
-// ParseMode maps the X-Session-Mode header: "append" is ModeAppend,
-// anything else ModeFull.
+// ParseMode maps the X-Session-Mode header: "append" is ModeAppend, "full"
+// is ModeFull, anything else (an absent header) ModeAuto.
 func ParseMode(header string) Mode {
-	if header == "append" || header == "Append" || header == "APPEND" {
+	switch strings.ToLower(strings.TrimSpace(header)) {
+	case "append":
 		return ModeAppend
+	case "full":
+		return ModeFull
 	}
-	return ModeFull
+	return ModeAuto
 }
 
 // Store owns the sessions under Options.Dir, the token counter, and the
@@ -83,6 +96,10 @@ type Store struct {
 	poolMu sync.Mutex
 	pools  map[string]*pool
 
+	// users are the loaded user memories, by tenant "\x00" user; s.mu
+	// protects the map.
+	users map[string]*userMem
+
 	stats storeStats
 }
 
@@ -101,6 +118,24 @@ type storeStats struct {
 	extractJobs, extractDropped, extractErrs atomic.Int64
 	factOps, factOpsRejected, episodes       atomic.Int64
 	poolWrites, poolConflicts                atomic.Int64
+
+	// modes counts prepared turns by mode taken (full, append) and by
+	// whether it was detected (ModeAuto) or named by the client.
+	modes [2][2]atomic.Int64
+	// calls counts the sidecar's own model calls by kind (callFacts,
+	// callEpisode, callSummary).
+	calls [3]atomic.Int64
+}
+
+func (st *storeStats) countMode(m Mode, detected bool) {
+	i, j := 0, 0
+	if m == ModeAppend {
+		i = 1
+	}
+	if detected {
+		j = 1
+	}
+	st.modes[i][j].Add(1)
 }
 
 // Stats are cumulative counters for metrics.
@@ -158,13 +193,22 @@ type Stats struct {
 
 	PoolWrites    int64 // pool puts and deletes written
 	PoolConflicts int64 // pool writes refused with ErrConflict
+
+	// Turns by the mode taken: Full and Append, each split into those the
+	// client named (X-Session-Mode) and those detected (ModeAuto).
+	FullNamed, FullDetected, AppendNamed, AppendDetected int64
+
+	// The sidecar's own model calls, by kind: fact extraction, episodic
+	// summaries, window summaries (StrategySummary). Background calls per
+	// client turn = their sum / Completes.
+	FactCalls, EpisodeCalls, SummaryCalls int64
 }
 
 // Open opens (creating if needed) the store rooted at opts.Dir and starts
 // its worker. Sessions load lazily on first use.
 func Open(opts Options) (*Store, error) {
-	opts.setDefaults()
-	if err := opts.validate(); err != nil {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
@@ -172,24 +216,22 @@ func Open(opts Options) (*Store, error) {
 	}
 	s := &Store{
 		opts:       opts,
-		tok:        NewTokenizer(opts.TokenCacheEntries),
+		tok:        NewTokenizer(opts.Window.TokenCacheEntries),
 		quarantine: filepath.Join(opts.Dir, "quarantine"),
 		files:      durable.NewFiles(opts.Storage.MaxOpenFiles),
 		sessions:   map[string]*session{},
 		queue:      make(chan *session, opts.QueueSize),
 		stop:       make(chan struct{}),
-		sumSem:     make(chan struct{}, max(1, opts.MaxConcurrentSummaries)),
-		ixOpts:     opts.Index,
-		extractQ:   make(chan *extractJob, max(1, opts.ExtractQueue)),
+		sumSem:     make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries)),
+		ixOpts:     opts.Recall.Index,
+		extractQ:   make(chan *extractJob, max(1, opts.Extraction.Queue)),
 		pools:      map[string]*pool{},
+		users:      map[string]*userMem{},
 	}
-	if _, err := index.New(s.ixOpts); err != nil {
-		return nil, fmt.Errorf("memory: index options: %w", err)
-	}
-	_, s.localEmbedder = opts.Index.Embedder.(*index.HashEmbedder)
+	_, s.localEmbedder = opts.Recall.Index.Embedder.(*index.HashEmbedder)
 	enc := CL100K
-	if opts.Encoding != "" {
-		enc, _ = encodingByName(opts.Encoding)
+	if opts.Window.Encoding != "" {
+		enc, _ = encodingByName(opts.Window.Encoding)
 	}
 	if err := s.tok.Load(enc); err != nil {
 		return nil, fmt.Errorf("memory: load encoding %s: %w", enc, err)
@@ -199,8 +241,8 @@ func Open(opts Options) (*Store, error) {
 	go s.worker()
 	s.retentionWG.Add(1)
 	go s.retention()
-	if opts.Extractor != nil {
-		for range max(1, opts.ExtractWorkers) {
+	if opts.Extraction.Extractor != nil {
+		for range max(1, opts.Extraction.Workers) {
 			s.extractWG.Add(1)
 			go s.extractWorker()
 		}
@@ -250,7 +292,7 @@ func (s *Store) Shutdown(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
-		// Write what the last turns left (units, deletions), then the index.
+		// Write what the last turns left (units, deletions), then the indexes.
 		if !lockCtx(ctx, &sess.mu) {
 			break
 		}
@@ -259,6 +301,19 @@ func (s *Store) Shutdown(ctx context.Context) error {
 		}
 		sess.mu.Unlock()
 		s.syncIndex(sess, true)
+		s.syncUser(sess)
+	}
+	s.mu.Lock()
+	users := make([]*userMem, 0, len(s.users))
+	for _, um := range s.users {
+		users = append(users, um)
+	}
+	s.mu.Unlock()
+	for _, um := range users {
+		if ctx.Err() != nil {
+			break
+		}
+		s.saveUser(um, true)
 	}
 	errs = append(errs, s.closePools())
 	skipped := 0
@@ -325,11 +380,11 @@ func (s *Store) Tokenizer() *Tokenizer { return s.tok }
 
 // Encoding returns the encoding used for model.
 func (s *Store) Encoding(model string) Encoding {
-	if s.opts.Encoding != "" {
-		e, _ := encodingByName(s.opts.Encoding)
+	if s.opts.Window.Encoding != "" {
+		e, _ := encodingByName(s.opts.Window.Encoding)
 		return e
 	}
-	if name, ok := lookupModel(s.opts.ModelEncodings, model); ok {
+	if name, ok := lookupModel(s.opts.Window.ModelEncodings, model); ok {
 		e, _ := encodingByName(name)
 		return e
 	}
@@ -338,10 +393,10 @@ func (s *Store) Encoding(model string) Encoding {
 
 // Limit returns the window's hard token limit for model.
 func (s *Store) Limit(model string) int {
-	if l, ok := lookupModel(s.opts.ModelLimits, model); ok {
+	if l, ok := lookupModel(s.opts.Window.ModelLimits, model); ok {
 		return l
 	}
-	return s.opts.HardLimit
+	return s.opts.Window.Limit
 }
 
 // CountTokens counts text with model's encoding, e.g. the raw JSON of a
@@ -390,6 +445,9 @@ func (s *Store) Stats() Stats {
 	out.ExtractJobs, out.ExtractDropped, out.ExtractErrors = st.extractJobs.Load(), st.extractDropped.Load(), st.extractErrs.Load()
 	out.FactOps, out.FactOpsRejected, out.Episodes = st.factOps.Load(), st.factOpsRejected.Load(), st.episodes.Load()
 	out.PoolWrites, out.PoolConflicts = st.poolWrites.Load(), st.poolConflicts.Load()
+	out.FullNamed, out.FullDetected = st.modes[0][0].Load(), st.modes[0][1].Load()
+	out.AppendNamed, out.AppendDetected = st.modes[1][0].Load(), st.modes[1][1].Load()
+	out.FactCalls, out.EpisodeCalls, out.SummaryCalls = st.calls[callFacts].Load(), st.calls[callEpisode].Load(), st.calls[callSummary].Load()
 	return out
 }
 
@@ -624,6 +682,8 @@ func (sess *session) reset() {
 	sess.deleted, sess.delDirty, sess.lastDecay, sess.lastRecall = nil, nil, time.Time{}, ""
 	sess.drops, sess.dedup = nil, dedupIndex{}
 	sess.ix, sess.ixVer, sess.ixSaved = nil, 0, 0
+	sess.uidx, sess.uSeq, sess.uUnitsVer = nil, 0, 0
+	sess.sticky = cachedBlock{}
 	sess.wm.reset()
 	sess.factSeq, sess.episodeSeq = 0, 0
 	sess.unitsChanged()
@@ -633,7 +693,7 @@ func (sess *session) reset() {
 // its meta record first. Called with sess.mu held.
 func (s *Store) writeLocked(sess *session, framed []byte, now time.Time) error {
 	if sess.log == nil {
-		meta, err := json.Marshal(&record{K: "meta", V: logVersion, Tenant: sess.tenant, Session: sess.id, T: now.UnixNano()})
+		meta, err := json.Marshal(&record{K: "meta", V: logVersion, Tenant: sess.tenant, Session: sess.id, User: sess.user, T: now.UnixNano()})
 		if err != nil {
 			return fmt.Errorf("memory: encode meta: %w", err)
 		}
@@ -678,6 +738,8 @@ func (s *Store) Delete(tenant, sessionID string) error {
 	if err != nil {
 		return err
 	}
+	um := s.userFor(sess, "")
+	defer s.dropUserDocs(um, userDocPrefix(sess))
 	sess.mu.Lock()
 	if !sess.exists {
 		sess.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/synctest"
 )
 
 func TestFullHistoryAppendsOnlyNewTail(t *testing.T) {
@@ -250,11 +251,11 @@ func TestDeleteRemovesLogAndUnits(t *testing.T) {
 func TestEvictedTurnsBecomeUnitsAndSurviveRestart(t *testing.T) {
 	dir := t.TempDir()
 	limit := func(o *Options) {
-		o.HardLimit = 600
-		o.SystemReserve = 100
-		o.ToolsReserve = 100
-		o.Strategy = StrategyTail
-		o.WorkingMaxUnits = 5
+		o.Window.Limit = 600
+		o.Window.SystemReserve = 100
+		o.Window.ToolsReserve = 100
+		o.Window.Strategy = StrategyTail
+		o.Decay.WorkingMaxUnits = 5
 	}
 	s := openStore(t, dir, limit)
 	sys := text("system", "be brief")
@@ -306,10 +307,10 @@ func TestEvictedTurnsBecomeUnitsAndSurviveRestart(t *testing.T) {
 
 func TestImportanceKeepsRelevantTurn(t *testing.T) {
 	s := openStore(t, t.TempDir(), func(o *Options) {
-		o.HardLimit = 500
-		o.SystemReserve = 50
-		o.ToolsReserve = 50
-		o.RecallK = -1
+		o.Window.Limit = 500
+		o.Window.SystemReserve = 50
+		o.Window.ToolsReserve = 50
+		o.Recall.K = -1
 	})
 	filler := strings.Repeat("weather ocean mountain river forest ", 6)
 	msgs := []Message{text("user", "Remember: the invoice number for customer Zorblax is 7731, IMPORTANT"), text("assistant", "noted")}
@@ -342,12 +343,13 @@ func TestImportanceKeepsRelevantTurn(t *testing.T) {
 	turn.Abort()
 }
 
-func TestRecallInjectsEvictedTurnAfterSystem(t *testing.T) {
+func TestRecallBlockSitsBeforeNewestUserMessage(t *testing.T) {
 	s := openStore(t, t.TempDir(), func(o *Options) {
-		o.HardLimit = 400
-		o.SystemReserve = 50
-		o.ToolsReserve = 50
-		o.Strategy = StrategyTail
+		o.Window.Limit = 400
+		o.Window.SystemReserve = 50
+		o.Window.ToolsReserve = 50
+		o.Window.Strategy = StrategyTail
+		o.Recall.Share = 0.3
 	})
 	sys := text("system", "sys prompt")
 	filler := strings.Repeat("lorem ipsum dolor ", 8)
@@ -362,8 +364,10 @@ func TestRecallInjectsEvictedTurnAfterSystem(t *testing.T) {
 	if turn.Block == nil {
 		t.Fatal("no block injected")
 	}
-	if string(turn.Messages[0]) != string(sys.Raw) || string(turn.Messages[1]) != string(turn.Block) {
-		t.Fatalf("block not right after the system message")
+	n := len(turn.Messages)
+	if string(turn.Messages[0]) != string(sys.Raw) || string(turn.Messages[n-2]) != string(turn.Block) ||
+		string(turn.Messages[n-1]) != string(msgs[len(msgs)-1].Raw) {
+		t.Fatalf("block not right before the newest user message")
 	}
 	if !strings.Contains(string(turn.Block), "Krakatoa") {
 		t.Fatalf("block lacks the recalled turn: %s", turn.Block)
@@ -375,8 +379,8 @@ func TestRecallInjectsEvictedTurnAfterSystem(t *testing.T) {
 	if string(turn.Block) != string(first) {
 		t.Fatalf("block bytes changed:\n%s\n%s", first, turn.Block)
 	}
-	if turn.Stats.Prefix.Messages < 2 {
-		t.Fatalf("prefix %+v, want at least system+block shared", turn.Stats.Prefix)
+	if turn.Stats.Prefix.Messages != len(turn.Messages) {
+		t.Fatalf("prefix %+v, want the whole window shared", turn.Stats.Prefix)
 	}
 	turn.Abort()
 	mem, _ := s.Memory("t", "s")
@@ -389,11 +393,11 @@ func TestRecallInjectsEvictedTurnAfterSystem(t *testing.T) {
 
 func TestContextTooLargeWritesNothing(t *testing.T) {
 	s := openStore(t, t.TempDir(), func(o *Options) {
-		o.HardLimit = 300
-		o.SystemReserve = 50
-		o.ToolsReserve = 50
+		o.Window.Limit = 300
+		o.Window.SystemReserve = 50
+		o.Window.ToolsReserve = 50
 	})
-	_, err := s.Prepare(context.Background(), "t", "s", ModeFull, "m", []Message{text("user", strings.Repeat("word ", 400))}, 0)
+	_, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t", SessionID: "s", Mode: ModeFull, Model: "m", Messages: []Message{text("user", strings.Repeat("word ", 400))}})
 	if !errors.Is(err, ErrContextTooLarge) {
 		t.Fatalf("err %v, want ErrContextTooLarge", err)
 	}
@@ -405,13 +409,13 @@ func TestContextTooLargeWritesNothing(t *testing.T) {
 func TestInvalidInput(t *testing.T) {
 	s := openStore(t, t.TempDir(), nil)
 	ctx := context.Background()
-	if _, err := s.Prepare(ctx, "t", "", ModeFull, "m", []Message{text("user", "x")}, 0); !errors.Is(err, ErrInvalid) {
+	if _, err := s.Prepare(ctx, TurnRequest{Tenant: "t", SessionID: "", Mode: ModeFull, Model: "m", Messages: []Message{text("user", "x")}}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("empty id: %v", err)
 	}
-	if _, err := s.Prepare(ctx, "t", "s", ModeFull, "m", nil, 0); !errors.Is(err, ErrInvalid) {
+	if _, err := s.Prepare(ctx, TurnRequest{Tenant: "t", SessionID: "s", Mode: ModeFull, Model: "m", Messages: nil}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("no messages: %v", err)
 	}
-	if _, err := s.Prepare(ctx, "t", "s", ModeFull, "m", []Message{{Content: "x"}}, 0); !errors.Is(err, ErrInvalid) {
+	if _, err := s.Prepare(ctx, TurnRequest{Tenant: "t", SessionID: "s", Mode: ModeFull, Model: "m", Messages: []Message{{Content: "x"}}}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("no role: %v", err)
 	}
 }
@@ -419,7 +423,7 @@ func TestInvalidInput(t *testing.T) {
 func TestClosedStore(t *testing.T) {
 	s := openStore(t, t.TempDir(), nil)
 	s.Close()
-	if _, err := s.Prepare(context.Background(), "t", "s", ModeFull, "m", []Message{text("user", "x")}, 0); !errors.Is(err, ErrClosed) {
+	if _, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t", SessionID: "s", Mode: ModeFull, Model: "m", Messages: []Message{text("user", "x")}}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("after close: %v", err)
 	}
 }
@@ -439,18 +443,20 @@ func (r *recSummarizer) Summarize(_ context.Context, req SummaryRequest) (Summar
 	return Summary{Text: "SUMMARY covers " + strings.Join(words, ","), Facts: []string{"fact from summary"}}, nil
 }
 
-func TestSummaryStrategy(t *testing.T) {
+func TestSummaryStrategy(t *testing.T) { synctest.Test(t, testSummaryStrategy) }
+
+func testSummaryStrategy(t *testing.T) {
 	dir := t.TempDir()
 	sum := &recSummarizer{}
 	opts := func(o *Options) {
-		o.HardLimit = 500
-		o.SystemReserve = 50
-		o.ToolsReserve = 50
-		o.Strategy = StrategySummary
-		o.Summarizer = sum
-		o.RecallK = -1
+		o.Window.Limit = 500
+		o.Window.SystemReserve = 50
+		o.Window.ToolsReserve = 50
+		o.Window.Strategy = StrategySummary
+		o.Extraction.Summarizer = sum
+		o.Recall.K = -1
 	}
-	s := openStore(t, dir, opts)
+	s := openBubbleStore(t, dir, opts)
 	filler := strings.Repeat("lorem ipsum dolor ", 8)
 	var msgs []Message
 	for i := 0; i < 12; i++ {
@@ -458,17 +464,18 @@ func TestSummaryStrategy(t *testing.T) {
 		turn := prepare(t, s, "t", "s", ModeFull, msgs...)
 		a := text("assistant", "ok "+filler)
 		turn.Complete(a)
+		synctest.Wait() // the worker and the summarizer are done with the turn
 		msgs = append(msgs, a)
 	}
-	s.Close() // drains the worker; the summary is persisted
+	s.Close() // the summary is persisted
 	if sum.calls == 0 {
 		t.Fatal("summarizer never called")
 	}
-	s2 := openStore(t, dir, opts)
+	s2 := openBubbleStore(t, dir, opts)
 	msgs = append(msgs, text("user", "next"))
 	turn := prepare(t, s2, "t", "s", ModeFull, msgs...)
-	if turn.Block == nil || !strings.Contains(string(turn.Block), "SUMMARY covers t0") {
-		t.Fatalf("summary not injected: %s", turn.Block)
+	if turn.Stable == nil || !strings.Contains(string(turn.Stable), "SUMMARY covers t0") || string(turn.Messages[0]) != string(turn.Stable) {
+		t.Fatalf("summary not in the stable block at the window's start: %s", turn.Stable)
 	}
 	turn.Abort()
 	mem, _ := s2.Memory("t", "s")

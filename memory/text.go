@@ -5,11 +5,12 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"unicode"
 	"unicode/utf8"
+
+	"github.com/kvsidecar/kvsidecar/index"
 )
 
-// bow is a bag of words: hashed lower-case terms, sorted, with counts, for
+// bow is a bag of words: hashed terms (index.AppendTokens), sorted, with counts, for
 // cosine similarity by merge. Built once per message or unit and cached.
 type bow struct {
 	terms  []uint64
@@ -19,42 +20,15 @@ type bow struct {
 
 var termSeed = maphash.MakeSeed()
 
-var stopwords = func() map[string]bool {
-	m := map[string]bool{}
-	for _, w := range strings.Fields(`a an and are as at be but by can could did do does for from had has have he her
-	his how i if in into is it its me my no not of on or our she so than that the their them then there these they
-	this to too us was we were what when where which who why will with would you your yes ok okay please just about
-	also any all some more most very`) {
-		m[w] = true
-	}
-	return m
-}()
-
-// words calls fn for each lower-case word of text that is not a stopword.
-func words(text string, fn func(w string)) {
-	var buf [64]byte
-	w := buf[:0]
-	flush := func() {
-		if len(w) >= 2 && len(w) <= 40 {
-			if s := string(w); !stopwords[s] {
-				fn(s)
-			}
-		}
-		w = w[:0]
-	}
-	for _, r := range text {
-		if unicode.IsLetter(r) || unicode.IsDigit(r) {
-			w = utf8.AppendRune(w, unicode.ToLower(r))
-			continue
-		}
-		flush()
-	}
-	flush()
-}
-
+// makeBow builds the bag of text's terms as package index makes them (one
+// tokenizer and stopword list for scoring, keyword recall and the index):
+// lower case, stopwords dropped, English words stemmed, CJK as bigrams.
 func makeBow(text string) *bow {
-	var hs []uint64
-	words(text, func(w string) { hs = append(hs, maphash.String(termSeed, w)) })
+	toks := index.AppendTokens(nil, text)
+	hs := make([]uint64, len(toks))
+	for i, w := range toks {
+		hs[i] = maphash.String(termSeed, w)
+	}
 	slices.Sort(hs)
 	b := &bow{}
 	for i, h := range hs {

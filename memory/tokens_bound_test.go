@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 	"unicode/utf8"
 )
@@ -75,8 +76,13 @@ func TestSegmentsConcatenateAndStayBounded(t *testing.T) {
 // time under the session's lock, and went on after the client left. Now
 // counting runs before the lock is taken and stops with the request.
 func TestPrepareCountsOutsideTheLockAndStops(t *testing.T) {
-	s := openStore(t, t.TempDir(), func(o *Options) { o.HardLimit = 200_000 })
+	synctest.Test(t, testPrepareCountsOutsideTheLockAndStops)
+}
+
+func testPrepareCountsOutsideTheLockAndStops(t *testing.T) {
+	s := openBubbleStore(t, t.TempDir(), func(o *Options) { o.Window.Limit = 200_000 })
 	prepare(t, s, "t", "s", ModeAppend, text("user", "hello")).Complete(text("assistant", "hi"))
+	synctest.Wait() // the worker is done with that turn: only Prepare can hold the lock below
 	sess, err := s.session("t", "s", false)
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +102,7 @@ func TestPrepareCountsOutsideTheLockAndStops(t *testing.T) {
 		}
 	}
 	defer func() { testHookSegment = nil }()
-	_, err = s.Prepare(ctx, "t", "s", ModeAppend, "m", []Message{text("user", strings.Repeat("a", 100_000))}, 0)
+	_, err = s.Prepare(ctx, TurnRequest{Tenant: "t", SessionID: "s", Mode: ModeAppend, Model: "m", Messages: []Message{text("user", strings.Repeat("a", 100_000))}})
 	testHookSegment = nil
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Prepare after the client left: %v", err)
@@ -118,7 +124,7 @@ func TestPrepareCountsOutsideTheLockAndStops(t *testing.T) {
 // tokenization Close waited for the session lock, so SIGTERM never ended
 // the process. Now Close cancels the count and returns.
 func TestCloseStopsCountingInFlight(t *testing.T) {
-	s := openStore(t, t.TempDir(), func(o *Options) { o.HardLimit = 200_000 })
+	s := openStore(t, t.TempDir(), func(o *Options) { o.Window.Limit = 200_000 })
 	var once sync.Once
 	closed := make(chan error, 1)
 	testHookSegment = func() {
@@ -128,7 +134,7 @@ func TestCloseStopsCountingInFlight(t *testing.T) {
 		})
 	}
 	defer func() { testHookSegment = nil }()
-	_, err := s.Prepare(context.Background(), "t", "s", ModeAppend, "m", []Message{text("user", strings.Repeat("a", 100_000))}, 0)
+	_, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t", SessionID: "s", Mode: ModeAppend, Model: "m", Messages: []Message{text("user", strings.Repeat("a", 100_000))}})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Prepare during Close: %v", err)
 	}
@@ -194,7 +200,7 @@ func TestOversizedTurnIsRefusedAfterCountingTheLimit(t *testing.T) {
 	testHookSegment = func() { segs++ }
 	defer func() { testHookSegment = nil }()
 	huge := strings.Repeat("a", 8<<20) // 8 MiB: 1 M tokens
-	_, err := s.Prepare(context.Background(), "t", "s", ModeAppend, "m", []Message{text("user", huge)}, 0)
+	_, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t", SessionID: "s", Mode: ModeAppend, Model: "m", Messages: []Message{text("user", huge)}})
 	testHookSegment = nil
 	if !errors.Is(err, ErrContextTooLarge) {
 		t.Fatalf("err %v", err)
@@ -209,7 +215,7 @@ func TestOversizedTurnIsRefusedAfterCountingTheLimit(t *testing.T) {
 	// A fitting request is not refused by the early check: the system
 	// message and the turn together just fit.
 	sys := strings.Repeat("word ", 3000)
-	if _, err := s.Prepare(context.Background(), "t", "s2", ModeFull, "m", []Message{text("system", sys), text("user", "hi")}, 0); err != nil {
+	if _, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t", SessionID: "s2", Mode: ModeFull, Model: "m", Messages: []Message{text("system", sys), text("user", "hi")}}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -224,7 +230,7 @@ func TestCountTokensContextStopsPastTheLimit(t *testing.T) {
 	if err != nil || n <= 8192 || segs > 8192/16+4 {
 		t.Fatalf("count %d (%v) after %d segments", n, err, segs)
 	}
-	if _, err := s.Prepare(context.Background(), "t", "s", ModeAppend, "m", []Message{text("user", "hi")}, n); !errors.Is(err, ErrContextTooLarge) {
+	if _, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t", SessionID: "s", Mode: ModeAppend, Model: "m", Messages: []Message{text("user", "hi")}, ToolsTokens: n}); !errors.Is(err, ErrContextTooLarge) {
 		t.Fatalf("Prepare with tools over the limit: %v", err)
 	}
 	if n, err := s.CountTokensContext(context.Background(), "m", "hello world"); n != 2 || err != nil {

@@ -33,8 +33,8 @@ func TestEncodingForModel(t *testing.T) {
 
 func TestStoreEncodingOverrides(t *testing.T) {
 	s := openStore(t, t.TempDir(), func(o *Options) {
-		o.ModelEncodings = map[string]string{"llama-*": "o200k_base", "gpt-4o-legacy": "cl100k_base"}
-		o.ModelLimits = map[string]int{"big*": 32768, "big-small": 4096}
+		o.Window.ModelEncodings = map[string]string{"llama-*": "o200k_base", "gpt-4o-legacy": "cl100k_base"}
+		o.Window.ModelLimits = map[string]int{"big*": 32768, "big-small": 4096}
 	})
 	f := func(model string, want Encoding, limit int) {
 		t.Helper()

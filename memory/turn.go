@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync/atomic"
+	"time"
 )
 
 // Turn is one request's view of its session: the window to send upstream,
@@ -14,12 +16,18 @@ import (
 // session's next request waits up to Options.PendingWait for it.
 type Turn struct {
 	// Messages is the window to send upstream, in order: the client's
-	// system messages, the injected block (if any), then history. Each is
-	// the stored raw JSON, byte for byte. Read-only.
+	// system messages, the stable block (pinned memories and summaries, if
+	// any), the history that fits, the recall block (if any), then the
+	// current turn (the newest user message and what follows it). Each
+	// message of the conversation is the stored raw JSON, byte for byte.
+	// Read-only.
 	Messages []json.RawMessage
-	// Block is the injected memory message, nil when none. It is also in
-	// Messages.
+	// Block is the recall block (a system message right before the newest
+	// user message), nil when none. It is also in Messages.
 	Block json.RawMessage
+	// Stable is the stable block (right after the client's system
+	// messages), nil when none. It is also in Messages.
+	Stable json.RawMessage
 	// Stats describe the window.
 	Stats TurnStats
 
@@ -35,54 +43,84 @@ type Turn struct {
 type TurnStats struct {
 	Model    string
 	Encoding string
-	Mode     string
+	// Mode is how the request was taken: "full" or "append".
+	// ModeDetected is true when no header named it (ModeAuto).
+	Mode         string
+	ModeDetected bool
 	// Match is how the request related to the stored history: "new",
 	// "extend", "trimmed" (a full-history client dropped old turns itself),
 	// "diverged" (edit, branch or regenerate: stored history was cut) or
 	// "append".
 	Match string
-	// Limit is the hard limit; TotalTokens = System + Block + History +
-	// Tools ≤ Limit.
-	Limit, TotalTokens, SystemTokens, BlockTokens, HistoryTokens, ToolsTokens int
+	// User is the user scope of the session ("" for the tenant's default).
+	User string
+	// Limit is the hard limit; TotalTokens = System + Stable + History +
+	// Recall + Tools ≤ Limit (History includes the current turn).
+	Limit, TotalTokens, SystemTokens, StableTokens, HistoryTokens, RecallTokens, ToolsTokens int
+	// BlockTokens is StableTokens + RecallTokens.
+	BlockTokens int
 	// WindowMessages is len(Messages); StoredMessages the stored history.
 	WindowMessages, StoredMessages int
 	// Appended is how many messages this request added to the log.
 	Appended int
 	// Evicted is how many messages left the window in this request.
 	Evicted int
-	// Recalled memories and Summaries in the block.
-	Recalled, Summaries int
+	// Recalled memories in the recall block (CrossSession of them from
+	// the user's other sessions) and Summaries in the stable block.
+	Recalled, CrossSession, Summaries int
 	// Recall is how the recalled memories were chosen: "full" (a full
-	// recall refreshed them), "reuse" (the light probe found the same
-	// topic and the previous set was kept) or "" (no recall: no query or
-	// no memories).
+	// retrieval), "reuse" (the light probe found the same topic: the
+	// previous set, still valid, plus the probe's hits) or "" (no recall:
+	// no query or nothing to recall).
 	Recall string
 	// Prefix is what this window shares with the session's previous one.
 	Prefix PrefixStats
 }
 
+// TurnRequest is one chat request as Prepare sees it.
+type TurnRequest struct {
+	// Tenant scopes everything (sessions, users, pools). SessionID names
+	// the conversation and must not be empty.
+	Tenant, SessionID string
+	// UserID is the user scope within the tenant: sessions of one user
+	// recall each other's turns, facts and episodes. Empty: the tenant's
+	// default user. A session keeps the user it was created with.
+	UserID string
+	// Mode is how the client sends its conversation; ModeAuto detects it.
+	Mode Mode
+	// Model is the request's model: window limit, encoding, and the model
+	// of the sidecar's own calls for this session.
+	Model string
+	// Messages are the request's messages; they are retained by the store.
+	Messages []Message
+	// ToolsTokens is the token cost of the request's tools/functions (see
+	// CountTokens), charged against the limit.
+	ToolsTokens int
+}
+
 // Prepare records a request's new messages and builds its window.
 //
-// It matches msgs against the stored history (ModeFull) or appends them
-// (ModeAppend), appends what is new to the session's log as one durable
-// write (the only write on the request path), and returns the window for
-// model's limit with toolsTokens (the token cost of the request's
-// tools/functions, see CountTokens) charged against it. tenant scopes the
-// session; sessionID must not be empty. msgs are retained by the store.
+// It relates req.Messages to the stored history (see Mode), appends what is
+// new to the session's log as one durable write (the only write on the
+// request path), and returns the window for the model's limit with the
+// tools' cost charged against it.
 //
 // Errors: ErrInvalid, ErrContextTooLarge (nothing was written), ErrClosed,
 // or I/O errors (nothing was acknowledged).
-func (s *Store) Prepare(ctx context.Context, tenant, sessionID string, mode Mode, model string, msgs []Message, toolsTokens int) (*Turn, error) {
-	if sessionID == "" {
+func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
+	if req.SessionID == "" {
 		return nil, fmt.Errorf("%w: empty session id", ErrInvalid)
 	}
-	if toolsTokens < 0 {
+	if req.ToolsTokens < 0 {
 		return nil, fmt.Errorf("%w: negative tools tokens", ErrInvalid)
 	}
-	if mode == ModeFull && len(msgs) == 0 {
+	if req.Mode > ModeAppend {
+		return nil, fmt.Errorf("%w: unknown mode %d", ErrInvalid, req.Mode)
+	}
+	if req.Mode != ModeAppend && len(req.Messages) == 0 {
 		return nil, fmt.Errorf("%w: no messages", ErrInvalid)
 	}
-	msgs = append([]Message(nil), msgs...)
+	msgs := append([]Message(nil), req.Messages...)
 	for i := range msgs {
 		if msgs[i].Role == "" {
 			return nil, fmt.Errorf("%w: message %d has no role", ErrInvalid, i)
@@ -92,14 +130,15 @@ func (s *Store) Prepare(ctx context.Context, tenant, sessionID string, mode Mode
 			msgs[i].Raw = raw
 		}
 	}
+	req.Messages = msgs
 	ctx, stop := s.withStore(ctx) // counting stops when the store closes too
 	defer stop()
-	enc := s.Encoding(model)
-	if err := s.checkFixedPart(ctx, enc, s.Limit(model), msgs, toolsTokens); err != nil {
+	enc := s.Encoding(req.Model)
+	if err := s.checkFixedPart(ctx, enc, s.Limit(req.Model), msgs, req.ToolsTokens); err != nil {
 		return nil, err
 	}
 	for attempt := 0; ; attempt++ {
-		sess, err := s.session(tenant, sessionID, true)
+		sess, err := s.session(req.Tenant, req.SessionID, true)
 		if err != nil {
 			return nil, err
 		}
@@ -113,6 +152,9 @@ func (s *Store) Prepare(ctx context.Context, tenant, sessionID string, mode Mode
 		if err := s.tok.precount(ctx, enc, msgs); err != nil {
 			return nil, fmt.Errorf("memory: count tokens: %w", err)
 		}
+		// The user's cross-session index loads (and may load other
+		// sessions of the user) before this session is locked.
+		um := s.userFor(sess, req.UserID)
 		sess.mu.Lock()
 		if sess.gone.Load() {
 			// Deleted or dropped from memory meanwhile: look it up again.
@@ -120,140 +162,177 @@ func (s *Store) Prepare(ctx context.Context, tenant, sessionID string, mode Mode
 			if attempt < 3 {
 				continue
 			}
-			return nil, fmt.Errorf("memory: session %q keeps vanishing: %w", sessionID, ErrNotFound)
+			return nil, fmt.Errorf("memory: session %q keeps vanishing: %w", req.SessionID, ErrNotFound)
 		}
-		t, err := s.prepareLocked(ctx, sess, mode, model, msgs, toolsTokens)
+		t, err := s.prepareLocked(ctx, sess, um, &req)
 		sess.mu.Unlock()
 		return t, err
 	}
 }
 
-func (s *Store) prepareLocked(ctx context.Context, sess *session, mode Mode, model string, msgs []Message, toolsTokens int) (*Turn, error) {
-	now := s.opts.Clock.Now()
-	enc := s.Encoding(model)
-	limit := s.Limit(model)
-	tk := s.tok
-	st := TurnStats{Model: model, Encoding: enc.String(), Mode: mode.String(), Limit: limit, ToolsTokens: toolsTokens}
+// plan is what a request adds to its session, worked out before anything
+// is written.
+type plan struct {
+	mode       Mode
+	match      string
+	sysChanged bool
+	sys        []*entry // the session's system messages after the request
+	keep       int      // stored history messages kept (the rest is cut)
+	add        []*entry // new history messages
+}
 
+// planLocked relates the request to the stored history.
+func (s *Store) planLocked(sess *session, req *TurnRequest, now time.Time) plan {
+	msgs := req.Messages
 	nsys := 0
 	for nsys < len(msgs) && isSystem(msgs[nsys].Role) {
 		nsys++
 	}
 	reqSys, rest := msgs[:nsys], msgs[nsys:]
-	sysChanged := !sameMessages(reqSys, sess.sys)
-	if mode == ModeAppend && nsys == 0 {
-		sysChanged = false
+	var p plan
+	var tail []Message
+	p.mode, p.keep, tail, p.match = matchRequest(sess, rest, req.Mode)
+	p.sysChanged = !sameMessages(reqSys, sess.sys)
+	if p.mode == ModeAppend && nsys == 0 {
+		p.sysChanged = false // an append without system messages keeps the stored ones
 	}
-	keep, tail := len(sess.hist), rest
-	switch {
-	case mode == ModeAppend:
-		st.Match = "append"
-	case len(sess.hist) == 0 && len(sess.sys) == 0:
-		st.Match = "new"
-	default:
-		keep, tail, st.Match = matchHistory(sess.hist, rest)
-	}
-
-	// Prospective state, to check the current turn fits before writing.
 	seq := sess.nextSeq
-	var sysEntries []*entry
-	if sysChanged {
+	p.sys = sess.sys
+	if p.sysChanged {
+		p.sys = make([]*entry, 0, len(reqSys))
 		for _, m := range reqSys {
-			sysEntries = append(sysEntries, newEntry(seq, m, now))
+			p.sys = append(p.sys, newEntry(seq, m, now))
 			seq++
 		}
 	}
-	newEntries := make([]*entry, 0, len(tail))
+	p.add = make([]*entry, 0, len(tail))
 	for _, m := range tail {
-		newEntries = append(newEntries, newEntry(seq, m, now))
+		p.add = append(p.add, newEntry(seq, m, now))
 		seq++
 	}
-	{
-		sysCost := 0
-		sys := sess.sys
-		if sysChanged {
-			sys = sysEntries
+	return p
+}
+
+// currentTurn returns where the current turn starts in hist+add (the newest
+// user message; everything after it belongs to the turn too) and its cost.
+func currentTurn(hist, add []*entry, tk *Tokenizer, enc Encoding) (start, cost int) {
+	n := len(hist) + len(add)
+	at := func(i int) *entry {
+		if i < len(hist) {
+			return hist[i]
 		}
-		for _, e := range sys {
-			sysCost += e.cost(tk, enc)
+		return add[i-len(hist)]
+	}
+	start = n
+	for i := n - 1; i >= 0; i-- {
+		cost += at(i).cost(tk, enc)
+		if at(i).msg.Role == "user" {
+			return i, cost
 		}
-		mand := 0
-		seen := false
-		for i := len(newEntries) - 1; i >= 0 && !seen; i-- {
-			mand += newEntries[i].cost(tk, enc)
-			seen = newEntries[i].msg.Role == "user"
-		}
-		for i := keep - 1; i >= 0 && !seen; i-- {
-			mand += sess.hist[i].cost(tk, enc)
-			seen = sess.hist[i].msg.Role == "user"
-		}
-		if sysCost+mand+toolsTokens > limit {
-			return nil, fmt.Errorf("%w: system %d + current turn %d + tools %d tokens > limit %d",
-				ErrContextTooLarge, sysCost, mand, toolsTokens, limit)
-		}
+	}
+	return n, 0 // no user message: nothing is mandatory
+}
+
+// checkFits is the one context-limit check (MEM-001): the client's system
+// messages, the current turn and the tools must fit the limit with nothing
+// else. It runs before anything is written.
+func checkFits(sysCost, turnCost, tools, limit int) error {
+	if sysCost+turnCost+tools > limit {
+		return fmt.Errorf("%w: system %d + current turn %d + tools %d tokens > limit %d",
+			ErrContextTooLarge, sysCost, turnCost, tools, limit)
+	}
+	return nil
+}
+
+func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, req *TurnRequest) (*Turn, error) {
+	now := s.opts.Clock.Now()
+	enc := s.Encoding(req.Model)
+	limit := s.Limit(req.Model)
+	tk := s.tok
+	p := s.planLocked(sess, req, now)
+	st := TurnStats{Model: req.Model, Encoding: enc.String(), Mode: p.mode.String(), ModeDetected: req.Mode == ModeAuto,
+		Match: p.match, Limit: limit, ToolsTokens: req.ToolsTokens}
+
+	sysCost := 0
+	for _, e := range p.sys {
+		sysCost += e.cost(tk, enc)
+	}
+	_, turnCost := currentTurn(sess.hist[:p.keep], p.add, tk, enc)
+	if err := checkFits(sysCost, turnCost, req.ToolsTokens, limit); err != nil {
+		return nil, err
 	}
 
 	// One write for everything new.
-	var framed []byte
-	var err error
 	var recs []*record
-	if sysChanged {
-		r := &record{K: "sys", T: now.UnixNano(), Seq: sess.nextSeq, Enc: enc.String()}
-		if len(sysEntries) == 0 {
-			r.Msgs = []json.RawMessage{}
-		}
-		for _, e := range sysEntries {
+	if p.sysChanged {
+		r := &record{K: "sys", T: now.UnixNano(), Seq: sess.nextSeq, Enc: enc.String(), Msgs: []json.RawMessage{}}
+		for _, e := range p.sys {
 			r.Msgs = append(r.Msgs, e.msg.Raw)
 			r.Tok = append(r.Tok, e.cost(tk, enc))
 		}
 		recs = append(recs, r)
 	}
-	if keep < len(sess.hist) {
-		k := keep
+	if p.keep < len(sess.hist) {
+		k := p.keep
 		recs = append(recs, &record{K: "trunc", T: now.UnixNano(), Keep: &k})
 	}
-	for _, e := range newEntries {
+	for _, e := range p.add {
 		recs = append(recs, &record{K: "msg", T: now.UnixNano(), Seq: e.seq, Msg: e.msg.Raw, Enc: enc.String(), Tok: []int{e.cost(tk, enc)}})
 	}
+	var framed []byte
 	for _, r := range recs {
+		var err error
 		if framed, err = encodeRecord(framed, r); err != nil {
 			return nil, err
 		}
 	}
 	if len(framed) > 0 {
+		if !sess.exists {
+			sess.user = um.user // the meta record names the session's user
+		}
 		if err := s.writeLocked(sess, framed, now); err != nil {
 			return nil, err
 		}
 		s.stats.appendBytes.Add(int64(len(framed)))
-		s.stats.appended.Add(int64(len(newEntries) + len(sysEntries)))
+		s.stats.appended.Add(int64(len(p.add)))
+		if p.sysChanged {
+			s.stats.appended.Add(int64(len(p.sys)))
+		}
 	}
 	// Apply: the same transitions replay performs.
-	if sysChanged {
-		sess.sys = sysEntries
+	if p.sysChanged {
+		sess.sys = p.sys
 	}
-	if keep < len(sess.hist) {
-		k := keep
+	if p.keep < len(sess.hist) {
+		k := p.keep
 		if err := sess.apply(&record{K: "trunc", T: now.UnixNano(), Keep: &k}, nil, tk); err != nil {
 			return nil, err
 		}
 	}
-	sess.hist = append(sess.hist, newEntries...)
-	sess.nextSeq = seq
+	sess.hist = append(sess.hist, p.add...)
+	sess.nextSeq += uint64(len(p.add))
+	if p.sysChanged {
+		sess.nextSeq += uint64(len(p.sys))
+	}
 	sess.updated = now
-	sess.lastModel, sess.lastEnc = model, enc
-	st.Appended = len(newEntries) + len(sysEntries)
+	sess.lastModel, sess.lastEnc = req.Model, enc
+	st.Appended = len(p.add)
+	if p.sysChanged {
+		st.Appended += len(p.sys)
+	}
+	st.User = sess.user
 
 	s.maybeDecayLocked(sess, now)
-	sess.lastRecall = ""
-	w, err := s.buildWindow(ctx, sess, windowParams{enc: enc, limit: limit, tools: toolsTokens, strategy: s.opts.Strategy, now: now})
+	w, err := s.buildWindow(ctx, sess, um, windowParams{enc: enc, limit: limit, tools: req.ToolsTokens, strategy: s.opts.Window.Strategy, now: now})
 	if err != nil {
 		return nil, err
 	}
-	st.SystemTokens, st.BlockTokens, st.HistoryTokens = w.sysTokens, w.blockTokens, w.histTokens
-	st.TotalTokens = w.sysTokens + w.blockTokens + w.histTokens + toolsTokens
+	st.SystemTokens, st.StableTokens, st.HistoryTokens, st.RecallTokens = w.sysTokens, w.stableTokens, w.histTokens, w.recallTokens
+	st.BlockTokens = w.stableTokens + w.recallTokens
+	st.TotalTokens = w.sysTokens + st.BlockTokens + w.histTokens + req.ToolsTokens
 	st.WindowMessages, st.StoredMessages = len(w.msgs), len(sess.hist)
-	st.Evicted, st.Recalled, st.Summaries = w.evicted, w.recalled, w.summaries
-	st.Recall = sess.lastRecall
+	st.Evicted, st.Recalled, st.CrossSession, st.Summaries = w.evicted, w.recalled, w.crossSession, w.summaries
+	st.Recall = w.recallMode
 	st.Prefix = prefixStats(sess.prevPrompt, w.msgs, w.costs)
 	sess.prevPrompt, sess.prevCosts = w.msgs, w.costs
 
@@ -262,11 +341,12 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, mode Mode, mod
 		close(sess.pending)
 	}
 	sess.pending = make(chan struct{})
-	t := &Turn{Messages: w.msgs, Block: w.block, Stats: st, store: s, sess: sess, pending: sess.pending, enc: enc}
+	t := &Turn{Messages: w.msgs, Block: w.recall, Stable: w.stable, Stats: st, store: s, sess: sess, pending: sess.pending, enc: enc}
 	if n := len(sess.hist); n > 0 {
 		t.lastSeq = sess.hist[n-1].seq
 	}
 	s.stats.prepares.Add(1)
+	s.stats.countMode(p.mode, req.Mode == ModeAuto)
 	return t, nil
 }
 
@@ -282,10 +362,30 @@ func sameMessages(msgs []Message, es []*entry) bool {
 	return true
 }
 
-// matchHistory relates a full-history request (system messages removed) to
-// the stored history. It returns how many stored messages to keep, the
-// request's messages to append, and the kind of match.
-func matchHistory(hist []*entry, req []Message) (keep int, tail []Message, kind string) {
+// matchRequest relates a request's non-system messages to the stored
+// history. It returns the mode taken, how many stored messages to keep,
+// the request's messages to append, and the kind of match.
+//
+// ModeAppend appends everything. Otherwise, in this order:
+//   - no stored history: "new", everything is appended;
+//   - the request extends the stored history: "extend";
+//   - (ModeAuto only) the request holds no assistant message: new input
+//     from a client that sends only its newest message: "append";
+//   - the request starts inside the stored history and runs to its end
+//     (the client trimmed its oldest turns): "trimmed";
+//   - the request shares a start with the stored history, or starts inside
+//     it and then differs (edit, regenerate, branch): "diverged", the
+//     stored history is cut after the shared part (the cut messages become
+//     archive units, nothing is lost);
+//   - nothing shared: "diverged" at the start (a reused session id).
+func matchRequest(sess *session, req []Message, mode Mode) (Mode, int, []Message, string) {
+	hist := sess.hist
+	if mode == ModeAppend {
+		return ModeAppend, len(hist), req, "append"
+	}
+	if len(hist) == 0 && len(sess.sys) == 0 {
+		return ModeFull, 0, req, "new"
+	}
 	// Equal raw bytes imply equal keys; hash only what differs (typically
 	// assistant messages the client re-serialized).
 	same := func(e *entry, m *Message) bool {
@@ -296,27 +396,41 @@ func matchHistory(hist []*entry, req []Message) (keep int, tail []Message, kind 
 		k++
 	}
 	if k == len(hist) {
-		return k, req[k:], "extend"
+		return ModeFull, k, req[k:], "extend"
 	}
-	// The client trimmed its oldest turns: req starts inside hist and
-	// covers all of hist's end.
-	if len(req) > 0 {
-		k0 := req[0].matchKey()
-		for p := 1; p < len(hist); p++ {
-			n := len(hist) - p
-			if hist[p].key != k0 || n > len(req) {
-				continue
-			}
-			ok := true
-			for j := 1; j < n && ok; j++ {
-				ok = same(hist[p+j], &req[j])
-			}
-			if ok {
-				return len(hist), req[n:], "trimmed"
-			}
+	if mode == ModeAuto && !slices.ContainsFunc(req, func(m Message) bool { return m.Role == "assistant" }) {
+		return ModeAppend, len(hist), req, "append"
+	}
+	if k > 0 {
+		return ModeFull, k, req[k:], "diverged"
+	}
+	if len(req) == 0 {
+		return ModeFull, 0, req, "diverged"
+	}
+	// The request starts inside the stored history: a trimmed client when
+	// it runs to the end from some alignment of its first message, else an
+	// edit after the longest (latest on ties) alignment.
+	k0 := req[0].matchKey()
+	bestP, bestJ := 0, 0
+	for p := 1; p < len(hist); p++ {
+		if hist[p].key != k0 {
+			continue
+		}
+		j := 1
+		for p+j < len(hist) && j < len(req) && same(hist[p+j], &req[j]) {
+			j++
+		}
+		if p+j == len(hist) {
+			return ModeFull, len(hist), req[j:], "trimmed"
+		}
+		if j >= bestJ {
+			bestP, bestJ = p, j
 		}
 	}
-	return k, req[k:], "diverged"
+	if bestJ > 0 {
+		return ModeFull, bestP + bestJ, req[bestJ:], "diverged"
+	}
+	return ModeFull, 0, req, "diverged"
 }
 
 // Complete records the assistant's reply after the response was sent
@@ -351,6 +465,7 @@ func (t *Turn) finish(m *Message, partial bool) error {
 	}
 	sess.mu.Lock()
 	err := t.recordLocked(m, partial)
+	sess.turns++
 	if sess.pending == t.pending {
 		close(t.pending)
 		sess.pending = nil

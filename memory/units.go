@@ -54,6 +54,9 @@ type Unit struct {
 	// FromSeq and ToSeq are the message sequence numbers the unit covers.
 	FromSeq uint64 `json:"from_seq"`
 	ToSeq   uint64 `json:"to_seq"`
+	// At is when the message a message unit holds was sent (zero for
+	// other units and for units written before it existed).
+	At time.Time `json:"at,omitzero"`
 
 	// Category is the decay class of a memory (see Category); empty for
 	// the conversation record (evicted turns, replies, summaries), which
@@ -115,7 +118,7 @@ type Recaller interface {
 }
 
 // KeywordRecaller scores units by bag-of-words cosine similarity with the
-// query (lower-cased words, stopwords removed); archive units, if given,
+// query (the terms of index.Tokenize); archive units, if given,
 // score 0.9×. It is the default Recaller.
 type KeywordRecaller struct{}
 

@@ -1,27 +1,41 @@
 package memory
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"hash/maphash"
 	"slices"
-	"strings"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/index"
 )
 
-// window is the result of building the Focus window.
+// The window sent upstream is, in order:
+//
+//	client system messages | stable block | history that fits | recall block | current turn
+//
+// The stable block (pinned memories, summaries) changes only when history
+// leaves the window or what it shows changed; history leaves in large steps
+// (Window.EvictTo); so the prompt's start stays byte-identical from one turn
+// to the next and the upstream's prefix cache keeps hitting. The recall
+// block is made for every turn from the newest user message and sits right
+// before it: only the prompt's tail changes with it.
+
+// window is the result of building the window.
 type window struct {
-	msgs        []json.RawMessage
-	costs       []int
-	block       json.RawMessage
-	blockTokens int
-	sysTokens   int
-	histTokens  int // kept history + current turn
-	evicted     int
-	recalled    int
-	summaries   int
+	msgs         []json.RawMessage
+	costs        []int
+	stable       json.RawMessage
+	stableTokens int
+	recall       json.RawMessage
+	recallTokens int
+	sysTokens    int
+	histTokens   int // kept history + current turn
+	evicted      int
+	recalled     int
+	crossSession int
+	summaries    int
+	recallMode   string
 }
 
 // group is a span of history dropped or kept as a whole: a turn, from a
@@ -44,53 +58,108 @@ type windowParams struct {
 	now      time.Time
 }
 
-// buildWindow builds the window from the session's stored state, marking
-// newly evicted history as dropped and creating their units (in memory; the
-// worker persists them). Call with sess.mu held.
-func (s *Store) buildWindow(ctx context.Context, sess *session, p windowParams) (*window, error) {
-	tk := s.tok
+// budget is how the limit is shared out for one window.
+type budget struct {
+	history int // kept history, the current turn excluded
+	recall  int // the recall block
+	stable  bool
+}
+
+// buildWindow builds the window from the session's stored state: it marks
+// newly evicted history as dropped and gives it units (in memory; the
+// worker persists them), then recalls for the newest user message. The
+// caller checked with checkFits that the system messages, the current turn
+// and the tools fit. Call with sess.mu held.
+func (s *Store) buildWindow(ctx context.Context, sess *session, um *userMem, p windowParams) (*window, error) {
 	w := &window{}
+	tk := s.tok
 	for _, e := range sess.sys {
 		w.sysTokens += e.cost(tk, p.enc)
 	}
-	hist := sess.hist
-	mandStart := len(hist)
-	for i := len(hist) - 1; i >= 0; i-- {
-		if hist[i].msg.Role == "user" {
-			mandStart = i
-			break
+	cur, turnCost := currentTurn(sess.hist, nil, tk, p.enc)
+	groups, total := s.historyGroups(sess, cur, p, w)
+
+	stable := s.stableBlock(sess, p, false)
+	b := s.shareLimit(p, w.sysTokens, turnCost, stable.cost)
+	if total > b.history {
+		// History overflows: it leaves in one large step, after which the
+		// stable block may show what changed meanwhile (new summaries).
+		fresh := s.stableBlock(sess, p, true)
+		if fresh.cost > stable.cost {
+			b = s.shareLimit(p, w.sysTokens, turnCost, fresh.cost)
+		}
+		w.evicted += s.evictOverflow(sess, groups, total, b.history, query(sess, cur, 0), p)
+		stable = s.stableBlock(sess, p, true)
+		b = s.shareLimit(p, w.sysTokens, turnCost, stable.cost)
+	}
+	if !b.stable {
+		stable = cachedBlock{}
+	}
+	sess.sticky = stable
+
+	w.msgs = make([]json.RawMessage, 0, len(sess.sys)+2+len(sess.hist)-cur+len(groups))
+	w.costs = make([]int, 0, cap(w.msgs))
+	add := func(raw json.RawMessage, cost int) {
+		w.msgs = append(w.msgs, raw)
+		w.costs = append(w.costs, cost)
+	}
+	for _, e := range sess.sys {
+		add(e.msg.Raw, e.cost(tk, p.enc))
+	}
+	if stable.raw != nil {
+		add(stable.raw, stable.cost)
+		w.stable, w.stableTokens, w.summaries = stable.raw, stable.cost, stable.nsum
+	}
+	for _, g := range groups {
+		if g.drop {
+			continue
+		}
+		for _, e := range sess.hist[g.lo:g.hi] {
+			c := e.cost(tk, p.enc)
+			add(e.msg.Raw, c)
+			w.histTokens += c
 		}
 	}
-	mandCost := 0
-	for _, e := range hist[mandStart:] {
-		mandCost += e.cost(tk, p.enc)
+	if b.recall > 0 && cur < len(sess.hist) {
+		s.recallBlock(ctx, sess, um, p, cur, groups, stable, b.recall, w)
+		if w.recall != nil {
+			add(w.recall, w.recallTokens)
+		}
 	}
-	if w.sysTokens+mandCost+p.tools > p.limit {
-		return nil, fmt.Errorf("%w: system %d + current turn %d + tools %d tokens > limit %d",
-			ErrContextTooLarge, w.sysTokens, mandCost, p.tools, p.limit)
+	for _, e := range sess.hist[cur:] {
+		e.dropped = false
+		c := e.cost(tk, p.enc)
+		add(e.msg.Raw, c)
+		w.histTokens += c
 	}
-	query := ""
-	if mandStart < len(hist) {
-		query = hist[mandStart].msg.Content
+	if got := w.sysTokens + w.stableTokens + w.recallTokens + w.histTokens + p.tools; got > p.limit {
+		// Unreachable by construction (MEM-001 is checked by checkFits and
+		// kept by shareLimit); a window over the limit is never sent.
+		return nil, fmt.Errorf("memory: internal error: window %d tokens > limit %d", got, p.limit)
 	}
+	return w, nil
+}
 
-	// Group the history before the current turn into turns; a turn that was
-	// partly evicted (its messages arrived over several requests) goes whole.
+// historyGroups splits the history before the current turn (which starts at
+// cur) into turns. A turn that was partly evicted (its messages arrived over
+// several requests) goes whole: its remaining messages are evicted now.
+// It returns the groups still in the window and their total cost.
+func (s *Store) historyGroups(sess *session, cur int, p windowParams, w *window) ([]group, int) {
+	hist := sess.hist
 	var groups []group
 	total := 0
-	for lo := 0; lo < mandStart; {
+	for lo := 0; lo < cur; {
 		hi := lo + 1
-		for hi < mandStart && hist[hi].msg.Role != "user" {
+		for hi < cur && hist[hi].msg.Role != "user" {
 			hi++
 		}
 		g := group{lo: lo, hi: hi}
 		anyDropped := false
 		for _, e := range hist[lo:hi] {
-			g.cost += e.cost(tk, p.enc)
+			g.cost += e.cost(s.tok, p.enc)
 			anyDropped = anyDropped || e.dropped
 		}
 		if anyDropped {
-			g.drop = true
 			for _, e := range hist[lo:hi] {
 				if !e.dropped {
 					s.evict(sess, e, 0, p)
@@ -103,144 +172,99 @@ func (s *Store) buildWindow(ctx context.Context, sess *session, p windowParams) 
 		}
 		lo = hi
 	}
+	return groups, total
+}
 
-	sysPad := max(w.sysTokens, s.opts.SystemReserve)
-	toolsPad := max(p.tools, s.opts.ToolsReserve)
-	budgetFor := func(blockCost int) int {
-		return p.limit - sysPad - toolsPad - blockCost - mandCost
+// shareLimit shares the limit out. The client's system messages and tools
+// are charged at least their reserves (Window.SystemReserve, ToolsReserve),
+// the stable block its cost, the recall block its share (Recall.Share of
+// the limit, whatever it holds this turn, so that the history budget does
+// not move with it), the current turn its cost; history gets the rest.
+// When that is negative the recall block shrinks first, then the stable
+// block goes, then the reserves' padding.
+func (s *Store) shareLimit(p windowParams, sysTokens, turnCost, stableCost int) budget {
+	b := budget{recall: int(s.opts.Recall.share() * float64(p.limit)), stable: true}
+	sysPad := max(sysTokens, s.opts.Window.SystemReserve)
+	toolsPad := max(p.tools, s.opts.Window.ToolsReserve)
+	rest := p.limit - sysPad - toolsPad - stableCost - turnCost
+	if rest-b.recall < 0 {
+		b.recall = max(rest, 0)
 	}
-	// Prefix-cache friendliness: while nothing leaves the window, the block
-	// stays byte for byte what the previous window had, so the upstream's
-	// cached prefix runs through the whole history. Recall runs again only
-	// when the history is cut anyway (or what the block shows changed).
-	var (
-		block     json.RawMessage
-		blockCost int
-		recalled  []*Unit
-		nsum      int
-	)
-	sess.refreshIndex() // pinned memories and summaries as they are now
-	if st := &sess.sticky; s.opts.BlockRefresh == BlockRefreshOnEvict && st.set && w.evicted == 0 &&
-		st.fp == blockFingerprint(sess, st.recalled) {
-		// When the history outgrew the window with this block, it is cut
-		// below and the block made again: a cheaper block alone would
-		// change the prompt right after the system message without the
-		// hysteresis an eviction brings.
-		block, blockCost, recalled, nsum = st.raw, st.cost, st.recalled, st.nsum
-		sess.lastRecall = "sticky"
-	} else {
-		block, blockCost, recalled, nsum = s.buildBlock(ctx, sess, p, query)
+	if rest < 0 {
+		b.stable = false
+		rest += stableCost
 	}
-	budget := budgetFor(blockCost)
-	if budget < 0 && blockCost > 0 {
-		block, blockCost, recalled, nsum = nil, 0, nil, 0
-		budget = budgetFor(0)
+	if rest < 0 {
+		rest = p.limit - sysTokens - p.tools - turnCost // ≥ 0 by checkFits
 	}
-	if budget < 0 {
-		// Oversized system prompt or tools: give up the reserves' padding.
-		budget = p.limit - w.sysTokens - p.tools - mandCost
-	}
-	reblock := false
-	if total > budget {
-		// Evict so that a full block fits afterwards: the block is made
-		// again below, once the evicted turns are memories it may recall.
-		full := budgetFor(s.opts.InjectMaxTokens)
-		reblock = full > 0
-		target := int(float64(budget) * s.opts.EvictTo)
-		if reblock {
-			target = int(float64(full) * s.opts.EvictTo)
-		}
-		strategy := p.strategy
-		if strategy == StrategySummary {
-			strategy = StrategyImportance
-			if sess.coveredSeq > 0 {
-				strategy = StrategyTail
-			}
-		}
-		order := make([]int, len(groups))
-		for i := range order {
-			order[i] = i
-		}
-		if strategy == StrategyImportance {
-			scoreGroups(groups, hist, makeBow(query))
-			slices.SortStableFunc(order, func(a, b int) int {
-				switch {
-				case groups[a].score < groups[b].score:
-					return -1
-				case groups[a].score > groups[b].score:
-					return 1
-				}
-				return 0
-			})
-		}
-		for _, gi := range order {
-			if total <= target {
-				break
-			}
-			g := &groups[gi]
-			g.drop = true
-			total -= g.cost
-			for _, e := range hist[g.lo:g.hi] {
-				s.evict(sess, e, g.score, p)
-				w.evicted++
-			}
-		}
-	}
+	b.history = rest - b.recall
+	return b
+}
 
-	if reblock {
-		block, blockCost, recalled, nsum = s.buildBlock(ctx, sess, p, query)
+// evictOverflow drops whole turns until the history is at most
+// Window.EvictTo × its budget, by the strategy's order. It returns how many
+// messages left.
+func (s *Store) evictOverflow(sess *session, groups []group, total, histBudget int, query string, p windowParams) int {
+	target := int(float64(max(histBudget, 0)) * s.opts.Window.EvictTo)
+	strategy := p.strategy
+	if strategy == StrategySummary {
+		strategy = StrategyImportance
+		if sess.coveredSeq > 0 {
+			strategy = StrategyTail
+		}
 	}
-	// A block made before this request's eviction may miss the turns that
-	// just left: it is not kept as sticky, so the next request recalls.
-	sess.sticky = cachedBlock{raw: block, cost: blockCost, recalled: recalled, nsum: nsum,
-		fp: blockFingerprint(sess, recalled), set: w.evicted == 0 || reblock}
+	order := make([]int, len(groups))
+	for i := range order {
+		order[i] = i
+	}
+	if strategy == StrategyImportance {
+		scoreGroups(groups, sess.hist, makeBow(query))
+		slices.SortStableFunc(order, func(a, b int) int {
+			switch {
+			case groups[a].score < groups[b].score:
+				return -1
+			case groups[a].score > groups[b].score:
+				return 1
+			}
+			return 0
+		})
+	}
+	n := 0
+	for _, gi := range order {
+		if total <= target {
+			break
+		}
+		g := &groups[gi]
+		g.drop = true
+		total -= g.cost
+		for _, e := range sess.hist[g.lo:g.hi] {
+			s.evict(sess, e, g.score, p)
+			n++
+		}
+	}
+	return n
+}
 
-	w.msgs = make([]json.RawMessage, 0, len(sess.sys)+1+len(hist)-mandStart+len(groups))
-	w.costs = make([]int, 0, cap(w.msgs))
-	add := func(raw json.RawMessage, cost int) {
-		w.msgs = append(w.msgs, raw)
-		w.costs = append(w.costs, cost)
+// shortQueryTerms: a newest message with fewer index terms than this
+// ("and then?", "why not?") is recalled for together with the message
+// before it; a longer one alone, so that the previous reply's words do not
+// outweigh the question's.
+const shortQueryTerms = 4
+
+// query is the recall query for the current turn starting at cur: the
+// newest user message, plus up to ctxBytes of the message before it when
+// the newest message is short.
+func query(sess *session, cur, ctxBytes int) string {
+	if cur >= len(sess.hist) {
+		return ""
 	}
-	for _, e := range sess.sys {
-		add(e.msg.Raw, e.cost(tk, p.enc))
-	}
-	if block != nil {
-		add(block, blockCost)
-		w.block, w.blockTokens, w.summaries = block, blockCost, nsum
-		w.recalled = len(recalled)
-		for _, u := range recalled {
-			u.AccessCount++
-			u.LastAccess = p.now
-			if u.Category != "" {
-				touch(u, p.now)
-			}
-			if sess.accessDirty == nil {
-				sess.accessDirty = map[string]bool{}
-			}
-			sess.accessDirty[u.ID] = true
+	q := sess.hist[cur].text()
+	if ctxBytes > 0 && cur > 0 && len(index.Tokenize(q)) < shortQueryTerms {
+		if prev := sess.hist[cur-1].text(); prev != "" {
+			q += "\n" + truncateRunes(prev, ctxBytes)
 		}
 	}
-	for _, g := range groups {
-		if g.drop {
-			continue
-		}
-		for _, e := range hist[g.lo:g.hi] {
-			c := e.cost(tk, p.enc)
-			add(e.msg.Raw, c)
-			w.histTokens += c
-		}
-	}
-	for _, e := range hist[mandStart:] {
-		e.dropped = false
-		c := e.cost(tk, p.enc)
-		add(e.msg.Raw, c)
-		w.histTokens += c
-	}
-	if got := w.sysTokens + w.blockTokens + w.histTokens + p.tools; got > p.limit {
-		// Unreachable by construction; refuse rather than overflow.
-		return nil, fmt.Errorf("memory: internal error: window %d tokens > limit %d", got, p.limit)
-	}
-	return w, nil
+	return q
 }
 
 // scoreGroups sets each group's importance: 0.4 semantic similarity to the
@@ -279,161 +303,4 @@ func (s *Store) evict(sess *session, e *entry, importance float64, p windowParam
 		importance = 0.2*e.emph + 0.1*e.strct
 	}
 	sess.putUnit(unitFromEntry(e, s.tok, p.enc, importance, p.now))
-}
-
-// Block layout. The text is assembled from stored strings in a fixed order,
-// so the same memories give the same bytes. It is a sequence of segments,
-// each ending in "\n" and starting with a character that is neither
-// whitespace nor "/": the cl100k and o200k pre-tokenizers then always split
-// between segments, so the block's token count is exactly the sum of its
-// segments' counts, each cached. A new combination of memories costs no
-// tokenization (TestBlockCountIsAdditive checks the claim).
-const (
-	blockHeader     = "Memory from earlier in this conversation, kept by the sidecar because it no longer fits the context window.\n"
-	blockSummaries  = "## Summary of earlier turns\n"
-	blockRecalled   = "## Recalled from earlier turns\n"
-	blockPinned     = "## Core memory\n"
-	maxRecalledText = 2000 // bytes of one recalled unit in the block
-)
-
-// summarySegment and unitSegment render one block segment.
-func summarySegment(u *Unit) string { return "- " + strings.TrimSpace(u.Content) + "\n" }
-
-func unitSegment(u *Unit) string {
-	return "- [" + u.Role + "] " + strings.TrimSpace(truncateRunes(u.Content, maxRecalledText)) + "\n"
-}
-
-// buildBlock makes the injected system message: pinned (system and core)
-// memories ordered by id, summaries oldest→newest (the newest that fit
-// InjectMaxTokens), then recalled memories ordered by id (chosen by
-// recallLocked through the working memory). It returns nil when there is
-// nothing to inject. The same memories give the same bytes.
-func (s *Store) buildBlock(ctx context.Context, sess *session, p windowParams, query string) (json.RawMessage, int, []*Unit, int) {
-	if len(sess.units) == 0 || s.opts.InjectMaxTokens == 0 {
-		return nil, 0, nil, 0
-	}
-	sess.refreshIndex()
-	tk := s.tok
-	budget := s.opts.InjectMaxTokens - MessageFraming - tk.Count(p.enc, blockHeader)
-	fit := func(us []*Unit, header string, seg func(*Unit) string) []*Unit {
-		if len(us) == 0 {
-			return nil
-		}
-		b := budget - tk.Count(p.enc, header)
-		var kept []*Unit
-		for _, u := range us {
-			if c := tk.Count(p.enc, seg(u)); c <= b {
-				b -= c
-				kept = append(kept, u)
-			}
-		}
-		if len(kept) > 0 {
-			budget = b
-		}
-		return kept
-	}
-	pinned := fit(sess.pinned, blockPinned, summarySegment)
-	// Newest summaries first while they fit, shown oldest first.
-	var keptSums []*Unit
-	if sums := sess.sums; len(sums) > 0 {
-		b := budget - tk.Count(p.enc, blockSummaries)
-		for i := len(sums) - 1; i >= 0; i-- {
-			c := tk.Count(p.enc, summarySegment(sums[i]))
-			if c > b {
-				break
-			}
-			b -= c
-			keptSums = append(keptSums, sums[i])
-		}
-		if len(keptSums) > 0 {
-			budget = b
-		}
-		slices.Reverse(keptSums)
-	}
-	skip := make(map[string]bool, len(keptSums))
-	for _, u := range keptSums {
-		skip[u.ID] = true
-	}
-	cands, mode := s.recallLocked(ctx, sess, query, p.now, skip)
-	sess.lastRecall = mode
-	recalled := fit(cands, blockRecalled, unitSegment)
-
-	var h maphash.Hash
-	h.SetSeed(keySeed)
-	h.WriteByte(byte(p.enc))
-	for _, part := range [][]*Unit{pinned, keptSums, recalled} {
-		for _, u := range part {
-			h.WriteString(u.ID)
-			h.WriteByte(0)
-		}
-		h.WriteByte(1)
-	}
-	key := h.Sum64() ^ sess.unitsVer*0x9E3779B97F4A7C15
-	if c := &sess.block; c.key == key && c.key != 0 {
-		return c.raw, c.cost, c.recalled, c.nsum
-	}
-	raw, cost := s.assembleBlock(p, pinned, keptSums, recalled)
-	if raw == nil {
-		recalled, keptSums = nil, nil
-	}
-	sess.block = cachedBlock{key: key, raw: raw, cost: cost, recalled: recalled, nsum: len(keptSums)}
-	return raw, cost, recalled, len(keptSums)
-}
-
-// blockFingerprint hashes what a block shows: every pinned memory and
-// summary of the session and the recalled units, ids and text.
-func blockFingerprint(sess *session, recalled []*Unit) uint64 {
-	var h maphash.Hash
-	h.SetSeed(keySeed)
-	for _, part := range [][]*Unit{sess.pinned, sess.sums, recalled} {
-		for _, u := range part {
-			h.WriteString(u.ID)
-			h.WriteByte(0)
-			h.WriteString(u.Content)
-			h.WriteByte(0)
-		}
-		h.WriteByte(1)
-	}
-	return h.Sum64()
-}
-
-func (s *Store) assembleBlock(p windowParams, pinned, sums, recalled []*Unit) (json.RawMessage, int) {
-	if len(pinned) == 0 && len(sums) == 0 && len(recalled) == 0 {
-		return nil, 0
-	}
-	segs := make([]string, 0, 4+len(pinned)+len(sums)+len(recalled))
-	segs = append(segs, blockHeader)
-	if len(pinned) > 0 {
-		segs = append(segs, blockPinned)
-		for _, u := range pinned {
-			segs = append(segs, summarySegment(u))
-		}
-	}
-	if len(sums) > 0 {
-		segs = append(segs, blockSummaries)
-		for _, u := range sums {
-			segs = append(segs, summarySegment(u))
-		}
-	}
-	if len(recalled) > 0 {
-		segs = append(segs, blockRecalled)
-		for _, u := range recalled {
-			segs = append(segs, unitSegment(u))
-		}
-	}
-	content := strings.Join(segs, "")
-	cost := MessageFraming
-	for _, sg := range segs {
-		cost += s.tok.Count(p.enc, sg)
-	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(struct {
-		Role    string `json:"role"`
-		Content string `json:"content"`
-	}{"system", content}); err != nil {
-		return nil, 0
-	}
-	return json.RawMessage(bytes.TrimRight(buf.Bytes(), "\n")), cost
 }

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // recount is an independent tokenizer instance (own cache) for MEM-001.
@@ -35,16 +37,30 @@ func mem001(t testing.TB, seed uint64, limitRaw, toolsRaw uint16, turns int, kno
 		tools = int(toolsRaw) % 700
 	}
 	strategy := Strategy(knobs % 3)
-	mode := Mode((knobs / 3) % 2)
+	fullClient := (knobs/3)%2 == 0
+	mode := ModeAppend // the header names the style, or ModeAuto detects it
+	if fullClient {
+		mode = ModeFull
+	}
+	if (knobs/6)%2 == 1 {
+		mode = ModeAuto
+	}
 	evictTo := 0.5 + r.Float64()/2
+	// The recall block's share, as large as the reserves leave room for
+	// (drawn apart so that the conversations stay those of the seed).
+	share := min(rand.New(rand.NewPCG(seed, 7)).Float64()*0.3, 1-float64(sysRes+toolsRes+minHistory)/float64(limit))
+	if share <= 0 {
+		share = -1 // no recall block
+	}
 	s := openStore(t, t.TempDir(), func(o *Options) {
-		o.HardLimit = limit
-		o.SystemReserve = sysRes
-		o.ToolsReserve = toolsRes
-		o.Strategy = strategy
-		o.EvictTo = evictTo
-		o.InjectMaxTokens = 1 + r.IntN(600)
-		o.Summarizer = instantSummarizer{}
+		o.Window.Limit = limit
+		o.Window.SystemReserve = sysRes
+		o.Window.ToolsReserve = toolsRes
+		o.Window.Strategy = strategy
+		o.Window.EvictTo = evictTo
+		o.Window.StableMaxTokens = 1 + r.IntN(600)
+		o.Recall.Share = share
+		o.Extraction.Summarizer = instantSummarizer{}
 		o.PendingWait = -1
 	})
 	enc := s.Encoding("test-model")
@@ -60,15 +76,19 @@ func mem001(t testing.TB, seed uint64, limitRaw, toolsRaw uint16, turns int, kno
 		if r.IntN(8) == 0 && turn > 0 {
 			// A tool round: the assistant called a tool, the tool answered.
 			id := fmt.Sprintf("call_%d", turn)
-			newMsgs = append(newMsgs,
-				msg(t, fmt.Sprintf(`{"role":"assistant","content":null,"tool_calls":[{"id":%q,"type":"function","function":{"name":"lookup","arguments":"{\"q\":\"%s\"}"}}]}`, id, vocab[r.IntN(len(vocab))])),
-				msg(t, fmt.Sprintf(`{"role":"tool","tool_call_id":%q,"content":%q}`, id, randText(r, r.IntN(80)))))
+			call := msg(t, fmt.Sprintf(`{"role":"assistant","content":null,"tool_calls":[{"id":%q,"type":"function","function":{"name":"lookup","arguments":"{\"q\":\"%s\"}"}}]}`, id, vocab[r.IntN(len(vocab))]))
+			if fullClient || mode != ModeAuto {
+				// A client that sends only new input without a header
+				// never sends assistant messages: the upstream made them.
+				newMsgs = append(newMsgs, call)
+			}
+			newMsgs = append(newMsgs, msg(t, fmt.Sprintf(`{"role":"tool","tool_call_id":%q,"content":%q}`, id, randText(r, r.IntN(80)))))
 		}
 		user := text("user", fmt.Sprintf("u%d %s", turn, randText(r, 1+r.IntN(150))))
 		newMsgs = append(newMsgs, user)
 
 		var req []Message
-		if mode == ModeFull {
+		if fullClient {
 			req = append(append([]Message(nil), conv...), newMsgs...)
 		} else {
 			if !sysSent {
@@ -76,7 +96,7 @@ func mem001(t testing.TB, seed uint64, limitRaw, toolsRaw uint16, turns int, kno
 			}
 			req = append(req, newMsgs...)
 		}
-		tr, err := s.Prepare(context.Background(), "tenant", "sess", mode, "test-model", req, tools)
+		tr, err := s.Prepare(context.Background(), TurnRequest{Tenant: "tenant", SessionID: "sess", Mode: mode, Model: "test-model", Messages: req, ToolsTokens: tools})
 		if errors.Is(err, ErrContextTooLarge) {
 			// Legitimate only when system + current turn + tools cannot fit.
 			need := tools + countWindow(t, recount, enc, raws(sys))
@@ -110,13 +130,20 @@ func mem001(t testing.TB, seed uint64, limitRaw, toolsRaw uint16, turns int, kno
 				t.Fatalf("MEM-001 turn %d: system message %d dropped or moved", turn, i)
 			}
 		}
-		if tr.Block != nil && string(tr.Messages[len(sys)]) != string(tr.Block) {
-			t.Fatalf("turn %d: block not right after the system messages", turn)
+		if tr.Stable != nil && string(tr.Messages[len(sys)]) != string(tr.Stable) {
+			t.Fatalf("turn %d: stable block not right after the system messages", turn)
 		}
-		if n := len(tr.Messages); n == 0 || string(tr.Messages[n-1]) != string(user.Raw) {
+		n := len(tr.Messages)
+		if n == 0 || string(tr.Messages[n-1]) != string(user.Raw) {
 			t.Fatalf("MEM-001 turn %d: newest user message is not the window's last", turn)
 		}
-		assertSubsequence(t, tr.Messages[len(sys):], conv, tr.Block)
+		if tr.Block != nil && string(tr.Messages[n-2]) != string(tr.Block) {
+			t.Fatalf("turn %d: recall block not right before the newest user message", turn)
+		}
+		if want := map[bool]string{true: "full", false: "append"}[fullClient]; tr.Stats.Mode != want && tr.Stats.Match != "new" {
+			t.Fatalf("turn %d: a %s client taken as %s (%s)", turn, want, tr.Stats.Mode, tr.Stats.Match)
+		}
+		assertSubsequence(t, tr.Messages[len(sys):], conv, tr.Block, tr.Stable)
 
 		reply := text("assistant", fmt.Sprintf("a%d %s", turn, randText(r, r.IntN(120))))
 		switch r.IntN(10) {
@@ -143,11 +170,11 @@ func raws(ms []Message) []json.RawMessage {
 
 // assertSubsequence checks the window's history keeps the conversation's
 // order (the block aside).
-func assertSubsequence(t testing.TB, window []json.RawMessage, conv []Message, block json.RawMessage) {
+func assertSubsequence(t testing.TB, window []json.RawMessage, conv []Message, blocks ...json.RawMessage) {
 	t.Helper()
 	j := 0
 	for _, w := range window {
-		if block != nil && string(w) == string(block) {
+		if slices.ContainsFunc(blocks, func(b json.RawMessage) bool { return b != nil && string(w) == string(b) }) {
 			continue
 		}
 		for j < len(conv) && string(conv[j].Raw) != string(w) {
@@ -199,12 +226,12 @@ func FuzzMEM001(f *testing.F) {
 
 func TestWindowEvictionIsStickyBetweenOverflows(t *testing.T) {
 	s := openStore(t, t.TempDir(), func(o *Options) {
-		o.HardLimit = 700
-		o.SystemReserve = 60
-		o.ToolsReserve = 60
-		o.Strategy = StrategyTail
-		o.EvictTo = 0.5
-		o.RecallK = -1
+		o.Window.Limit = 700
+		o.Window.SystemReserve = 60
+		o.Window.ToolsReserve = 60
+		o.Window.Strategy = StrategyTail
+		o.Window.EvictTo = 0.5
+		o.Recall.K = -1
 	})
 	sys := text("system", "stable system prompt")
 	conv := []Message{sys}
@@ -255,16 +282,27 @@ func TestBlockCountIsAdditive(t *testing.T) {
 		n = 300
 	}
 	for i := 0; i < n; i++ {
-		segs := []string{blockHeader}
+		segs := []string{stableHeader}
 		if r.IntN(2) == 0 {
-			segs = append(segs, blockSummaries)
+			segs = append(segs, blockPinned)
 			for range 1 + r.IntN(3) {
 				segs = append(segs, summarySegment(&Unit{Content: content()}))
 			}
 		}
-		segs = append(segs, blockRecalled)
+		segs = append(segs, blockSummaries)
+		for range 1 + r.IntN(3) {
+			segs = append(segs, summarySegment(&Unit{Content: content()}))
+		}
+		segs = append(segs, recallHeader)
 		for range 1 + r.IntN(4) {
-			segs = append(segs, unitSegment(&Unit{Role: roles[r.IntN(len(roles))], Content: content()}))
+			it := recallItem{role: roles[r.IntN(len(roles))], text: content(), cross: r.IntN(2) == 0}
+			if r.IntN(4) > 0 {
+				it.at = time.Unix(1_700_000_000+r.Int64N(1e8), 0)
+			}
+			if d := dateSegment(it.at); d != "" {
+				segs = append(segs, d)
+			}
+			segs = append(segs, it.segment())
 		}
 		joined := strings.Join(segs, "")
 		for _, enc := range []Encoding{CL100K, O200K} {

@@ -96,6 +96,18 @@ func (s *Store) sync(sess *session) {
 	s.maybeExtractLocked(sess)
 	sess.mu.Unlock()
 	s.syncIndex(sess, false)
+	s.syncUser(sess)
+}
+
+// syncUser brings the session's documents in its user's index up to date
+// and saves that index when due.
+func (s *Store) syncUser(sess *session) {
+	if s.opts.Recall.IndexDisabled {
+		return
+	}
+	um := s.userFor(sess, "")
+	s.syncUserDocs(sess, um)
+	s.saveUser(um, false)
 }
 
 // demoteLocked moves working units to archive when they were not accessed
@@ -111,14 +123,14 @@ func (s *Store) demoteLocked(sess *session, now time.Time) {
 		if u.CreatedAt.After(last) {
 			last = u.CreatedAt
 		}
-		if now.Sub(last) >= s.opts.ArchiveAfter {
+		if now.Sub(last) >= s.opts.Decay.ArchiveAfter {
 			u.Tier, u.UpdatedAt, u.persisted = TierArchive, now, false
 			sess.unitsChanged()
 			continue
 		}
 		working = append(working, u)
 	}
-	if over := len(working) - s.opts.WorkingMaxUnits; over > 0 {
+	if over := len(working) - s.opts.Decay.WorkingMaxUnits; over > 0 {
 		slices.SortFunc(working, func(a, b *Unit) int {
 			if c := a.LastAccess.Compare(b.LastAccess); c != 0 {
 				return c
@@ -216,23 +228,27 @@ func (s *Store) persistLocked(sess *session, now time.Time) {
 // maybeSummarizeLocked starts a summary of evicted messages not yet
 // covered, when the strategy is StrategySummary and a Summarizer is set.
 func (s *Store) maybeSummarizeLocked(sess *session) {
-	if s.opts.Strategy != StrategySummary || s.opts.Summarizer == nil || sess.summarizing || s.ctx.Err() != nil {
+	if s.opts.Window.Strategy != StrategySummary || s.opts.Extraction.Summarizer == nil || sess.summarizing ||
+		s.ctx.Err() != nil || sess.turns == sess.summaryTurn {
 		return
 	}
-	var msgs []Message
-	var from, to uint64
+	var es []*entry
 	for _, e := range sess.hist {
-		if !e.dropped || e.seq <= sess.coveredSeq {
-			continue
+		if e.dropped && e.seq > sess.coveredSeq {
+			es = append(es, e)
 		}
-		if from == 0 {
-			from = e.seq
-		}
-		to = e.seq
-		msgs = append(msgs, e.msg)
 	}
-	if len(msgs) == 0 {
+	if len(es) == 0 {
 		return
+	}
+	// One summary covers everything that waited; its prompt carries the
+	// newest messages that fit.
+	to := es[len(es)-1].seq
+	es = newestThatFit(es, s.opts.Extraction.PromptBytes)
+	from := es[0].seq
+	msgs := make([]Message, len(es))
+	for i, e := range es {
+		msgs[i] = e.msg
 	}
 	select {
 	case s.sumSem <- struct{}{}:
@@ -246,6 +262,8 @@ func (s *Store) maybeSummarizeLocked(sess *session) {
 	}
 	req := SummaryRequest{Tenant: sess.tenant, SessionID: sess.id, Model: sess.lastModel, Previous: prev, Messages: msgs}
 	sess.summarizing = true
+	sess.summaryTurn = sess.turns
+	s.stats.calls[callSummary].Add(1)
 	s.sumWG.Add(1)
 	go s.summarize(sess, req, from, to, sess.lastEnc)
 }
@@ -253,8 +271,8 @@ func (s *Store) maybeSummarizeLocked(sess *session) {
 func (s *Store) summarize(sess *session, req SummaryRequest, from, to uint64, enc Encoding) {
 	defer s.sumWG.Done()
 	defer func() { <-s.sumSem }()
-	ctx, cancel := context.WithTimeout(s.ctx, s.opts.SummaryTimeout)
-	sum, err := s.opts.Summarizer.Summarize(ctx, req)
+	ctx, cancel := context.WithTimeout(s.ctx, s.opts.Extraction.SummaryTimeout)
+	sum, err := s.opts.Extraction.Summarizer.Summarize(ctx, req)
 	cancel()
 	sess.mu.Lock()
 	defer sess.mu.Unlock()

@@ -15,8 +15,9 @@ import (
 type workingMemory struct {
 	active   map[string]activation // unit id → last activation
 	links    map[linkKey]link
-	injected []string // the recalled ids of the last block, sorted
-	seq      uint64   // activation counter: orders activations at equal times
+	adj      map[string]map[string]struct{} // the links by memory, both ways
+	injected []string                       // the recalled ids of the last block, sorted
+	seq      uint64                         // activation counter: orders activations at equal times
 }
 
 type activation struct {
@@ -101,12 +102,42 @@ func (wm *workingMemory) coactivate(ids []string, now time.Time, halfLife time.D
 	for i := range ids {
 		for j := i + 1; j < len(ids); j++ {
 			k := mkLink(ids[i], ids[j])
-			w := wm.links[k].weight(now, halfLife)
+			l, ok := wm.links[k]
+			w := l.weight(now, halfLife)
 			wm.links[k] = link{w: w + linkRate*(1-w), t: now}
+			if !ok {
+				wm.addAdj(k.a, k.b)
+				wm.addAdj(k.b, k.a)
+			}
 		}
 	}
 	if len(wm.links) > maxLinks {
 		wm.pruneLinks(now, halfLife)
+	}
+}
+
+func (wm *workingMemory) addAdj(a, b string) {
+	if wm.adj == nil {
+		wm.adj = map[string]map[string]struct{}{}
+	}
+	m := wm.adj[a]
+	if m == nil {
+		m = map[string]struct{}{}
+		wm.adj[a] = m
+	}
+	m[b] = struct{}{}
+}
+
+// dropLink forgets one link.
+func (wm *workingMemory) dropLink(k linkKey) {
+	delete(wm.links, k)
+	for _, p := range [][2]string{{k.a, k.b}, {k.b, k.a}} {
+		if m := wm.adj[p[0]]; m != nil {
+			delete(m, p[1])
+			if len(m) == 0 {
+				delete(wm.adj, p[0])
+			}
+		}
 	}
 }
 
@@ -120,7 +151,7 @@ func (wm *workingMemory) pruneLinks(now time.Time, halfLife time.Duration) {
 	for k, l := range wm.links {
 		w := l.weight(now, halfLife)
 		if w < linkDrop {
-			delete(wm.links, k)
+			wm.dropLink(k)
 			continue
 		}
 		all = append(all, kw{k, w})
@@ -136,7 +167,7 @@ func (wm *workingMemory) pruneLinks(now time.Time, halfLife time.Duration) {
 			return strings.Compare(a.k.a+"\x00"+a.k.b, b.k.a+"\x00"+b.k.b)
 		})
 		for _, x := range all[:len(all)-keep] {
-			delete(wm.links, x.k)
+			wm.dropLink(x.k)
 		}
 	}
 }
@@ -147,13 +178,10 @@ func (wm *workingMemory) neighbourhood(now time.Time, halfLife time.Duration) ma
 	n := make(map[string]bool, len(wm.active)*2)
 	for id := range wm.active {
 		n[id] = true
-	}
-	for k, l := range wm.links {
-		if !wm.isActive(k.a) && !wm.isActive(k.b) {
-			continue
-		}
-		if l.weight(now, halfLife) >= linkMin {
-			n[k.a], n[k.b] = true, true
+		for nb := range wm.adj[id] {
+			if wm.links[mkLink(id, nb)].weight(now, halfLife) >= linkMin {
+				n[nb] = true
+			}
 		}
 	}
 	return n
@@ -173,10 +201,8 @@ func (wm *workingMemory) linkWeight(a, b string, now time.Time, halfLife time.Du
 // forget drops a deleted memory from the set, its links and the block.
 func (wm *workingMemory) forget(id string) {
 	delete(wm.active, id)
-	for k := range wm.links {
-		if k.a == id || k.b == id {
-			delete(wm.links, k)
-		}
+	for nb := range wm.adj[id] {
+		wm.dropLink(mkLink(id, nb))
 	}
 	wm.injected = slices.DeleteFunc(wm.injected, func(x string) bool { return x == id })
 }

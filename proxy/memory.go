@@ -25,6 +25,7 @@ type memMetrics struct {
 	prefixBytes  atomic.Uint64
 	evicted      atomic.Uint64
 	recalled     atomic.Uint64
+	crossSession atomic.Uint64 // of recalled: from the user's other sessions
 	bypassed     atomic.Uint64 // memory failed; the request went through unchanged
 	recorded     atomic.Uint64 // replies recorded (complete or partial)
 	recordErrors atomic.Uint64 // replies that could not be recorded
@@ -40,7 +41,8 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{"sidecar_memory_prefix_shared_tokens_total", "Tokens each window shared with its session's previous window (prompt-cache friendliness).", m.prefixTokens.Load()},
 		{"sidecar_memory_prefix_shared_bytes_total", "Bytes each window shared with its session's previous window.", m.prefixBytes.Load()},
 		{"sidecar_memory_evicted_messages_total", "Messages that left the window (kept as memory units).", m.evicted.Load()},
-		{"sidecar_memory_recalled_total", "Memories injected into windows.", m.recalled.Load()},
+		{"sidecar_memory_recalled_total", "Memories shown in recall blocks.", m.recalled.Load()},
+		{"sidecar_memory_recalled_cross_session_total", "Recalled memories that came from the user's other sessions.", m.crossSession.Load()},
 		{"sidecar_memory_bypassed_total", "Requests forwarded unchanged because session memory failed.", m.bypassed.Load()},
 		{"sidecar_memory_replies_recorded_total", "Assistant replies recorded (complete ones before the client sees the answer's end, partial ones after).", m.recorded.Load()},
 		{"sidecar_memory_record_errors_total", "Assistant replies that could not be recorded (the answer went out regardless).", m.recordErrors.Load()},
@@ -69,6 +71,26 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 	} {
 		fmt.Fprintf(w, "# HELP sidecar_memory_%s_total %s\n# TYPE sidecar_memory_%s_total counter\nsidecar_memory_%s_total %d\n", c.name, c.help, c.name, c.name, c.v)
 	}
+	fmt.Fprintf(w, "# HELP sidecar_memory_turns_by_mode_total Session turns by the mode taken (full or append) and how it was chosen (header or detected).\n# TYPE sidecar_memory_turns_by_mode_total counter\n")
+	for _, c := range []struct {
+		mode, how string
+		v         int64
+	}{{"full", "header", st.FullNamed}, {"full", "detected", st.FullDetected}, {"append", "header", st.AppendNamed}, {"append", "detected", st.AppendDetected}} {
+		fmt.Fprintf(w, "sidecar_memory_turns_by_mode_total{mode=%q,how=%q} %d\n", c.mode, c.how, c.v)
+	}
+	fmt.Fprintf(w, "# HELP sidecar_memory_background_calls_total The sidecar's own upstream calls for memory, by kind.\n# TYPE sidecar_memory_background_calls_total counter\n")
+	calls := st.FactCalls + st.EpisodeCalls + st.SummaryCalls
+	for _, c := range []struct {
+		kind string
+		v    int64
+	}{{"facts", st.FactCalls}, {"episode", st.EpisodeCalls}, {"summary", st.SummaryCalls}} {
+		fmt.Fprintf(w, "sidecar_memory_background_calls_total{kind=%q} %d\n", c.kind, c.v)
+	}
+	perTurn := 0.0
+	if st.Completes > 0 {
+		perTurn = float64(calls) / float64(st.Completes)
+	}
+	fmt.Fprintf(w, "# HELP sidecar_memory_background_calls_per_turn The sidecar's own upstream calls per completed client turn.\n# TYPE sidecar_memory_background_calls_per_turn gauge\nsidecar_memory_background_calls_per_turn %g\n", perTurn)
 	fmt.Fprintf(w, "# HELP sidecar_memory_full_recall_rate Full recalls over all recalls.\n# TYPE sidecar_memory_full_recall_rate gauge\nsidecar_memory_full_recall_rate %g\n", st.FullRecallRate)
 	fmt.Fprintf(w, "# HELP sidecar_memory_sessions_loaded Sessions held in memory.\n# TYPE sidecar_memory_sessions_loaded gauge\nsidecar_memory_sessions_loaded %d\n", st.Sessions)
 	for _, g := range []struct {
@@ -100,9 +122,15 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 	if len(info.Tools) > 0 {
 		tools, err = st.CountTokensContext(s.stopping, info.Model, string(info.Tools))
 	}
-	mode := memory.ParseMode(string(ctx.Request.Header.Peek("X-Session-Mode")))
+	user, uerr := userOf(ctx, info)
+	if uerr != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_user", uerr.Error())
+		return nil, nil, true
+	}
 	if err == nil {
-		turn, err = st.Prepare(s.stopping, sess.Tenant, sess.ID, mode, info.Model, msgs, tools)
+		turn, err = st.Prepare(s.stopping, memory.TurnRequest{Tenant: sess.Tenant, SessionID: sess.ID, UserID: user,
+			Mode: memory.ParseMode(string(ctx.Request.Header.Peek("X-Session-Mode"))), Model: info.Model,
+			Messages: msgs, ToolsTokens: tools})
 	}
 	switch {
 	case err == nil:
@@ -137,10 +165,30 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 	s.mem.prefixBytes.Add(uint64(ts.Prefix.Bytes))
 	s.mem.evicted.Add(uint64(ts.Evicted))
 	s.mem.recalled.Add(uint64(ts.Recalled))
-	s.log.Info("session window", append(log, "match", ts.Match, "window_tokens", ts.TotalTokens, "limit", ts.Limit,
+	s.mem.crossSession.Add(uint64(ts.CrossSession))
+	s.log.Info("session window", append(log, "mode", ts.Mode, "mode_detected", ts.ModeDetected, "match", ts.Match,
+		"user", ts.User, "window_tokens", ts.TotalTokens, "limit", ts.Limit,
 		"messages", ts.WindowMessages, "stored", ts.StoredMessages, "evicted", ts.Evicted, "recalled", ts.Recalled,
+		"cross_session", ts.CrossSession, "recall_tokens", ts.RecallTokens, "recall", ts.Recall,
 		"shared_prefix_tokens", ts.Prefix.Tokens, "shared_prefix_bytes", ts.Prefix.Bytes)...)
 	return turn, out, false
+}
+
+// userOf is the request's memory user scope: the X-User-ID header, else the
+// body's "user" field, else "" (the tenant's default user). It is checked
+// like a session id.
+func userOf(ctx *fasthttp.RequestCtx, info requestInfo) (string, error) {
+	user := string(ctx.Request.Header.Peek("X-User-ID"))
+	if user == "" {
+		user = info.User
+	}
+	if user == "" {
+		return "", nil
+	}
+	if err := validSessionID(user); err != nil {
+		return "", fmt.Errorf("user id: %w", err)
+	}
+	return user, nil
 }
 
 // record finishes a turn off the request path, for replies no client

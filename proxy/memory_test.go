@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -169,13 +168,85 @@ func TestSessionMemoryWindowRecordsAndAdmin(t *testing.T) {
 
 func TestSessionMemoryErrorsAreOpenAIShaped(t *testing.T) {
 	up := newRecordingUpstream(t)
-	st := openMemory(t, memory.Options{HardLimit: 128, SystemReserve: 8, ToolsReserve: 8, InjectMaxTokens: 8})
+	st := openMemory(t, memory.Options{Window: memory.WindowOptions{Limit: 128, SystemReserve: 8, ToolsReserve: 8}})
 	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
 	hdr := map[string]string{"X-Session-ID": "s", "Authorization": "Bearer k"}
 	resp, b := post(t, base+"/v1/chat/completions", `{"messages":[{"content":"no role"}]}`, hdr)
 	wantOpenAIError(t, resp, b, 400, "invalid_messages")
 	resp, b = post(t, base+"/v1/chat/completions", `{"messages":[{"role":"user","content":"`+strings.Repeat("word ", 500)+`"}]}`, hdr)
 	wantOpenAIError(t, resp, b, 400, "context_length_exceeded")
+}
+
+// TestDropInClientAndUserScope: a client that sends only its system
+// message and newest message, with no mode header, is taken as an append
+// (counted in /metrics as detected); X-User-ID, else the body's "user",
+// scopes recall across sessions; a malformed user id is a 400.
+func TestDropInClientAndUserScope(t *testing.T) {
+	up := newRecordingUpstream(t)
+	st := openMemory(t, memory.Options{})
+	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
+	send := func(session, user, bodyUser, text string) {
+		t.Helper()
+		hdr := map[string]string{"Authorization": "Bearer k", "X-Session-ID": session}
+		if user != "" {
+			hdr["X-User-ID"] = user
+		}
+		extra := ""
+		if bodyUser != "" {
+			extra = fmt.Sprintf(`,"user":%q`, bodyUser)
+		}
+		resp, b := post(t, base+"/v1/chat/completions", `{"model":"m"`+extra+`,"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":`+fmt.Sprintf("%q", text)+`}]}`, hdr)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", text, resp.StatusCode, b)
+		}
+	}
+	send("s1", "ada", "", "my boat is called Petrel")
+	waitFor(t, func() bool {
+		var v sessionView
+		return getJSON(t, base+"/v1/sessions/s1", "k", &v) == 200 && len(v.Messages) == 3
+	})
+	send("s1", "ada", "", "it is moored in Kiel")
+	if got := up.last(); !strings.Contains(got, "my boat is called Petrel") || !strings.Contains(got, "echo: my boat is called Petrel") {
+		t.Fatalf("second drop-in request lost the conversation: %s", got)
+	}
+	waitFor(t, func() bool {
+		var v sessionView
+		return getJSON(t, base+"/v1/sessions/s1", "k", &v) == 200 && len(v.Messages) == 5
+	})
+	// The worker indexes a finished turn for the user's other sessions.
+	waitFor(t, func() bool {
+		send("s2-probe", "", "ada", "what is my boat called?")
+		return strings.Contains(up.last(), "Petrel")
+	})
+	if got := up.last(); !strings.Contains(got, "another session") {
+		t.Fatalf("body user: not recalled across sessions: %s", got)
+	}
+	send("s3", "bob", "", "what is my boat called?")
+	if strings.Contains(up.last(), "Petrel") {
+		t.Fatalf("another user recalls ada's session: %s", up.last())
+	}
+	resp, b := post(t, base+"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`,
+		map[string]string{"X-Session-ID": "s4", "X-User-ID": "bad\tuser"})
+	wantOpenAIError(t, resp, b, 400, "invalid_user")
+	resp, b = post(t, base+"/v1/chat/completions", `{"user":7,"messages":[{"role":"user","content":"x"}]}`, map[string]string{"X-Session-ID": "s4"})
+	wantOpenAIError(t, resp, b, 400, "invalid_request")
+
+	r, err := noPoolClient.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	for _, want := range []string{`sidecar_memory_turns_by_mode_total{mode="append",how="detected"}`, `sidecar_memory_background_calls_total{kind="facts"}`,
+		"sidecar_memory_background_calls_per_turn", "sidecar_memory_recalled_cross_session_total"} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if !strings.Contains(string(metrics), `sidecar_memory_turns_by_mode_total{mode="append",how="detected"} `) ||
+		strings.Contains(string(metrics), `sidecar_memory_turns_by_mode_total{mode="append",how="detected"} 0`+"\n") {
+		t.Fatalf("detected appends not counted:\n%s", metrics)
+	}
 }
 
 func TestStreamCutShortIsRecordedAsPartial(t *testing.T) {
@@ -324,45 +395,6 @@ func TestPoolAPI(t *testing.T) {
 	}
 	resp, b = do("GET", "/v1/pool/other", "k", "")
 	wantOpenAIError(t, resp, b, 404, "pool_key_not_found")
-}
-
-func TestLLMSummarizeAndExtract(t *testing.T) {
-	var mu sync.Mutex
-	var got []string
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		mu.Lock()
-		got = append(got, r.Header.Get("Authorization")+" "+string(b))
-		mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"choices":[{"message":{"role":"assistant","content":"They planned a trip.\nFACT: the user likes volcanoes\n"}}]}`)
-	}))
-	defer up.Close()
-	l, err := NewLLM(LLMOptions{Upstream: up.URL + "/v1", APIKey: "bg-key", Model: "small"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	sum, err := l.Summarize(context.Background(), memory.SummaryRequest{Model: "big", Previous: "Earlier.",
-		Messages: []memory.Message{memory.NewMessage("user", "let's see Etna")}})
-	if err != nil || sum.Text != "They planned a trip." || len(sum.Facts) != 1 || sum.Facts[0] != "the user likes volcanoes" {
-		t.Fatalf("summary %+v, %v", sum, err)
-	}
-	out, err := l.Extractor().Complete(context.Background(), "extract please")
-	if err != nil || !strings.Contains(out, "FACT:") {
-		t.Fatalf("extract %q, %v", out, err)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(got) != 2 || !strings.HasPrefix(got[0], "Bearer bg-key ") || !strings.Contains(got[0], `"model":"small"`) ||
-		!strings.Contains(got[0], "let's see Etna") || !strings.Contains(got[1], `"content":"extract please"`) {
-		t.Fatalf("upstream saw %q", got)
-	}
-	// A broken upstream is an error, never a summary.
-	bad, _ := NewLLM(LLMOptions{Upstream: "http://127.0.0.1:1"})
-	if _, err := bad.Summarize(context.Background(), memory.SummaryRequest{}); err == nil {
-		t.Fatal("unreachable upstream gave a summary")
-	}
 }
 
 func TestStreamReplyAccumulatesTextAndToolCalls(t *testing.T) {

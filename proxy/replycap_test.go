@@ -32,7 +32,7 @@ func TestHugeRepliesAreRecordedCapped(t *testing.T) {
 		fmt.Fprintf(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}]}`, word)
 	}))
 	defer up.Close()
-	st := openMemory(t, memory.Options{HardLimit: 32768, Storage: memory.StorageOptions{MaxReplyBytes: maxReply}})
+	st := openMemory(t, memory.Options{Window: memory.WindowOptions{Limit: 32768}, Storage: memory.StorageOptions{MaxReplyBytes: maxReply}})
 	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
 	for _, stream := range []bool{false, true} {
 		id := fmt.Sprintf("huge-%v", stream)

@@ -24,6 +24,9 @@ type requestInfo struct {
 	Model          string
 	Stream         bool
 	PromptCacheKey string
+	// User is the body's "user" field (OpenAI's end-user id): the memory
+	// user scope when no X-User-ID header names one.
+	User string
 	// Messages is the raw "messages" array of a chat request; Tools the raw
 	// "tools" and "functions" values (their token cost is reserved).
 	Messages json.RawMessage
@@ -59,7 +62,7 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 		return info, badRequest("malformed JSON: %s", jsonSyntaxError(trimmed))
 	}
 	var (
-		model, stream, key, messages, prompt, input, tools, functions gjson.Result
+		model, stream, key, user, messages, prompt, input, tools, functions gjson.Result
 	)
 	gjson.ParseBytes(trimmed).ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
@@ -69,6 +72,8 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 			stream = v
 		case "prompt_cache_key":
 			key = v
+		case "user":
+			user = v
 		case "messages":
 			messages = v
 		case "prompt":
@@ -102,6 +107,13 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 		info.PromptCacheKey = key.Str
 	default:
 		return info, badRequest("invalid type for 'prompt_cache_key': expected string")
+	}
+	switch user.Type {
+	case gjson.Null:
+	case gjson.String:
+		info.User = user.Str
+	default:
+		return info, badRequest("invalid type for 'user': expected string")
 	}
 	present := func(r gjson.Result) bool { return r.Exists() && r.Type != gjson.Null }
 	switch ep {

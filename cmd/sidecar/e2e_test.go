@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -21,6 +22,35 @@ func promptMessages(t *testing.T, raw json.RawMessage) []struct{ Role, Content s
 		t.Fatalf("prompt %s: %v", raw, err)
 	}
 	return m
+}
+
+// isRecallBlock reports whether a prompt message is the sidecar's recall
+// block.
+func isRecallBlock(role, content string) bool {
+	return role == "system" && strings.HasPrefix(content, "Memory recalled for the next message")
+}
+
+// withoutRecallBlock returns the prompt (a JSON array of messages) without
+// its recall block, every other message's bytes unchanged.
+func withoutRecallBlock(t *testing.T, prompt json.RawMessage) json.RawMessage {
+	t.Helper()
+	var raws []json.RawMessage
+	if err := json.Unmarshal(prompt, &raws); err != nil {
+		t.Fatal(err)
+	}
+	out := []byte{'['}
+	for _, r := range raws {
+		var m struct{ Role, Content string }
+		_ = json.Unmarshal(r, &m)
+		if isRecallBlock(m.Role, m.Content) {
+			continue
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, r...)
+	}
+	return append(out, ']')
 }
 
 // TestFiftyTurnsPrefixStableAndSurvivesRestart drives a full-history client
@@ -65,14 +95,20 @@ func TestFiftyTurnsPrefixStableAndSurvivesRestart(t *testing.T) {
 		if cur[0].Role != "system" || cur[0].Content != system {
 			t.Fatalf("turn %d starts with %+v", n+1, cur[0])
 		}
-		// The newest user message is always last.
+		// The newest user message is always last, the recall block (if
+		// any) right before it.
 		if last := cur[len(cur)-1]; last.Role != "user" || last.Content != userText(n+1) {
 			t.Fatalf("turn %d ends with %+v", n+1, last)
 		}
-		// Prefix stability: until the next overflow, a prompt extends the
-		// previous one; the memory block right after the system message
-		// changes only when turns leave the window.
-		if strings.HasPrefix(string(prompts[n]), strings.TrimSuffix(string(prompts[n-1]), "]")) {
+		for i, m := range cur[1 : len(cur)-2] {
+			if isRecallBlock(m.Role, m.Content) {
+				t.Fatalf("turn %d: recall block at %d, not next to the newest user message", n+1, i+1)
+			}
+		}
+		// Prefix stability: until the next overflow, the previous prompt
+		// without its recall block is where the new one starts, byte for
+		// byte.
+		if strings.HasPrefix(string(prompts[n]), strings.TrimSuffix(string(withoutRecallBlock(t, prompts[n-1])), "]")) {
 			extended++
 		}
 		if len(cur) < 2*(n+1) {
@@ -83,9 +119,9 @@ func TestFiftyTurnsPrefixStableAndSurvivesRestart(t *testing.T) {
 		t.Fatal("the window never overflowed; the test does not exercise eviction")
 	}
 	if extended < 40 {
-		t.Fatalf("only %d of 49 prompts extend the previous one byte for byte", extended)
+		t.Fatalf("only %d of 49 prompts extend the previous one (recall block aside) byte for byte", extended)
 	}
-	t.Logf("%d of 49 prompts extend the previous prompt byte for byte", extended)
+	t.Logf("%d of 49 prompts extend the previous prompt (recall block aside) byte for byte", extended)
 
 	// Old turns left the window but are kept and retrievable.
 	var view struct {
@@ -135,5 +171,78 @@ func TestFiftyTurnsPrefixStableAndSurvivesRestart(t *testing.T) {
 	up.mu.Unlock()
 	if last[0].Content != system || last[len(last)-1].Content != "What is in drawer 3?" || len(last) < 10 {
 		t.Fatalf("append-mode prompt after restart has %d messages: %+v", len(last), last[0])
+	}
+}
+
+// TestDropInClientRecallsAcrossSessions drives openai-go as most clients of
+// a memory layer do: system message plus newest message, no mode header.
+// The sidecar keeps the conversation, recalls an early fact next to the
+// newest message once it left a small window, recalls it in a new session
+// of the same user (X-User-ID), never for another API key, and makes its
+// own background calls with the session's model.
+func TestDropInClientRecallsAcrossSessions(t *testing.T) {
+	up := newScriptedUpstream(t)
+	sc := startChild(t, nil, "--upstream", up.URL, "--window-tokens", "2048", "--recall-share", "0.15")
+	client := func(key, session, user string) openai.Client {
+		return openai.NewClient(option.WithBaseURL("http://"+sc.addr+"/v1/"), option.WithAPIKey(key),
+			option.WithHeader("X-Session-ID", session), option.WithHeader("X-User-ID", user), option.WithMaxRetries(0))
+	}
+	ctx := context.Background()
+	send := func(c openai.Client, text string) []struct{ Role, Content string } {
+		t.Helper()
+		if _, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "gpt-4o-mini", Messages: []openai.ChatCompletionMessageParamUnion{
+			openai.SystemMessage("You are terse."), openai.UserMessage(text)}}); err != nil {
+			t.Fatalf("%q: %v", text, err)
+		}
+		up.mu.Lock()
+		defer up.mu.Unlock()
+		return promptMessages(t, up.prompts[len(up.prompts)-1])
+	}
+	a := client("sk-ada", "trip", "ada")
+	send(a, "My passport number is XK-2291 and it expires in March.")
+	for i := 0; i < 40; i++ {
+		p := send(a, fmt.Sprintf("Packing note %d: bring item number %d, a %s bag, and %d spare batteries for the camera.", i, i*37%101, []string{"red", "blue", "green"}[i%3], i%5))
+		if i == 0 && len(p) < 4 {
+			t.Fatalf("the second drop-in request did not carry the conversation: %d messages", len(p))
+		}
+	}
+	p := send(a, "What is my passport number?")
+	last, block := p[len(p)-1], p[len(p)-2]
+	if last.Content != "What is my passport number?" || !isRecallBlock(block.Role, block.Content) || !strings.Contains(block.Content, "XK-2291") {
+		t.Fatalf("the early fact is not recalled next to the question: %+v", p[len(p)-2:])
+	}
+	for _, m := range p[1 : len(p)-2] {
+		if strings.Contains(m.Content, "XK-2291") {
+			t.Fatal("the fact is still in the window; the test does not exercise recall")
+		}
+	}
+
+	// A new session of the same user, later.
+	var cross string
+	waitUntil(t, func() bool {
+		p := send(client("sk-ada", fmt.Sprint("visa-", time.Now().UnixNano()), "ada"), "When does my passport expire?")
+		cross = p[len(p)-2].Content
+		return strings.Contains(cross, "XK-2291")
+	})
+	if !strings.Contains(cross, "another session") {
+		t.Fatalf("cross-session memory not marked: %s", cross)
+	}
+	// Another API key with the same user id sees nothing of it.
+	p = send(client("sk-eve", "visa", "ada"), "What is my passport number?")
+	for _, m := range p {
+		if strings.Contains(m.Content, "XK-2291") {
+			t.Fatalf("another tenant recalls ada's memory: %+v", m)
+		}
+	}
+	up.mu.Lock()
+	models := append([]string(nil), up.bgModel...)
+	up.mu.Unlock()
+	if len(models) == 0 {
+		t.Fatal("no background extraction call was made")
+	}
+	for _, m := range models {
+		if m != "gpt-4o-mini" {
+			t.Fatalf("a background call used model %q, not the session's", m)
+		}
 	}
 }

@@ -91,6 +91,7 @@ type scriptedUpstream struct {
 	mu      sync.Mutex
 	headers []http.Header
 	prompts []json.RawMessage // "messages" of each client chat request
+	bgModel []string          // "model" of each request without a session (the sidecar's own calls)
 	step    chan struct{}
 }
 
@@ -119,6 +120,12 @@ func (u *scriptedUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	if json.Unmarshal(body, &raw) == nil && raw.Messages != nil && r.Header.Get("X-Session-Id") != "" {
 		u.mu.Lock()
 		u.prompts = append(u.prompts, raw.Messages)
+		u.mu.Unlock()
+	} else if r.URL.Path == "/v1/chat/completions" {
+		var m struct{ Model string }
+		_ = json.Unmarshal(body, &m)
+		u.mu.Lock()
+		u.bgModel = append(u.bgModel, m.Model)
 		u.mu.Unlock()
 	}
 	switch r.URL.Path {

@@ -21,6 +21,7 @@ import (
 	"github.com/kvsidecar/kvsidecar/gpu"
 	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/kv"
+	"github.com/kvsidecar/kvsidecar/llm"
 	"github.com/kvsidecar/kvsidecar/memory"
 	"github.com/kvsidecar/kvsidecar/proxy"
 	"github.com/kvsidecar/kvsidecar/tiers"
@@ -37,6 +38,7 @@ type serveConfig struct {
 	logLevel, logFormat       string
 
 	windowTokens    int
+	recallShare     float64
 	modelWindows    string
 	embedder        string
 	embeddingModel  string
@@ -53,6 +55,7 @@ type serveConfig struct {
 
 	extract        bool
 	memoryModel    string
+	memoryUpstream string
 	pprof          string
 	allowAnonymous bool
 
@@ -74,6 +77,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.IntVar(&c.maxBody, "max-body-bytes", 32<<20, "largest request body accepted (413 beyond)")
 	fs.Int64Var(&c.maxResponse, "max-response-bytes", 256<<20, "largest non-streamed upstream response relayed (502 beyond; streams are not bounded as a whole)")
 	fs.IntVar(&c.windowTokens, "window-tokens", 8192, "hard token limit of the window sent upstream (the Focus window)")
+	fs.Float64Var(&c.recallShare, "recall-share", 0.08, "share of the window for the per-turn recall block next to the newest user message (0 turns recall off)")
 	fs.StringVar(&c.modelWindows, "model-window-tokens", "", "per-model window limits, e.g. 'gpt-4o=128000,llama-3*=32768' (a trailing * matches a prefix)")
 	fs.StringVar(&c.embedder, "embedder", "offline", "memory recall embeddings: offline (built in, no model) or upstream (the upstream's /v1/embeddings)")
 	fs.StringVar(&c.embeddingModel, "embedding-model", "", "model name for --embedder upstream")
@@ -84,6 +88,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.Int64Var(&c.maxDiskBytes, "max-disk-bytes", 0, "bound on the bytes of sessions and KV archive under --data-dir together; over it the KV archive is trimmed first, then the least recently written sessions are deleted (0: none)")
 	fs.BoolVar(&c.extract, "extract", true, "extract facts and episodes from conversations in the background through the upstream model")
 	fs.StringVar(&c.memoryModel, "memory-model", "", "model name for the sidecar's own summary and extraction calls (default: the session's model, or the upstream's default)")
+	fs.StringVar(&c.memoryUpstream, "memory-upstream", "", "base URL for the sidecar's own summary and extraction calls (default: --upstream, routed through the engine connector)")
 	fs.StringVar(&c.summaryKey, "summary-api-key", "", "bearer token for the sidecar's own summary calls to the upstream (local servers need none)")
 	fs.StringVar(&c.kvStrategy, "kv-strategy", "", "KV eviction strategy: lru, lfu, weighted, lru-k (default) or hybrid[:preset]")
 	fs.IntVar(&c.maxKV, "max-kv-bytes", 64<<20, "largest KV API body accepted (413 beyond)")
@@ -226,11 +231,22 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		log.Info("engine connector", "engine", conn.Name())
 	}
 
-	llm, err := proxy.NewLLM(proxy.LLMOptions{Upstream: c.upstream, APIKey: c.summaryKey, Model: c.memoryModel, Logger: log})
+	// The sidecar's own model calls go through the engine connector when
+	// they go to the upstream it manages, so that they never cost a session
+	// its slot.
+	memUp := c.memoryUpstream
+	var router llm.Router
+	if memUp == "" || strings.TrimSuffix(memUp, "/") == strings.TrimSuffix(c.upstream, "/") {
+		memUp = c.upstream
+		if conn != nil {
+			router = conn
+		}
+	}
+	bg, err := llm.New(llm.Options{BaseURL: memUp, APIKey: c.summaryKey, Model: c.memoryModel, Logger: log, Router: router})
 	if err != nil {
 		return err
 	}
-	onClose("summary client", func() error { llm.Close(); return nil })
+	onClose("memory model client", bg.Close)
 	strategy, err := memory.ParseStrategy(c.overflow)
 	if err != nil {
 		return err
@@ -245,7 +261,11 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	}
 	var extractor memory.Extractor
 	if c.extract {
-		extractor = llm.Extractor()
+		extractor = bg
+	}
+	share := c.recallShare
+	if share == 0 {
+		share = -1 // off
 	}
 	var idx index.Options
 	switch c.embedder {
@@ -261,9 +281,12 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	}
 	t = time.Now()
 	mem, err := memory.Open(memory.Options{
-		Dir: filepath.Join(dataDir, "sessions"), HardLimit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy,
-		Fsync: fsyncPolicy, Summarizer: llm, Extractor: extractor, Index: idx, Logger: log,
-		Storage: memory.StorageOptions{SessionTTL: c.sessionTTL, MaxDiskBytes: c.maxDiskBytes, Shared: kvc.Store()},
+		Dir: filepath.Join(dataDir, "sessions"), Fsync: fsyncPolicy,
+		Window:     memory.WindowOptions{Limit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy},
+		Recall:     memory.RecallOptions{Index: idx, Share: share},
+		Extraction: memory.ExtractionOptions{Summarizer: bg, Extractor: extractor},
+		Storage:    memory.StorageOptions{SessionTTL: c.sessionTTL, MaxDiskBytes: c.maxDiskBytes, Shared: kvc.Store()},
+		Logger:     log,
 	})
 	if err != nil {
 		return fmt.Errorf("open session memory: %w", err)

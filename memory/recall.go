@@ -1,0 +1,219 @@
+package memory
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvsidecar/kvsidecar/index"
+)
+
+// recallLocked chooses the memories to show for query (the newest user
+// message with a little context) through the session's working memory:
+//
+//   - the active set is expired (Recall.ActiveSetDecay after each memory's
+//     last activation);
+//   - if it is not empty, a light probe (the Recall.ProbeK best lexical
+//     hits, no query embedding) is compared with the active set and its
+//     Hebbian neighbours: an overlap of at least Recall.ReuseOverlap means
+//     the same topic, and the full retrieval is skipped: the previous set
+//     (what of it still exists, with its current text) is shown again
+//     together with the probe's hits, which are activated;
+//   - otherwise a full retrieval (the Recall.K best hybrid hits of the
+//     session's index and the user's cross-session index) replaces the set;
+//     its best Recall.ActiveSetSize hits join the active set and
+//     strengthen their links (so do the probe's hits in the
+//     neighbourhood on reuse).
+//
+// The gating decides only whether the full retrieval runs: a reused set is
+// rebuilt from current memory each turn, so a deleted or changed memory is
+// never shown stale. Index hits count when a query term matched (BM25 > 0)
+// or their cosine similarity reaches Recall.MinScore; Recaller hits when
+// their score does. The ids in skip and pinned memories are left out. The
+// result is best first. Called with sess.mu held.
+func (s *Store) recallLocked(ctx context.Context, sess *session, um *userMem, query string, now time.Time, skip map[string]bool) ([]recallItem, string) {
+	o := &s.opts.Recall
+	if strings.TrimSpace(query) == "" || o.K <= 0 {
+		return nil, ""
+	}
+	wm := &sess.wm
+	wm.expire(now, o.ActiveSetDecay)
+	if len(wm.active) > 0 && o.ProbeK > 0 {
+		probe := s.searchAll(ctx, sess, um, query, o.ProbeK, index.ModeBM25, skip)
+		hood := wm.neighbourhood(now, o.LinkHalfLife)
+		if len(probe) > 0 && overlap(itemIDs(probe), hood) >= o.ReuseOverlap {
+			s.stats.probeReuses.Add(1)
+			items := append(probe, s.itemsFor(sess, um, wm.injected, skip)...)
+			items = uniqueItems(items, o.K+len(probe))
+			var active []string
+			for _, it := range probe {
+				if hood[it.id] {
+					active = append(active, it.id)
+				}
+			}
+			wm.activate(active, now, o.ActiveSetSize)
+			wm.coactivate(active, now, o.LinkHalfLife)
+			wm.injected = slices.Sorted(slices.Values(itemIDs(items)))
+			return items, "reuse"
+		}
+	}
+	full := s.searchAll(ctx, sess, um, query, o.K, index.ModeHybrid, skip)
+	if len(full) == 0 {
+		wm.injected = nil
+		return nil, ""
+	}
+	s.stats.fullRecalls.Add(1)
+	ids := itemIDs(full)
+	wm.injected = slices.Sorted(slices.Values(ids))
+	top := ids[:min(len(ids), o.ActiveSetSize)]
+	wm.activate(top, now, o.ActiveSetSize)
+	wm.coactivate(top, now, o.LinkHalfLife)
+	return full, "full"
+}
+
+func itemIDs(items []recallItem) []string {
+	ids := make([]string, len(items))
+	for i := range items {
+		ids[i] = items[i].id
+	}
+	return ids
+}
+
+// uniqueItems drops repeated ids, keeping the first, and cuts to n.
+func uniqueItems(items []recallItem, n int) []recallItem {
+	seen := make(map[string]bool, len(items))
+	out := items[:0]
+	for _, it := range items {
+		if !seen[it.id] && len(out) < n {
+			seen[it.id] = true
+			out = append(out, it)
+		}
+	}
+	return out
+}
+
+// searchAll returns up to k memories for query, best first: the session's
+// own (its index, or the Recaller when the index is off or fails) and the
+// user's other sessions' (the user's cross-session index), interleaved by
+// rank since the two indexes' scores are not comparable.
+func (s *Store) searchAll(ctx context.Context, sess *session, um *userMem, query string, k int, mode index.Mode, skip map[string]bool) []recallItem {
+	own := s.searchSession(ctx, sess, query, k, mode, skip)
+	cross := s.searchUser(ctx, sess, um, query, k, mode)
+	if len(cross) == 0 {
+		return own
+	}
+	if len(own) == 0 {
+		return cross
+	}
+	out := make([]recallItem, 0, min(k, len(own)+len(cross)))
+	for i := 0; len(out) < k && (i < len(own) || i < len(cross)); i++ {
+		if i < len(own) {
+			out = append(out, own[i])
+		}
+		if i < len(cross) && len(out) < k {
+			out = append(out, cross[i])
+		}
+	}
+	return out
+}
+
+// passes is the recall gate: lexical evidence (a BM25 term match) or
+// enough similarity.
+func (s *Store) passes(h index.Hit) bool {
+	return h.BM25 > 0 || h.Cosine >= s.opts.Recall.MinScore
+}
+
+// unitItem makes the recall item of a session unit.
+func unitItem(u *Unit) recallItem {
+	at := u.At
+	if at.IsZero() {
+		at = u.CreatedAt
+	}
+	role := u.Role
+	if u.Category != "" && u.Category != CategoryEpisode {
+		role = string(u.Category)
+	}
+	return recallItem{id: u.ID, role: role, text: u.Content, at: at, unit: u}
+}
+
+// searchSession searches the session's own memory units.
+func (s *Store) searchSession(ctx context.Context, sess *session, query string, k int, mode index.Mode, skip map[string]bool) []recallItem {
+	usable := func(id string) bool {
+		u := sess.units[id]
+		return u != nil && !skip[id] && !u.Category.pinned()
+	}
+	var out []recallItem
+	if x := s.indexLocked(ctx, sess); x != nil && x.Len() > 0 {
+		hits, err := x.SearchFunc(ctx, query, k, mode, usable)
+		if err == nil {
+			for _, h := range hits {
+				if s.passes(h) {
+					out = append(out, unitItem(sess.units[h.ID]))
+				}
+			}
+			return out
+		}
+		s.stats.indexErrors.Add(1)
+		s.opts.Logger.Warn("memory: index search failed, using the Recaller", "err", err)
+	}
+	sess.refreshIndex()
+	if len(sess.cands) == 0 {
+		return nil
+	}
+	hits, err := s.opts.Recall.Recaller.Recall(ctx, query, sess.cands, k+recallExtra)
+	if err != nil {
+		s.opts.Logger.Warn("memory: recall failed", "err", err)
+	}
+	for _, h := range hits {
+		if usable(h.ID) && h.Score >= s.opts.Recall.MinScore && len(out) < k {
+			out = append(out, unitItem(sess.units[h.ID]))
+		}
+	}
+	return out
+}
+
+// searchUser searches the user's cross-session index, leaving out the
+// current session's documents (its own memory comes from its index).
+func (s *Store) searchUser(ctx context.Context, sess *session, um *userMem, query string, k int, mode index.Mode) []recallItem {
+	x := um.index()
+	if x == nil || !um.hasOthers(sess.hash) {
+		return nil // nothing but this session's own documents
+	}
+	own := userDocPrefix(sess)
+	hits, err := x.SearchFunc(ctx, query, k, mode, func(id string) bool { return !strings.HasPrefix(id, own) })
+	if err != nil {
+		s.stats.indexErrors.Add(1)
+		s.opts.Logger.Warn("memory: user index search failed", "err", err)
+		return nil
+	}
+	out := make([]recallItem, 0, len(hits))
+	for _, h := range hits {
+		if s.passes(h) {
+			out = append(out, userItem(h.ID, h.Text, h.Meta))
+		}
+	}
+	return out
+}
+
+// itemsFor returns the items of ids (a previous recalled set) that still
+// exist, with their current text.
+func (s *Store) itemsFor(sess *session, um *userMem, ids []string, skip map[string]bool) []recallItem {
+	out := make([]recallItem, 0, len(ids))
+	x := um.index()
+	for _, id := range ids {
+		if isUserDocID(id) {
+			if x == nil {
+				continue
+			}
+			if d, ok := x.Get(id); ok {
+				out = append(out, userItem(d.ID, d.Text, d.Meta))
+			}
+			continue
+		}
+		if u := sess.units[id]; u != nil && !skip[id] && !u.Category.pinned() {
+			out = append(out, unitItem(u))
+		}
+	}
+	return out
+}

@@ -1,0 +1,582 @@
+package memory
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/internal/durable"
+)
+
+// User memory. A user is a scope inside a tenant (TurnRequest.UserID; the
+// empty id is the tenant's default user): a session of a user recalls what
+// the user's other sessions hold — every message, facts, episodes, added
+// memories — through the user's cross-session index, one per (tenant, user),
+// <Dir>/<tenant hash>/users/<user hash>.idx. Nothing crosses tenants: the
+// index lives under the tenant's folder, its key includes the tenant, and a
+// session's user is fixed when it is created (its log's meta record names
+// it).
+//
+// The index is derived data. Documents are named
+// <session hash>|<role>|<unit id> ("msg-<seq>" for a message, whether in its
+// session's window or evicted), so a document leads back to its session's
+// log; their text is the memory's text, then "\x1e" and the message before
+// it as context (see userDocText). The worker adds a session's new messages
+// and units after each turn; deletions follow. When the index is loaded it
+// is checked against the logs: documents of sessions whose log is gone are
+// dropped, and sessions whose log changed after the index was saved (all of
+// the user's sessions when the file is missing or corrupt) are loaded and
+// reconciled. Beyond Recall.UserMaxDocs the oldest documents leave it.
+
+// userMem is one user's cross-session memory.
+type userMem struct {
+	tenant, user string
+	path         string
+	tenantDir    string
+
+	once sync.Once
+	x    *index.Index // set by once; nil when recall across sessions is off
+
+	// mu protects the fields below.
+	mu       sync.Mutex
+	ver      uint64 // changes
+	saved    uint64 // ver last written
+	lastSave time.Time
+	lastUsed time.Time
+	docs     map[string]int // documents in the index by session hash
+}
+
+// countDocs adds n documents of the session hash h (n < 0 removes).
+func (um *userMem) countDocs(h string, n int) {
+	um.mu.Lock()
+	defer um.mu.Unlock()
+	if um.docs == nil {
+		um.docs = map[string]int{}
+	}
+	if um.docs[h] += n; um.docs[h] <= 0 {
+		delete(um.docs, h)
+	}
+}
+
+// hasOthers reports whether the index holds documents of sessions other
+// than the one hashed h.
+func (um *userMem) hasOthers(h string) bool {
+	um.mu.Lock()
+	defer um.mu.Unlock()
+	return len(um.docs) > 1 || (len(um.docs) == 1 && um.docs[h] == 0)
+}
+
+// docSession is the session hash of a document id.
+func docSession(id string) string {
+	h, _, _ := strings.Cut(id, "|")
+	return h
+}
+
+// index returns the user's index, nil when there is none.
+func (um *userMem) index() *index.Index {
+	if um == nil {
+		return nil
+	}
+	return um.x
+}
+
+func (um *userMem) changed() {
+	um.mu.Lock()
+	um.ver++
+	um.mu.Unlock()
+}
+
+func tenantDir(root, tenant string) string {
+	th := sha256.Sum256([]byte("tenant\x00" + tenant))
+	return filepath.Join(root, hex.EncodeToString(th[:12]))
+}
+
+func userIndexPath(root, tenant, user string) string {
+	uh := sha256.Sum256([]byte("user\x00" + tenant + "\x00" + user))
+	return filepath.Join(tenantDir(root, tenant), "users", hex.EncodeToString(uh[:16])+".idx")
+}
+
+// userFor returns the memory of the session's user: the one the session was
+// created with, else requested (a new session). It loads the user's index on
+// first use, which may load other sessions of the user: call it without
+// holding any session's lock.
+func (s *Store) userFor(sess *session, requested string) *userMem {
+	sess.mu.Lock()
+	user := requested
+	if sess.exists {
+		user = sess.user
+	}
+	sess.mu.Unlock()
+	return s.userMem(sess.tenant, user)
+}
+
+func (s *Store) userMem(tenant, user string) *userMem {
+	key := tenant + "\x00" + user
+	now := s.opts.Clock.Now()
+	s.mu.Lock()
+	um := s.users[key]
+	if um == nil {
+		um = &userMem{tenant: tenant, user: user, path: userIndexPath(s.opts.Dir, tenant, user), tenantDir: tenantDir(s.opts.Dir, tenant)}
+		s.users[key] = um
+		s.shrinkUsersLocked(now)
+	}
+	closed := s.closed
+	s.mu.Unlock()
+	um.mu.Lock()
+	um.lastUsed = now
+	um.mu.Unlock()
+	if !s.opts.Recall.IndexDisabled && !closed {
+		um.once.Do(func() { s.loadUser(um) })
+	}
+	return um
+}
+
+// shrinkUsersLocked drops saved, idle user indexes from memory beyond
+// MaxLoadedSessions. Called with s.mu held.
+func (s *Store) shrinkUsersLocked(now time.Time) {
+	over := len(s.users) - s.opts.MaxLoadedSessions
+	for k, um := range s.users {
+		if over <= 0 {
+			return
+		}
+		if !um.mu.TryLock() {
+			continue
+		}
+		idle := um.ver == um.saved && now.Sub(um.lastUsed) > time.Minute
+		um.mu.Unlock()
+		if idle {
+			delete(s.users, k)
+			over--
+		}
+	}
+}
+
+// loadUser loads the user's index and reconciles it with the logs.
+func (s *Store) loadUser(um *userMem) {
+	var since time.Time // logs changed after this are reconciled; zero: all
+	x, err := index.Load(um.path, s.ixOpts)
+	if err == nil {
+		if fi, err := os.Stat(um.path); err == nil {
+			since = fi.ModTime()
+		}
+	} else {
+		if !errors.Is(err, fs.ErrNotExist) {
+			s.opts.Logger.Warn("memory: user index unusable, rebuilding from the logs", "file", um.path, "err", err)
+			s.stats.indexRebuilds.Add(1)
+		}
+		if x, err = index.New(s.ixOpts); err != nil {
+			s.opts.Logger.Error("memory: new user index", "err", err) // options were validated at Open
+			return
+		}
+	}
+	// Documents of sessions whose log is gone (deleted while the index was
+	// not loaded) leave.
+	logs := map[string]bool{}
+	x.Range(func(id string, _ index.Meta) bool {
+		if h, _, ok := strings.Cut(id, "|"); ok {
+			logs[h] = true
+		}
+		return true
+	})
+	var drop []string
+	for h := range logs {
+		if len(h) < 2 {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(um.tenantDir, h[:2], h+".log")); errors.Is(err, fs.ErrNotExist) {
+			drop = append(drop, h+"|")
+		}
+	}
+	if len(drop) > 0 {
+		var ids []string
+		x.Range(func(id string, _ index.Meta) bool {
+			for _, p := range drop {
+				if strings.HasPrefix(id, p) {
+					ids = append(ids, id)
+				}
+			}
+			return true
+		})
+		for _, id := range ids {
+			x.Delete(id)
+		}
+		um.ver++
+	}
+	x.Range(func(id string, _ index.Meta) bool {
+		um.countDocs(docSession(id), 1)
+		return true
+	})
+	um.x = x
+	for _, id := range s.userSessions(um, since) {
+		sess, err := s.session(um.tenant, id, false)
+		if err != nil {
+			continue
+		}
+		s.syncUserDocs(sess, um)
+	}
+}
+
+// userSessions lists the ids of the user's sessions whose log changed after
+// since (all of them when since is zero), from the logs' meta records.
+func (s *Store) userSessions(um *userMem, since time.Time) []string {
+	shards, err := os.ReadDir(um.tenantDir)
+	if err != nil {
+		return nil
+	}
+	var ids []string
+	for _, sh := range shards {
+		if !sh.IsDir() || len(sh.Name()) != 2 {
+			continue
+		}
+		dir := filepath.Join(um.tenantDir, sh.Name())
+		files, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, f := range files {
+			if !strings.HasSuffix(f.Name(), ".log") {
+				continue
+			}
+			if !since.IsZero() {
+				if fi, err := f.Info(); err != nil || !fi.ModTime().After(since) {
+					continue
+				}
+			}
+			meta, err := readLogMeta(filepath.Join(dir, f.Name()), s.opts.MaxRecordBytes)
+			if err == nil && meta.K == "meta" && meta.Tenant == um.tenant && meta.User == um.user && meta.Session != "" {
+				ids = append(ids, meta.Session)
+			}
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// readLogMeta reads a log's first record (its meta record) without opening
+// the log for writing: the first intact record of the file's head.
+func readLogMeta(path string, maxPayload int) (record, error) {
+	var rec record
+	f, err := os.Open(path)
+	if err != nil {
+		return rec, err
+	}
+	defer f.Close()
+	head, err := io.ReadAll(io.LimitReader(f, int64(len(logMagic)+min(maxPayload, 1<<16)+durable.RecordHeaderSize)))
+	if err != nil {
+		return rec, err
+	}
+	if len(head) < len(logMagic) {
+		return rec, ErrCorrupt
+	}
+	var first []byte
+	switch magic, body := head[:len(logMagic)], head[len(logMagic):]; {
+	case bytes.Equal(magic, logMagic):
+		durable.ScanRecords(body, maxPayload, func(_ int, p []byte) {
+			if first == nil {
+				first = p
+			}
+		})
+	case bytes.Equal(magic, legacyMagic):
+		if ps, _ := legacyRecords(body, maxPayload); len(ps) > 0 {
+			first = ps[0]
+		}
+	}
+	if first == nil {
+		return rec, ErrCorrupt
+	}
+	err = json.Unmarshal(first, &rec)
+	return rec, err
+}
+
+// userDocPrefix is the prefix of the session's documents in its user's
+// index.
+func userDocPrefix(sess *session) string { return sess.hash + "|" }
+
+func isUserDocID(id string) bool { return strings.Contains(id, "|") }
+
+// userDocID names a memory of sess in its user's index; role is the
+// message's role or the unit's, reduced to [a-z_].
+func userDocID(sess *session, role, unitID string) string {
+	r := make([]byte, 0, len(role))
+	for i := 0; i < len(role) && i < 16; i++ {
+		c := role[i]
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if (c >= 'a' && c <= 'z') || c == '_' {
+			r = append(r, c)
+		}
+	}
+	return userDocPrefix(sess) + string(r) + "|" + unitID
+}
+
+// userDocText is what the user's index holds of a memory: its text, then the
+// message before it as context after a record separator.
+func userDocText(text, context string) string {
+	text = truncateRunes(text, maxDocBytes)
+	if context == "" {
+		return text
+	}
+	return text + "\x1e" + truncateRunes(context, maxDocBytes/4)
+}
+
+// userItem makes the recall item of a document of the user's index.
+func userItem(id, text string, m index.Meta) recallItem {
+	role := ""
+	if _, rest, ok := strings.Cut(id, "|"); ok {
+		role, _, _ = strings.Cut(rest, "|")
+	}
+	text, _, _ = strings.Cut(text, "\x1e")
+	return recallItem{id: id, role: role, text: text, at: m.Time, cross: true}
+}
+
+// userDocsLocked returns the session's documents for its user's index that
+// are not there yet in their current text, and the ids there that the
+// session no longer has. Messages are documents as soon as they are
+// stored (they only ever become units of the same id, so they are visited
+// once, by seq); units when they are not a message of the history (facts,
+// episodes, added memories, orphan replies, messages cut from the history)
+// and not summaries, visited when the units changed. Deleted units were
+// queued by deleteUnitLocked. Called with sess.mu held.
+func (sess *session) userDocsLocked() (docs []index.Doc, stale []string, marks map[string]uint64) {
+	marks = map[string]uint64{}
+	want := func(id, text string, m index.Meta) {
+		if text == "" {
+			return
+		}
+		h := textHash(text)
+		marks[id] = h
+		if old, ok := sess.uidx[id]; ok && old == h {
+			return
+		}
+		docs = append(docs, index.Doc{ID: id, Text: text, Meta: m})
+	}
+	from := len(sess.hist)
+	for from > 0 && (sess.uidx == nil || sess.hist[from-1].seq > sess.uSeq) {
+		from--
+	}
+	for i := from; i < len(sess.hist); i++ {
+		e := sess.hist[i]
+		ctx := ""
+		if i > 0 {
+			ctx = sess.hist[i-1].text()
+		}
+		want(userDocID(sess, e.msg.Role, msgUnitID(e.seq)), userDocText(e.text(), ctx), index.Meta{Time: e.at})
+	}
+	if sess.uidx == nil || sess.uUnitsVer != sess.unitsVer {
+		for _, u := range sess.units {
+			if u.Type == UnitSummary || (u.ID == msgUnitID(u.FromSeq) && sess.histIndex(u.FromSeq) >= 0) {
+				continue // summaries stay in their session; a message's document is its entry's
+			}
+			m := unitMeta(u)
+			if !u.At.IsZero() {
+				m.Time = u.At
+			}
+			want(userDocID(sess, unitRole(u), u.ID), userDocText(u.Content, ""), m)
+		}
+	}
+	stale, sess.userDel = sess.userDel, nil
+	return docs, stale, marks
+}
+
+// unitRole is the role a unit's document names: its category for
+// categorized memories, else its message role.
+func unitRole(u *Unit) string {
+	if u.Category != "" {
+		return string(u.Category)
+	}
+	return u.Role
+}
+
+// setUserMarksLocked records what the user's index holds of the session
+// after a sync. Called with sess.mu held.
+func (sess *session) setUserMarksLocked(marks map[string]uint64, stale []string, seq, ver uint64) {
+	if sess.uidx == nil {
+		sess.uidx = make(map[string]uint64, len(marks))
+	}
+	for id, h := range marks {
+		sess.uidx[id] = h
+	}
+	for _, id := range stale {
+		delete(sess.uidx, id)
+	}
+	sess.uSeq, sess.uUnitsVer = seq, ver
+}
+
+// syncUserDocs brings the session's documents in its user's index up to
+// date: new and changed ones are added (embedded with no lock held),
+// deleted ones removed. The first sync after the session loaded also
+// removes documents of the session the index holds but the session no
+// longer has, and skips those already there in the same text.
+func (s *Store) syncUserDocs(sess *session, um *userMem) {
+	x := um.index()
+	if x == nil {
+		return
+	}
+	sess.mu.Lock()
+	if sess.gone.Load() || !sess.exists {
+		sess.mu.Unlock()
+		return
+	}
+	first := sess.uidx == nil
+	docs, stale, marks := sess.userDocsLocked()
+	seq, ver := uint64(0), sess.unitsVer
+	if n := len(sess.hist); n > 0 {
+		seq = sess.hist[n-1].seq
+	}
+	prefix := userDocPrefix(sess)
+	sess.mu.Unlock()
+	if first {
+		x.Range(func(id string, _ index.Meta) bool {
+			if _, ok := marks[id]; !ok && strings.HasPrefix(id, prefix) {
+				stale = append(stale, id)
+			}
+			return true
+		})
+		docs = slices.DeleteFunc(docs, func(d index.Doc) bool {
+			old, ok := x.Get(d.ID)
+			return ok && old.Text == d.Text
+		})
+	}
+	if len(docs) == 0 && len(stale) == 0 {
+		sess.mu.Lock()
+		sess.setUserMarksLocked(marks, stale, seq, ver)
+		sess.mu.Unlock()
+		return
+	}
+	ctx := s.ctx
+	if s.localEmbedder {
+		ctx = context.Background() // offline: also on Close
+	} else if ctx.Err() != nil {
+		return // closing: a remote embedder is not called any more
+	}
+	added := 0
+	for _, d := range docs {
+		if _, ok := x.Get(d.ID); !ok {
+			added++
+		}
+	}
+	if len(docs) > 0 {
+		if err := x.Upsert(ctx, docs...); err != nil {
+			s.stats.indexErrors.Add(1)
+			s.opts.Logger.Warn("memory: user index", "n", len(docs), "err", err)
+			return
+		}
+	}
+	for _, id := range stale {
+		if x.Delete(id) {
+			added--
+		}
+	}
+	um.countDocs(sess.hash, added)
+	sess.mu.Lock()
+	if sess.gone.Load() && !sess.exists {
+		sess.mu.Unlock()
+		s.dropUserDocs(um, prefix) // deleted meanwhile
+		return
+	}
+	// Marks describe what was sent; a change made meanwhile is caught by
+	// the next sync (unitsVer or the last seq moved).
+	sess.setUserMarksLocked(marks, stale, seq, ver)
+	sess.mu.Unlock()
+	um.changed()
+	s.capUser(um)
+}
+
+// dropUserDocs removes every document with prefix from the user's index.
+func (s *Store) dropUserDocs(um *userMem, prefix string) {
+	x := um.index()
+	if x == nil {
+		return
+	}
+	var ids []string
+	x.Range(func(id string, _ index.Meta) bool {
+		if strings.HasPrefix(id, prefix) {
+			ids = append(ids, id)
+		}
+		return true
+	})
+	for _, id := range ids {
+		if x.Delete(id) {
+			um.countDocs(docSession(id), -1)
+		}
+	}
+	if len(ids) > 0 {
+		um.changed()
+	}
+}
+
+// capUser keeps the user's index within Recall.UserMaxDocs: past 110% of
+// it, the oldest documents leave until 90% remain.
+func (s *Store) capUser(um *userMem) {
+	x, limit := um.index(), s.opts.Recall.UserMaxDocs
+	if x == nil || x.Len() <= limit+limit/10 {
+		return
+	}
+	type aged struct {
+		id string
+		t  time.Time
+	}
+	var all []aged
+	x.Range(func(id string, m index.Meta) bool {
+		all = append(all, aged{id, m.Time})
+		return true
+	})
+	slices.SortFunc(all, func(a, b aged) int {
+		if c := a.t.Compare(b.t); c != 0 {
+			return c
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	for _, a := range all[:max(0, len(all)-limit*9/10)] {
+		if x.Delete(a.id) {
+			um.countDocs(docSession(a.id), -1)
+		}
+	}
+	um.changed()
+}
+
+// saveUser writes the user's index if it changed and the last save is
+// Recall.IndexSaveInterval old (always when force).
+func (s *Store) saveUser(um *userMem, force bool) {
+	x := um.index()
+	if x == nil {
+		return
+	}
+	now := s.opts.Clock.Now()
+	um.mu.Lock()
+	due := um.ver != um.saved && (force || now.Sub(um.lastSave) >= s.opts.Recall.IndexSaveInterval)
+	ver := um.ver
+	if due {
+		um.lastSave = now
+	}
+	um.mu.Unlock()
+	if !due {
+		return
+	}
+	err := os.MkdirAll(filepath.Dir(um.path), 0o755)
+	if err == nil {
+		err = x.Save(um.path)
+	}
+	if err != nil {
+		s.stats.indexErrors.Add(1)
+		s.opts.Logger.Warn("memory: save user index", "err", err)
+		return
+	}
+	s.stats.indexSaves.Add(1)
+	um.mu.Lock()
+	um.saved = max(um.saved, ver)
+	um.mu.Unlock()
+}

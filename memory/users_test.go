@@ -1,0 +1,144 @@
+package memory
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// ask sends one drop-in request for a user and returns its turn (aborted).
+func ask(t *testing.T, s *Store, tenant, session, user, q string) *Turn {
+	t.Helper()
+	tr, err := s.Prepare(context.Background(), TurnRequest{Tenant: tenant, SessionID: session, UserID: user, Messages: []Message{text("user", q)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Abort()
+	return tr
+}
+
+// talk records a short conversation in a session of user.
+func talk(t *testing.T, s *Store, tenant, session, user string, lines ...string) {
+	t.Helper()
+	for i := 0; i+1 < len(lines); i += 2 {
+		tr, err := s.Prepare(context.Background(), TurnRequest{Tenant: tenant, SessionID: session, UserID: user, Messages: []Message{text("user", lines[i])}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Complete(text("assistant", lines[i+1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// settle waits for the worker to index what the last turns left.
+func settle(t *testing.T, s *Store, tenant, session string) {
+	t.Helper()
+	sess, err := s.session(tenant, session, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.syncUser(sess) // what the worker does after a turn, done now
+}
+
+// TestUserMemoryAcrossSessions: a new session of the same user recalls the
+// user's earlier sessions (their messages, whether evicted or not, and
+// their facts); another user, or the same user id under another tenant,
+// recalls nothing of them; the tenant's default user is a scope too.
+func TestUserMemoryAcrossSessions(t *testing.T) {
+	s := openStore(t, t.TempDir(), nil)
+	talk(t, s, "t1", "a", "ada",
+		"I adopted a greyhound called Comet last spring", "Congratulations on Comet!",
+		"Comet loves the beach at Brighton", "Beaches are great for greyhounds.")
+	if _, err := s.AddMemory("t1", "a", CategoryFact, "Ada is allergic to walnuts.", 1); err != nil {
+		t.Fatal(err)
+	}
+	settle(t, s, "t1", "a")
+
+	tr := ask(t, s, "t1", "b", "ada", "What is my greyhound called and which beach does he love?")
+	if !strings.Contains(string(tr.Block), "Comet") || !strings.Contains(string(tr.Block), "Brighton") || tr.Stats.CrossSession == 0 {
+		t.Fatalf("a new session of the user does not recall the earlier one: %s", tr.Block)
+	}
+	if !strings.Contains(string(tr.Block), "another session") {
+		t.Fatalf("cross-session memories not marked: %s", tr.Block)
+	}
+	if tr := ask(t, s, "t1", "c", "ada", "Am I allergic to anything?"); !strings.Contains(string(tr.Block), "walnuts") {
+		t.Fatalf("the user's fact is not recalled in another session: %s", tr.Block)
+	}
+	for _, other := range []struct{ tenant, user string }{{"t1", "bob"}, {"t2", "ada"}, {"t1", ""}} {
+		if tr := ask(t, s, other.tenant, "d-"+other.user, other.user, "What is my greyhound called?"); strings.Contains(string(tr.Block), "Comet") {
+			t.Fatalf("tenant %s user %q recalls ada's session: %s", other.tenant, other.user, tr.Block)
+		}
+	}
+
+	// The tenant's default user (no id) is one scope of its own.
+	talk(t, s, "t1", "e", "", "My locker code is 4471", "Noted.")
+	settle(t, s, "t1", "e")
+	if tr := ask(t, s, "t1", "f", "", "What is my locker code?"); !strings.Contains(string(tr.Block), "4471") {
+		t.Fatalf("default user does not recall its other session: %s", tr.Block)
+	}
+	// A session keeps the user it was created with.
+	if tr := ask(t, s, "t1", "a", "bob", "anything"); tr.Stats.User != "ada" {
+		t.Fatalf("session a taken as user %q", tr.Stats.User)
+	}
+}
+
+// TestUserMemorySurvivesRestartAndRebuilds: the user index is saved on
+// Close and used after a restart; when it is missing it is rebuilt from
+// the logs; when it is older than a log (a crash after the log was
+// written), that session is reconciled; a deleted session's memories leave.
+func TestUserMemorySurvivesRestartAndRebuilds(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir, nil)
+	talk(t, s, "t", "a", "ada", "My sister Lena lives in Porto", "Porto is lovely.")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := userIndexPath(dir, "t", "ada")
+	saved, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("user index not saved on Close: %v", err)
+	}
+
+	s = openStore(t, dir, nil)
+	if tr := ask(t, s, "t", "b", "ada", "Where does my sister live?"); !strings.Contains(string(tr.Block), "Porto") {
+		t.Fatalf("after restart: %s", tr.Block)
+	}
+	talk(t, s, "t", "a", "ada", "I took up pottery on Tuesdays", "Pottery is relaxing.")
+	s.Close()
+
+	// A crash lost the index's last save: the old file, older than the log.
+	if err := os.WriteFile(path, saved, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(path, old, old); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, dir, nil)
+	if tr := ask(t, s, "t", "c", "ada", "Which day do I do pottery?"); !strings.Contains(string(tr.Block), "Tuesdays") {
+		t.Fatalf("a log newer than the index was not reconciled: %s", tr.Block)
+	}
+	s.Close()
+
+	os.Remove(path)
+	s = openStore(t, dir, nil)
+	tr := ask(t, s, "t", "d", "ada", "Where does my sister Lena live, and what do I do on Tuesdays?")
+	if !strings.Contains(string(tr.Block), "Porto") || !strings.Contains(string(tr.Block), "pottery") {
+		t.Fatalf("missing index not rebuilt from the logs: %s", tr.Block)
+	}
+	if err := s.Delete("t", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if tr := ask(t, s, "t", "e", "ada", "Where does my sister Lena live?"); strings.Contains(string(tr.Block), "Porto") {
+		t.Fatalf("a deleted session is still recalled: %s", tr.Block)
+	}
+	s.Close()
+	// Deleted while the index was not loaded: the next load drops it too.
+	s = openStore(t, dir, nil)
+	if tr := ask(t, s, "t", "f", "ada", "Where does my sister Lena live?"); strings.Contains(string(tr.Block), "Porto") {
+		t.Fatalf("a deleted session is recalled after restart: %s", tr.Block)
+	}
+}
