@@ -12,10 +12,10 @@ export SIDECAR_UPSTREAM ?= http://127.0.0.1:8000
 export SIDECAR_LISTEN   ?= 127.0.0.1:8080
 export SIDECAR_DATA_DIR ?= ./data
 
-.PHONY: help build run test test-race test-hostile bench bench-proxy bench-kv bench-recall bench-memory bench-reliability bench-amortization docker-cuda fuzz lint clean
+.PHONY: help build run test test-race test-hostile bench bench-proxy bench-kv bench-recall bench-memory bench-memory-e2e bench-reliability bench-amortization docker-cuda fuzz lint clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 build: ## build bin/sidecar (static, no cgo)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/sidecar
@@ -49,6 +49,9 @@ docker-cuda: ## build the CUDA image kvsidecar:cuda (needs a Docker engine)
 
 bench-memory: ## window building at 10/100/1000 turns, tokenizer cold vs cached, log append per fsync policy
 	$(GO) test ./memory -run '^$$' -bench 'Prepare|Count|LogAppend' -benchtime 300x
+
+bench-memory-e2e: ## LoCoMo replayed through a sidecar: context recall per client, prompt prefix sharing, on $(LOCOMO)
+	$(GO) run ./cmd/sidecar bench memory --data $(LOCOMO)
 
 bench-reliability: build ## issue 12 memory rows against the binary: huge words, SIGTERM, a 200 MB reply, ulimit -n 1024
 	scripts/bench-reliability.sh $(BIN)

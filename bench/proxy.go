@@ -7,10 +7,13 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
+	"maps"
 	"net"
 	"strconv"
 	"strings"
@@ -29,7 +32,19 @@ type MockUpstreamOptions struct {
 	StreamEvents int
 	// EventGap is the pause between two streamed chunks. Zero means none.
 	EventGap time.Duration
+	// KeepPrompts keeps the last "messages" of each session's chat request
+	// (by X-Session-ID) for LastPrompt, and counts the requests without a
+	// session (the sidecar's own calls) by model.
+	KeepPrompts bool
+	// BackgroundReply, when set, answers chat requests without a session
+	// (the sidecar's own summary and extraction calls), e.g. "[SKIP]".
+	BackgroundReply string
 }
+
+// ReplyHeader, on a chat request, names the answer the mock gives: its
+// value is the reply text, base64url-encoded (the memory benchmark replays
+// a recorded conversation this way). Without it the answer is canned.
+const ReplyHeader = "X-Bench-Reply"
 
 // MockUpstream is a scripted OpenAI-compatible server for benchmarks and
 // demos: /v1/chat/completions (streamed or not), /v1/completions,
@@ -37,6 +52,40 @@ type MockUpstreamOptions struct {
 type MockUpstream struct {
 	srv  *fasthttp.Server
 	opts MockUpstreamOptions
+
+	// mu protects the fields below.
+	mu      sync.Mutex
+	prompts map[string][]byte // session → last "messages"
+	bgCalls map[string]int    // the model of requests without a session → count
+}
+
+// LastPrompt returns the "messages" of the session's last chat request
+// (KeepPrompts), nil when none.
+func (m *MockUpstream) LastPrompt(session string) []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.prompts[session]
+}
+
+// BackgroundCalls returns the chat requests without a session seen so far
+// (KeepPrompts), by model ("" when the request named none).
+func (m *MockUpstream) BackgroundCalls() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.bgCalls)
+}
+
+// keep records a chat request (KeepPrompts).
+func (m *MockUpstream) keep(ctx *fasthttp.RequestCtx) {
+	body := ctx.Request.Body()
+	session := string(ctx.Request.Header.Peek("X-Session-ID"))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if session == "" {
+		m.bgCalls[gjson.GetBytes(body, "model").String()]++
+		return
+	}
+	m.prompts[session] = []byte(gjson.GetBytes(body, "messages").Raw)
 }
 
 // NewMockUpstream returns a mock; serve it with Serve.
@@ -44,7 +93,7 @@ func NewMockUpstream(o MockUpstreamOptions) *MockUpstream {
 	if o.StreamEvents == 0 {
 		o.StreamEvents = 16
 	}
-	m := &MockUpstream{opts: o}
+	m := &MockUpstream{opts: o, prompts: map[string][]byte{}, bgCalls: map[string]int{}}
 	m.srv = &fasthttp.Server{Handler: m.handle, Name: "mock-upstream"}
 	return m
 }
@@ -95,6 +144,27 @@ func (m *MockUpstream) handle(ctx *fasthttp.RequestCtx) {
 	case "/v1/completions":
 		ctx.SetBodyString(`{"id":"cmpl-mock","object":"text_completion","created":1700000000,"model":"mock","choices":[{"index":0,"text":"canned","finish_reason":"stop"}]}`)
 	case "/v1/chat/completions":
+		if m.opts.KeepPrompts {
+			m.keep(ctx)
+		}
+		if m.opts.BackgroundReply != "" && len(ctx.Request.Header.Peek("X-Session-ID")) == 0 {
+			content, _ := json.Marshal(m.opts.BackgroundReply)
+			ctx.SetBodyString(`{"id":"chatcmpl-mock","object":"chat.completion","created":1700000000,"model":"mock","choices":[{"index":0,"message":{"role":"assistant","content":` +
+				string(content) + `},"finish_reason":"stop"}]}`)
+			return
+		}
+		if h := ctx.Request.Header.Peek(ReplyHeader); len(h) > 0 {
+			reply, err := base64.RawURLEncoding.DecodeString(string(h))
+			if err != nil {
+				ctx.SetStatusCode(fasthttp.StatusBadRequest)
+				ctx.SetBodyString(`{"error":{"message":"bad X-Bench-Reply","type":"invalid_request_error","code":"bad_reply"}}`)
+				return
+			}
+			content, _ := json.Marshal(string(reply))
+			ctx.SetBodyString(`{"id":"chatcmpl-mock","object":"chat.completion","created":1700000000,"model":"mock","choices":[{"index":0,"message":{"role":"assistant","content":` +
+				string(content) + `},"finish_reason":"stop"}]}`)
+			return
+		}
 		if !bytes.Contains(ctx.Request.Body(), []byte(`"stream":true`)) {
 			ctx.SetBodyString(mockChat)
 			return

@@ -139,6 +139,8 @@ type LocomoConversation struct {
 	QA    []LocomoQA
 	// SessionTimes maps a session number to its "session_N_date_time" text.
 	SessionTimes map[int]string
+	// SpeakerA and SpeakerB are the conversation's two speakers.
+	SpeakerA, SpeakerB string
 }
 
 var (
@@ -184,6 +186,16 @@ func ParseLocomo(raw []byte) ([]LocomoConversation, error) {
 		}
 		var sessions []session
 		for key, v := range s.Conversation {
+			if key == "speaker_a" || key == "speaker_b" {
+				var name string
+				_ = json.Unmarshal(v, &name)
+				if key == "speaker_a" {
+					c.SpeakerA = name
+				} else {
+					c.SpeakerB = name
+				}
+				continue
+			}
 			if m := locomoDateKey.FindStringSubmatch(key); m != nil {
 				n, _ := strconv.Atoi(m[1])
 				var t string

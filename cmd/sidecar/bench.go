@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -21,6 +23,7 @@ workloads:
   amortization  cost per turn of a session's prefix KV, computed once then loaded, T = 1..64
   kv         KV tiers: hit rate vs Belady, tier latency, archive throughput, compression, amortization
   recall     LoCoMo evidence recall for bm25, vector and hybrid search (--data FILE)
+  memory     LoCoMo replayed through a sidecar: context recall per client, prompt prefix sharing (--data FILE)
   proxy      added latency of the sidecar and nginx over a direct upstream (--target name=host:port ...)
   gpu        Focus put/get latency and host<->device bandwidth (--device, --full)
   upstream   serve a scripted OpenAI-compatible upstream (for proxy benchmarks and demos)
@@ -42,6 +45,8 @@ func cmdBench(args []string) int {
 		err = benchKV(args)
 	case "recall":
 		err = benchRecall(args)
+	case "memory":
+		err = benchMemory(args)
 	case "proxy":
 		err = benchProxy(args)
 	case "upstream":
@@ -217,4 +222,97 @@ func benchUpstream(args []string) error {
 		_ = m.Close()
 	}()
 	return m.Serve(ln)
+}
+
+func benchMemory(args []string) error {
+	fs := flag.NewFlagSet("bench memory", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: sidecar bench memory --data FILE [flags] [-- serve flags]\n\n"+
+			"Replays LoCoMo conversations through a sidecar whose upstream is the scripted mock, then asks the\n"+
+			"questions. Without --sidecar it runs `sidecar serve` in this process with its defaults (flags after\n"+
+			"-- are passed to it) on a temporary data dir.\n\n")
+		fs.PrintDefaults()
+	}
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	data := fs.String("data", "", "LoCoMo-format JSON file (required)")
+	window := fs.Int("window-tokens", 8192, "the sidecar's window (passed to the sidecar it starts; used by the trimming baseline)")
+	perReplay := fs.Int("questions-per-replay", 0, "questions asked per replay of a conversation (0: all, one after the other)")
+	convs := fs.Int("conversations", 0, "replay only the first N conversations (0: all)")
+	target := fs.String("sidecar", "", "base URL of a sidecar already running (its upstream must be --upstream-listen)")
+	upListen := fs.String("upstream-listen", "127.0.0.1:0", "address of the scripted upstream")
+	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	engineURL := fs.String("engine-url", "", "instead: replay (drop-in, no questions) through a sidecar in front of this llama.cpp server and report its prompt-cache figures")
+	turns := fs.Int("turns", 0, "with --engine-url: turns per conversation (0: all)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *data == "" {
+		return errors.New("--data FILE is required")
+	}
+	upstream := *engineURL
+	var up *bench.MockUpstream
+	if upstream == "" {
+		ln, err := net.Listen("tcp", *upListen)
+		if err != nil {
+			return err
+		}
+		up = bench.NewMockUpstream(bench.MockUpstreamOptions{KeepPrompts: true, BackgroundReply: "[SKIP]"})
+		go func() { _ = up.Serve(ln) }()
+		defer up.Close()
+		upstream = "http://" + ln.Addr().String()
+	}
+
+	sidecar := *target
+	if sidecar == "" {
+		dir, err := os.MkdirTemp("", "bench-memory-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		var c serveConfig
+		sf := serveFlags(&c)
+		base := []string{"--listen", "127.0.0.1:0", "--upstream", upstream, "--data-dir", dir,
+			"--window-tokens", strconv.Itoa(*window), "--log-level", "warn", "--log-format", "text"}
+		if err := parseFlags(sf, append(base, fs.Args()...), func(string) string { return "" }); err != nil {
+			return fmt.Errorf("serve flags: %w", err)
+		}
+		log, err := newLogger(c.logLevel, c.logFormat)
+		if err != nil {
+			return err
+		}
+		ctx, stop := context.WithCancel(context.Background())
+		ready := make(chan string, 1)
+		done := make(chan error, 1)
+		go func() { done <- serve(ctx, c, log, ready) }()
+		select {
+		case addr := <-ready:
+			sidecar = "http://" + addr
+		case err := <-done:
+			stop()
+			return fmt.Errorf("sidecar: %w", err)
+		}
+		defer func() {
+			stop()
+			<-done
+		}()
+	} else if fs.NArg() > 0 {
+		return errors.New("serve flags after -- need no --sidecar")
+	}
+	var progress io.Writer = os.Stderr
+	if *quiet {
+		progress = nil
+	}
+	if *engineURL != "" {
+		r, err := bench.RunEngine(bench.EngineOptions{Data: *data, Sidecar: sidecar, Conversations: *convs, Turns: *turns, Progress: progress})
+		if err != nil {
+			return err
+		}
+		return emit(*asJSON, r, bench.WriteEngineTable)
+	}
+	r, err := bench.RunMemory(bench.MemoryOptions{Data: *data, Sidecar: sidecar, Upstream: up, WindowTokens: *window,
+		QuestionsPerReplay: *perReplay, Conversations: *convs, Progress: progress})
+	if err != nil {
+		return err
+	}
+	return emit(*asJSON, r, bench.WriteMemoryTable)
 }

@@ -1,0 +1,104 @@
+package bench
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/kvsidecar/kvsidecar/memory"
+)
+
+// TestLocomoReplayTurns: speaker A's runs become user messages, B's runs
+// the replies; each LoCoMo session's first message carries its date.
+func TestLocomoReplayTurns(t *testing.T) {
+	c := LocomoConversation{SpeakerA: "Ann", SessionTimes: map[int]string{1: "1 May", 2: "2 May"}, Turns: []LocomoTurn{
+		{Speaker: "Ann", Text: "hi", Session: 1}, {Speaker: "Ann", Text: "news", Session: 1},
+		{Speaker: "Bo", Text: "hey", Session: 1}, {Speaker: "Ann", Text: "bye", Session: 1},
+		{Speaker: "Bo", Text: "morning", Session: 2}, {Speaker: "Ann", Text: "yo", Session: 2},
+	}}
+	got := locomoReplay(c)
+	want := []replayTurn{
+		{"(1 May)\nAnn: hi\nAnn: news", "Bo: hey"},
+		{"Ann: bye", "I see."},
+		{"(2 May)", "Bo: morning"},
+		{"Ann: yo", "I see."},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d turns %q", len(got), got)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("turn %d %q, want %q", i, got[i], want[i])
+		}
+	}
+}
+
+// TestTrimmedKeepsNewestThatFit: the trimming baseline keeps the system
+// message, the question, and the newest messages that fit the window.
+func TestTrimmedKeepsNewestThatFit(t *testing.T) {
+	r := &memRun{o: MemoryOptions{WindowTokens: 40}, tok: memory.NewTokenizer(0), enc: memory.CL100K}
+	msgs := []memMsg{{"system", "sys"}}
+	for _, w := range []string{"one", "two", "three", "four", "five", "six", "seven", "eight"} {
+		msgs = append(msgs, memMsg{"user", w + " " + w})
+	}
+	msgs = append(msgs, memMsg{"user", "question?"})
+	p, err := r.trimmed(msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []memMsg
+	if err := json.Unmarshal(mustJSON(t, p.raws), &kept); err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, n := range p.tokens {
+		total += n
+	}
+	if kept[0].Content != "sys" || kept[len(kept)-1].Content != "question?" || total > 40 || len(kept) < 4 {
+		t.Fatalf("kept %q (%d tokens)", kept, total)
+	}
+	if kept[len(kept)-2].Content != "eight eight" || strings.Contains(p.text, "one one") {
+		t.Fatalf("not the newest: %q", kept)
+	}
+}
+
+func mustJSON(t *testing.T, raws []json.RawMessage) []byte {
+	t.Helper()
+	b, err := json.Marshal(raws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestPrefixAccounting: a turn that repeats the previous prompt (its recall
+// block aside) is stable and its shared tokens are the leading messages
+// both prompts have; a turn that dropped history counts as an eviction.
+func TestPrefixAccounting(t *testing.T) {
+	r := &memRun{tok: memory.NewTokenizer(0), enc: memory.CL100K}
+	prompt := func(msgs ...memMsg) promptInfo {
+		b, _ := json.Marshal(msgs)
+		p, err := r.parsePrompt(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	sys, h1, h2 := memMsg{"system", "sys"}, memMsg{"user", "h one"}, memMsg{"assistant", "h two"}
+	blk := memMsg{"system", memory.RecallBlockPrefix + ": x"}
+	u1, a1, u2 := memMsg{"user", "q1"}, memMsg{"assistant", "a1"}, memMsg{"user", "q2"}
+	var acc prefixAcc
+	acc.add(prompt(sys, h1, h2, blk, u1))
+	acc.add(prompt(sys, h1, h2, u1, a1, blk, u2)) // stable: 3 of 5 messages shared
+	acc.add(prompt(sys, h2, u1, a1, u2))          // h1 left the window
+	rep := acc.report()
+	if rep.Turns != 2 || rep.Stable != 1 || rep.Evictions != 1 {
+		t.Fatalf("%+v", rep)
+	}
+	first := prompt(sys, h1, h2, blk, u1)
+	shared := first.tokens[0] + first.tokens[1] + first.tokens[2]
+	total := shared + first.tokens[3] + first.tokens[4]
+	if want := recallRound1(100 * float64(shared) / float64(total)); rep.SharedPct != want {
+		t.Fatalf("shared %.1f%%, want %.1f%%", rep.SharedPct, want)
+	}
+}
