@@ -80,7 +80,7 @@ const (
 	// StrategyTail drops the oldest history first.
 	StrategyTail
 	// StrategySummary replaces older turns by a running summary made by
-	// Options.Summarizer in the background. Until a summary exists it
+	// Extraction.Summarizer in the background. Until a summary exists it
 	// behaves as StrategyImportance; afterwards it drops oldest first.
 	StrategySummary
 )

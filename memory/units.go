@@ -106,13 +106,13 @@ type RecallHit struct {
 
 // Recaller ranks a session's memory units for a query (the newest user
 // message). It is given the session's working-tier units other than
-// summaries (bounded by Options.WorkingMaxUnits plus what was evicted since
+// summaries (bounded by Options.Decay.WorkingMaxUnits plus what was evicted since
 // the last background sync); archive units are left to the RAG index. It is
-// used only when the index is off (Options.IndexDisabled) or cannot be
+// used only when the index is off (Options.Recall.IndexDisabled) or cannot be
 // searched. Recall runs on the request path under the
 // session's lock: it must be fast, must not retain or modify units, and
 // should return at most k hits, best first. Hits below
-// Options.RecallMinScore are not injected.
+// Options.Recall.MinScore are not shown.
 type Recaller interface {
 	Recall(ctx context.Context, query string, units []*Unit, k int) ([]RecallHit, error)
 }
@@ -183,7 +183,7 @@ type Summary struct {
 // Summarizer condenses evicted turns, typically by calling the upstream
 // model. It is called from background goroutines the Store owns, never on
 // the request path; ctx is cancelled on Close and after
-// Options.SummaryTimeout.
+// Options.Extraction.SummaryTimeout.
 type Summarizer interface {
 	Summarize(ctx context.Context, req SummaryRequest) (Summary, error)
 }

@@ -8,7 +8,7 @@ import (
 )
 
 // workingMemory is a session's active set: the memories recalled recently,
-// at most Options.ActiveSetSize, each expiring Options.ActiveSetDecay after
+// at most Options.Recall.ActiveSetSize, each expiring Recall.ActiveSetDecay after
 // its last activation, plus Hebbian links between memories recalled
 // together. It lives in memory only (a restart starts with an empty set,
 // i.e. one full recall). Guarded by the session's mu.
