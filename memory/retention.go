@@ -243,6 +243,7 @@ func (s *Store) removeSessionFile(path string) bool {
 			return false
 		}
 		os.Remove(idx)
+		s.forgetSessionDocs(path)
 		return true
 	}
 	s.mu.Unlock()
@@ -263,5 +264,6 @@ func (s *Store) removeSessionFile(path string) bool {
 		delete(s.sessions, sess.key)
 	}
 	s.mu.Unlock()
+	s.forgetSessionDocs(path)
 	return true
 }

@@ -105,7 +105,8 @@ func tenantDir(root, tenant string) string {
 
 func userIndexPath(root, tenant, user string) string {
 	uh := sha256.Sum256([]byte("user\x00" + tenant + "\x00" + user))
-	return filepath.Join(tenantDir(root, tenant), "users", hex.EncodeToString(uh[:16])+".idx")
+	// Not ".idx": the retention sweep removes an .idx without its .log.
+	return filepath.Join(tenantDir(root, tenant), "users", hex.EncodeToString(uh[:16])+".uidx")
 }
 
 // userFor returns the memory of the session's user: the one the session was
@@ -493,6 +494,35 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 	sess.mu.Unlock()
 	um.changed()
 	s.capUser(um)
+}
+
+// forgetSessionDocs drops the documents of the session whose log was at
+// logPath (deleted by retention) from the loaded indexes of its tenant's
+// users. Unloaded ones drop them when next loaded (their log is gone).
+func (s *Store) forgetSessionDocs(logPath string) {
+	hash := strings.TrimSuffix(filepath.Base(logPath), ".log")
+	tdir := filepath.Dir(filepath.Dir(logPath))
+	s.mu.Lock()
+	var ums []*userMem
+	for _, um := range s.users {
+		if um.tenantDir == tdir {
+			ums = append(ums, um)
+		}
+	}
+	s.mu.Unlock()
+	for _, um := range ums {
+		if um.hasDocsOf(hash) {
+			s.dropUserDocs(um, hash+"|")
+		}
+	}
+}
+
+// hasDocsOf reports whether the index holds documents of the session
+// hashed h.
+func (um *userMem) hasDocsOf(h string) bool {
+	um.mu.Lock()
+	defer um.mu.Unlock()
+	return um.docs[h] > 0
 }
 
 // dropUserDocs removes every document with prefix from the user's index.

@@ -142,3 +142,34 @@ func TestUserMemorySurvivesRestartAndRebuilds(t *testing.T) {
 		t.Fatalf("a deleted session is recalled after restart: %s", tr.Block)
 	}
 }
+
+// TestRetentionForgetsUserMemory: a session deleted by the retention sweep
+// leaves its user's index too (loaded or not), and the sweep never takes
+// the user index file for a stray session index.
+func TestRetentionForgetsUserMemory(t *testing.T) {
+	dir := t.TempDir()
+	mod := func(o *Options) { o.Clock = realClock{}; o.Storage.SessionTTL = time.Hour }
+	s := openStore(t, dir, mod)
+	talk(t, s, "t", "old", "ada", "My bike is a green Bianchi", "Nice bike.")
+	talk(t, s, "t", "fresh", "ada", "I live in Ghent", "Lovely city.")
+	settle(t, s, "t", "old")
+	settle(t, s, "t", "fresh")
+	if tr := ask(t, s, "t", "probe1", "ada", "What bike do I ride?"); !strings.Contains(string(tr.Block), "Bianchi") {
+		t.Fatalf("not recalled before the sweep: %s", tr.Block)
+	}
+	s.saveUser(s.userMem("t", "ada"), true)
+	long := time.Now().Add(-2 * time.Hour)
+	for _, f := range []string{sessionPath(dir, "t", "old"), userIndexPath(dir, "t", "ada")} {
+		if err := os.Chtimes(f, long, long); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.sweep(time.Now())
+	if _, err := os.Stat(userIndexPath(dir, "t", "ada")); err != nil {
+		t.Fatalf("the sweep removed the user index: %v", err)
+	}
+	tr := ask(t, s, "t", "probe2", "ada", "What bike do I ride? Where do I live?")
+	if strings.Contains(string(tr.Block), "Bianchi") || !strings.Contains(string(tr.Block), "Ghent") {
+		t.Fatalf("after the sweep: %s", tr.Block)
+	}
+}
