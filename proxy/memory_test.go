@@ -226,9 +226,9 @@ func TestDropInClientAndUserScope(t *testing.T) {
 		t.Fatalf("another user recalls ada's session: %s", up.last())
 	}
 	resp, b := post(t, base+"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`,
-		map[string]string{"X-Session-ID": "s4", "X-User-ID": "bad\tuser"})
+		map[string]string{"Authorization": "Bearer k", "X-Session-ID": "s4", "X-User-ID": "bad\tuser"})
 	wantOpenAIError(t, resp, b, 400, "invalid_user")
-	resp, b = post(t, base+"/v1/chat/completions", `{"user":7,"messages":[{"role":"user","content":"x"}]}`, map[string]string{"X-Session-ID": "s4"})
+	resp, b = post(t, base+"/v1/chat/completions", `{"user":7,"messages":[{"role":"user","content":"x"}]}`, map[string]string{"Authorization": "Bearer k", "X-Session-ID": "s4"})
 	wantOpenAIError(t, resp, b, 400, "invalid_request")
 
 	r, err := noPoolClient.Get(base + "/metrics")
