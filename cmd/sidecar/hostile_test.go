@@ -1210,7 +1210,7 @@ func TestHostileMemoryRows(t *testing.T) {
 		stop(t, p)
 		var logs []string
 		_ = filepath.WalkDir(filepath.Join(dir, "sessions"), func(path string, d fs.DirEntry, err error) error {
-			if err == nil && !d.IsDir() && !strings.Contains(path, "quarantine") {
+			if err == nil && !d.IsDir() && !strings.Contains(path, "quarantine") && strings.HasSuffix(path, ".log") {
 				if fi, _ := d.Info(); fi != nil && fi.Size() > 2000 {
 					logs = append(logs, path)
 				}
