@@ -58,24 +58,6 @@ func TestPutBlobCached(t *testing.T) {
 	}
 }
 
-func TestRecordLoadAndCompute(t *testing.T) {
-	c, err := Open(Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.RecordCompute(200 * time.Millisecond)
-	c.RecordLoad(tiers.TierArchive, 10*time.Millisecond)
-	c.RecordLoad(tiers.TierArchive, 30*time.Millisecond)
-	st, a := c.Stats(), c.AmortizationStats()
-	if st.Hits != 2 || st.Misses != 1 || a.TotalTurns != 3 || a.Computes != 1 || a.ComputeSaved != 2 {
-		t.Fatalf("stats %+v, amortization %+v", st, a)
-	}
-	if a.MeanComputeCost != 200*time.Millisecond || a.MeanLoadCost["archive"] != 20*time.Millisecond {
-		t.Fatalf("costs %v %v", a.MeanComputeCost, a.MeanLoadCost)
-	}
-}
-
 // TestPutWithHintFeedsWeightedStrategy: with room for three blocks, the
 // weighted strategy drops the unimportant one, not the oldest. (With two,
 // the oldest important block and the newer unimportant one tie:

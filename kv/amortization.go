@@ -133,25 +133,3 @@ func (c *Cache) AmortizationStats() AmortizationStats {
 	}
 	return s
 }
-
-// RecordLoad counts a turn whose prefix KV an engine reloaded from tier t
-// outside GetOrCompute (a llama.cpp slot restore, say), costing d, so that
-// Stats and AmortizationStats cover the request path whatever moved the KV.
-func (c *Cache) RecordLoad(t Tier, d time.Duration) {
-	c.hits.Add(1)
-	c.amort.load(t, d)
-}
-
-// RecordCompute counts a turn whose prefix KV an engine had to compute
-// (prefill) outside GetOrCompute, costing d as the engine measured it.
-func (c *Cache) RecordCompute(d time.Duration) {
-	c.misses.Add(1)
-	c.amort.compute(d, true)
-}
-
-// RecordResident counts a turn whose prefix KV was still in the engine (a
-// llama.cpp slot the session kept): a hit that cost no load.
-func (c *Cache) RecordResident() {
-	c.hits.Add(1)
-	c.amort.shared()
-}

@@ -1,9 +1,12 @@
 package kv
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
@@ -24,6 +27,11 @@ type BlobMeta struct {
 	Shape []int64
 	// Size is the blob's length in bytes (set by the cache).
 	Size int64
+	// Aux is small opaque metadata of the caller kept beside the blob (at
+	// most tiers.MaxAuxLen bytes; the Archive keeps it in the file's
+	// header), so RangeBlobs can list what is stored without reading it.
+	// The HTTP API sets none.
+	Aux []byte
 }
 
 func blobKey(ns, key string) (string, error) {
@@ -103,7 +111,7 @@ func (c *Cache) putBlob(ns, key string, meta BlobMeta, data []byte, durable bool
 		return fmt.Errorf("kv: put blob: %w", err)
 	}
 	v := tiers.Value{
-		Meta: tiers.Meta{DType: meta.DType, Shape: append([]int64(nil), meta.Shape...)},
+		Meta: tiers.Meta{DType: meta.DType, Shape: append([]int64(nil), meta.Shape...), Aux: append([]byte(nil), meta.Aux...)},
 		Data: append([]byte(nil), data...),
 	}
 	if err := c.store.Put(k, v, tiers.PutOptions{Durable: durable}); err != nil {
@@ -131,7 +139,81 @@ func (c *Cache) GetBlob(ns, key string) (BlobMeta, []byte, Tier, error) {
 	if err != nil {
 		return BlobMeta{}, nil, tiers.TierNone, blobError("get", ns, key, err)
 	}
-	return BlobMeta{DType: v.DType, Shape: v.Shape, Size: int64(len(v.Data))}, v.Data, t, nil
+	return BlobMeta{DType: v.DType, Shape: v.Shape, Size: int64(len(v.Data)), Aux: v.Aux}, v.Data, t, nil
+}
+
+// LoadBlob is GetBlob for a lookup that stands in for a compute, such as an
+// engine state restored instead of a prefill: a blob found counts as a hit
+// in Stats and as a load from its tier, with the time it took, in
+// AmortizationStats. A blob not found counts nothing (the compute that
+// follows counts the miss, through GetOrComputeBlob).
+func (c *Cache) LoadBlob(ns, key string) (BlobMeta, []byte, Tier, error) {
+	start := time.Now()
+	m, data, t, err := c.GetBlob(ns, key)
+	if err == nil {
+		c.hits.Add(1)
+		c.amort.load(t, time.Since(start))
+	}
+	return m, data, t, err
+}
+
+// GetOrComputeBlob makes sure a blob is stored under ns and key: when it is
+// (the blob is not read), a hit; otherwise compute runs, once however many
+// callers ask at the same time, and its blob is stored durably (PutBlob),
+// a miss whose cost is the compute's time plus the extra time it reports
+// for work done before the call (an engine's prefill, measured by the
+// engine). A failed compute stores nothing. It returns the blob's metadata
+// and how it was produced.
+func (c *Cache) GetOrComputeBlob(ctx context.Context, ns, key string, compute func(context.Context) (BlobMeta, []byte, time.Duration, error)) (BlobMeta, Outcome, error) {
+	k, err := blobKey(ns, key)
+	if err != nil {
+		return BlobMeta{}, Outcome{}, fmt.Errorf("kv: get or compute blob: %w", err)
+	}
+	type blob struct {
+		meta BlobMeta
+		data []byte
+	}
+	b, out, err := getOrCompute(c, ctx, k, "",
+		func() (blob, Tier, time.Duration, error) {
+			m, t, err := c.StatBlob(ns, key)
+			return blob{meta: m}, t, 0, err
+		},
+		func(ctx context.Context) (b blob, extra time.Duration, err error) {
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("kv: compute panicked: %v", r)
+				}
+			}()
+			b.meta, b.data, extra, err = compute(ctx)
+			if err != nil {
+				return blob{}, extra, fmt.Errorf("kv: compute blob: %w", err)
+			}
+			return b, extra, nil
+		},
+		func(b blob) error { return c.PutBlob(ns, key, b.meta, b.data) })
+	b.meta.Size = max(b.meta.Size, int64(len(b.data)))
+	return b.meta, out, err
+}
+
+// RangeBlobs calls fn with the key, metadata (Aux included) and fastest
+// tier of every blob of namespace ns, without reading their bytes, until
+// fn returns false. Blobs put or deleted meanwhile may or may not be seen.
+func (c *Cache) RangeBlobs(ns string, fn func(key string, m BlobMeta, t Tier) bool) {
+	if c.closed.Load() {
+		return
+	}
+	prefix, err := blobKey(ns, "x")
+	if err != nil {
+		return
+	}
+	prefix = prefix[:len(prefix)-1]
+	c.store.Range(func(k string, m tiers.Meta, t tiers.Tier) bool {
+		key, ok := strings.CutPrefix(k, prefix)
+		if !ok || key == "" {
+			return true
+		}
+		return fn(key, BlobMeta{DType: m.DType, Shape: m.Shape, Aux: m.Aux}, t)
+	})
 }
 
 // StatBlob returns a blob's metadata and fastest tier (for HEAD). A blob
@@ -158,7 +240,7 @@ func (c *Cache) StatBlob(ns, key string) (BlobMeta, Tier, error) {
 	if err != nil {
 		return BlobMeta{}, tiers.TierNone, blobError("stat", ns, key, err)
 	}
-	return BlobMeta{DType: m.DType, Shape: m.Shape, Size: n}, t, nil
+	return BlobMeta{DType: m.DType, Shape: m.Shape, Size: n, Aux: m.Aux}, t, nil
 }
 
 // DeleteBlob removes a blob from every tier, durably. A missing blob is

@@ -382,7 +382,7 @@ type Outcome struct {
 
 type flight struct {
 	done chan struct{}
-	blk  *Block
+	val  any
 	err  error
 }
 
@@ -395,15 +395,36 @@ type flight struct {
 func (c *Cache) GetOrCompute(ctx context.Context, memoryID, query string, compute func(context.Context) (*Block, error)) (*Block, Outcome, error) {
 	h := QueryHash(query)
 	key := cacheKey(memoryID, h)
+	return getOrCompute(c, ctx, key, memoryID,
+		func() (*Block, Tier, time.Duration, error) { return c.get(key) },
+		func(ctx context.Context) (*Block, time.Duration, error) {
+			b, err := runCompute(ctx, compute)
+			return b, 0, err
+		},
+		func(b *Block) error { return c.put(memoryID, h, b, Hint{}) })
+}
+
+// getOrCompute is the get-or-compute protocol over one store key, shared by
+// blocks and blobs: lookup, else one compute per key however many callers
+// ask (the others wait), then store unless memoryID was invalidated
+// meanwhile (blobs pass "", which is never invalidated). The compute's own duration plus the extra cost it
+// reports (work done outside this call, such as an engine's prefill) is
+// what AmortizationStats count as C_compute.
+func getOrCompute[T any](c *Cache, ctx context.Context, key, memoryID string,
+	lookup func() (T, Tier, time.Duration, error),
+	compute func(context.Context) (T, time.Duration, error),
+	store func(T) error,
+) (T, Outcome, error) {
+	var zero T
 	for {
-		b, t, d, err := c.get(key)
+		v, t, d, err := lookup()
 		if err == nil {
 			c.hits.Add(1)
 			c.amort.load(t, d)
-			return b, Outcome{Tier: t}, nil
+			return v, Outcome{Tier: t}, nil
 		}
 		if !errors.Is(err, ErrNotFound) {
-			return nil, Outcome{}, err
+			return zero, Outcome{}, err
 		}
 		c.mu.Lock()
 		if f, ok := c.flights[key]; ok {
@@ -411,17 +432,17 @@ func (c *Cache) GetOrCompute(ctx context.Context, memoryID, query string, comput
 			select {
 			case <-f.done:
 			case <-ctx.Done():
-				return nil, Outcome{}, fmt.Errorf("kv: get or compute: %w", ctx.Err())
+				return zero, Outcome{}, fmt.Errorf("kv: get or compute: %w", ctx.Err())
 			}
 			if f.err != nil && ctx.Err() == nil && (errors.Is(f.err, context.Canceled) || errors.Is(f.err, context.DeadlineExceeded)) {
 				continue // the computing caller gave up, not the compute
 			}
 			if f.err != nil {
-				return nil, Outcome{}, f.err
+				return zero, Outcome{}, f.err
 			}
 			c.hits.Add(1)
 			c.amort.shared()
-			return f.blk, Outcome{Shared: true}, nil
+			return f.val.(T), Outcome{Shared: true}, nil
 		}
 		f := &flight{done: make(chan struct{})}
 		c.flights[key] = f
@@ -430,26 +451,25 @@ func (c *Cache) GetOrCompute(ctx context.Context, memoryID, query string, comput
 		c.misses.Add(1)
 
 		start := time.Now()
-		f.blk, f.err = runCompute(ctx, compute)
-		c.amort.compute(time.Since(start), f.err == nil)
-		if f.err == nil {
+		val, extra, err := compute(ctx)
+		c.amort.compute(time.Since(start)+extra, err == nil)
+		if err == nil {
 			c.mu.Lock()
 			stale := c.gens[memoryID] != gen
 			c.mu.Unlock()
 			if !stale {
-				if err := c.put(memoryID, h, f.blk, Hint{}); err != nil {
-					f.err = err
-				}
+				err = store(val)
 			}
 		}
+		f.val, f.err = val, err
 		c.mu.Lock()
 		delete(c.flights, key)
 		c.mu.Unlock()
 		close(f.done)
-		if f.err != nil {
-			return nil, Outcome{}, f.err
+		if err != nil {
+			return zero, Outcome{}, err
 		}
-		return f.blk, Outcome{Computed: true}, nil
+		return val, Outcome{Computed: true}, nil
 	}
 }
 
