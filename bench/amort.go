@@ -17,7 +17,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/gpu"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/tiers"
@@ -31,10 +30,10 @@ type AmortOptions struct {
 	// Quick divides the preset further (4× its default scale) so the run
 	// takes a few seconds; the prefix and turns stay.
 	Quick bool
-	// Preset names the reference computer's shape (engine.Presets).
-	// Empty means engine.DefaultPreset.
+	// Preset names the reference computer's shape (Presets).
+	// Empty means DefaultPreset.
 	Preset string
-	// Scale overrides the preset's scale (see engine.RefKVOptions).
+	// Scale overrides the preset's scale (see RefKVOptions).
 	// Zero means its default (times 4 when Quick).
 	Scale int
 	// PrefixTokens is the prefix length. Zero means 2,048.
@@ -82,7 +81,7 @@ func (o *AmortOptions) validate() error {
 	if o.Seed == 0 {
 		o.Seed = 1
 	}
-	p, err := engine.LookupPreset(o.Preset)
+	p, err := LookupPreset(o.Preset)
 	if err != nil {
 		return fmt.Errorf("bench: amortization: %w", err)
 	}
@@ -99,11 +98,11 @@ func (o *AmortOptions) validate() error {
 // value of the "amortization" member of `sidecar bench --json`.
 type AmortReport struct {
 	// Preset is the reference computer's effective (scaled) shape.
-	Preset       engine.Preset `json:"preset"`
-	DType        string        `json:"dtype"`
-	Device       string        `json:"device"`
-	PrefixTokens int           `json:"prefix_tokens"`
-	BlockBytes   int64         `json:"block_bytes"`
+	Preset       Preset `json:"preset"`
+	DType        string `json:"dtype"`
+	Device       string `json:"device"`
+	PrefixTokens int    `json:"prefix_tokens"`
+	BlockBytes   int64  `json:"block_bytes"`
 	// ComputeMs is the mean prefill (the reference computer's run) over
 	// every tier's sessions, as kv.Cache.AmortizationStats measured it.
 	ComputeMs float64 `json:"compute_ms"`
@@ -177,7 +176,7 @@ type AmortGoal struct {
 }
 
 // RunAmortization runs one session of MaxTurns turns per tier: turn 1
-// computes the prefix's KV with engine.RefKV through GetOrCompute (which
+// computes the prefix's KV with RefKV through GetOrCompute (which
 // stores it), turns 2..T load it from the tier under test (promotion is
 // off so it stays there). The mean of the first T turns is the measured
 // cost per turn of a T-turn session; each turn starts after a GC.
@@ -186,7 +185,7 @@ func RunAmortization(opts AmortOptions) (AmortReport, error) {
 		return AmortReport{}, err
 	}
 	start := time.Now()
-	ref, err := engine.NewRefKV(engine.RefKVOptions{Preset: opts.Preset, Scale: opts.Scale, Seed: opts.Seed})
+	ref, err := NewRefKV(RefKVOptions{Preset: opts.Preset, Scale: opts.Scale, Seed: opts.Seed})
 	if err != nil {
 		return AmortReport{}, fmt.Errorf("bench: amortization: %w", err)
 	}
@@ -248,7 +247,7 @@ func RunAmortization(opts AmortOptions) (AmortReport, error) {
 }
 
 // amortTier runs the sessions on a cache whose blocks land in tier.
-func amortTier(o AmortOptions, tier, dir string, blockBytes int64, ref *engine.RefKV, prefixes [][]int32) (AmortTier, error) {
+func amortTier(o AmortOptions, tier, dir string, blockBytes int64, ref *RefKV, prefixes [][]int32) (AmortTier, error) {
 	room := tiers.Budget{MaxBytes: 3*blockBytes + 1<<20}
 	so := tiers.Options{Dir: dir, Device: o.Device, Focus: room, Working: room, PromoteThreshold: math.MaxFloat64, NoFlushOnClose: true}
 	switch tier {

@@ -21,7 +21,8 @@ type Request struct {
 	Tenant, SessionID string
 	// Model is the request's "model" field.
 	Model string
-	// Body is the JSON request body the proxy is about to forward.
+	// Body is the JSON request body the proxy is about to forward. It is
+	// valid only during Before: the proxy reuses its buffer afterwards.
 	Body []byte
 	// Background marks the sidecar's own calls (summaries, extraction,
 	// reviews) made on behalf of the session: a connector places them so
@@ -30,21 +31,13 @@ type Request struct {
 
 	// Set by Before, read by After.
 	assigned bool
-	kvPath   kvPath // how the prefix KV got into the engine, for kv.Cache's amortization
-	slot     int
-	owner    string // slot owner key (tenant, session, model)
-	sess     string // session stats key (tenant, session)
+	bgHeld   bool         // holds the connector's background-call token
+	slot     int          // the slot the request went to
+	sk       string       // scheduler key: session key, "~n" stateless, "" background
+	fp       string       // model fingerprint when placed
+	chain    chain        // the prompt's prefix hashes
+	restore  *restoreInfo // what Before restored, if anything
 }
-
-// kvPath says how a request's prefix KV came to be in the engine.
-type kvPath uint8
-
-const (
-	kvUnknown  kvPath = iota
-	kvResident        // the session still held its slot
-	kvRestored        // a saved state was restored into a slot
-	kvCold            // nothing saved: the engine prefills
-)
 
 // Response is what the proxy saw of the upstream's answer to a Request.
 type Response struct {
@@ -85,6 +78,9 @@ type Connector interface {
 	After(ctx context.Context, req *Request, resp *Response)
 	// SessionStats returns what the connector knows of one session.
 	SessionStats(tenant, sessionID string) (SessionStats, bool)
+	// Forget drops what the connector keeps of a deleted session: its
+	// records, its saved KV, its slot's KV in the engine.
+	Forget(ctx context.Context, tenant, sessionID string) error
 	// Stats returns a snapshot of the connector's counters.
 	Stats() Stats
 	// Close releases the connector (a llama.cpp connector first saves the
@@ -160,12 +156,45 @@ type Stats struct {
 	SavedBytes    int64 `json:"saved_bytes"`
 	RestoredBytes int64 `json:"restored_bytes"`
 	// MeanSaveMs and MeanRestoreMs are the mean wall time of a successful
-	// save (HTTP call, reading and parsing the file, caching it) and
+	// save (HTTP call, reading and parsing the file, storing it) and
 	// restore (fetching from the tiers, writing the file, HTTP call).
 	MeanSaveMs    float64 `json:"mean_save_ms"`
 	MeanRestoreMs float64 `json:"mean_restore_ms"`
 	// RestoredFrom counts restores by the tier that held the state.
 	RestoredFrom map[string]int64 `json:"restored_from,omitempty"`
+	// RestoreSkips counts states found but not worth restoring (too short,
+	// or the restore would cost more than the prefill it saves).
+	RestoreSkips int64 `json:"restore_skips"`
+	// PrefixReuses counts restores of a state another session saved.
+	PrefixReuses int64 `json:"prefix_reuses"`
+	// Refused counts states not restored because the server's KV layout
+	// differs from theirs.
+	Refused int64 `json:"refused"`
+	// UnusedRestores counts restores the engine accepted but did not
+	// reuse; RestoresOff is true once they stopped restores.
+	UnusedRestores int64 `json:"unused_restores"`
+	RestoresOff    bool  `json:"restores_off"`
+	// Restarts counts times the server was found restarted or unreachable;
+	// SlotsLost slots whose KV another client replaced.
+	Restarts  int64 `json:"restarts"`
+	SlotsLost int64 `json:"slots_lost"`
+	// BackgroundCalls counts the sidecar's own calls placed on slots.
+	BackgroundCalls int64 `json:"background_calls"`
+	// States and StateBytes describe the states kept; StatesByTier where.
+	States       int            `json:"states"`
+	StateBytes   int64          `json:"state_bytes"`
+	StatesByTier map[string]int `json:"states_by_tier,omitempty"`
+	// StatesDeleted counts states dropped (superseded or over the cap).
+	StatesDeleted int64 `json:"states_deleted"`
+	// ReusedTokens sums cache_n of restored requests: prompt tokens the
+	// engine did not reprocess thanks to a restore. ReplacedPrefillMs is
+	// what prefilling them would have cost at the measured rate, against
+	// RestoreMsTotal, what the restores took.
+	ReusedTokens      int64   `json:"reused_tokens"`
+	ReplacedPrefillMs float64 `json:"replaced_prefill_ms"`
+	RestoreMsTotal    float64 `json:"restore_ms_total"`
+	// QueueDepth is the slots whose KV waits for a background save.
+	QueueDepth int `json:"queue_depth"`
 
 	// TimedResponses counts responses that carried timings or usage;
 	// Timings sums them. CachedRatio is CacheN / (CacheN + PromptN).
@@ -247,6 +276,9 @@ func (g *Generic) Stats() Stats {
 	g.ts.fill(&s)
 	return s
 }
+
+// Forget does nothing: Generic keeps nothing per session.
+func (g *Generic) Forget(context.Context, string, string) error { return nil }
 
 // Close does nothing.
 func (g *Generic) Close() error { return nil }

@@ -2,11 +2,11 @@ package engine
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -33,43 +33,50 @@ type LlamaCPPOptions struct {
 	BaseURL string
 	// SlotDir is the server's --slot-save-path, a directory the sidecar
 	// shares with it. It must exist. The connector writes and removes
-	// only files named "kvsidecar-<hash>-<slot><op>.slot" (and temporaries beside
-	// them) there.
+	// only files named "kvsidecar-…" there.
 	SlotDir string
 	// Slots is the server's -np. Zero means 1.
 	Slots int
-	// Cache keeps saved slot states as blobs (PutBlobCached) under
-	// Namespace, in whichever tier the cache puts them. It belongs to the
-	// caller, who closes it after the connector.
+	// Cache keeps saved slot states as blobs under Namespace, written
+	// through to its Archive. It belongs to the caller, who closes it
+	// after the connector.
 	Cache *kv.Cache
 	// Namespace of the blobs. Empty means "engine.llamacpp". The KV HTTP
 	// API should not serve it to clients.
 	Namespace string
-	// HTTPClient makes the slot calls. Nil means http.DefaultClient.
+	// HTTPClient makes the calls to the server. Nil means a client of its
+	// own.
 	HTTPClient *http.Client
 	// SlotTimeout bounds one slot save or restore, including the time the
 	// server defers it while the slot finishes a request. Zero means two
 	// minutes.
 	SlotTimeout time.Duration
-	// Layers is the model's layer count when known: a state file with
-	// another count is rejected. Zero means the count of the first valid
-	// file of each model is enforced afterwards.
-	Layers int
 	// MaxStateBytes bounds one state file kept. Zero means 1 GiB. (The
 	// kv.Cache's MaxBlobBytes must allow it too.)
 	MaxStateBytes int64
-	// SaveOnResponse saves the slot after every successful response, so
-	// the tiers always hold the session's latest KV. The default saves
-	// only when another session needs the slot, and at Close.
-	SaveOnResponse bool
-	// NoSaveOnClose makes Close leave the slots' KV unsaved.
+	// MinSaveTokens is the smallest slot worth saving or restoring: below
+	// it a prefill costs about what a restore does. Zero means 64.
+	MinSaveTokens int
+	// StatesPerSession bounds the states kept per session (a state that
+	// a newer one of the same conversation extends is dropped at once;
+	// these are branches). Zero means 4.
+	StatesPerSession int
+	// MaxStates bounds the states kept in all; the least recently used
+	// go first. Zero means 65,536.
+	MaxStates int
+	// NoSaveOnClose makes Close leave the slots' unsaved KV unsaved.
 	NoSaveOnClose bool
-	// MaxSessions bounds the per-session records. Zero means 65,536; the
-	// least recently seen records without a slot are dropped beyond it.
+	// MaxSessions bounds the per-session statistics records. Zero means
+	// 65,536; the least recently seen are dropped beyond it.
 	MaxSessions int
 	// ProbeInterval is how long to wait before probing again a server
 	// that could not be reached. Zero means 10 s.
 	ProbeInterval time.Duration
+	// UnusedRestores is how many restores in a row the engine may accept
+	// without reusing them (cache_n far below what the state covers, as
+	// on sliding-window or hybrid models) before restores stop for the
+	// model, with one warning. Zero means 3.
+	UnusedRestores int
 	// Logger receives the warnings. Nil means slog.Default().
 	Logger *slog.Logger
 	// Clock tells time. Nil means the system clock.
@@ -87,10 +94,9 @@ func (o *LlamaCPPOptions) validate() error {
 		return fmt.Errorf("engine: llamacpp: no Cache")
 	case o.Slots < 0 || o.Slots > MaxSlotStreams:
 		return fmt.Errorf("engine: llamacpp: %d slots", o.Slots)
-	case o.SlotTimeout < 0 || o.MaxStateBytes < 0 || o.MaxSessions < 0 || o.ProbeInterval < 0:
+	case o.SlotTimeout < 0 || o.MaxStateBytes < 0 || o.MaxSessions < 0 || o.ProbeInterval < 0 ||
+		o.MinSaveTokens < 0 || o.StatesPerSession < 0 || o.MaxStates < 0 || o.UnusedRestores < 0:
 		return fmt.Errorf("engine: llamacpp: negative option")
-	case o.Layers < 0 || o.Layers > kv.MaxLayers:
-		return fmt.Errorf("engine: llamacpp: %d layers", o.Layers)
 	}
 	if fi, err := os.Stat(o.SlotDir); err != nil {
 		return fmt.Errorf("engine: llamacpp: slot dir: %w", err)
@@ -104,7 +110,7 @@ func (o *LlamaCPPOptions) validate() error {
 		o.Namespace = "engine.llamacpp"
 	}
 	if o.HTTPClient == nil {
-		o.HTTPClient = http.DefaultClient
+		o.HTTPClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: time.Minute}}
 	}
 	if o.SlotTimeout == 0 {
 		o.SlotTimeout = 2 * time.Minute
@@ -112,11 +118,23 @@ func (o *LlamaCPPOptions) validate() error {
 	if o.MaxStateBytes == 0 {
 		o.MaxStateBytes = 1 << 30
 	}
+	if o.MinSaveTokens == 0 {
+		o.MinSaveTokens = 64
+	}
+	if o.StatesPerSession == 0 {
+		o.StatesPerSession = 4
+	}
+	if o.MaxStates == 0 {
+		o.MaxStates = 1 << 16
+	}
 	if o.MaxSessions == 0 {
 		o.MaxSessions = 1 << 16
 	}
 	if o.ProbeInterval == 0 {
 		o.ProbeInterval = 10 * time.Second
+	}
+	if o.UnusedRestores == 0 {
+		o.UnusedRestores = 3
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -140,81 +158,141 @@ const (
 )
 
 // LlamaCPP is the connector for a llama.cpp server started with
-// --slot-save-path DIR and -np N. It pins each session to one of the N
-// slots (LRU), adding "id_slot" and "cache_prompt": true to its requests,
-// so the server reuses the slot's KV for the common prefix. When a slot
-// goes to another session, the occupant's state is saved (POST
-// /slots/{id}?action=save), read from DIR, validated (ParseSlotState) and
-// kept in the kv.Cache, keyed by a hash of (tenant, session, model); when
-// that session returns its state is written back to DIR and restored
-// (action=restore) before its request is forwarded.
+// --slot-save-path DIR and -np N. Every request it sees, the sidecar's own
+// background calls included, goes to a slot it chose (id_slot,
+// cache_prompt), so no request lands on a slot holding another session's
+// KV unknown to it:
 //
-// If the server has no slot API (404, 405 or 501, or an error naming
-// --slot-save-path) the connector disables itself with one warning and
-// passes requests untouched. Stateless requests (no session) pass
-// untouched too; the server places them itself and may then overwrite a
-// session's slot, which costs that session a prefill, never correctness:
-// llama.cpp reuses KV only for the tokens it matches.
+//   - A session keeps its slot while it can; the server then reuses the
+//     slot's KV for the common prefix.
+//   - After a response, once the slot is idle, a goroutine the connector
+//     owns saves the slot (POST /slots/{id}?action=save), validates the
+//     file (ParseSlotState) and keeps it durably in the kv.Cache through
+//     GetOrComputeBlob, as a state keyed by (model fingerprint, session,
+//     prompt prefix hash), then removes the file. A crash of the server
+//     loses at most the turn in flight; a restarted sidecar lists its
+//     states again from the cache.
+//   - A request whose session holds no slot (new, displaced, or either
+//     process restarted) gets the least recently used slot, and the state
+//     sharing the longest prompt prefix with it, whichever session saved
+//     it, is restored there when that pays (restore time below the prefill
+//     it saves, both measured): its own last state, or a long shared
+//     document another session already computed.
+//   - Background calls borrow the slot whose KV is already saved, so they
+//     cost a session at most a restore, never a prefill.
 //
-// Create one with NewLlamaCPP; it owns no goroutine. Safe for concurrent use.
+// Guard rails: states carry the fingerprint of the model and its KV layout
+// and are never restored under another; GET /slots before each request
+// tells when the server restarted (slots it no longer holds); restores the
+// engine accepts but does not reuse stop after UnusedRestores in a row. A
+// server without the slot API disables the connector with one warning.
+// Hooks never fail a request: any error leaves it to prefill.
+//
+// Create one with NewLlamaCPP; Close stops its goroutine. Safe for
+// concurrent use.
 type LlamaCPP struct {
 	opts LlamaCPPOptions
 	log  *slog.Logger
+	api  *llamaAPI
 	ts   timingStats
+	cat  *catalog
+	ops  []sync.Mutex // one per slot: saves and restores run one at a time
+	bg   chan struct{}
 
 	probe     atomic.Int32
 	probeMu   sync.Mutex
 	lastProbe time.Time // guarded by probeMu
+	refreshMu sync.Mutex
 	closed    atomic.Bool
+	noSlots   atomic.Bool // GET /slots is not served: no restart detection
 
-	slotHits, assigns, evictions                              atomic.Int64
-	saves, saveErrs, saveEmpty, parseErrs, storeErrs          atomic.Int64
-	restores, restoreMiss, restoreErrs, savedB, restoredB     atomic.Int64
-	saveNs, restoreNs                                         atomic.Int64
-	restoredFrom                                              [4]atomic.Int64
-	warnedParse, warnedDir, warnedSlotID, warnedStoreTooLarge atomic.Bool
+	slotHits, assigns, evictions, restarts            atomic.Int64
+	saves, saveErrs, saveEmpty, parseErrs, storeErrs  atomic.Int64
+	restores, restoreMiss, restoreErrs, restoreSkips  atomic.Int64
+	prefixReuses, refused, unusedRestores, bgCalls    atomic.Int64
+	slotsLost                                         atomic.Int64
+	savedB, restoredB, saveNs, restoreNs, deletes     atomic.Int64
+	reusedTokens, replacedPrefillUs, restoredMsTotal  atomic.Int64
+	restoredFrom                                      [4]atomic.Int64
+	warnedParse, warnedDir, warnedSlotID, warnedStore atomic.Bool
+
+	kick chan struct{}
+	done chan struct{}
+	wg   sync.WaitGroup
 
 	// mu protects the fields below.
 	mu             sync.Mutex
-	slots          []*slotEntry
-	sessions       map[string]*sessEntry    // by sessKey(tenant, session)
-	layers         map[string]int           // model → layer count seen
-	pending        map[string]chan struct{} // owner → closed when its queued save is done
+	sched          *scheduler
+	lastTask       []int
+	fp, layout     string
+	sessions       map[string]*sessEntry // by sessKey(tenant, session)
 	seq            uint64
 	disabledReason string
-}
-
-type slotEntry struct {
-	id       int
-	owner    string // ownerKey of the session whose KV the slot holds or will hold; "" free
-	sess     string // its sessKey
-	model    string
-	valid    bool // the slot is known to hold owner's KV
-	inflight int  // requests sent with this id_slot and not yet After'ed
-	lastUse  uint64
-	// swap is closed when the last queued slot operation finished; slot
-	// operations run one at a time in the order they were queued.
-	swap chan struct{}
+	restoreOff     bool
+	unusedRun      int
+	prefillMsTok   ewma // prefill ms per token, from timings
+	restoreMsMB    ewma // restore ms per MiB, measured
 }
 
 type sessEntry struct {
 	stats    SessionStats
 	lastSeen uint64
-	owners   map[string]struct{} // ownerKeys used (one per model)
 }
 
-// NewLlamaCPP returns a llama.cpp connector. It does not contact the
-// server: the first session request probes the slot API with a harmless
-// call (an unknown action, answered 400 by a server with the API).
+// ewma is an exponentially weighted mean; zero until the first sample.
+type ewma struct {
+	v float64
+	n int
+}
+
+func (e *ewma) add(x float64) {
+	if e.n == 0 {
+		e.v = x
+	} else {
+		e.v += 0.2 * (x - e.v)
+	}
+	e.n++
+}
+
+// NewLlamaCPP returns a llama.cpp connector and starts its saver. It lists
+// the states the cache holds and takes into the cache any state file an
+// interrupted save left in the slot directory; it does not contact the
+// server until the first request.
 func NewLlamaCPP(opts LlamaCPPOptions) (*LlamaCPP, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	c := &LlamaCPP{opts: opts, log: opts.Logger, sessions: map[string]*sessEntry{}, layers: map[string]int{},
-		pending: map[string]chan struct{}{}}
-	for i := range opts.Slots {
-		c.slots = append(c.slots, &slotEntry{id: i})
+	c := &LlamaCPP{
+		opts: opts, log: opts.Logger, api: &llamaAPI{base: opts.BaseURL, client: opts.HTTPClient},
+		cat: newCatalog(), ops: make([]sync.Mutex, opts.Slots), bg: make(chan struct{}, 1),
+		sched: newScheduler(opts.Slots), lastTask: make([]int, opts.Slots), sessions: map[string]*sessEntry{},
+		kick: make(chan struct{}, 1), done: make(chan struct{}),
 	}
+	for i := range c.lastTask {
+		c.lastTask[i] = -1
+	}
+	opts.Cache.RangeBlobs(opts.Namespace, func(key string, m kv.BlobMeta, _ kv.Tier) bool {
+		sm, err := parseStateMeta(m.Aux)
+		if err != nil {
+			c.log.Warn("llamacpp: a stored state has unreadable metadata; dropped", "key", key, "err", err)
+			_ = opts.Cache.DeleteBlob(opts.Namespace, key)
+			return true
+		}
+		sm.id = key
+		if bm, _, err := opts.Cache.StatBlob(opts.Namespace, key); err == nil {
+			sm.size = bm.Size
+		}
+		for _, d := range c.cat.add(sm, opts.StatesPerSession) {
+			_ = opts.Cache.DeleteBlob(opts.Namespace, d.id)
+		}
+		return true
+	})
+	c.recoverSlotDir()
+	if n, b := c.cat.size(); n > 0 {
+		c.log.Info("llamacpp: saved engine states found", "states", n, "bytes", b)
+	}
+	c.wg.Add(1)
+	go c.saver()
 	return c, nil
 }
 
@@ -231,114 +309,91 @@ func hashKey(parts ...string) string {
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
-// ownerKey names one session's KV for one model: the blob key, and (with
-// a prefix) the file name in SlotDir.
-func ownerKey(tenant, session, model string) string { return hashKey("kv", tenant, session, model) }
-func sessKey(tenant, session string) string         { return hashKey("s", tenant, session) }
+func sessKey(tenant, session string) string { return hashKey("s", tenant, session) }
+
+// stateKey names the state of a session's prompt prefix under a model: the
+// blob key, and (with a prefix) the file name in SlotDir.
+func stateKey(fp, sess string, ch chain) string {
+	return hashKey("kv", fp, sess, strconv.FormatUint(ch.last(), 16))
+}
 
 // opFileName is the file of one save or restore: unique among the
 // operations that can run at once (one at a time per slot).
-func opFileName(owner string, slot int, op string) string {
-	return "kvsidecar-" + owner + "-" + strconv.Itoa(slot) + op + ".slot"
+func opFileName(key string, slot int, op string) string {
+	return "kvsidecar-" + key + "-" + strconv.Itoa(slot) + op + ".slot"
 }
 
-// Before pins the request's session to a slot, restoring its saved KV
-// there if the slot held another session (whose KV it saves first), and
-// returns the body with id_slot and cache_prompt set. Stateless requests,
-// and every request while the connector is disabled, pass untouched.
+// Before places the request on a slot, saving the displaced occupant's KV
+// if no stored state covers it yet and restoring the state sharing the
+// longest prefix with the request when that pays, and returns the body
+// with id_slot and cache_prompt set. Every request while the connector is
+// disabled passes untouched.
 func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 	c.ts.requests.Add(1)
-	req.assigned = false
-	if req.SessionID == "" || c.closed.Load() || !c.ensureProbe(ctx) {
+	req.assigned, req.restore = false, nil
+	if c.closed.Load() || !c.ensureProbe(ctx) {
 		return req.Body, nil
 	}
-	owner := ownerKey(req.Tenant, req.SessionID, req.Model)
-	sk := sessKey(req.Tenant, req.SessionID)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.SlotTimeout)
+	defer cancel()
+	fp := c.verify(sctx)
+	if fp == "" || c.probe.Load() != probeEnabled {
+		return req.Body, nil // the server cannot be reached: the request fails or passes on its own
+	}
+	if req.Background {
+		select {
+		case c.bg <- struct{}{}:
+		case <-sctx.Done():
+			return req.Body, nil
+		}
+		req.bgHeld = true
+		c.bgCalls.Add(1)
+	}
+	req.chain = requestChain(chainSeed(fp, req.Tenant), req.Body)
+	req.fp = fp
 
 	c.mu.Lock()
 	c.seq++
-	se := c.sessionLocked(sk)
-	se.lastSeen = c.seq
-	se.owners[owner] = struct{}{}
-	se.stats.Requests++
-	var sl *slotEntry
-	for _, s := range c.slots {
-		if s.owner == owner {
-			sl = s
-			break
-		}
+	switch {
+	case req.Background:
+		req.sk = ""
+	case req.SessionID == "":
+		req.sk = "~" + strconv.FormatUint(c.seq, 10) // stateless: a key of its own, never resident
+	default:
+		req.sk = sessKey(req.Tenant, req.SessionID)
+		se := c.sessionLocked(req.sk)
+		se.lastSeen = c.seq
+		se.stats.Requests++
 	}
-	if sl != nil {
-		sl.lastUse = c.seq
-		sl.inflight++
-		c.mu.Unlock()
-		c.slotHits.Add(1)
-		req.kvPath = kvResident
-		return c.rewrite(req, sl.id, owner, sk)
+	p := c.sched.place(req.sk, req.chain)
+	req.assigned, req.slot = true, p.slot.id
+	if se, ok := c.sessions[req.sk]; ok {
+		se.stats.Slot = p.slot.id
 	}
-	sl = c.victimLocked()
-	prev, prevSess, prevModel := sl.owner, sl.sess, sl.model
-	prevHasKV := prev != "" && (sl.valid || sl.inflight > 0)
-	if ps, ok := c.sessions[prevSess]; ok && prev != "" {
+	if ps, ok := c.sessions[p.prevSess]; ok && !p.resident {
 		ps.stats.Slot = -1
 	}
-	sl.owner, sl.sess, sl.model, sl.valid = owner, sk, req.Model, false
-	sl.lastUse = c.seq
-	sl.inflight++
-	se.stats.Slot = sl.id
-	wait := sl.swap
-	done := make(chan struct{})
-	sl.swap = done
-	// A save of this session's KV queued on another slot must finish
-	// before its state is restored here, or the older state would be.
-	waitOwn := c.pending[owner]
-	if prevHasKV {
-		c.pending[prev] = done
-	}
-	layers := c.layersLocked(prevModel)
 	c.mu.Unlock()
-	c.assigns.Add(1)
 
-	if wait != nil {
-		<-wait
+	if p.resident {
+		c.slotHits.Add(1)
+		return c.rewrite(req)
 	}
-	func() {
-		defer func() {
-			close(done)
-			c.mu.Lock()
-			if c.pending[prev] == done {
-				delete(c.pending, prev)
-			}
-			c.mu.Unlock()
-		}()
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.SlotTimeout)
-		defer cancel()
-		if prevHasKV {
-			c.evictions.Add(1)
-			c.save(sctx, sl.id, prev, prevSess, prevModel, layers)
-		}
-		if waitOwn != nil {
-			<-waitOwn
-		}
-		if c.probe.Load() == probeDisabled {
-			return
-		}
-		req.kvPath = kvCold
-		if c.restore(sctx, sl.id, owner, sk) {
-			req.kvPath = kvRestored
-			c.mu.Lock()
-			if sl.owner == owner {
-				sl.valid = true
-			}
-			c.mu.Unlock()
-		}
-	}()
-	return c.rewrite(req, sl.id, owner, sk)
+	c.assigns.Add(1)
+	c.ops[p.slot.id].Lock()
+	if p.prevDirty {
+		c.evictions.Add(1)
+		c.saveSlot(sctx, p.slot.id, p.prevSess, p.prevChain, fp, 0)
+	}
+	if !req.Background {
+		c.restoreBest(sctx, req, p.slot)
+	}
+	c.ops[p.slot.id].Unlock()
+	return c.rewrite(req)
 }
 
-func (c *LlamaCPP) rewrite(req *Request, slot int, owner, sk string) ([]byte, error) {
-	req.assigned, req.slot, req.owner, req.sess = true, slot, owner, sk
-	body, err := SetSlotFields(req.Body, slot)
+func (c *LlamaCPP) rewrite(req *Request) ([]byte, error) {
+	body, err := SetSlotFields(req.Body, req.slot)
 	if err != nil {
 		c.ts.hookErrors.Add(1)
 		return req.Body, fmt.Errorf("engine: llamacpp: %w", err)
@@ -346,25 +401,101 @@ func (c *LlamaCPP) rewrite(req *Request, slot int, owner, sk string) ([]byte, er
 	return body, nil
 }
 
-// victimLocked picks the slot for a session without one: a free slot,
-// else the least recently used idle slot, else the least recently used.
-func (c *LlamaCPP) victimLocked() *slotEntry {
-	var idle, any *slotEntry
-	for _, s := range c.slots {
-		if s.owner == "" {
-			return s
-		}
-		if s.inflight == 0 && (idle == nil || s.lastUse < idle.lastUse) {
-			idle = s
-		}
-		if any == nil || s.lastUse < any.lastUse {
-			any = s
-		}
+// pays reports whether restoring size bytes beats prefilling tokens, by
+// the measured costs; before anything is measured it assumes so (a restore
+// reads a file, a prefill runs the model).
+func (c *LlamaCPP) pays(size int64, tokens int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.prefillMsTok.n == 0 || c.restoreMsMB.n == 0 {
+		return true
 	}
-	if idle != nil {
-		return idle
+	return c.restoreMsMB.v*float64(size)/(1<<20) < c.prefillMsTok.v*float64(tokens)
+}
+
+// restoreBest restores into sl the state sharing the longest prefix with
+// the request, when there is one that pays.
+func (c *LlamaCPP) restoreBest(ctx context.Context, req *Request, sl *slotInfo) {
+	c.mu.Lock()
+	off, layout := c.restoreOff, c.layout
+	c.mu.Unlock()
+	if off {
+		return
 	}
-	return any
+	for range 2 { // a state the tiers lost is dropped and the next best tried
+		m, i, ok := c.cat.lookup(req.fp, req.chain)
+		if !ok {
+			c.restoreMiss.Add(1)
+			return
+		}
+		expect := m.tokensAt(i)
+		if expect < c.opts.MinSaveTokens || !c.pays(m.size, expect) {
+			c.restoreSkips.Add(1)
+			return
+		}
+		if layout != "" && m.layout != layout {
+			c.refused.Add(1)
+			return
+		}
+		start := time.Now()
+		_, raw, tier, err := c.opts.Cache.LoadBlob(c.opts.Namespace, m.id)
+		if errors.Is(err, kv.ErrNotFound) {
+			c.cat.remove(m.id)
+			continue
+		}
+		if err != nil {
+			c.restoreErrs.Add(1)
+			c.log.Warn("llamacpp: fetch saved state", "err", err)
+			return
+		}
+		name := opFileName(m.id, sl.id, "restore")
+		path := filepath.Join(c.opts.SlotDir, name)
+		err = writeFileAtomic(c.opts.SlotDir, name, raw)
+		if err == nil {
+			_, err = c.api.slotAction(ctx, sl.id, "restore", name)
+		}
+		os.Remove(path)
+		if err != nil {
+			c.restoreErrs.Add(1)
+			c.checkAPIError(sl.id, err)
+			c.log.Warn("llamacpp: slot restore failed; the request will prefill", "slot", sl.id, "err", err)
+			c.mu.Lock()
+			if sl.sess == req.sk {
+				sl.chain = chain{} // unknown now
+			}
+			c.mu.Unlock()
+			return
+		}
+		d := time.Since(start)
+		c.restores.Add(1)
+		c.restoredB.Add(int64(len(raw)))
+		c.restoreNs.Add(int64(d))
+		if int(tier) < len(c.restoredFrom) {
+			c.restoredFrom[tier].Add(1)
+		}
+		if m.sess != req.sk {
+			c.prefixReuses.Add(1)
+		}
+		c.cat.touch(m, c.opts.Clock.Now())
+		req.restore = &restoreInfo{expect: expect, ms: float64(d) / 1e6}
+		c.mu.Lock()
+		c.restoreMsMB.add(float64(d) / 1e6 / max(float64(len(raw))/(1<<20), 1e-3))
+		if sl.sess == req.sk {
+			sl.chain, sl.tokens = m.chain, m.tokens
+		}
+		if se, ok := c.sessions[req.sk]; ok {
+			se.stats.Restores++
+		}
+		c.mu.Unlock()
+		return
+	}
+}
+
+// restoreInfo is what Before restored for a request, for After's check
+// that the engine reused it.
+type restoreInfo struct {
+	expect int     // tokens the state should spare the engine
+	ms     float64 // what the restore took
 }
 
 func (c *LlamaCPP) sessionLocked(sk string) *sessEntry {
@@ -375,40 +506,36 @@ func (c *LlamaCPP) sessionLocked(sk string) *sessEntry {
 	if len(c.sessions) >= c.opts.MaxSessions {
 		c.trimSessionsLocked()
 	}
-	se = &sessEntry{stats: SessionStats{Slot: -1}, owners: map[string]struct{}{}}
+	se = &sessEntry{stats: SessionStats{Slot: -1}}
 	c.sessions[sk] = se
 	return se
 }
 
 // trimSessionsLocked drops the least recently seen eighth of the session
-// records that hold no slot. Their saved KV stays in the cache.
+// records that hold no slot. Their saved states stay.
 func (c *LlamaCPP) trimSessionsLocked() {
-	type kv struct {
+	type rec struct {
 		k    string
 		seen uint64
 	}
-	var cand []kv
+	var cand []rec
 	for k, se := range c.sessions {
 		if se.stats.Slot < 0 {
-			cand = append(cand, kv{k, se.lastSeen})
+			cand = append(cand, rec{k, se.lastSeen})
 		}
 	}
-	slices.SortFunc(cand, func(a, b kv) int { return int(a.seen) - int(b.seen) })
+	if len(cand) == 0 {
+		return
+	}
+	slices.SortFunc(cand, func(a, b rec) int { return cmp.Compare(a.seen, b.seen) })
 	for _, e := range cand[:max(1, min(len(cand), c.opts.MaxSessions/8))] {
 		delete(c.sessions, e.k)
 	}
 }
 
-func (c *LlamaCPP) layersLocked(model string) int {
-	if c.opts.Layers > 0 {
-		return c.opts.Layers
-	}
-	return c.layers[model]
-}
-
-// After releases the request's hold on its slot, records the response's
-// timings and, with SaveOnResponse, saves the slot.
-func (c *LlamaCPP) After(ctx context.Context, req *Request, resp *Response) {
+// After records the response and, when the slot now holds KV no stored
+// state covers, wakes the saver. It never blocks on the engine.
+func (c *LlamaCPP) After(_ context.Context, req *Request, resp *Response) {
 	c.ts.responses.Add(1)
 	var (
 		tm    Timings
@@ -422,246 +549,251 @@ func (c *LlamaCPP) After(ctx context.Context, req *Request, resp *Response) {
 	if timed {
 		c.ts.record(tm)
 	}
-	// The request path's share of kv.Cache's hit and amortization figures:
-	// a resident slot is a free hit, a restore was counted by restore, and
-	// a cold slot costs the prefill the engine timed.
-	switch {
-	case req.kvPath == kvResident && ok2xx:
-		c.opts.Cache.RecordResident()
-	case req.kvPath == kvCold && ok2xx && timed && tm.PromptMs > 0:
-		c.opts.Cache.RecordCompute(time.Duration(tm.PromptMs * float64(time.Millisecond)))
+	if req.bgHeld {
+		req.bgHeld = false
+		<-c.bg
 	}
-	req.kvPath = kvUnknown
 	if !req.assigned {
 		return
 	}
 	req.assigned = false
+	tokens := int(tm.CacheN + tm.PromptN + tm.PredictedN)
 	c.mu.Lock()
-	sl := c.slots[req.slot]
-	sl.inflight = max(0, sl.inflight-1)
-	mine := sl.owner == req.owner
-	if mine && ok2xx {
-		sl.valid = true
+	if timed && tm.PromptN >= 16 && tm.PromptMs > 0 {
+		c.prefillMsTok.add(tm.PromptMs / float64(tm.PromptN))
 	}
-	if se, ok := c.sessions[req.sess]; ok && timed {
+	sl := c.sched.slots[req.slot]
+	dirty := c.sched.done(sl, req.sk, req.Background, ok2xx, req.chain, tokens)
+	if dirty && (req.chain.len() == 0 || timed && tokens < c.opts.MinSaveTokens) {
+		sl.dirty, dirty = false, false // nothing to index, or cheaper to prefill
+		if strings.HasPrefix(req.sk, "~") {
+			sl.sess = "" // a stateless request's slot is free again
+		}
+	}
+	if dirty {
+		sl.computeMs += tm.PromptMs
+	}
+	if se, ok := c.sessions[req.sk]; ok && timed {
 		se.stats.Last = tm
 		se.stats.Total.add(tm)
 	}
-	var (
-		wait, done chan struct{}
-		save       = c.opts.SaveOnResponse && mine && ok2xx && !c.closed.Load() && c.probe.Load() == probeEnabled
-		layers     int
-	)
-	if save {
-		wait, done = sl.swap, make(chan struct{})
-		sl.swap = done
-		layers = c.layersLocked(req.Model)
+	if r := req.restore; r != nil && ok2xx && timed {
+		req.restore = nil
+		if tm.CacheN*4 < int64(r.expect) {
+			c.unusedRestores.Add(1)
+			c.unusedRun++
+			if c.unusedRun >= c.opts.UnusedRestores && !c.restoreOff {
+				c.restoreOff = true
+				c.log.Warn("llamacpp: the server accepts restored states but does not reuse them (sliding-window or hybrid model?); restores stop for this model",
+					"restores_unused", c.unusedRun, "expected_tokens", r.expect, "cache_n", tm.CacheN)
+			}
+		} else {
+			c.unusedRun = 0
+			c.reusedTokens.Add(tm.CacheN)
+			c.restoredMsTotal.Add(int64(r.ms * 1000))
+			if c.prefillMsTok.n > 0 {
+				c.replacedPrefillUs.Add(int64(c.prefillMsTok.v * float64(tm.CacheN) * 1000))
+			}
+		}
 	}
 	c.mu.Unlock()
-	if !save {
-		return
+	if dirty {
+		select {
+		case c.kick <- struct{}{}:
+		default:
+		}
 	}
-	if wait != nil {
-		<-wait
+}
+
+// saver saves slots holding unsaved KV once they are idle, one at a time,
+// until Close.
+func (c *LlamaCPP) saver() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-c.kick:
+		}
+		for !c.closed.Load() && c.saveOne() {
+		}
 	}
-	defer close(done)
+}
+
+// saveOne saves the least recently used idle slot with unsaved KV; it
+// reports whether there was one.
+func (c *LlamaCPP) saveOne() bool {
 	c.mu.Lock()
-	still := sl.owner == req.owner
+	sl := c.sched.saveCandidate()
+	if sl == nil {
+		c.mu.Unlock()
+		return false
+	}
+	id, ver := sl.id, sl.version
 	c.mu.Unlock()
-	if still {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.SlotTimeout)
-		defer cancel()
-		c.save(sctx, req.slot, req.owner, req.sess, req.Model, layers)
+	c.ops[id].Lock()
+	defer c.ops[id].Unlock()
+	c.mu.Lock()
+	if sl.version != ver || !sl.dirty || sl.saveFailed || sl.inflight > 0 {
+		c.mu.Unlock()
+		return true // it changed meanwhile: look again
 	}
-}
-
-// slotResponse is the part of a slot action answer the connector reads.
-type slotResponse struct {
-	NSaved    *int64 `json:"n_saved"`
-	NWritten  *int64 `json:"n_written"`
-	NRestored *int64 `json:"n_restored"`
-	NRead     *int64 `json:"n_read"`
-	Error     *struct {
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
-// errSlotAPI is an HTTP answer that is not a success.
-type errSlotAPI struct {
-	status int
-	msg    string
-}
-
-func (e *errSlotAPI) Error() string {
-	return fmt.Sprintf("HTTP %d: %s", e.status, e.msg)
-}
-
-// unsupported reports whether an answer means the server has no usable
-// slot API.
-func (e *errSlotAPI) unsupported() (string, bool) {
-	m := strings.ToLower(e.msg)
-	switch {
-	case strings.Contains(m, "slot-save-path") || strings.Contains(m, "does not support slots"):
-		return "the server was started without --slot-save-path", true
-	case e.status == http.StatusNotFound || e.status == http.StatusMethodNotAllowed:
-		return fmt.Sprintf("the server has no slot API (POST /slots/{id} answered HTTP %d)", e.status), true
-	case e.status == http.StatusNotImplemented:
-		return "the server does not implement slot actions (HTTP 501)", true
-	}
-	return "", false
-}
-
-func (c *LlamaCPP) slotAction(ctx context.Context, slot int, action, filename string) (slotResponse, error) {
-	var sr slotResponse
-	body, _ := json.Marshal(map[string]string{"filename": filename})
-	u := c.opts.BaseURL + "/slots/" + strconv.Itoa(slot) + "?action=" + action
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
-	if err != nil {
-		return sr, err
-	}
-	hr.Header.Set("Content-Type", "application/json")
-	res, err := c.opts.HTTPClient.Do(hr)
-	if err != nil {
-		return sr, err
-	}
-	defer res.Body.Close()
-	data, _ := io.ReadAll(io.LimitReader(res.Body, 64<<10))
-	_ = json.Unmarshal(data, &sr)
-	if res.StatusCode < 200 || res.StatusCode >= 300 {
-		msg := strings.TrimSpace(string(data))
-		if sr.Error != nil && sr.Error.Message != "" {
-			msg = sr.Error.Message
+	sess, ch, fp, extra := sl.sess, sl.chain, c.fp, sl.computeMs
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), c.opts.SlotTimeout)
+	ok := c.saveSlot(ctx, id, sess, ch, fp, extra)
+	cancel()
+	c.mu.Lock()
+	if sl.version == ver {
+		if ok {
+			sl.dirty, sl.computeMs = false, 0
+			if strings.HasPrefix(sl.sess, "~") {
+				sl.sess = ""
+			}
+		} else {
+			sl.saveFailed = true // retried once the content changes
 		}
-		return sr, &errSlotAPI{status: res.StatusCode, msg: msg}
 	}
-	return sr, nil
-}
-
-// ensureProbe reports whether the connector is enabled, probing the slot
-// API first if it has not been yet.
-func (c *LlamaCPP) ensureProbe(ctx context.Context) bool {
-	switch c.probe.Load() {
-	case probeEnabled:
-		return true
-	case probeDisabled:
-		return false
-	}
-	c.probeMu.Lock()
-	defer c.probeMu.Unlock()
-	if st := c.probe.Load(); st != probeUnknown {
-		return st == probeEnabled
-	}
-	now := c.opts.Clock.Now()
-	if !c.lastProbe.IsZero() && now.Sub(c.lastProbe) < c.opts.ProbeInterval {
-		return false
-	}
-	c.lastProbe = now
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	_, err := c.slotAction(pctx, 0, "kvsidecar-probe", "kvsidecar-probe.slot")
-	var api *errSlotAPI
-	switch {
-	case err == nil:
-		c.probe.Store(probeEnabled)
-	case errors.As(err, &api):
-		if reason, ok := api.unsupported(); ok {
-			c.disable(reason)
-			return false
-		}
-		c.probe.Store(probeEnabled) // 400 "Invalid action": the API is there
-	default:
-		c.log.Debug("llamacpp: slot API probe failed; will retry", "err", err)
-		return false
-	}
+	c.mu.Unlock()
 	return true
 }
 
-// disable turns the connector off, warning once.
-func (c *LlamaCPP) disable(reason string) {
-	if c.probe.Swap(probeDisabled) == probeDisabled {
-		return
+// Flush saves now, in the caller's goroutine, what the background saver
+// would save next: every idle slot holding KV no stored state covers. It
+// returns once none is left. For tests, benchmarks and tools; the request
+// path never waits for it.
+func (c *LlamaCPP) Flush() {
+	for !c.closed.Load() && c.saveOne() {
 	}
+}
+
+// QueueDepth returns the slots whose KV waits for a background save.
+func (c *LlamaCPP) QueueDepth() int {
 	c.mu.Lock()
-	c.disabledReason = reason
-	c.mu.Unlock()
-	c.log.Warn("llamacpp connector disabled: requests pass through without slot save/restore",
-		"reason", reason, "server", c.opts.BaseURL, "slot_dir", c.opts.SlotDir)
+	defer c.mu.Unlock()
+	return c.sched.pending()
 }
 
-// checkAPIError disables the connector when err says the slot API is
-// missing, and warns once about a slot id the server does not have.
-func (c *LlamaCPP) checkAPIError(slot int, err error) {
-	var api *errSlotAPI
-	if !errors.As(err, &api) {
-		return
-	}
-	if reason, ok := api.unsupported(); ok {
-		c.disable(reason)
-		return
-	}
-	if strings.Contains(strings.ToLower(api.msg), "invalid slot") && !c.warnedSlotID.Swap(true) {
-		c.log.Warn("llamacpp: the server has no such slot: is --llamacpp-slots larger than its -np?", "slot", slot, "slots", c.opts.Slots)
-	}
-}
+var errEmptySlot = errors.New("engine: llamacpp: the slot holds no KV")
 
-// save saves slot's state, which belongs to owner, into the cache. It
-// never removes what the cache held before unless the new state is
-// valid and stored.
-func (c *LlamaCPP) save(ctx context.Context, slot int, owner, sk, model string, layers int) {
+// saveSlot saves slot's KV, which covers ch for session sess under model
+// fingerprint fp, as a state in the cache (GetOrComputeBlob: a state
+// already stored under that key is not saved again), and indexes it,
+// dropping the states it supersedes. extraMs is the prefill the state
+// spares, which the cache counts in the compute's cost. The caller holds
+// the slot's op lock. It reports whether a state covers the slot now.
+func (c *LlamaCPP) saveSlot(ctx context.Context, slot int, sess string, ch chain, fp string, extraMs float64) bool {
+	if ch.len() == 0 || fp == "" {
+		return false
+	}
 	start := time.Now()
-	name := opFileName(owner, slot, "save")
-	path := filepath.Join(c.opts.SlotDir, name)
-	defer os.Remove(path)
-	_, err := c.slotAction(ctx, slot, "save", name)
-	if err != nil {
-		c.saveErrs.Add(1)
-		c.checkAPIError(slot, err)
-		c.log.Warn("llamacpp: slot save failed; the session's older saved state, if any, is kept", "slot", slot, "err", err)
-		return
-	}
-	raw, err := readBounded(path, c.opts.MaxStateBytes)
-	if err != nil {
-		c.saveErrs.Add(1)
-		if errors.Is(err, fs.ErrNotExist) && !c.warnedDir.Swap(true) {
-			c.log.Warn("llamacpp: the server saved a slot but its file is not in the slot dir: is --llamacpp-slot-dir the server's --slot-save-path?",
-				"slot_dir", c.opts.SlotDir)
-		} else {
-			c.log.Warn("llamacpp: read slot file", "err", err)
+	meta := &stateMeta{id: stateKey(fp, sess, ch), sess: sess, fp: fp, chain: ch, created: c.opts.Clock.Now()}
+	meta.used = meta.created
+	_, out, err := c.opts.Cache.GetOrComputeBlob(ctx, c.opts.Namespace, meta.id, func(ctx context.Context) (kv.BlobMeta, []byte, time.Duration, error) {
+		raw, err := c.saveFile(ctx, slot, meta.id)
+		if err != nil {
+			return kv.BlobMeta{}, nil, 0, err
 		}
-		return
-	}
-	st, err := ParseSlotState(raw, layers)
-	if err != nil {
-		c.parseErrs.Add(1)
-		if !c.warnedParse.Swap(true) {
-			c.log.Warn("llamacpp: slot state file not in the expected layout; not kept", "err", err, "bytes", len(raw))
+		st, err := ParseSlotState(raw, 0)
+		if err != nil {
+			c.parseErrs.Add(1)
+			if !c.warnedParse.Swap(true) {
+				c.log.Warn("llamacpp: slot state file not in the expected layout; not kept", "err", err, "bytes", len(raw))
+			}
+			return kv.BlobMeta{}, nil, 0, err
 		}
-		return
-	}
-	if len(st.Tokens) == 0 && st.Cells() == 0 {
+		if len(st.Tokens) == 0 && st.Cells() == 0 {
+			return kv.BlobMeta{}, nil, 0, errEmptySlot
+		}
+		meta.tokens, meta.size, meta.layout = len(st.Tokens), int64(len(raw)), layoutOf(st)
+		c.mu.Lock()
+		if c.fp == fp && c.layout == "" {
+			c.layout = meta.layout
+		}
+		c.mu.Unlock()
+		return kv.BlobMeta{Aux: appendStateMeta(nil, meta)}, raw, time.Duration(extraMs * float64(time.Millisecond)), nil
+	})
+	switch {
+	case errors.Is(err, errEmptySlot):
 		c.saveEmpty.Add(1)
-		return
-	}
-	if err := c.opts.Cache.PutBlobCached(c.opts.Namespace, owner, kv.BlobMeta{}, raw); err != nil {
-		c.storeErrs.Add(1)
-		if !errors.Is(err, kv.ErrTooLarge) || !c.warnedStoreTooLarge.Swap(true) {
-			c.log.Warn("llamacpp: keep slot state", "bytes", len(raw), "err", err)
+		return false
+	case err != nil:
+		c.saveErrs.Add(1)
+		if !c.warnedStore.Swap(true) || !errors.Is(err, ErrSlotState) {
+			c.log.Warn("llamacpp: saving a slot's KV failed; the session's older state, if any, is kept", "slot", slot, "err", err)
 		}
-		return
+		return false
+	case !out.Computed:
+		return true // that prefix was stored already
 	}
 	c.saves.Add(1)
-	c.savedB.Add(int64(len(raw)))
+	c.savedB.Add(meta.size)
 	c.saveNs.Add(int64(time.Since(start)))
-	c.mu.Lock()
-	if l := st.Layers(); l > 0 && c.layers[model] == 0 {
-		c.layers[model] = l
+	for _, d := range c.cat.add(meta, c.opts.StatesPerSession) {
+		c.dropState(d.id)
 	}
-	if se, ok := c.sessions[sk]; ok {
+	for {
+		n, _ := c.cat.size()
+		o := c.cat.oldest()
+		if n <= c.opts.MaxStates || o == nil {
+			break
+		}
+		c.cat.remove(o.id)
+		c.dropState(o.id)
+	}
+	c.mu.Lock()
+	if se, ok := c.sessions[sess]; ok {
 		se.stats.Saves++
-		se.stats.SavedTokens = len(st.Tokens)
-		se.stats.SavedBytes = int64(len(raw))
+		se.stats.SavedTokens = meta.tokens
+		se.stats.SavedBytes = meta.size
 	}
 	c.mu.Unlock()
+	return true
+}
+
+func (c *LlamaCPP) dropState(id string) {
+	if err := c.opts.Cache.DeleteBlob(c.opts.Namespace, id); err != nil && !errors.Is(err, kv.ErrNotFound) {
+		c.log.Warn("llamacpp: delete a superseded state", "err", err)
+		return
+	}
+	c.deletes.Add(1)
+}
+
+// saveFile has the server save slot into SlotDir and returns the file's
+// bytes; the file is removed whatever happens.
+func (c *LlamaCPP) saveFile(ctx context.Context, slot int, key string) ([]byte, error) {
+	name := opFileName(key, slot, "save")
+	path := filepath.Join(c.opts.SlotDir, name)
+	defer os.Remove(path)
+	if _, err := c.api.slotAction(ctx, slot, "save", name); err != nil {
+		c.checkAPIError(slot, err)
+		return nil, err
+	}
+	raw, err := readBounded(path, c.opts.MaxStateBytes)
+	if errors.Is(err, fs.ErrNotExist) && !c.warnedDir.Swap(true) {
+		c.log.Warn("llamacpp: the server saved a slot but its file is not in the slot dir: is --llamacpp-slot-dir the server's --slot-save-path?",
+			"slot_dir", c.opts.SlotDir)
+	}
+	return raw, err
+}
+
+// layoutOf names a state's KV layout: layer count, transposition, and per
+// layer the element types and bytes per token. A state restores only into
+// a server with the same layout.
+func layoutOf(st *SlotState) string {
+	h := sha256.New()
+	for i := range st.Streams {
+		s := &st.Streams[i]
+		if len(s.Cells) == 0 {
+			continue
+		}
+		fmt.Fprintf(h, "%d/%t", len(s.Layers), s.VTrans)
+		for _, l := range s.Layers {
+			fmt.Fprintf(h, "|%d:%d:%d:%d:%d:%d", l.KType, l.KRowBytes, l.VType, l.VRowBytes, l.VElemSize, l.VEmbd)
+		}
+		break
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
 func readBounded(path string, limit int64) ([]byte, error) {
@@ -677,8 +809,7 @@ func readBounded(path string, limit int64) ([]byte, error) {
 	if fi.Size() > limit {
 		return nil, fmt.Errorf("slot file of %d bytes, at most %d", fi.Size(), limit)
 	}
-	data := make([]byte, 0, fi.Size()+1)
-	buf := bytes.NewBuffer(data)
+	buf := bytes.NewBuffer(make([]byte, 0, fi.Size()+1))
 	if _, err := buf.ReadFrom(io.LimitReader(f, limit+1)); err != nil {
 		return nil, err
 	}
@@ -688,66 +819,14 @@ func readBounded(path string, limit int64) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// restore writes owner's saved state into SlotDir and restores it into
-// slot. It reports whether the slot now holds it.
-func (c *LlamaCPP) restore(ctx context.Context, slot int, owner, sk string) bool {
-	start := time.Now()
-	_, raw, tier, err := c.opts.Cache.GetBlob(c.opts.Namespace, owner)
-	if err != nil {
-		if errors.Is(err, kv.ErrNotFound) {
-			c.restoreMiss.Add(1)
-		} else {
-			c.restoreErrs.Add(1)
-			c.log.Warn("llamacpp: fetch saved slot state", "err", err)
-		}
-		return false
-	}
-	name := opFileName(owner, slot, "restore")
-	path := filepath.Join(c.opts.SlotDir, name)
-	defer os.Remove(path)
-	if err := writeAtomic(c.opts.SlotDir, name, raw); err != nil {
-		c.restoreErrs.Add(1)
-		c.log.Warn("llamacpp: write slot file", "err", err)
-		return false
-	}
-	if _, err := c.slotAction(ctx, slot, "restore", name); err != nil {
-		c.restoreErrs.Add(1)
-		c.checkAPIError(slot, err)
-		c.log.Warn("llamacpp: slot restore failed; the request will prefill", "slot", slot, "err", err)
-		return false
-	}
-	c.restores.Add(1)
-	c.restoredB.Add(int64(len(raw)))
-	c.restoreNs.Add(int64(time.Since(start)))
-	c.opts.Cache.RecordLoad(tier, time.Since(start))
-	if int(tier) < len(c.restoredFrom) {
-		c.restoredFrom[tier].Add(1)
-	}
-	c.mu.Lock()
-	if se, ok := c.sessions[sk]; ok {
-		se.stats.Restores++
-	}
-	c.mu.Unlock()
-	return true
-}
-
-// writeAtomic writes data to dir/name through a temporary file and a
-// rename, so the server never reads a partial file. The file is readable
-// by the server's user (0644).
-func writeAtomic(dir, name string, data []byte) error {
+// writeFileAtomic writes data to dir/name through a temporary file and a
+// rename, so the server never reads a partial file. Not fsynced: the file
+// lives only until the server read it. Readable by the server's user.
+func writeFileAtomic(dir, name string, data []byte) error {
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
 	tmp := filepath.Join(dir, ".tmp-"+name+"-"+hex.EncodeToString(rnd[:]))
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Close(); err != nil {
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
 		os.Remove(tmp)
 		return err
 	}
@@ -758,147 +837,23 @@ func writeAtomic(dir, name string, data []byte) error {
 	return nil
 }
 
-// SessionState returns the saved slot state of a session for a model, the
-// raw file bytes (byte-exact, as the server wrote them) and the tier that
-// held them. Both share the cache's memory: read-only. Errors:
-// kv.ErrNotFound, or ErrSlotState if the bytes do not parse.
-func (c *LlamaCPP) SessionState(tenant, session, model string) (*SlotState, []byte, kv.Tier, error) {
-	_, raw, tier, err := c.opts.Cache.GetBlob(c.opts.Namespace, ownerKey(tenant, session, model))
+// recoverSlotDir removes what an interrupted save or restore of an earlier
+// run left in SlotDir: the connector's own files only.
+func (c *LlamaCPP) recoverSlotDir() {
+	es, err := os.ReadDir(c.opts.SlotDir)
 	if err != nil {
-		return nil, nil, tier, fmt.Errorf("engine: llamacpp: %w", err)
+		return
 	}
-	c.mu.Lock()
-	layers := c.layersLocked(model)
-	c.mu.Unlock()
-	st, err := ParseSlotState(raw, layers)
-	if err != nil {
-		return nil, raw, tier, fmt.Errorf("engine: llamacpp: %w", err)
-	}
-	return st, raw, tier, nil
-}
-
-// Forget drops a session: its records, its saved states for every model
-// it used, and its slot, which is erased on the server (action=erase) so
-// its KV is gone there too. For DELETE /v1/sessions/{id}.
-func (c *LlamaCPP) Forget(ctx context.Context, tenant, session string) error {
-	sk := sessKey(tenant, session)
-	c.mu.Lock()
-	se := c.sessions[sk]
-	delete(c.sessions, sk)
-	var erase []int
-	for _, s := range c.slots {
-		if s.sess == sk && s.owner != "" {
-			s.owner, s.sess, s.model, s.valid = "", "", "", false
-			erase = append(erase, s.id)
-		}
-	}
-	c.mu.Unlock()
-	var errs []error
-	if se != nil {
-		for owner := range se.owners {
-			if err := c.opts.Cache.DeleteBlob(c.opts.Namespace, owner); err != nil && !errors.Is(err, kv.ErrNotFound) {
-				errs = append(errs, err)
+	n := 0
+	for _, e := range es {
+		name := e.Name()
+		if e.Type().IsRegular() && (strings.HasPrefix(name, "kvsidecar-") || strings.HasPrefix(name, ".tmp-kvsidecar-")) {
+			if os.Remove(filepath.Join(c.opts.SlotDir, name)) == nil {
+				n++
 			}
 		}
 	}
-	if c.probe.Load() == probeEnabled {
-		for _, id := range erase {
-			if _, err := c.slotAction(ctx, id, "erase", ""); err != nil {
-				errs = append(errs, err)
-			}
-		}
+	if n > 0 {
+		c.log.Info("llamacpp: removed files an interrupted run left in the slot dir", "files", n)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("engine: llamacpp: forget: %w", err)
-	}
-	return nil
-}
-
-// SessionStats returns a session's slot, saves, restores and timings.
-func (c *LlamaCPP) SessionStats(tenant, session string) (SessionStats, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	se, ok := c.sessions[sessKey(tenant, session)]
-	if !ok {
-		return SessionStats{}, false
-	}
-	return se.stats, true
-}
-
-// Stats returns the counters.
-func (c *LlamaCPP) Stats() Stats {
-	s := Stats{
-		Connector:     c.Name(),
-		Enabled:       c.probe.Load() != probeDisabled,
-		Slots:         c.opts.Slots,
-		SlotHits:      c.slotHits.Load(),
-		SlotAssigns:   c.assigns.Load(),
-		Evictions:     c.evictions.Load(),
-		Saves:         c.saves.Load(),
-		SaveErrors:    c.saveErrs.Load(),
-		SaveEmpty:     c.saveEmpty.Load(),
-		ParseErrors:   c.parseErrs.Load(),
-		StoreErrors:   c.storeErrs.Load(),
-		Restores:      c.restores.Load(),
-		RestoreMisses: c.restoreMiss.Load(),
-		RestoreErrors: c.restoreErrs.Load(),
-		SavedBytes:    c.savedB.Load(),
-		RestoredBytes: c.restoredB.Load(),
-	}
-	if s.Saves > 0 {
-		s.MeanSaveMs = float64(c.saveNs.Load()) / float64(s.Saves) / 1e6
-	}
-	if s.Restores > 0 {
-		s.MeanRestoreMs = float64(c.restoreNs.Load()) / float64(s.Restores) / 1e6
-	}
-	for t := range c.restoredFrom {
-		if n := c.restoredFrom[t].Load(); n > 0 {
-			if s.RestoredFrom == nil {
-				s.RestoredFrom = map[string]int64{}
-			}
-			s.RestoredFrom[kv.Tier(t).String()] = n
-		}
-	}
-	c.ts.fill(&s)
-	c.mu.Lock()
-	s.Sessions = len(c.sessions)
-	s.DisabledReason = c.disabledReason
-	c.mu.Unlock()
-	return s
-}
-
-// Close saves, unless NoSaveOnClose, every slot known to hold a session's
-// KV, so that the tiers (and through them the Archive) keep it across a
-// restart; then the connector passes every request through. Call it after
-// the proxy stopped forwarding and before closing the kv.Cache.
-func (c *LlamaCPP) Close() error {
-	if c.closed.Swap(true) {
-		return nil
-	}
-	if c.opts.NoSaveOnClose || c.probe.Load() != probeEnabled {
-		return nil
-	}
-	type job struct {
-		slot               int
-		owner, sess, model string
-		layers             int
-		wait               chan struct{}
-	}
-	var jobs []job
-	c.mu.Lock()
-	for _, s := range c.slots {
-		if s.owner != "" && (s.valid || s.inflight > 0) {
-			jobs = append(jobs, job{s.id, s.owner, s.sess, s.model, c.layersLocked(s.model), s.swap})
-		}
-	}
-	c.mu.Unlock()
-	for _, j := range jobs {
-		if j.wait != nil {
-			<-j.wait
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), c.opts.SlotTimeout)
-		c.save(ctx, j.slot, j.owner, j.sess, j.model, j.layers)
-		cancel()
-	}
-	return nil
 }

@@ -15,7 +15,7 @@
 //     applied by the driver; CUDAOptions.Ordinal counts visible GPUs.
 //
 // Open picks one by name ("cpu", "cuda", "auto"); "auto" falls back to the
-// CPU and logs why once. HostTensor views float32 bytes as a
+// CPU and logs why once. Package gpu/hosttensor views float32 bytes as a
 // gorgonia.org/tensor Dense for CPU-side maths.
 //
 // Invariants:

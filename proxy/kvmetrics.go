@@ -53,17 +53,45 @@ func writeEngineMetrics(w io.Writer, c engine.Connector) {
 	}{
 		{"requests", "Requests the connector prepared.", st.Requests},
 		{"hook_errors", "Connector hooks that failed (the request still flowed).", st.HookErrors},
-		{"slot_hits", "Requests whose session already held its slot.", st.SlotHits},
-		{"evictions", "Slots taken from another session.", st.Evictions},
-		{"saves", "Slot states saved.", st.Saves},
+		{"slot_hits", "Requests whose session still held its slot.", st.SlotHits},
+		{"slot_assigns", "Requests placed on a slot their session did not hold.", st.SlotAssigns},
+		{"evictions", "Slots taken from a session whose KV had to be saved first, on the request path.", st.Evictions},
+		{"saves", "Engine states saved into the tiers.", st.Saves},
 		{"save_errors", "Slot saves that failed.", st.SaveErrors},
-		{"restores", "Slot states restored into the engine.", st.Restores},
-		{"restore_errors", "Slot restores that failed.", st.RestoreErrors},
+		{"restores", "Engine states restored into a slot.", st.Restores},
+		{"restore_errors", "Slot restores that failed (the request prefilled).", st.RestoreErrors},
+		{"restore_misses", "Placements that found no stored state sharing a prefix.", st.RestoreMisses},
+		{"restore_skips", "States found but not worth restoring (too short, or slower than the prefill).", st.RestoreSkips},
+		{"prefix_reuses", "Restores of a state another session saved (a shared prefix).", st.PrefixReuses},
+		{"refused", "States not restored because the server's KV layout differs.", st.Refused},
+		{"unused_restores", "Restores the engine accepted but did not reuse.", st.UnusedRestores},
+		{"restarts", "Times the engine was found restarted or unreachable.", st.Restarts},
+		{"background_calls", "The sidecar's own calls placed on slots.", st.BackgroundCalls},
+		{"states_deleted", "States dropped (superseded or over the cap).", st.StatesDeleted},
+		{"reused_tokens", "Prompt tokens the engine did not reprocess thanks to a restore.", st.ReusedTokens},
 		{"cached_prompt_tokens", "Prompt tokens the engine reused from its KV (timings.cache_n).", st.Timings.CacheN},
 		{"prefilled_prompt_tokens", "Prompt tokens the engine computed (timings.prompt_n).", st.Timings.PromptN},
 	} {
 		fmt.Fprintf(w, "# HELP sidecar_engine_%s_total %s\n# TYPE sidecar_engine_%s_total counter\nsidecar_engine_%s_total %d\n", m.name, m.help, m.name, m.name, m.v)
 	}
+	fmt.Fprintf(w, "# HELP sidecar_engine_restore_seconds_total Time spent restoring states that the engine then reused.\n# TYPE sidecar_engine_restore_seconds_total counter\nsidecar_engine_restore_seconds_total %g\n", st.RestoreMsTotal/1000)
+	fmt.Fprintf(w, "# HELP sidecar_engine_replaced_prefill_seconds_total Prefill time those restores replaced, at the measured prefill rate.\n# TYPE sidecar_engine_replaced_prefill_seconds_total counter\nsidecar_engine_replaced_prefill_seconds_total %g\n", st.ReplacedPrefillMs/1000)
 	fmt.Fprintf(w, "# HELP sidecar_engine_save_seconds_mean Mean slot save time.\n# TYPE sidecar_engine_save_seconds_mean gauge\nsidecar_engine_save_seconds_mean %g\n", st.MeanSaveMs/1000)
 	fmt.Fprintf(w, "# HELP sidecar_engine_restore_seconds_mean Mean slot restore time.\n# TYPE sidecar_engine_restore_seconds_mean gauge\nsidecar_engine_restore_seconds_mean %g\n", st.MeanRestoreMs/1000)
+	fmt.Fprintf(w, "# HELP sidecar_engine_queue_depth Slots whose KV waits for a background save.\n# TYPE sidecar_engine_queue_depth gauge\nsidecar_engine_queue_depth %d\n", st.QueueDepth)
+	fmt.Fprintf(w, "# HELP sidecar_engine_states Engine states kept.\n# TYPE sidecar_engine_states gauge\nsidecar_engine_states %d\n", st.States)
+	fmt.Fprintf(w, "# HELP sidecar_engine_state_bytes Bytes of the engine states kept.\n# TYPE sidecar_engine_state_bytes gauge\nsidecar_engine_state_bytes %d\n", st.StateBytes)
+	if len(st.StatesByTier) > 0 {
+		fmt.Fprintln(w, "# HELP sidecar_engine_states_tier Engine states by the fastest tier holding them.\n# TYPE sidecar_engine_states_tier gauge")
+		for _, t := range []string{"focus", "working", "archive"} {
+			if n, ok := st.StatesByTier[t]; ok {
+				fmt.Fprintf(w, "sidecar_engine_states_tier{tier=%q} %d\n", t, n)
+			}
+		}
+	}
+	restoresOff := 0
+	if st.RestoresOff {
+		restoresOff = 1
+	}
+	fmt.Fprintf(w, "# HELP sidecar_engine_restores_off Whether restores stopped because the engine did not reuse them.\n# TYPE sidecar_engine_restores_off gauge\nsidecar_engine_restores_off %d\n", restoresOff)
 }

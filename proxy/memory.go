@@ -403,8 +403,10 @@ func (s *Server) handleSessions(ctx *fasthttp.RequestCtx, tail []byte) {
 		}
 	case ctx.IsDelete() && !wantMemory:
 		err = s.opts.Memory.Delete(tenant, id)
-		if err == nil && s.opts.OnSessionDelete != nil {
-			s.opts.OnSessionDelete(tenant, id)
+		if err == nil && s.opts.Engine != nil {
+			if ferr := s.opts.Engine.Forget(ctx, tenant, id); ferr != nil {
+				s.log.Warn("dropping a deleted session's KV failed", "session", id, "err", ferr)
+			}
 		}
 		v = map[string]any{"id": id, "object": "session.deleted", "deleted": err == nil}
 	default:

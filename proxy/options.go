@@ -78,6 +78,7 @@ type Options struct {
 	// Engine moves a session's prefix KV in and out of the LLM server around
 	// each chat and completions request (engine.LlamaCPP), or only keeps
 	// stats (engine.Generic). Nil: none. The Server does not close it.
+	// DELETE /v1/sessions/{id} also has it Forget the session's KV.
 	Engine engine.Connector
 
 	// AllowAnonymous lets requests without a bearer token (no
@@ -87,10 +88,6 @@ type Options struct {
 	// completions go through statelessly even with a session id, and the
 	// sessions, pool and KV APIs answer 401.
 	AllowAnonymous bool
-
-	// OnSessionDelete, when set, is called after DELETE /v1/sessions/{id}
-	// removed a session's memory, to drop what else belongs to it (its KV).
-	OnSessionDelete func(tenant, sessionID string)
 }
 
 func (o *Options) setDefaults() {

@@ -290,10 +290,15 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 		}
 	}()
 	var ereq *engine.Request
-	if s.opts.Engine != nil && sess.ID != "" && (r == routeChat || r == routeCompletions) && ctx.IsPost() {
-		// The after-hook runs once the handler returned and fasthttp reuses
-		// the request buffer: the engine gets its own copy of the body.
-		ereq = &engine.Request{Tenant: sess.Tenant, SessionID: sess.ID, Model: info.Model, Body: append([]byte(nil), body...)}
+	if s.opts.Engine != nil && (r == routeChat || r == routeCompletions) && ctx.IsPost() {
+		// Stateless requests too: a connector that places requests on the
+		// engine's slots must see every one, or a stateless request could
+		// land on a slot holding a session's KV.
+		tenant := sess.Tenant
+		if tenant == "" { // stateless: the engine still scopes KV reuse by key
+			tenant = tenantOf(ctx.Request.Header.Peek("Authorization"))
+		}
+		ereq = &engine.Request{Tenant: tenant, SessionID: sess.ID, Model: info.Model, Body: body}
 		nb, err := s.opts.Engine.Before(ctx, ereq)
 		if err != nil {
 			s.log.Warn("engine connector before-hook failed; forwarding anyway", append(sessLog, "engine", s.opts.Engine.Name(), "err", err)...)

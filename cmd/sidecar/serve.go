@@ -305,19 +305,10 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		"session_ttl", c.sessionTTL.String(), "max_disk_bytes", c.maxDiskBytes, "max_open_logs", mem.Stats().MaxOpenFiles)
 
 	srv, err := proxy.New(proxy.Options{
-		Memory:     mem,
-		KV:         kvc,
-		MaxKVBytes: c.maxKV,
-		Engine:     conn,
-		OnSessionDelete: func(tenant, id string) {
-			if f, ok := conn.(interface {
-				Forget(context.Context, string, string) error
-			}); ok {
-				if err := f.Forget(context.Background(), tenant, id); err != nil {
-					log.Warn("dropping a deleted session's KV failed", "session", id, "err", err)
-				}
-			}
-		},
+		Memory:            mem,
+		KV:                kvc,
+		MaxKVBytes:        c.maxKV,
+		Engine:            conn,
 		Upstream:          c.upstream,
 		MaxBodyBytes:      c.maxBody,
 		MaxResponseBytes:  c.maxResponse,

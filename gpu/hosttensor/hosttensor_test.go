@@ -1,4 +1,4 @@
-package gpu
+package hosttensor
 
 import (
 	"encoding/binary"

@@ -1,4 +1,7 @@
-package gpu
+// Package hosttensor views float32 bytes (host memory, or what a gpu.Device
+// copied out) as a gorgonia.org/tensor Dense for CPU-side maths. It is
+// kept out of package gpu so the serving binary does not link gorgonia.
+package hosttensor
 
 import (
 	"fmt"
@@ -22,21 +25,21 @@ import (
 // all checks it).
 func HostTensor(buf []byte, shape ...int) (*tensor.Dense, error) {
 	if len(shape) == 0 {
-		return nil, fmt.Errorf("gpu: host tensor: empty shape")
+		return nil, fmt.Errorf("hosttensor: empty shape")
 	}
 	n := 1
 	for _, d := range shape {
 		if d <= 0 {
-			return nil, fmt.Errorf("gpu: host tensor: shape %v has a non-positive dimension", shape)
+			return nil, fmt.Errorf("hosttensor: shape %v has a non-positive dimension", shape)
 		}
 		n *= d
 	}
 	if len(buf) != 4*n {
-		return nil, fmt.Errorf("gpu: host tensor: shape %v needs %d bytes, buffer has %d", shape, 4*n, len(buf))
+		return nil, fmt.Errorf("hosttensor: shape %v needs %d bytes, buffer has %d", shape, 4*n, len(buf))
 	}
 	p := unsafe.Pointer(unsafe.SliceData(buf))
 	if uintptr(p)%4 != 0 {
-		return nil, fmt.Errorf("gpu: host tensor: buffer at %p is not 4-byte aligned", p)
+		return nil, fmt.Errorf("hosttensor: buffer at %p is not 4-byte aligned", p)
 	}
 	f := unsafe.Slice((*float32)(p), n)
 	return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(f)), nil

@@ -1,0 +1,209 @@
+package engine
+
+// The slot scheduler: which llama.cpp slot a request goes to and what must
+// move first. It does no I/O and owns no lock (the connector holds its
+// mutex around every call), so its decisions are tested without a server.
+
+// slotInfo is what the connector believes one slot holds.
+type slotInfo struct {
+	id int
+	// sess is the session whose KV the slot holds or is about to hold ("":
+	// none: free, or a background call's scratch).
+	sess string
+	// chain is a prefix of what the slot's KV covers (the prompt of the
+	// last request that completed there); empty when unknown. next is the
+	// prompt of the newest request in flight there.
+	chain, next chain
+	// tokens is the slot's token count after that request (engine timings).
+	tokens int
+	// dirty means the slot holds KV that no stored state covers yet.
+	dirty bool
+	// version counts changes of the slot's content, so a save that ran
+	// while the content changed does not mark the newer content clean.
+	version uint64
+	// inflight counts requests sent with this id_slot and not yet After'ed.
+	inflight int
+	// lastUse orders slots for eviction (scheduler sequence number).
+	lastUse uint64
+	// saveFailed stops background retries of a content that failed to save.
+	saveFailed bool
+	// computeMs sums the engine's prefill time of the unsaved KV.
+	computeMs float64
+}
+
+// holds reports whether the slot holds, or is being filled with, KV worth
+// keeping for a session.
+func (s *slotInfo) holds() bool {
+	return s.sess != "" && (s.dirty || s.chain.len() > 0 || s.inflight > 0 && s.next.len() > 0)
+}
+
+type scheduler struct {
+	slots []*slotInfo
+	seq   uint64
+}
+
+func newScheduler(n int) *scheduler {
+	s := &scheduler{}
+	for i := range n {
+		s.slots = append(s.slots, &slotInfo{id: i})
+	}
+	return s
+}
+
+// placement is the scheduler's answer for one request.
+type placement struct {
+	slot *slotInfo
+	// resident: the session already holds the slot; nothing moves.
+	resident bool
+	// prevSess and prevDirty describe the occupant the request displaces:
+	// when prevDirty, its KV must be saved before anything else uses the
+	// slot.
+	prevSess  string
+	prevDirty bool
+	prevChain chain
+	prevVer   uint64
+}
+
+// place picks the slot for a request of session sess ("" for a background
+// call; a stateless request comes with a key of its own) whose prompt is
+// ch, and assigns it: a session keeps
+// its slot; otherwise the choice is, in order, an idle slot holding no
+// session's KV, the least recently used idle slot whose KV is already
+// stored, the least recently used idle slot (its KV to be saved first),
+// then the least recently used slot (the engine queues the request behind
+// the one in flight). A background call never keeps the slot afterwards.
+func (s *scheduler) place(sess string, ch chain) placement {
+	s.seq++
+	if sess != "" {
+		for _, sl := range s.slots {
+			if sl.sess == sess {
+				sl.lastUse = s.seq
+				sl.inflight++
+				sl.next = ch
+				return placement{slot: sl, resident: true}
+			}
+		}
+	}
+	v := s.victim()
+	p := placement{slot: v, prevSess: v.sess, prevDirty: v.holds() && (v.dirty || v.inflight > 0), prevChain: v.chain, prevVer: v.version}
+	if v.inflight > 0 && v.next.len() > 0 {
+		// A request still in flight there adds to the occupant's KV: the
+		// engine runs the save once it is done, so the state covers it.
+		p.prevChain = v.next
+	}
+	v.sess = sess
+	v.chain, v.next = chain{}, ch
+	v.tokens = 0
+	v.dirty = false
+	v.saveFailed = false
+	v.computeMs = 0
+	v.version++
+	v.lastUse = s.seq
+	v.inflight++
+	return p
+}
+
+func (s *scheduler) victim() *slotInfo {
+	better := func(cur, cand *slotInfo) *slotInfo {
+		if cur == nil || cand.lastUse < cur.lastUse {
+			return cand
+		}
+		return cur
+	}
+	var free, clean, idle, any *slotInfo
+	for _, sl := range s.slots {
+		any = better(any, sl)
+		if sl.inflight > 0 {
+			continue
+		}
+		switch {
+		case !sl.holds():
+			free = better(free, sl)
+		case !sl.dirty:
+			clean = better(clean, sl)
+		default:
+			idle = better(idle, sl)
+		}
+	}
+	for _, v := range []*slotInfo{free, clean, idle} {
+		if v != nil {
+			return v
+		}
+	}
+	return any
+}
+
+// done records the end of a request placed on sl for sess. ok means the
+// engine answered it successfully, so the slot now covers ch and holds
+// tokens tokens; bg marks a background call, whose KV is scratch. It
+// reports whether the slot now holds unsaved KV of sess.
+func (s *scheduler) done(sl *slotInfo, sess string, bg, ok bool, ch chain, tokens int) bool {
+	sl.inflight = max(0, sl.inflight-1)
+	if sl.sess != sess {
+		return false // another session took the slot meanwhile
+	}
+	sl.version++
+	switch {
+	case bg:
+		sl.sess, sl.chain, sl.tokens, sl.dirty = "", chain{}, 0, false
+	case ok:
+		sl.chain, sl.tokens, sl.dirty, sl.saveFailed = ch, tokens, true, false
+	default:
+		// The engine failed: what the slot holds is unknown, and nothing
+		// is saved from it; the session keeps the slot, and the engine
+		// reuses whatever still matches.
+		sl.chain, sl.dirty = chain{}, false
+	}
+	return sl.dirty
+}
+
+// forget drops every slot of sess; it returns their ids.
+func (s *scheduler) forget(sess string) []int {
+	var ids []int
+	for _, sl := range s.slots {
+		if sl.sess == sess {
+			sl.sess, sl.chain, sl.tokens, sl.dirty = "", chain{}, 0, false
+			sl.version++
+			ids = append(ids, sl.id)
+		}
+	}
+	return ids
+}
+
+// lose forgets what one slot holds (another client used it); its session
+// is placed again, and restored, on its next request.
+func (s *scheduler) lose(sl *slotInfo) {
+	sl.sess, sl.chain, sl.tokens, sl.dirty = "", chain{}, 0, false
+	sl.version++
+}
+
+// reset forgets what every slot holds (the engine restarted).
+func (s *scheduler) reset() {
+	for _, sl := range s.slots {
+		sl.sess, sl.chain, sl.tokens, sl.dirty = "", chain{}, 0, false
+		sl.version++
+	}
+}
+
+// saveCandidate returns an idle slot with unsaved KV, least recently used
+// first, or nil.
+func (s *scheduler) saveCandidate() *slotInfo {
+	var c *slotInfo
+	for _, sl := range s.slots {
+		if sl.dirty && !sl.saveFailed && sl.inflight == 0 && sl.holds() && (c == nil || sl.lastUse < c.lastUse) {
+			c = sl
+		}
+	}
+	return c
+}
+
+// pending counts slots with unsaved KV.
+func (s *scheduler) pending() int {
+	n := 0
+	for _, sl := range s.slots {
+		if sl.dirty && !sl.saveFailed {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,98 @@
+package engine
+
+import "testing"
+
+// The scheduler's choices, step by step, without a server.
+func TestSchedulerPlacement(t *testing.T) {
+	s := newScheduler(3)
+	ch := chain{hashes: []uint64{1}, bytes: []int64{10}}
+	finish := func(p placement, sess string, saved bool) {
+		if dirty := s.done(p.slot, sess, sess == "", true, ch, 100); dirty && saved {
+			p.slot.dirty = false // as the saver does
+		}
+	}
+	// Free slots first, in order of last use.
+	a := s.place("A", ch)
+	b := s.place("B", ch)
+	if a.resident || b.resident || a.slot == b.slot {
+		t.Fatalf("A %+v B %+v", a, b)
+	}
+	finish(a, "A", true)  // A: stored
+	finish(b, "B", false) // B: unsaved
+	if p := s.place("A", ch); !p.resident || p.slot != a.slot {
+		t.Fatalf("A's second request: %+v", p)
+	} else {
+		finish(p, "A", true)
+	}
+	// C takes the third, free slot; then D must evict: A's slot is stored,
+	// B's is not, so A's goes although B's was used earlier.
+	c := s.place("C", ch)
+	finish(c, "C", false)
+	d := s.place("D", ch)
+	if d.slot != a.slot || d.prevSess != "A" || d.prevDirty {
+		t.Fatalf("D: %+v", d)
+	}
+	// E: every idle slot holds unsaved KV: the least recently used, B's,
+	// with its KV to be saved first.
+	finish(d, "D", false)
+	e := s.place("E", ch)
+	if e.slot != b.slot || !e.prevDirty || e.prevSess != "B" || e.prevChain.last() != 1 {
+		t.Fatalf("E: %+v", e)
+	}
+	// All busy: the least recently used slot, its in-flight KV saved too.
+	f := s.place("F", ch)
+	g := s.place("G", ch)
+	h := s.place("H", ch)
+	if f.slot == g.slot || g.slot == h.slot || !h.prevDirty {
+		t.Fatalf("F %+v G %+v H %+v", f, g, h)
+	}
+	// A background call leaves scratch behind: a free slot afterwards.
+	for _, p := range []placement{e, f, g, h} {
+		s.done(p.slot, p.slot.sess, false, true, ch, 100)
+	}
+	for _, sl := range s.slots {
+		sl.dirty = false
+	}
+	bg := s.place("", ch)
+	if !s.done(bg.slot, "", true, true, ch, 50) && bg.slot.holds() {
+		t.Fatalf("background call left %+v", bg.slot)
+	}
+	if next := s.place("I", ch); next.slot != bg.slot || next.prevSess != "" {
+		t.Fatalf("I did not take the scratch slot: %+v", next)
+	}
+}
+
+func TestSchedulerDoneAndForget(t *testing.T) {
+	s := newScheduler(2)
+	ch := chain{hashes: []uint64{1}, bytes: []int64{10}}
+	a := s.place("A", ch)
+	b := s.place("B", ch)
+	// Both slots busy: C shares the least recently used, A's; A's response
+	// then changes nothing there.
+	c := s.place("C", ch)
+	if c.slot != a.slot || !c.prevDirty || c.prevSess != "A" {
+		t.Fatalf("C %+v", c)
+	}
+	if s.done(a.slot, "A", false, true, ch, 10) {
+		t.Fatal("a response for a slot another session took marked it dirty")
+	}
+	// A failed request leaves the slot's content unknown, not dirty.
+	if s.done(c.slot, "C", false, false, ch, 10) || c.slot.chain.len() != 0 || c.slot.sess != "C" {
+		t.Fatalf("failed request: %+v", c.slot)
+	}
+	if ids := s.forget("C"); len(ids) != 1 || c.slot.sess != "" {
+		t.Fatalf("forget: %v %+v", ids, c.slot)
+	}
+	if !s.done(b.slot, "B", false, true, ch, 10) || s.pending() != 1 || s.saveCandidate() != b.slot {
+		t.Fatalf("pending %d", s.pending())
+	}
+	b.slot.inflight++
+	if s.saveCandidate() != nil {
+		t.Fatal("a busy slot is a save candidate")
+	}
+	b.slot.inflight--
+	s.reset()
+	if s.pending() != 0 || s.saveCandidate() != nil {
+		t.Fatal("reset kept unsaved KV")
+	}
+}
