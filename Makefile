@@ -12,7 +12,7 @@ export SIDECAR_UPSTREAM ?= http://127.0.0.1:8000
 export SIDECAR_LISTEN   ?= 127.0.0.1:8080
 export SIDECAR_DATA_DIR ?= ./data
 
-.PHONY: help build run test test-race test-hostile bench bench-proxy bench-kv bench-recall bench-memory bench-memory-e2e bench-reliability bench-amortization docker-cuda fuzz lint clean
+.PHONY: help build run test test-race test-hostile bench bench-proxy bench-kv bench-recall bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions docker-cuda fuzz lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -43,6 +43,11 @@ bench-proxy: ## added latency of sidecar vs nginx over a loopback upstream
 bench-amortization: ## cost per turn of a session prefix's KV, T = 1..64 (plot in out/amortization.svg)
 	mkdir -p out
 	$(GO) run ./cmd/sidecar bench amortization --plot out/amortization.svg
+
+bench-sessions: build ## real llama-server, direct vs through the sidecar: engine kill -9 after round 2, then also a sidecar kill -9 after round 3 (plots in out/)
+	mkdir -p out
+	$(BIN) bench sessions --engine-restart-after 2 --plot out/sessions.svg
+	$(BIN) bench sessions --engine-restart-after 2 --sidecar-restart-after 3 --plot out/sessions-sidecar-restart.svg
 
 docker-cuda: ## build the CUDA image kvsidecar:cuda (needs a Docker engine)
 	docker build -f Dockerfile.cuda --build-arg VERSION=$(VERSION) -t kvsidecar:cuda .

@@ -26,6 +26,7 @@ workloads:
   memory     LoCoMo replayed through a sidecar: context recall per client, prompt prefix sharing (--data FILE)
   proxy      added latency of the sidecar and nginx over a direct upstream (--target name=host:port ...)
   gpu        Focus put/get latency and host<->device bandwidth (--device, --full)
+  sessions   sessions on a real llama-server, direct vs through the sidecar, with restarts (tokens reprocessed)
   upstream   serve a scripted OpenAI-compatible upstream (for proxy benchmarks and demos)
 
 With no workload, sidecar bench runs amortization (about 20 s on 2 cores). --json prints one JSON
@@ -53,6 +54,8 @@ func cmdBench(args []string) int {
 		err = benchUpstream(args)
 	case "gpu":
 		err = benchGPU(args)
+	case "sessions":
+		err = benchSessions(args)
 	case "help", "-h", "--help":
 		fmt.Print(benchUsage)
 		return 0

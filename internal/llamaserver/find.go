@@ -33,13 +33,14 @@ type Paths struct {
 func Find() (Paths, error) {
 	var p Paths
 	var missing []string
+	why := func(err error) string { return strings.TrimPrefix(err.Error(), ErrNotFound.Error()+": ") }
 	srv, err := FindServer()
 	if err != nil {
-		missing = append(missing, err.Error())
+		missing = append(missing, why(err))
 	}
 	p.Server = srv
 	if p.Script, err = findScript(srv); err != nil {
-		missing = append(missing, err.Error())
+		missing = append(missing, why(err))
 	}
 	if p.Python, err = exec.LookPath("python3"); err != nil {
 		missing = append(missing, "python3 is not on PATH")

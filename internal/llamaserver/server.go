@@ -38,8 +38,11 @@ type Options struct {
 	// cache. Zero: not passed (the server's default, 8192 MiB); negative:
 	// the cache is off (--cache-ram 0).
 	CacheRAMMiB int
+	// Threads is -t, the server's CPU threads. Zero: the server's default
+	// (all cores; two servers side by side then oversubscribe the CPU).
+	Threads int
 	// Args are appended to the command line after the ones this package
-	// sets (-m, --host, --port, -c, -np, --slot-save-path, --cache-ram,
+	// sets (-m, --host, --port, -c, -np, --slot-save-path, --cache-ram, -t,
 	// --metrics, --no-jinja, --chat-template chatml, --reasoning-format none).
 	Args []string
 	// LogFile receives the server's stdout and stderr, appended across
@@ -56,7 +59,7 @@ func (o *Options) validate() error {
 	switch {
 	case o.Model == "":
 		return errors.New("llamaserver: no Model")
-	case o.Slots < 0 || o.Ctx < 0 || o.StartTimeout < 0:
+	case o.Slots < 0 || o.Ctx < 0 || o.StartTimeout < 0 || o.Threads < 0:
 		return errors.New("llamaserver: negative option")
 	}
 	if o.Binary == "" {
@@ -172,6 +175,9 @@ func (s *Server) args() []string {
 	case o.CacheRAMMiB < 0:
 		a = append(a, "--cache-ram", "0")
 	}
+	if o.Threads > 0 {
+		a = append(a, "-t", strconv.Itoa(o.Threads))
+	}
 	a = append(a, "--metrics", "--no-jinja", "--chat-template", "chatml", "--reasoning-format", "none")
 	return append(a, o.Args...)
 }
@@ -184,7 +190,7 @@ func (s *Server) startLocked(ctx context.Context) error {
 	cmd := exec.Command(s.opts.Binary, args...)
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	cmd.Env = append(os.Environ(), s.opts.Env...)
-	cmd.SysProcAttr = sysProcAttr()
+	cmd.SysProcAttr = SysProcAttr()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("llamaserver: start %s: %w", s.opts.Binary, err)
 	}

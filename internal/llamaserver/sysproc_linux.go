@@ -2,8 +2,9 @@ package llamaserver
 
 import "syscall"
 
-// sysProcAttr makes the kernel kill the server when the thread that
-// started it dies, so a crashed parent leaves no llama-server behind.
-func sysProcAttr() *syscall.SysProcAttr {
+// SysProcAttr makes the kernel kill a child (the server, or any other child
+// process of a test or benchmark) when the thread that started it dies, so
+// a crashed parent leaves no process behind.
+func SysProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }

@@ -4,6 +4,6 @@ package llamaserver
 
 import "syscall"
 
-// sysProcAttr: no parent-death signal outside Linux; Close and test
-// cleanups kill the server.
-func sysProcAttr() *syscall.SysProcAttr { return nil }
+// SysProcAttr: no parent-death signal outside Linux; Close and test
+// cleanups kill the children.
+func SysProcAttr() *syscall.SysProcAttr { return nil }

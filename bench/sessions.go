@@ -1,0 +1,599 @@
+package bench
+
+// Sessions against a real llama.cpp server (issue 10): N sessions with long
+// per-session documents, R rounds round-robin over few slots, the same
+// full-history streaming client talking to one llama-server directly and to
+// an identical one through the sidecar, side by side in one run, with
+// optional kill -9 restarts of the engines or of the sidecar between rounds.
+// The measure is llama.cpp's own: tokens reprocessed (timings.prompt_n).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
+)
+
+// SessionsOptions configure RunSessions. SidecarCommand is required; every
+// zero value is a documented default.
+type SessionsOptions struct {
+	// Sessions is the number of conversations. Zero: 8.
+	Sessions int
+	// Rounds is the number of turns per session, taken round-robin. Zero: 4.
+	Rounds int
+	// Slots is each llama-server's -np (and the sidecar's
+	// --llamacpp-slots). Zero: 2.
+	Slots int
+	// DocTokens is the length of each session's document (its system
+	// message), in the model's tokens. Zero: 1,500.
+	DocTokens int
+	// CacheRAMMiB is each llama-server's --cache-ram: the RAM prompt cache
+	// the direct client benefits from. Zero: 8 (about two 1,500-token
+	// sessions of the tiny model: the ratio of the server's default 8 GiB
+	// to 8K-token Llama-3-8B conversations); negative: off.
+	CacheRAMMiB int
+	// MaxTokens of each reply. Zero: 8.
+	MaxTokens int
+	// EngineRestartAfter, when positive, kills both llama-servers with
+	// SIGKILL after that round and starts them again (same port, slot
+	// folder, model).
+	EngineRestartAfter int
+	// SidecarRestartAfter, when positive, kills the sidecar with SIGKILL
+	// after that round, once its background queue drained, and starts it
+	// again on the same data folder.
+	SidecarRestartAfter int
+	// LlamaServer is the llama-server binary. Empty: llamaserver.FindServer.
+	LlamaServer string
+	// Model is the GGUF both servers run. Empty: the tiny model of
+	// ../shared/llama/tiny_gguf.py with its default dimensions.
+	Model string
+	// Threads is each llama-server's -t. Zero: half the CPUs (at least
+	// one), so the two servers side by side do not oversubscribe them.
+	Threads int
+	// LlamaArgs are added to both llama-servers' command lines. Nil:
+	// --n-predict 128, which bounds the sidecar's own background calls (a
+	// random-weight model never ends an answer; the client's turns set
+	// max_tokens anyway).
+	LlamaArgs []string
+	// SidecarCommand runs the sidecar: the binary and the arguments before
+	// its flags, e.g. {os.Executable(), "serve"}. Required.
+	SidecarCommand []string
+	// SidecarArgs are added after the flags the benchmark sets (--listen,
+	// --upstream, --data-dir, --engine llamacpp, --llamacpp-slot-dir,
+	// --llamacpp-slots, --log-format json).
+	SidecarArgs []string
+	// SidecarEnv is added to the sidecar's environment.
+	SidecarEnv []string
+	// Dir holds the servers' slot folders and logs and the sidecar's data.
+	// Empty: a temporary folder, removed afterwards.
+	Dir string
+	// Progress receives one line per round and event. Nil: none.
+	Progress io.Writer
+	// TurnTimeout bounds one chat request. Zero: 2 minutes.
+	TurnTimeout time.Duration
+}
+
+func (o *SessionsOptions) validate() error {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.Sessions, 8)
+	def(&o.Rounds, 4)
+	def(&o.Slots, 2)
+	def(&o.DocTokens, 1500)
+	def(&o.CacheRAMMiB, 8)
+	def(&o.MaxTokens, 8)
+	def(&o.Threads, max(1, runtime.NumCPU()/2))
+	switch {
+	case o.Sessions < 1 || o.Sessions > 1000:
+		return fmt.Errorf("bench: sessions: %d sessions", o.Sessions)
+	case o.Rounds < 1 || o.Rounds > 1000:
+		return fmt.Errorf("bench: sessions: %d rounds", o.Rounds)
+	case o.Slots < 1 || o.Slots > 64:
+		return fmt.Errorf("bench: sessions: %d slots", o.Slots)
+	case o.DocTokens < 16 || o.DocTokens > 1<<20:
+		return fmt.Errorf("bench: sessions: %d document tokens", o.DocTokens)
+	case o.MaxTokens < 1 || o.Threads < 1 || o.EngineRestartAfter < 0 || o.SidecarRestartAfter < 0 || o.TurnTimeout < 0:
+		return errors.New("bench: sessions: negative or zero option")
+	case len(o.SidecarCommand) == 0:
+		return errors.New("bench: sessions: no SidecarCommand")
+	}
+	if o.LlamaArgs == nil {
+		o.LlamaArgs = []string{"--n-predict", "128"}
+	}
+	if o.TurnTimeout == 0 {
+		o.TurnTimeout = 2 * time.Minute
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	return nil
+}
+
+// SessionsReport is the result of RunSessions.
+type SessionsReport struct {
+	Sessions            int      `json:"sessions"`
+	Rounds              int      `json:"rounds"`
+	Slots               int      `json:"slots"`
+	DocTokens           int      `json:"doc_tokens"`
+	CacheRAMMiB         int      `json:"cache_ram_mib"`
+	MaxTokens           int      `json:"max_tokens"`
+	Threads             int      `json:"threads"`
+	EngineRestartAfter  int      `json:"engine_restart_after,omitempty"`
+	SidecarRestartAfter int      `json:"sidecar_restart_after,omitempty"`
+	Model               string   `json:"model"`
+	LlamaArgs           []string `json:"llama_args"`
+	SidecarArgs         []string `json:"sidecar_args"`
+
+	RoundStats []SessionsRound `json:"rounds_detail"`
+	// TTFT of the sidecar's turns (after round 1) that restored a saved
+	// state, against the direct client's turns (after round 1) that
+	// reprocessed at least half their prompt.
+	TTFT    SessionsTTFT   `json:"ttft"`
+	Goals   []SessionsGoal `json:"goals"`
+	Notes   []string       `json:"notes,omitempty"`
+	Seconds float64        `json:"duration_seconds"`
+}
+
+// SessionsRound is one round of every session, per side.
+type SessionsRound struct {
+	Round int `json:"round"`
+	// Event is what happened just before the round ("engine restart",
+	// "sidecar restart"), if anything.
+	Event   string       `json:"event,omitempty"`
+	Direct  SessionsSide `json:"direct"`
+	Sidecar SessionsSide `json:"sidecar"`
+	// Ratio is the sidecar's tokens reprocessed over the direct client's.
+	Ratio float64 `json:"reprocessed_ratio"`
+	// Floor is the lowest Ratio any cache could reach: the sidecar side's
+	// new tokens over the direct client's tokens reprocessed.
+	Floor float64 `json:"floor_ratio"`
+}
+
+// SessionsSide is one round on one side.
+type SessionsSide struct {
+	Turns  int `json:"turns"`
+	Errors int `json:"errors"`
+	// FirstError is the first failed turn's error, if any.
+	FirstError string `json:"first_error,omitempty"`
+	// PromptTokens is the sum of the turns' prompt sizes (prompt_n + cache_n).
+	PromptTokens int64 `json:"prompt_tokens"`
+	// Reprocessed is the sum of timings.prompt_n.
+	Reprocessed int64 `json:"reprocessed_tokens"`
+	// Cached is the sum of timings.cache_n.
+	Cached int64 `json:"cached_tokens"`
+	// NewTokens is what the turns added to their sessions' previous
+	// prompts (the previous reply, the new question, their template
+	// tokens): what even a perfect cache reprocesses. Round 1: everything.
+	NewTokens int64 `json:"new_tokens"`
+	// EngineReprocessed is the llama-server's own count of prompt tokens
+	// processed in the round (llamacpp:prompt_tokens_total): the client's
+	// turns plus, behind the sidecar, its background calls.
+	EngineReprocessed int64   `json:"engine_reprocessed_tokens"`
+	TTFTP50Ms         float64 `json:"ttft_p50_ms"`
+	TTFTP99Ms         float64 `json:"ttft_p99_ms"`
+	// The sidecar's engine figures for the round, from its /metrics
+	// (zero on the direct side; -1 when the sidecar does not export them).
+	Restores      float64 `json:"restores"`
+	Saves         float64 `json:"saves"`
+	RestoreMeanMs float64 `json:"restore_mean_ms"`
+	SaveMeanMs    float64 `json:"save_mean_ms"`
+}
+
+// SessionsTTFT compares time to first token of restored and recomputed turns.
+type SessionsTTFT struct {
+	RestoredTurns   int     `json:"restored_turns"`
+	RestoredP50Ms   float64 `json:"restored_p50_ms"`
+	RecomputedTurns int     `json:"recomputed_turns"`
+	RecomputedP50Ms float64 `json:"recomputed_p50_ms"`
+	// Ratio is RestoredP50Ms / RecomputedP50Ms (0 when either is missing).
+	Ratio float64 `json:"ratio"`
+}
+
+// SessionsGoal is one of issue 10's goals, checked.
+type SessionsGoal struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	Limit float64 `json:"limit"`
+	Met   bool    `json:"met"`
+}
+
+// sessionsGoalRatio: after the first round the sidecar reprocesses at most
+// this share of the tokens the direct client does (issue 10).
+const sessionsGoalRatio = 0.10
+
+// side is one llama-server and, for the sidecar side, the sidecar in front.
+type side struct {
+	name    string
+	llama   *llamaserver.Server
+	sidecar *sidecarProc // nil on the direct side
+	hist    [][]chatMsg  // per session
+	last    []int64      // per session: the previous turn's prompt tokens
+}
+
+func (s *side) base() string {
+	if s.sidecar != nil {
+		return s.sidecar.url()
+	}
+	return s.llama.URL()
+}
+
+// RunSessions runs the benchmark; see SessionsOptions.
+func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error) {
+	t0 := time.Now()
+	if err := o.validate(); err != nil {
+		return SessionsReport{}, err
+	}
+	dir := o.Dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "kvsidecar-bench-sessions-*")
+		if err != nil {
+			return SessionsReport{}, err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	if o.Model == "" {
+		p, err := llamaserver.Find()
+		if err != nil {
+			return SessionsReport{}, fmt.Errorf("bench: sessions: no --model given and none can be generated: %w", err)
+		}
+		if o.LlamaServer == "" {
+			o.LlamaServer = p.Server
+		}
+		if o.Model, err = llamaserver.TinyModel(p, ""); err != nil {
+			return SessionsReport{}, err
+		}
+	}
+	r := SessionsReport{Sessions: o.Sessions, Rounds: o.Rounds, Slots: o.Slots, DocTokens: o.DocTokens, CacheRAMMiB: o.CacheRAMMiB,
+		MaxTokens: o.MaxTokens, Threads: o.Threads, EngineRestartAfter: o.EngineRestartAfter, SidecarRestartAfter: o.SidecarRestartAfter,
+		Model: o.Model, LlamaArgs: o.LlamaArgs, SidecarArgs: o.SidecarArgs}
+
+	startLlama := func(name string) (*llamaserver.Server, error) {
+		return llamaserver.Start(ctx, llamaserver.Options{
+			Binary: o.LlamaServer, Model: o.Model, Slots: o.Slots, CacheRAMMiB: o.CacheRAMMiB, Threads: o.Threads, Args: o.LlamaArgs,
+			SlotDir: filepath.Join(dir, name, "slots"), LogFile: filepath.Join(dir, name, "llama-server.log"),
+		})
+	}
+	direct := &side{name: "direct"}
+	via := &side{name: "sidecar"}
+	var err error
+	if direct.llama, err = startLlama("direct"); err != nil {
+		return r, err
+	}
+	defer direct.llama.Close()
+	if via.llama, err = startLlama("sidecar"); err != nil {
+		return r, err
+	}
+	defer via.llama.Close()
+	sc, err := startSidecar(ctx, o, via.llama, filepath.Join(dir, "sidecar"))
+	if err != nil {
+		return r, err
+	}
+	defer sc.close()
+	via.sidecar = sc
+	fmt.Fprintf(o.Progress, "llama-servers %s (direct) and %s (behind the sidecar at %s), logs in %s\n",
+		direct.llama.URL(), via.llama.URL(), sc.url(), dir)
+
+	docs, err := makeDocs(ctx, direct.llama, o.Sessions, o.DocTokens)
+	if err != nil {
+		return r, err
+	}
+	for _, s := range []*side{direct, via} {
+		s.hist = make([][]chatMsg, o.Sessions)
+		s.last = make([]int64, o.Sessions)
+		for i := range s.hist {
+			s.hist[i] = []chatMsg{{Role: "system", Content: docs[i]}}
+		}
+	}
+
+	client := &http.Client{Timeout: o.TurnTimeout}
+	var restoredTTFT, recomputedTTFT []time.Duration
+	for round := 1; round <= o.Rounds; round++ {
+		rs := SessionsRound{Round: round}
+		if round-1 == o.EngineRestartAfter && round > 1 {
+			note := sc.drain(ctx)
+			for _, s := range []*side{direct, via} {
+				s.llama.Kill()
+				if err := s.llama.Restart(ctx); err != nil {
+					return r, fmt.Errorf("bench: sessions: restart %s llama-server: %w", s.name, err)
+				}
+			}
+			rs.Event = "engine restart"
+			r.Notes = appendOnce(r.Notes, fmt.Sprintf("both llama-servers were killed with SIGKILL after round %d, %s, and restarted", round-1, note))
+			fmt.Fprintf(o.Progress, "killed both llama-servers (kill -9) %s and restarted them\n", note)
+		}
+		if round-1 == o.SidecarRestartAfter && round > 1 {
+			note := sc.drain(ctx)
+			if err := sc.restart(ctx); err != nil {
+				return r, err
+			}
+			rs.Event = strings.TrimPrefix(rs.Event+", sidecar restart", ", ")
+			r.Notes = appendOnce(r.Notes, fmt.Sprintf("the sidecar was killed with SIGKILL after round %d, %s, and restarted on the same data dir", round-1, note))
+			fmt.Fprintf(o.Progress, "killed the sidecar (kill -9) %s and restarted it\n", note)
+		}
+		m0 := map[*side]Metrics{}
+		for _, s := range []*side{direct, via} {
+			m0[s], _ = ScrapeMetrics(ctx, s.llama.URL()+"/metrics")
+		}
+		scBefore, _ := ScrapeMetrics(ctx, sc.url()+"/metrics")
+		var ttft = map[*side][]time.Duration{}
+		for i := 0; i < o.Sessions; i++ {
+			q := sessionQuestion(i, round)
+			for _, s := range []*side{direct, via} {
+				st := &rs.Direct
+				if s == via {
+					st = &rs.Sidecar
+				}
+				var before Metrics
+				if s == via {
+					before, _ = ScrapeMetrics(ctx, sc.url()+"/metrics")
+				}
+				msgs := append(s.hist[i], chatMsg{Role: "user", Content: q})
+				tr, err := streamTurn(ctx, client, s.base(), fmt.Sprintf("bench-%03d", i), msgs, o.MaxTokens)
+				st.Turns++
+				if err != nil {
+					st.Errors++
+					if st.FirstError == "" {
+						st.FirstError = fmt.Sprintf("session %d: %v", i, err)
+					}
+					// The client keeps the question without an answer, as a
+					// user who retries would.
+					s.hist[i] = append(msgs, chatMsg{Role: "assistant", Content: ""})
+					continue
+				}
+				s.hist[i] = append(msgs, chatMsg{Role: "assistant", Content: tr.Reply})
+				st.PromptTokens += tr.PromptN + tr.CacheN
+				st.NewTokens += max(0, tr.PromptN+tr.CacheN-s.last[i])
+				s.last[i] = tr.PromptN + tr.CacheN
+				st.Reprocessed += tr.PromptN
+				st.Cached += tr.CacheN
+				ttft[s] = append(ttft[s], tr.TTFT)
+				if round == 1 {
+					continue
+				}
+				recomputed := 2*tr.PromptN >= tr.PromptN+tr.CacheN
+				switch {
+				case s == direct && recomputed:
+					recomputedTTFT = append(recomputedTTFT, tr.TTFT)
+				case s == via:
+					after, _ := ScrapeMetrics(ctx, sc.url()+"/metrics")
+					b, _ := before.engineCounter("restore")
+					a, ok := after.engineCounter("restore")
+					if ok && delta(b, a) > 0 && !recomputed {
+						restoredTTFT = append(restoredTTFT, tr.TTFT)
+					}
+				}
+			}
+		}
+		for _, s := range []*side{direct, via} {
+			st := &rs.Direct
+			if s == via {
+				st = &rs.Sidecar
+			}
+			st.TTFTP50Ms, st.TTFTP99Ms = percentileMs(ttft[s], 0.5), percentileMs(ttft[s], 0.99)
+			if m1, err := ScrapeMetrics(ctx, s.llama.URL()+"/metrics"); err == nil {
+				b, _ := m0[s].Get("llamacpp:prompt_tokens_total")
+				a, _ := m1.Get("llamacpp:prompt_tokens_total")
+				st.EngineReprocessed = int64(delta(b, a))
+			}
+		}
+		scAfter, err := ScrapeMetrics(ctx, sc.url()+"/metrics")
+		if err == nil {
+			fillEngineFigures(&rs.Sidecar, scBefore, scAfter)
+		}
+		rs.Ratio = ratio(float64(rs.Sidecar.Reprocessed), float64(rs.Direct.Reprocessed))
+		rs.Floor = ratio(float64(rs.Sidecar.NewTokens), float64(rs.Direct.Reprocessed))
+		r.RoundStats = append(r.RoundStats, rs)
+		fmt.Fprintf(o.Progress, "round %d: reprocessed direct %d, sidecar %d (ratio %.3f, floor %.3f); errors %d/%d\n",
+			round, rs.Direct.Reprocessed, rs.Sidecar.Reprocessed, rs.Ratio, rs.Floor, rs.Direct.Errors, rs.Sidecar.Errors)
+	}
+
+	r.TTFT = SessionsTTFT{RestoredTurns: len(restoredTTFT), RestoredP50Ms: percentileMs(restoredTTFT, 0.5),
+		RecomputedTurns: len(recomputedTTFT), RecomputedP50Ms: percentileMs(recomputedTTFT, 0.5)}
+	if r.TTFT.RestoredTurns > 0 && r.TTFT.RecomputedTurns > 0 {
+		r.TTFT.Ratio = r.TTFT.RestoredP50Ms / r.TTFT.RecomputedP50Ms
+	}
+	for _, rs := range r.RoundStats[1:] {
+		ok := rs.Direct.Errors == 0 && rs.Sidecar.Errors == 0 && rs.Ratio <= sessionsGoalRatio
+		name := fmt.Sprintf("round %d: sidecar/direct tokens reprocessed", rs.Round)
+		if rs.Event != "" {
+			name += " (after the " + rs.Event + ")"
+		}
+		r.Goals = append(r.Goals, SessionsGoal{Name: name, Value: rs.Ratio, Limit: sessionsGoalRatio, Met: ok})
+	}
+	r.Seconds = time.Since(t0).Seconds()
+	return r, nil
+}
+
+func appendOnce(notes []string, n string) []string {
+	for _, x := range notes {
+		if x == n {
+			return notes
+		}
+	}
+	return append(notes, n)
+}
+
+// fillEngineFigures sets the sidecar's restores and saves of a round and
+// their mean times from two scrapes of its /metrics (-1 where it exports
+// none).
+func fillEngineFigures(st *SessionsSide, before, after Metrics) {
+	st.Restores, st.Saves, st.RestoreMeanMs, st.SaveMeanMs = -1, -1, -1, -1
+	if a, ok := after.engineCounter("restore"); ok {
+		b, _ := before.engineCounter("restore")
+		st.Restores = delta(b, a)
+	}
+	if a, ok := after.engineCounter("save"); ok {
+		b, _ := before.engineCounter("save")
+		st.Saves = delta(b, a)
+	}
+	mean := func(op string) float64 {
+		ta, na, ok := after.engineSeconds(op)
+		if !ok {
+			return -1
+		}
+		tb, nb, _ := before.engineSeconds(op)
+		if na < nb { // restarted: the figures start again
+			tb, nb = 0, 0
+		}
+		if na-nb <= 0 {
+			return 0
+		}
+		return 1000 * (ta - tb) / (na - nb)
+	}
+	st.RestoreMeanMs, st.SaveMeanMs = mean("restore"), mean("save")
+}
+
+// makeDocs returns n distinct documents of about tokens tokens each on
+// srv's tokenizer.
+func makeDocs(ctx context.Context, srv *llamaserver.Server, n, tokens int) ([]string, error) {
+	// Calibrate words per token on a sample, then check each document.
+	sample := sessionDoc(1_000_000, 400)
+	st, err := srv.Tokenize(ctx, sample)
+	if err != nil {
+		return nil, err
+	}
+	perWord := float64(st) / 400
+	docs := make([]string, n)
+	for i := range docs {
+		words := max(1, int(float64(tokens)/perWord))
+		for try := 0; ; try++ {
+			docs[i] = sessionDoc(uint64(i+1), words)
+			got, err := srv.Tokenize(ctx, docs[i])
+			if err != nil {
+				return nil, err
+			}
+			if try == 3 || got == 0 || (got >= tokens*95/100 && got <= tokens*105/100) {
+				break
+			}
+			words = max(1, int(float64(words)*float64(tokens)/float64(got)))
+		}
+	}
+	return docs, nil
+}
+
+// sidecarProc is the sidecar run as a child process, restartable with
+// the same flags (port, data folder).
+type sidecarProc struct {
+	argv []string
+	env  []string
+	log  string
+	addr string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startSidecar(ctx context.Context, o SessionsOptions, up *llamaserver.Server, dir string) (*sidecarProc, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	argv := append(append([]string(nil), o.SidecarCommand...),
+		"--listen", addr, "--upstream", up.URL(), "--data-dir", filepath.Join(dir, "data"),
+		"--engine", "llamacpp", "--llamacpp-slot-dir", up.SlotDir(), "--llamacpp-slots", strconv.Itoa(up.Slots()),
+		"--log-format", "json")
+	argv = append(argv, o.SidecarArgs...)
+	p := &sidecarProc{argv: argv, env: o.SidecarEnv, log: filepath.Join(dir, "sidecar.log"), addr: addr}
+	return p, p.start(ctx)
+}
+
+func (p *sidecarProc) url() string { return "http://" + p.addr }
+
+func (p *sidecarProc) start(ctx context.Context) error {
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close() // the child has its own descriptor
+	cmd := exec.Command(p.argv[0], p.argv[1:]...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append(os.Environ(), p.env...)
+	cmd.SysProcAttr = llamaserver.SysProcAttr()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("bench: sessions: start sidecar: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	p.cmd, p.done = cmd, done
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.url()+"/healthz", nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("bench: sessions: the sidecar exited at start; see %s", p.log)
+		case <-ctx.Done():
+			p.kill()
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.kill()
+			return fmt.Errorf("bench: sessions: the sidecar did not answer /healthz within 60 s; see %s", p.log)
+		}
+	}
+}
+
+func (p *sidecarProc) kill() {
+	if p.cmd == nil {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+func (p *sidecarProc) restart(ctx context.Context) error {
+	p.kill()
+	return p.start(ctx)
+}
+
+func (p *sidecarProc) close() { p.kill() }
+
+// drain waits (up to 30 s) until the sidecar's background engine queue is
+// empty, as between users' turns, and says when the kill came.
+func (p *sidecarProc) drain(ctx context.Context) string {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		m, err := ScrapeMetrics(ctx, p.url()+"/metrics")
+		if err != nil {
+			time.Sleep(time.Second)
+			return "1 s after the round (the sidecar's /metrics failed: " + err.Error() + ")"
+		}
+		d, ok := m.queueDepth()
+		if !ok {
+			time.Sleep(time.Second)
+			return "1 s after the round (the sidecar exports no sidecar_engine_queue_depth)"
+		}
+		if d == 0 {
+			return "after the sidecar's background queue drained, as between users' turns"
+		}
+		if time.Now().After(deadline) {
+			return fmt.Sprintf("with %g jobs still in the sidecar's background queue after 30 s", d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
