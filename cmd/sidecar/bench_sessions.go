@@ -55,9 +55,6 @@ func benchSessions(args []string) error {
 		o.LlamaArgs = []string{}
 	}
 	o.Progress = os.Stderr
-	if env := os.Getenv("SIDECAR_TEST_MAIN"); env != "" { // the test binary stands in for the sidecar
-		o.SidecarEnv = []string{"SIDECAR_TEST_MAIN=" + env}
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	r, err := bench.RunSessions(ctx, o)

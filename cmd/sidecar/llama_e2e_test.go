@@ -1,0 +1,461 @@
+package main
+
+// End-to-end tests against the real llama.cpp server of ../shared/llama
+// (issue 10): the sidecar binary with --engine llamacpp in front of a
+// llama-server started by internal/llamaserver, asserting on llama.cpp's own
+// timings (prompt_n: tokens reprocessed, cache_n: tokens reused). Where the
+// server or python3 is missing they skip, or fail under
+// KVSIDECAR_REQUIRE_LLAMA=1 (as in CI).
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/kvsidecar/kvsidecar/bench"
+	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/llamaserver/llamatest"
+)
+
+// realStack is a llama-server and the sidecar in front of it.
+type realStack struct {
+	t       *testing.T
+	llama   *llamaserver.Server
+	dataDir string
+	args    []string // the sidecar's flags
+	log     string   // the sidecar's log, appended across restarts
+	sc      *child
+	client  openai.Client
+	// clientPromptN sums the prompt_n of every client turn: what the
+	// server processed beyond it came from the sidecar's own calls.
+	clientPromptN int64
+}
+
+// newRealStack starts a llama-server with slots slots and its RAM prompt
+// cache off (so any reuse after a slot changed hands is the sidecar's), and
+// the sidecar on its defaults plus the llamacpp engine flags.
+func newRealStack(t *testing.T, slots int, model string) *realStack {
+	t.Helper()
+	llama := llamatest.Start(t, llamaserver.Options{
+		Model: model, Slots: slots, CacheRAMMiB: -1, Threads: 1,
+		// Random weights never end an answer: bound the sidecar's own
+		// calls (the client's set max_tokens).
+		Args: []string{"--n-predict", "128"},
+	})
+	s := &realStack{t: t, llama: llama, dataDir: t.TempDir(), log: filepath.Join(t.TempDir(), "sidecar.log")}
+	s.args = []string{"--upstream", llama.URL(), "--data-dir", s.dataDir, "--engine", "llamacpp",
+		"--llamacpp-slot-dir", llama.SlotDir(), "--llamacpp-slots", strconv.Itoa(slots)}
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(s.log)
+			t.Logf("sidecar log ends:\n%s", tail(string(b), 4000))
+		}
+	})
+	s.startSidecar()
+	return s
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+// startSidecar runs the sidecar binary (this test binary) with s.args,
+// appending its log to s.log.
+func (s *realStack) startSidecar() {
+	t := s.t
+	t.Helper()
+	f, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", "127.0.0.1:0"}, s.args...)...)
+	cmd.Env = append(os.Environ(), "SIDECAR_TEST_MAIN=1")
+	cmd.SysProcAttr = llamaserver.SysProcAttr()
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, done: make(chan struct{})}
+	addr := make(chan string, 1)
+	go func() {
+		defer f.Close()
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			f.Write(append(sc.Bytes(), '\n'))
+			var line struct{ Msg, Listen string }
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "sidecar listening" {
+				addr <- line.Listen
+			}
+		}
+		c.err = cmd.Wait()
+		close(c.done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-c.done
+	})
+	select {
+	case c.addr = <-addr:
+	case <-c.done:
+		t.Fatalf("sidecar exited before listening: %v", c.err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("sidecar did not start listening")
+	}
+	s.sc = c
+	s.client = openai.NewClient(option.WithBaseURL("http://"+c.addr+"/v1/"), option.WithAPIKey("sk-real"), option.WithMaxRetries(0))
+}
+
+// killSidecar kills the sidecar with SIGKILL and waits for it.
+func (s *realStack) killSidecar() {
+	_ = s.sc.cmd.Process.Kill()
+	<-s.sc.done
+}
+
+// waitIdle waits, as a user pauses between turns, until the sidecar's
+// background engine queue is empty (sidecar_engine_queue_depth, where it
+// exports it; else one second more) and the llama-server has no request
+// in flight, at least 300 ms after the last response. Bounded by 30 s.
+func (s *realStack) waitIdle() {
+	s.t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	quiet, hasQueue := 0, false
+	for quiet < 3 {
+		if time.Now().After(deadline) {
+			s.t.Logf("the sidecar or llama-server was still busy after 30 s")
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+		busy := false
+		if m, err := bench.ScrapeMetrics(ctx, "http://"+s.sc.addr+"/metrics"); err == nil {
+			q, ok := m.Get("sidecar_engine_queue_depth")
+			hasQueue = ok
+			busy = ok && q > 0
+		}
+		if m, err := bench.ScrapeMetrics(ctx, s.llama.URL()+"/metrics"); err == nil {
+			p, _ := m.Get("llamacpp:requests_processing")
+			d, _ := m.Get("llamacpp:requests_deferred")
+			busy = busy || p+d > 0
+		}
+		if busy {
+			quiet = 0
+		} else {
+			quiet++
+		}
+	}
+	if !hasQueue {
+		time.Sleep(time.Second)
+	}
+}
+
+// serverPromptTokens is the llama-server's own count of prompt tokens
+// processed since it started.
+func (s *realStack) serverPromptTokens() int64 {
+	m, err := bench.ScrapeMetrics(context.Background(), s.llama.URL()+"/metrics")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	v, _ := m.Get("llamacpp:prompt_tokens_total")
+	return int64(v)
+}
+
+// convo is a full-history client's conversation.
+type convo struct {
+	id         string
+	msgs       []openai.ChatCompletionMessageParamUnion
+	lastPrompt int64 // prompt tokens of the previous turn
+}
+
+func newConvo(id, system string) *convo {
+	return &convo{id: id, msgs: []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(system)}}
+}
+
+// turnTimings are llama.cpp's figures for one turn.
+type turnTimings struct {
+	PromptN, CacheN int64
+	Prompt          int64 // PromptN + CacheN
+	New             int64 // what the turn added to the previous prompt
+}
+
+func (tt turnTimings) String() string {
+	return fmt.Sprintf("prompt %d tokens (%d new): prompt_n %d, cache_n %d", tt.Prompt, tt.New, tt.PromptN, tt.CacheN)
+}
+
+// say sends the next user message of c through the sidecar with openai-go
+// and returns the turn's timings.
+func (s *realStack) say(c *convo, text string) turnTimings {
+	s.t.Helper()
+	c.msgs = append(c.msgs, openai.UserMessage(text))
+	comp, err := s.client.Chat.Completions.New(context.Background(),
+		openai.ChatCompletionNewParams{Model: "tiny", Messages: c.msgs, MaxTokens: openai.Int(6), Temperature: openai.Float(0)},
+		option.WithHeader("X-Session-ID", c.id), option.WithJSONSet("grammar", "root ::= [a-z ]+"))
+	if err != nil {
+		s.t.Fatalf("session %s: %q: %v", c.id, text, err)
+	}
+	var tm struct {
+		PromptN int64 `json:"prompt_n"`
+		CacheN  int64 `json:"cache_n"`
+	}
+	f, ok := comp.JSON.ExtraFields["timings"]
+	if !ok || json.Unmarshal([]byte(f.Raw()), &tm) != nil {
+		s.t.Fatalf("session %s: the response carries no llama.cpp timings: %s", c.id, tail(comp.RawJSON(), 500))
+	}
+	c.msgs = append(c.msgs, openai.AssistantMessage(comp.Choices[0].Message.Content))
+	tt := turnTimings{PromptN: tm.PromptN, CacheN: tm.CacheN, Prompt: tm.PromptN + tm.CacheN}
+	tt.New = max(0, tt.Prompt-c.lastPrompt)
+	c.lastPrompt = tt.Prompt
+	s.clientPromptN += tm.PromptN
+	return tt
+}
+
+// reuseLimit is the most a returning session may reprocess: its new tokens
+// plus 10% of its prompt.
+func reuseLimit(tt turnTimings) int64 { return tt.New + tt.Prompt/10 }
+
+// checkReused reports a returning turn that reprocessed more than reuseLimit.
+func checkReused(t *testing.T, what string, tt turnTimings) {
+	t.Helper()
+	if tt.PromptN > reuseLimit(tt) {
+		t.Errorf("%s reprocessed %d tokens, more than its %d new ones + 10%% of its prompt (limit %d): %v",
+			what, tt.PromptN, tt.New, reuseLimit(tt), tt)
+	} else {
+		t.Logf("%s: %v", what, tt)
+	}
+}
+
+// realDoc returns a distinct document of at least tokens tokens on the
+// server's tokenizer, and its token count.
+func realDoc(t *testing.T, s *llamaserver.Server, seed, tokens int) (string, int) {
+	t.Helper()
+	words := strings.Fields("ledger harbor copper violet meadow cable orbit lantern quartz saddle timber walnut engine glacier pepper signal canyon marble thunder velvet basket falcon garden hammer island")
+	var b strings.Builder
+	fmt.Fprintf(&b, "Manual %d.", seed)
+	x := uint32(seed*2654435761 + 1)
+	for {
+		for i := 0; i < 40; i++ {
+			x = x*1664525 + 1013904223
+			fmt.Fprintf(&b, " %s %d", words[x>>16%uint32(len(words))], x>>8%100)
+		}
+		n, err := s.Tokenize(context.Background(), b.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n >= tokens {
+			return b.String(), n
+		}
+	}
+}
+
+// (a) More sessions than slots, llama.cpp's RAM cache off: a session whose
+// slot went to another comes back and reprocesses only its new tokens.
+func TestRealEngineRestoresAfterEviction(t *testing.T) {
+	s := newRealStack(t, 2, llamatest.Model(t))
+	var cs []*convo
+	for i := range 4 {
+		doc, _ := realDoc(t, s.llama, i+1, 1000)
+		cs = append(cs, newConvo(fmt.Sprintf("evict-%d", i), doc))
+	}
+	for _, c := range cs {
+		s.say(c, "What is the first item?")
+	}
+	for _, c := range cs {
+		checkReused(t, "returning session "+c.id, s.say(c, "And the second?"))
+	}
+}
+
+// (b) The llama-server dies (kill -9) between turns and restarts empty:
+// the sessions' KV comes back from the sidecar.
+func TestRealEngineRestoresAfterLlamaServerKill9(t *testing.T) {
+	s := newRealStack(t, 2, llamatest.Model(t))
+	var cs []*convo
+	for i := range 2 {
+		doc, _ := realDoc(t, s.llama, 10+i, 1000)
+		cs = append(cs, newConvo(fmt.Sprintf("enginekill-%d", i), doc))
+	}
+	for _, c := range cs {
+		s.say(c, "What is the first item?")
+	}
+	s.waitIdle()
+	s.llama.Kill()
+	if err := s.llama.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs {
+		checkReused(t, "session "+c.id+" after the llama-server's kill -9", s.say(c, "And the second?"))
+	}
+}
+
+// (c) The sidecar dies (kill -9) between turns; after its restart other
+// sessions take the slots, and the first ones still come back from the
+// sidecar's tiers.
+func TestRealEngineRestoresAfterSidecarKill9(t *testing.T) {
+	s := newRealStack(t, 2, llamatest.Model(t))
+	var cs []*convo
+	for i := range 4 {
+		doc, _ := realDoc(t, s.llama, 20+i, 1000)
+		cs = append(cs, newConvo(fmt.Sprintf("sidecarkill-%d", i), doc))
+	}
+	for _, c := range cs[:2] {
+		s.say(c, "What is the first item?")
+	}
+	s.waitIdle()
+	s.killSidecar()
+	s.startSidecar()
+	for _, c := range cs[2:] { // these take both slots
+		s.say(c, "What is the first item?")
+	}
+	for _, c := range cs[:2] {
+		checkReused(t, "session "+c.id+" after the sidecar's kill -9", s.say(c, "And the second?"))
+	}
+}
+
+// (d) A new session whose system document is another session's reuses
+// that session's KV for the shared prefix, though that KV left the slots.
+func TestRealEngineReusesSharedPrefixAcrossSessions(t *testing.T) {
+	s := newRealStack(t, 2, llamatest.Model(t))
+	shared, docTokens := realDoc(t, s.llama, 30, 1500)
+	s.say(newConvo("prefix-first", shared), "What is the first item?")
+	for i := range 2 { // push the first session out of both slots
+		doc, _ := realDoc(t, s.llama, 31+i, 1000)
+		s.say(newConvo(fmt.Sprintf("prefix-other-%d", i), doc), "What is the first item?")
+	}
+	s.waitIdle()
+	tt := s.say(newConvo("prefix-new", shared), "Which items mention a harbor?")
+	if tt.CacheN < int64(docTokens)*9/10 {
+		t.Errorf("a new session sharing a %d-token document reused %d tokens (want ≥ 90%%): %v", docTokens, tt.CacheN, tt)
+	} else {
+		t.Logf("new session on a shared %d-token document: %v", docTokens, tt)
+	}
+}
+
+// (e) The sidecar's own background calls (fact extraction, on by default)
+// reach the same server yet make no session reprocess: with as many
+// sessions as slots, every returning turn reuses its KV.
+func TestRealEngineBackgroundCallsEvictNoOne(t *testing.T) {
+	s := newRealStack(t, 2, llamatest.Model(t))
+	var cs []*convo
+	for i := range 2 {
+		doc, _ := realDoc(t, s.llama, 40+i, 1000)
+		cs = append(cs, newConvo(fmt.Sprintf("background-%d", i), doc))
+	}
+	background := func() int64 { return s.serverPromptTokens() - s.clientPromptN }
+	for round := 1; round <= 4; round++ {
+		for _, c := range cs {
+			tt := s.say(c, fmt.Sprintf("Question %d: which item is the longest?", round))
+			if round > 1 {
+				checkReused(t, fmt.Sprintf("round %d, session %s (%d background prompt tokens so far)", round, c.id, background()), tt)
+			}
+		}
+		if round == 3 { // extraction is due after 6 messages: let it reach the server and finish
+			for deadline := time.Now().Add(20 * time.Second); background() == 0 && time.Now().Before(deadline); {
+				time.Sleep(100 * time.Millisecond)
+			}
+			s.waitIdle()
+		}
+	}
+	if bg := background(); bg <= 0 {
+		t.Fatalf("no background call reached the llama-server (it processed %d prompt tokens beyond the client's); the test did not exercise them", bg)
+	} else {
+		t.Logf("the sidecar's background calls made the server process %d prompt tokens", bg)
+	}
+}
+
+// (f) A state saved on one model is never restored into another: the
+// llama-server restarts with another model of the same shape (which
+// llama.cpp itself would accept) or of another shape (which it refuses);
+// the returning session's request succeeds and reuses nothing it saved.
+func TestRealEngineRefusesStateFromAnotherModel(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		other []int // tiny_gguf.py arguments of the second model
+	}{
+		{"same shape, other weights", []int{256, 4, 4, 2, 512, 2}},
+		{"other shape", []int{128, 2, 4, 2, 256, 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newRealStack(t, 1, llamatest.Model(t))
+			doc, _ := realDoc(t, s.llama, 50, 1000)
+			a := newConvo("model-a", doc)
+			first := s.say(a, "What is the first item?")
+			otherDoc, _ := realDoc(t, s.llama, 51, 1000)
+			s.say(newConvo("model-b", otherDoc), "What is the first item?") // takes the only slot: a's state is saved
+			s.waitIdle()
+			s.llama.Kill()
+			if err := s.llama.RestartWithModel(context.Background(), llamatest.Model(t, tc.other...)); err != nil {
+				t.Fatal(err)
+			}
+			tt := s.say(a, "And the second?") // fails the test if the request fails
+			// Only the chat template's opening can match by chance; reuse of
+			// the first model's state shows as cache_n near the old prompt.
+			if tt.CacheN > first.Prompt/20 {
+				t.Errorf("after a restart on another model the session reused %d tokens of its %d-token state from the first model: %v", tt.CacheN, first.Prompt, tt)
+			} else {
+				t.Logf("on the other model: %v", tt)
+			}
+		})
+	}
+}
+
+// `sidecar bench sessions` runs end to end as a user runs it: it starts
+// both llama-servers and the sidecar itself, kills the sidecar with
+// SIGKILL between rounds, and prints one JSON object and an SVG.
+func TestBenchSessionsRuns(t *testing.T) {
+	llamatest.Require(t)
+	plot := filepath.Join(t.TempDir(), "sessions.svg")
+	cmd := exec.Command(os.Args[0], "bench", "sessions", "--sessions", "3", "--rounds", "2", "--slots", "1",
+		"--doc-tokens", "400", "--cache-ram", "-1", "--sidecar-restart-after", "1", "--json", "--plot", plot)
+	cmd.Env = append(os.Environ(), "SIDECAR_TEST_MAIN=1")
+	cmd.SysProcAttr = llamaserver.SysProcAttr()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("bench sessions: %v\n%s", err, stderr.String())
+	}
+	var r bench.SessionsReport
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("bench sessions --json printed %q: %v", tail(string(out), 300), err)
+	}
+	if len(r.RoundStats) != 2 || r.RoundStats[1].Event != "sidecar restart" || len(r.Notes) == 0 || !strings.Contains(r.Notes[0], "SIGKILL") {
+		t.Fatalf("report: %+v", r)
+	}
+	for _, rs := range r.RoundStats {
+		for _, side := range []bench.SessionsSide{rs.Direct, rs.Sidecar} {
+			if side.Turns != 3 || side.Errors != 0 || side.PromptTokens != side.Reprocessed+side.Cached || side.TTFTP50Ms <= 0 {
+				t.Fatalf("round %d: %+v\n%s", rs.Round, side, stderr.String())
+			}
+		}
+	}
+	// Three 400-token documents, one slot and no RAM cache: the direct client
+	// computes every prompt in full, both rounds.
+	for _, rs := range r.RoundStats {
+		if d := rs.Direct; d.Reprocessed < 3*400 || d.Reprocessed < d.PromptTokens*8/10 || d.EngineReprocessed < d.Reprocessed {
+			t.Fatalf("round %d direct: %+v", rs.Round, d)
+		}
+	}
+	if rs := r.RoundStats[1]; rs.Floor <= 0 || rs.Floor >= 0.5 || rs.Ratio != float64(rs.Sidecar.Reprocessed)/float64(rs.Direct.Reprocessed) {
+		t.Fatalf("round 2 ratio %.3f, floor %.3f", rs.Ratio, rs.Floor)
+	}
+	svg, err := os.ReadFile(plot)
+	if err != nil || !strings.Contains(string(svg), "after sidecar restart") {
+		t.Fatalf("plot: %v\n%s", err, svg)
+	}
+}
