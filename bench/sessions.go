@@ -260,7 +260,7 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 	}
 	r := SessionsReport{Sessions: o.Sessions, Rounds: o.Rounds, Slots: o.Slots, DocTokens: o.DocTokens, CacheRAMMiB: o.CacheRAMMiB,
 		MaxTokens: o.MaxTokens, Threads: o.Threads, EngineRestartAfter: o.EngineRestartAfter, SidecarRestartAfter: o.SidecarRestartAfter,
-		Model: o.Model, LlamaArgs: o.LlamaArgs, SidecarArgs: o.SidecarArgs}
+		Model: o.Model, LlamaArgs: o.LlamaArgs, SidecarArgs: append([]string{}, o.SidecarArgs...)}
 
 	startLlama := func(name string) (*llamaserver.Server, error) {
 		return llamaserver.Start(ctx, llamaserver.Options{

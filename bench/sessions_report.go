@@ -5,7 +5,6 @@ import (
 	"io"
 	"math"
 	"path/filepath"
-	"strings"
 	"text/tabwriter"
 )
 
@@ -75,7 +74,7 @@ func orNA(v float64, format string) string {
 func WriteSessionsSVG(w io.Writer, r SessionsReport) error {
 	const (
 		width, height          = 760.0, 420.0
-		left, right, top, bott = 80.0, 150.0, 50.0, 60.0
+		left, right, top, bott = 80.0, 175.0, 50.0, 60.0
 	)
 	pw, ph := width-left-right, height-top-bott
 	hi := 1.0
@@ -112,6 +111,9 @@ func WriteSessionsSVG(w io.Writer, r SessionsReport) error {
 			x := x0 + float64(j)*bw
 			p(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`+"\n", x, y(float64(v)), bw-2, top+ph-y(float64(v)), colors[j])
 		}
+		// The sidecar side's new tokens: what a perfect cache reprocesses.
+		yn := y(float64(rs.Sidecar.NewTokens))
+		p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#000" stroke-width="2" stroke-dasharray="4 3"/>`+"\n", x0+bw-4, yn, x0+2*bw+2, yn)
 		top2 := y(float64(max(rs.Direct.Reprocessed, rs.Sidecar.Reprocessed)))
 		p(`<text x="%.1f" y="%.1f" text-anchor="middle">%.2f</text>`+"\n", x0+bw, top2-6, rs.Ratio)
 		p(`<text x="%.1f" y="%.1f" text-anchor="middle">round %d</text>`+"\n", x0+bw, top+ph+16, rs.Round)
@@ -123,11 +125,14 @@ func WriteSessionsSVG(w io.Writer, r SessionsReport) error {
 	}
 	p(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="none" stroke="#333"/>`+"\n", left, top, pw, ph)
 	p(`<text transform="translate(18 %.1f) rotate(-90)" text-anchor="middle">tokens reprocessed</text>`+"\n", top+ph/2)
-	for j, name := range []string{"direct (llama.cpp alone)", "through the sidecar"} {
+	for j, name := range []string{"llama.cpp alone", "through the sidecar"} {
 		ly := top + 10 + 20*float64(j)
 		p(`<rect x="%.1f" y="%.1f" width="14" height="10" fill="%s"/>`+"\n", left+pw+10, ly-8, colors[j])
-		p(`<text x="%.1f" y="%.1f">%s</text>`+"\n", left+pw+30, ly+1, strings.ReplaceAll(name, "&", "and"))
+		p(`<text x="%.1f" y="%.1f">%s</text>`+"\n", left+pw+30, ly+1, name)
 	}
+	ly := top + 50
+	p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#000" stroke-width="2" stroke-dasharray="4 3"/>`+"\n", left+pw+10, ly-3, left+pw+24, ly-3)
+	p(`<text x="%.1f" y="%.1f">new tokens (the floor)</text>`+"\n", left+pw+30, ly+1)
 	_, err := fmt.Fprintln(w, "</svg>")
 	return err
 }
