@@ -375,7 +375,7 @@ func newHarness(t *testing.T, slots int, mod func(*LlamaCPPOptions)) *harness {
 // open opens the cache and a connector over it (again, after close).
 func (h *harness) open() {
 	h.t.Helper()
-	cache, err := kv.Open(kv.Options{Store: tiers.Options{Dir: h.dir}, MaxBlobBytes: 1 << 30})
+	cache, err := kv.Open(kv.Options{Store: tiersOptions(h.dir), MaxBlobBytes: 1 << 30})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -388,6 +388,8 @@ func (h *harness) open() {
 	h.t.Cleanup(func() { c.Close() })
 	h.cache, h.c = cache, c
 }
+
+func tiersOptions(dir string) tiers.Options { return tiers.Options{Dir: dir} }
 
 // close closes the connector and the cache, as a sidecar shutting down.
 func (h *harness) close() {

@@ -539,3 +539,46 @@ func TestSlotFileNamesFromHashes(t *testing.T) {
 		t.Fatal("keys collide")
 	}
 }
+
+// A slot action slower than SlotTimeout, and a state the cache cannot
+// keep, leave requests working: they prefill.
+func TestLlamaCPPTimeoutsAndStoreFailures(t *testing.T) {
+	h := newHarness(t, 1, func(o *LlamaCPPOptions) { o.SlotTimeout = 100 * time.Millisecond })
+	h.do("A", 1)
+	h.do("B", 1)
+	h.fake.restoreDelay = 300 * time.Millisecond
+	tm, body := h.do("A", 2)
+	if slotOf(t, body) != 0 || tm.CacheN >= int64(promptLen("A", 1)) {
+		t.Fatalf("after a timed-out restore: %s %+v", body, tm)
+	}
+	if s := h.c.Stats(); s.RestoreErrors != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	h.fake.restoreDelay = 0
+
+	// A cache that cannot hold a state (too large here; a full disk fails
+	// the same way): the save fails, the requests go on.
+	small := newHarness(t, 1, nil)
+	small.close()
+	cache, err := kv.Open(kv.Options{Store: tiersOptions(small.dir), MaxBlobBytes: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Close()
+	small.opts.Cache = cache
+	c, err := NewLlamaCPP(small.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	small.c, small.cache = c, cache
+	for turn := 1; turn <= 2; turn++ {
+		if _, body := small.do("A", turn); slotOf(t, body) != 0 {
+			t.Fatalf("turn %d: %s", turn, body)
+		}
+		small.do("B", turn)
+	}
+	if s := c.Stats(); s.SaveErrors == 0 || s.Saves != 0 || s.Responses != 4 {
+		t.Fatalf("stats %+v", s)
+	}
+}
