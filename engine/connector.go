@@ -34,6 +34,7 @@ type Request struct {
 	bgHeld   bool         // holds the connector's background-call token
 	slot     int          // the slot the request went to
 	sk       string       // scheduler key: session key, "~n" stateless, "" background
+	owner    string       // whom a state saved from its slot belongs to
 	fp       string       // model fingerprint when placed
 	chain    chain        // the prompt's prefix hashes
 	restore  *restoreInfo // what Before restored, if anything

@@ -61,6 +61,9 @@ type LlamaCPPOptions struct {
 	// a newer one of the same conversation extends is dropped at once;
 	// these are branches). Zero means 4.
 	StatesPerSession int
+	// StatelessStates bounds the states kept per tenant of its requests
+	// without a session. Zero means 64.
+	StatelessStates int
 	// MaxStates bounds the states kept in all; the least recently used
 	// go first. Zero means 65,536.
 	MaxStates int
@@ -95,7 +98,7 @@ func (o *LlamaCPPOptions) validate() error {
 	case o.Slots < 0 || o.Slots > MaxSlotStreams:
 		return fmt.Errorf("engine: llamacpp: %d slots", o.Slots)
 	case o.SlotTimeout < 0 || o.MaxStateBytes < 0 || o.MaxSessions < 0 || o.ProbeInterval < 0 ||
-		o.MinSaveTokens < 0 || o.StatesPerSession < 0 || o.MaxStates < 0 || o.UnusedRestores < 0:
+		o.MinSaveTokens < 0 || o.StatesPerSession < 0 || o.StatelessStates < 0 || o.MaxStates < 0 || o.UnusedRestores < 0:
 		return fmt.Errorf("engine: llamacpp: negative option")
 	}
 	if fi, err := os.Stat(o.SlotDir); err != nil {
@@ -123,6 +126,9 @@ func (o *LlamaCPPOptions) validate() error {
 	}
 	if o.StatesPerSession == 0 {
 		o.StatesPerSession = 4
+	}
+	if o.StatelessStates == 0 {
+		o.StatelessStates = 64
 	}
 	if o.MaxStates == 0 {
 		o.MaxStates = 1 << 16
@@ -282,7 +288,7 @@ func NewLlamaCPP(opts LlamaCPPOptions) (*LlamaCPP, error) {
 		if bm, _, err := opts.Cache.StatBlob(opts.Namespace, key); err == nil {
 			sm.size = bm.Size
 		}
-		for _, d := range c.cat.add(sm, opts.StatesPerSession) {
+		for _, d := range c.cat.add(sm, c.keep(sm.sess)) {
 			_ = opts.Cache.DeleteBlob(opts.Namespace, d.id)
 		}
 		return true
@@ -310,6 +316,17 @@ func hashKey(parts ...string) string {
 }
 
 func sessKey(tenant, session string) string { return hashKey("s", tenant, session) }
+
+// statelessOwner owns the states of a tenant's requests without a session.
+func statelessOwner(tenant string) string { return "~" + hashKey("~", tenant) }
+
+// keep is how many states an owner keeps.
+func (c *LlamaCPP) keep(owner string) int {
+	if strings.HasPrefix(owner, "~") {
+		return c.opts.StatelessStates
+	}
+	return c.opts.StatesPerSession
+}
 
 // stateKey names the state of a session's prompt prefix under a model: the
 // blob key, and (with a prefix) the file name in SlotDir.
@@ -356,16 +373,20 @@ func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 	c.seq++
 	switch {
 	case req.Background:
-		req.sk = ""
+		req.sk, req.owner = "", ""
 	case req.SessionID == "":
-		req.sk = "~" + strconv.FormatUint(c.seq, 10) // stateless: a key of its own, never resident
+		// Stateless: a slot key of its own (never resident, never sharing
+		// a slot with a concurrent one), states owned by the tenant.
+		req.sk, req.owner = "~"+strconv.FormatUint(c.seq, 10), statelessOwner(req.Tenant)
 	default:
 		req.sk = sessKey(req.Tenant, req.SessionID)
+		req.owner = req.sk
 		se := c.sessionLocked(req.sk)
 		se.lastSeen = c.seq
 		se.stats.Requests++
 	}
 	p := c.sched.place(req.sk, req.chain)
+	p.slot.owner = req.owner
 	req.assigned, req.slot = true, p.slot.id
 	if se, ok := c.sessions[req.sk]; ok {
 		se.stats.Slot = p.slot.id
@@ -383,7 +404,7 @@ func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 	c.ops[p.slot.id].Lock()
 	if p.prevDirty {
 		c.evictions.Add(1)
-		c.saveSlot(sctx, p.slot.id, p.prevSess, p.prevChain, fp, 0)
+		c.saveSlot(sctx, p.slot.id, p.prevOwner, p.prevChain, fp, 0)
 	}
 	if !req.Background {
 		c.restoreBest(sctx, req, p.slot)
@@ -473,7 +494,7 @@ func (c *LlamaCPP) restoreBest(ctx context.Context, req *Request, sl *slotInfo) 
 		if int(tier) < len(c.restoredFrom) {
 			c.restoredFrom[tier].Add(1)
 		}
-		if m.sess != req.sk {
+		if m.sess != req.owner {
 			c.prefixReuses.Add(1)
 		}
 		c.cat.touch(m, c.opts.Clock.Now())
@@ -638,10 +659,10 @@ func (c *LlamaCPP) saveOne() bool {
 		c.mu.Unlock()
 		return true // it changed meanwhile: look again
 	}
-	sess, ch, fp, extra := sl.sess, sl.chain, c.fp, sl.computeMs
+	owner, ch, fp, extra := sl.owner, sl.chain, c.fp, sl.computeMs
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.SlotTimeout)
-	ok := c.saveSlot(ctx, id, sess, ch, fp, extra)
+	ok := c.saveSlot(ctx, id, owner, ch, fp, extra)
 	cancel()
 	c.mu.Lock()
 	if sl.version == ver {
@@ -676,18 +697,18 @@ func (c *LlamaCPP) QueueDepth() int {
 
 var errEmptySlot = errors.New("engine: llamacpp: the slot holds no KV")
 
-// saveSlot saves slot's KV, which covers ch for session sess under model
+// saveSlot saves slot's KV, which covers ch for owner (a session) under model
 // fingerprint fp, as a state in the cache (GetOrComputeBlob: a state
 // already stored under that key is not saved again), and indexes it,
 // dropping the states it supersedes. extraMs is the prefill the state
 // spares, which the cache counts in the compute's cost. The caller holds
 // the slot's op lock. It reports whether a state covers the slot now.
-func (c *LlamaCPP) saveSlot(ctx context.Context, slot int, sess string, ch chain, fp string, extraMs float64) bool {
+func (c *LlamaCPP) saveSlot(ctx context.Context, slot int, owner string, ch chain, fp string, extraMs float64) bool {
 	if ch.len() == 0 || fp == "" {
 		return false
 	}
 	start := time.Now()
-	meta := &stateMeta{id: stateKey(fp, sess, ch), sess: sess, fp: fp, chain: ch, created: c.opts.Clock.Now()}
+	meta := &stateMeta{id: stateKey(fp, owner, ch), sess: owner, fp: fp, chain: ch, created: c.opts.Clock.Now()}
 	meta.used = meta.created
 	_, out, err := c.opts.Cache.GetOrComputeBlob(ctx, c.opts.Namespace, meta.id, func(ctx context.Context) (kv.BlobMeta, []byte, time.Duration, error) {
 		raw, err := c.saveFile(ctx, slot, meta.id)
@@ -729,7 +750,7 @@ func (c *LlamaCPP) saveSlot(ctx context.Context, slot int, sess string, ch chain
 	c.saves.Add(1)
 	c.savedB.Add(meta.size)
 	c.saveNs.Add(int64(time.Since(start)))
-	for _, d := range c.cat.add(meta, c.opts.StatesPerSession) {
+	for _, d := range c.cat.add(meta, c.keep(owner)) {
 		c.dropState(d.id)
 	}
 	for {
@@ -742,7 +763,7 @@ func (c *LlamaCPP) saveSlot(ctx context.Context, slot int, sess string, ch chain
 		c.dropState(o.id)
 	}
 	c.mu.Lock()
-	if se, ok := c.sessions[sess]; ok {
+	if se, ok := c.sessions[owner]; ok {
 		se.stats.Saves++
 		se.stats.SavedTokens = meta.tokens
 		se.stats.SavedBytes = meta.size

@@ -295,7 +295,7 @@ func (c *LlamaCPP) Close() error {
 			c.mu.Unlock()
 			return nil
 		}
-		id, sess, ch, fp, extra := sl.id, sl.sess, sl.chain, c.fp, sl.computeMs
+		id, sess, ch, fp, extra := sl.id, sl.owner, sl.chain, c.fp, sl.computeMs
 		sl.dirty = false
 		c.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.SlotTimeout)

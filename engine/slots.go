@@ -8,8 +8,10 @@ package engine
 type slotInfo struct {
 	id int
 	// sess is the session whose KV the slot holds or is about to hold ("":
-	// none: free, or a background call's scratch).
-	sess string
+	// none: free, or a background call's scratch); a stateless request
+	// has a key of its own. owner is whom a state saved from the slot
+	// belongs to (the session, or the tenant's stateless requests).
+	sess, owner string
 	// chain is a prefix of what the slot's KV covers (the prompt of the
 	// last request that completed there); empty when unknown. next is the
 	// prompt of the newest request in flight there.
@@ -59,6 +61,7 @@ type placement struct {
 	// when prevDirty, its KV must be saved before anything else uses the
 	// slot.
 	prevSess  string
+	prevOwner string
 	prevDirty bool
 	prevChain chain
 	prevVer   uint64
@@ -85,13 +88,13 @@ func (s *scheduler) place(sess string, ch chain) placement {
 		}
 	}
 	v := s.victim()
-	p := placement{slot: v, prevSess: v.sess, prevDirty: v.holds() && (v.dirty || v.inflight > 0), prevChain: v.chain, prevVer: v.version}
+	p := placement{slot: v, prevSess: v.sess, prevOwner: v.owner, prevDirty: v.holds() && (v.dirty || v.inflight > 0), prevChain: v.chain, prevVer: v.version}
 	if v.inflight > 0 && v.next.len() > 0 {
 		// A request still in flight there adds to the occupant's KV: the
 		// engine runs the save once it is done, so the state covers it.
 		p.prevChain = v.next
 	}
-	v.sess = sess
+	v.sess, v.owner = sess, ""
 	v.chain, v.next = chain{}, ch
 	v.tokens = 0
 	v.dirty = false
