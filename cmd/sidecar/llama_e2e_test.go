@@ -66,13 +66,6 @@ func newRealStack(t *testing.T, slots int, model string) *realStack {
 	return s
 }
 
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "…" + s[len(s)-n:]
-	}
-	return s
-}
-
 // startSidecar runs the sidecar binary (this test binary) with s.args,
 // appending its log to s.log.
 func (s *realStack) startSidecar() {
