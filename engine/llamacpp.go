@@ -69,6 +69,11 @@ type LlamaCPPOptions struct {
 	MaxStates int
 	// NoSaveOnClose makes Close leave the slots' unsaved KV unsaved.
 	NoSaveOnClose bool
+	// NoBackgroundSave turns the saver off: a slot's KV is then saved only
+	// when another request needs the slot, and at Close, so a crash of the
+	// server loses every unsaved turn. It saves disk writes for engines
+	// that never restart.
+	NoBackgroundSave bool
 	// MaxSessions bounds the per-session statistics records. Zero means
 	// 65,536; the least recently seen are dropped beyond it.
 	MaxSessions int
@@ -618,7 +623,7 @@ func (c *LlamaCPP) After(_ context.Context, req *Request, resp *Response) {
 		}
 	}
 	c.mu.Unlock()
-	if dirty {
+	if dirty && !c.opts.NoBackgroundSave {
 		select {
 		case c.kick <- struct{}{}:
 		default:

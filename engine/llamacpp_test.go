@@ -102,7 +102,7 @@ func TestLlamaCPPEvictionAndReturn(t *testing.T) {
 // A slot whose KV is not saved yet when another session needs it is saved
 // first, on that request's path: nothing is lost.
 func TestLlamaCPPEvictionSavesUnsavedKV(t *testing.T) {
-	h := newHarness(t, 1, nil)
+	h := newHarness(t, 1, func(o *LlamaCPPOptions) { o.NoBackgroundSave = true })
 	h.send(&Request{Tenant: "t1", SessionID: "A", Model: "m", Body: chatBody("A", 1)})
 	mark := h.fake.logLen()
 	h.send(&Request{Tenant: "t1", SessionID: "B", Model: "m", Body: chatBody("B", 1)})
