@@ -57,6 +57,12 @@ type Hit struct {
 	// Cosine is the cosine similarity of the document and query embeddings.
 	// Not computed in ModeBM25.
 	Cosine float64
+	// Coverage is the share of the query's information the document
+	// holds: the IDF of the query terms it contains over the IDF of all of
+	// them (a term no document has counts with the highest IDF), in [0,1].
+	// Unlike BM25 it is comparable across queries and indexes: a document
+	// that shares only a frequent word with the query covers little of it.
+	Coverage float64
 }
 
 // Stats describe an index's contents.
@@ -624,9 +630,12 @@ func (x *Index) SearchFunc(ctx context.Context, query string, k int, mode Mode, 
 		cands = cands[:k]
 	}
 	hits := make([]Hit, len(cands))
+	qidf := x.queryIDF(qterms)
 	for i, c := range cands {
-		d := &x.docs[c.slot].doc
-		hits[i] = Hit{ID: d.ID, Text: d.Text, Meta: d.Meta, Score: c.final, Relevance: c.rel, BM25: c.bm25, Cosine: c.cos}
+		e := x.docs[c.slot]
+		d := &e.doc
+		hits[i] = Hit{ID: d.ID, Text: d.Text, Meta: d.Meta, Score: c.final, Relevance: c.rel, BM25: c.bm25, Cosine: c.cos,
+			Coverage: x.docCoverage(e, qterms, qidf)}
 	}
 	return hits, nil
 }
@@ -744,6 +753,31 @@ func (x *Index) docBM25(e *entry, qterms []queryTerm) float64 {
 		}
 	}
 	return s
+}
+
+// queryIDF is the IDF mass of the query terms: a term no live document has
+// counts with the largest IDF. x.mu must be held for reading.
+func (x *Index) queryIDF(qterms []queryTerm) float64 {
+	var m float64
+	for _, q := range qterms {
+		m += idf(x.live, x.df[q.term])
+	}
+	return m
+}
+
+// docCoverage is the share of qidf (queryIDF) carried by the query terms e
+// contains. x.mu must be held for reading.
+func (x *Index) docCoverage(e *entry, qterms []queryTerm, qidf float64) float64 {
+	if qidf <= 0 {
+		return 0
+	}
+	var s float64
+	for _, q := range qterms {
+		if _, ok := slices.BinarySearchFunc(e.terms, q.term, func(t termFreq, s string) int { return cmp.Compare(t.term, s) }); ok {
+			s += idf(x.live, x.df[q.term])
+		}
+	}
+	return s / qidf
 }
 
 // searchVector returns the n nearest live vectors by cosine similarity among

@@ -470,3 +470,27 @@ func TestParseMode(t *testing.T) {
 		t.Errorf("unknown mode: %v", err)
 	}
 }
+
+// Coverage is the share of the query's IDF mass a document holds: the
+// document with every term covers it all, one sharing a word that many
+// documents have covers little, and an unknown query term counts.
+func TestHitCoverage(t *testing.T) {
+	x := newTestIndex(t, Options{}, pets...)
+	hits, err := x.Search(ctx, "Caroline support group", 5, ModeBM25)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cov := map[string]float64{}
+	for _, h := range hits {
+		cov[h.ID] = h.Coverage
+	}
+	if math.Abs(cov["d1"]-1) > 1e-9 || cov["d4"] <= 0 || cov["d4"] >= 0.5 {
+		t.Fatalf("coverage %v", cov)
+	}
+	hits, _ = x.Search(ctx, "Caroline zeppelin", 5, ModeBM25)
+	for _, h := range hits {
+		if h.Coverage >= 0.5 {
+			t.Fatalf("%s covers %v of a query whose rarest term no document has", h.ID, h.Coverage)
+		}
+	}
+}
