@@ -148,6 +148,9 @@ type recallItem struct {
 	at    time.Time
 	cross bool  // from another session of the user
 	unit  *Unit // nil for cross-session documents
+	// weak marks a lexical hit that does not pass the recall gate: it
+	// counts for the working memory's topic probe, it is not shown.
+	weak bool
 }
 
 // segment renders the item; its date heads the group of items of that day
@@ -291,5 +294,6 @@ func (s *Store) assembleBlock(enc Encoding, segs []string) (json.RawMessage, int
 	return json.RawMessage(bytes.TrimRight(buf.Bytes(), "\n")), cost
 }
 
-// textHash identifies a memory's text for deduplication.
-func textHash(text string) uint64 { return maphash.String(keySeed, strings.TrimSpace(text)) }
+// textHash identifies a memory's text for deduplication; it is never 0
+// (an entry's cached hash uses 0 for "not computed").
+func textHash(text string) uint64 { return maphash.String(keySeed, strings.TrimSpace(text)) | 1 }

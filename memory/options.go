@@ -282,9 +282,16 @@ type RecallOptions struct {
 	// usually binds first). Zero: 20; negative: none.
 	K int
 	// MinScore gates recall: hits scoring below it are not shown. An index
-	// hit passes when a query term matched it (BM25) or its cosine
-	// similarity reaches MinScore. Zero: 0.15.
+	// hit passes when it covers at least MinCoverage of the query (see
+	// index.Hit.Coverage) or its cosine similarity reaches MinScore.
+	// Zero: 0.15.
 	MinScore float64
+	// MinCoverage is the share of the query's information (IDF mass) an
+	// index hit must contain to pass on its words alone: a memory that
+	// shares only a frequent word with the question is not relevant enough
+	// to spend prompt tokens, and cache hits, on. Zero: 0.15; negative:
+	// any term match passes.
+	MinCoverage float64
 	// QueryContextBytes of the message before the newest user message are
 	// added to the recall query when the newest message is short (fewer
 	// than 4 index terms: "and then?" means little alone). Zero: 200;
@@ -339,6 +346,9 @@ func (o *RecallOptions) ensureDefaults(clock Clock) {
 	if o.MinScore == 0 {
 		o.MinScore = 0.15
 	}
+	if o.MinCoverage == 0 {
+		o.MinCoverage = 0.15
+	}
 	if o.QueryContextBytes == 0 {
 		o.QueryContextBytes = 200
 	}
@@ -383,6 +393,9 @@ func (o *RecallOptions) share() float64 { return max(o.Share, 0) }
 func (o *RecallOptions) validate() error {
 	if o.Share > 0.5 {
 		return fmt.Errorf("memory: Recall.Share %v above 0.5", o.Share)
+	}
+	if o.MinCoverage > 1 {
+		return errors.New("memory: Recall.MinCoverage must be at most 1")
 	}
 	if o.MinScore < 0 {
 		return errors.New("memory: Recall.MinScore must not be negative")

@@ -40,11 +40,13 @@ func (s *Store) recallLocked(ctx context.Context, sess *session, um *userMem, qu
 	wm := &sess.wm
 	wm.expire(now, o.ActiveSetDecay)
 	if len(wm.active) > 0 && o.ProbeK > 0 {
+		// The probe tells the topic: every lexical hit counts there, the
+		// weak ones included; only those passing the gate are shown.
 		probe := s.searchAll(ctx, sess, um, query, o.ProbeK, index.ModeBM25, skip)
 		hood := wm.neighbourhood(now, o.LinkHalfLife)
 		if len(probe) > 0 && overlap(itemIDs(probe), hood) >= o.ReuseOverlap {
 			s.stats.probeReuses.Add(1)
-			items := append(probe, s.itemsFor(sess, um, wm.injected, skip)...)
+			items := append(strong(probe), s.itemsFor(sess, um, wm.injected, skip)...)
 			items = uniqueItems(items, o.K+len(probe))
 			var active []string
 			for _, it := range probe {
@@ -58,18 +60,32 @@ func (s *Store) recallLocked(ctx context.Context, sess *session, um *userMem, qu
 			return items, "reuse"
 		}
 	}
-	full := s.searchAll(ctx, sess, um, query, o.K, index.ModeHybrid, skip)
-	if len(full) == 0 {
+	// Every hit joins the working memory (the topic), as before the gate;
+	// only those passing it are shown.
+	all := s.searchAll(ctx, sess, um, query, o.K, index.ModeHybrid, skip)
+	full := strong(all)
+	if len(all) == 0 {
 		wm.injected = nil
 		return nil, ""
 	}
 	s.stats.fullRecalls.Add(1)
-	ids := itemIDs(full)
-	wm.injected = slices.Sorted(slices.Values(ids))
+	wm.injected = slices.Sorted(slices.Values(itemIDs(full)))
+	ids := itemIDs(all)
 	top := ids[:min(len(ids), o.ActiveSetSize)]
 	wm.activate(top, now, o.ActiveSetSize)
 	wm.coactivate(top, now, o.LinkHalfLife)
 	return full, "full"
+}
+
+// strong returns the items that pass the recall gate.
+func strong(items []recallItem) []recallItem {
+	out := items[:0:0]
+	for _, it := range items {
+		if !it.weak {
+			out = append(out, it)
+		}
+	}
+	return out
 }
 
 func itemIDs(items []recallItem) []string {
@@ -118,10 +134,13 @@ func (s *Store) searchAll(ctx context.Context, sess *session, um *userMem, query
 	return out
 }
 
-// passes is the recall gate: lexical evidence (a BM25 term match) or
-// enough similarity.
+// passes is the recall gate: enough of the query's words (Coverage), or
+// enough similarity. A memory that shares one frequent word with the
+// question stays out: each recalled token is reprocessed by the engine on
+// every turn it is new, so only what is about the question is worth it.
 func (s *Store) passes(h index.Hit) bool {
-	return h.BM25 > 0 || h.Cosine >= s.opts.Recall.MinScore
+	o := &s.opts.Recall
+	return h.BM25 > 0 && h.Coverage >= o.MinCoverage || h.Cosine >= o.MinScore
 }
 
 // unitItem makes the recall item of a session unit.
@@ -148,8 +167,10 @@ func (s *Store) searchSession(ctx context.Context, sess *session, query string, 
 		hits, err := x.SearchFunc(ctx, query, k, mode, usable)
 		if err == nil {
 			for _, h := range hits {
-				if s.passes(h) {
-					out = append(out, unitItem(sess.units[h.ID]))
+				if h.BM25 > 0 || s.passes(h) {
+					it := unitItem(sess.units[h.ID])
+					it.weak = !s.passes(h)
+					out = append(out, it)
 				}
 			}
 			return out
@@ -189,8 +210,10 @@ func (s *Store) searchUser(ctx context.Context, sess *session, um *userMem, quer
 	}
 	out := make([]recallItem, 0, len(hits))
 	for _, h := range hits {
-		if s.passes(h) {
-			out = append(out, userItem(h.ID, h.Text, h.Meta))
+		if h.BM25 > 0 || s.passes(h) {
+			it := userItem(h.ID, h.Text, h.Meta)
+			it.weak = !s.passes(h)
+			out = append(out, it)
 		}
 	}
 	return out

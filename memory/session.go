@@ -68,7 +68,7 @@ func (e *entry) features() {
 // contentHash is textHash(e.text()), cached.
 func (e *entry) contentHash() uint64 {
 	if e.chash == 0 {
-		e.chash = textHash(e.text()) | 1
+		e.chash = textHash(e.text())
 	}
 	return e.chash
 }

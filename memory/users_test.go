@@ -2,6 +2,8 @@ package memory
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -171,5 +173,52 @@ func TestRetentionForgetsUserMemory(t *testing.T) {
 	tr := ask(t, s, "t", "probe2", "ada", "What bike do I ride? Where do I live?")
 	if strings.Contains(string(tr.Block), "Bianchi") || !strings.Contains(string(tr.Block), "Ghent") {
 		t.Fatalf("after the sweep: %s", tr.Block)
+	}
+}
+
+// TestRecallNeedsCoverage: another session that shares only a frequent word
+// with the question is not recalled (its tokens would be reprocessed on
+// every turn for nothing); one that holds the question's words is.
+func TestRecallNeedsCoverage(t *testing.T) {
+	s := openStore(t, t.TempDir(), nil)
+	talk(t, s, "t1", "a", "ada",
+		"The document about the harbour mentions ferries and lighthouses", "Ferries and lighthouses, noted.",
+		"The document also lists the opening hours of the museum", "Museum hours noted.")
+	talk(t, s, "t1", "b", "ada",
+		"The document is long and the document is dull", "Documents can be dull.")
+	settle(t, s, "t1", "a")
+	settle(t, s, "t1", "b")
+	tr := ask(t, s, "t1", "c", "ada", "What does the document say about ferries and lighthouses?")
+	if !strings.Contains(string(tr.Block), "lighthouses") {
+		t.Fatalf("the session holding the question's words is not recalled: %s", tr.Block)
+	}
+	if strings.Contains(string(tr.Block), "dull") {
+		t.Fatalf("a session sharing only the word 'document' is recalled: %s", tr.Block)
+	}
+	if tr := ask(t, s, "t1", "d", "ada", "Item 12, document?"); strings.Contains(string(tr.Block), "museum") || strings.Contains(string(tr.Block), "dull") {
+		t.Fatalf("a question whose only known word is frequent recalls: %s", tr.Block)
+	}
+}
+
+// TestRecallSkipsWhatTheWindowHolds: another session's message whose text
+// is already in this session's window is not recalled again.
+func TestRecallSkipsWhatTheWindowHolds(t *testing.T) {
+	for i := range 8 { // the text hashes differ per question: several tries
+		s := openStore(t, t.TempDir(), nil)
+		q := fmt.Sprintf("What is item %d of the inventory list?", i)
+		talk(t, s, "t1", "a", "", q, "abc def ghi")
+		settle(t, s, "t1", "a")
+		talk(t, s, "t1", "b", "", q, "pqr stu")
+		settle(t, s, "t1", "b")
+		tr := ask(t, s, "t1", "b", "", "And the inventory list, "+q)
+		var blk struct{ Content string }
+		if tr.Block != nil {
+			if err := json.Unmarshal(tr.Block, &blk); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if strings.Contains(blk.Content, "another session: "+q) {
+			t.Fatalf("a question this session's window holds is recalled from another session: %s", blk.Content)
+		}
 	}
 }
