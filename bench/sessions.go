@@ -45,6 +45,11 @@ type SessionsOptions struct {
 	CacheRAMMiB int
 	// MaxTokens of each reply. Zero: 8.
 	MaxTokens int
+	// SharedUser sends every session as one end user (no OpenAI "user"
+	// field, so the sidecar's user scope is the API key's), which lets
+	// sessions recall one another's turns. The default names each session
+	// its own user, as a multi-user app does with the "user" field.
+	SharedUser bool
 	// EngineRestartAfter, when positive, kills both llama-servers with
 	// SIGKILL after that round and starts them again (same port, slot
 	// folder, model).
@@ -131,6 +136,7 @@ type SessionsReport struct {
 	DocTokens           int      `json:"doc_tokens"`
 	CacheRAMMiB         int      `json:"cache_ram_mib"`
 	MaxTokens           int      `json:"max_tokens"`
+	SharedUser          bool     `json:"shared_user,omitempty"`
 	Threads             int      `json:"threads"`
 	EngineRestartAfter  int      `json:"engine_restart_after,omitempty"`
 	SidecarRestartAfter int      `json:"sidecar_restart_after,omitempty"`
@@ -259,7 +265,7 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 		}
 	}
 	r := SessionsReport{Sessions: o.Sessions, Rounds: o.Rounds, Slots: o.Slots, DocTokens: o.DocTokens, CacheRAMMiB: o.CacheRAMMiB,
-		MaxTokens: o.MaxTokens, Threads: o.Threads, EngineRestartAfter: o.EngineRestartAfter, SidecarRestartAfter: o.SidecarRestartAfter,
+		MaxTokens: o.MaxTokens, SharedUser: o.SharedUser, Threads: o.Threads, EngineRestartAfter: o.EngineRestartAfter, SidecarRestartAfter: o.SidecarRestartAfter,
 		Model: o.Model, LlamaArgs: o.LlamaArgs, SidecarArgs: append([]string{}, o.SidecarArgs...)}
 
 	startLlama := func(name string) (*llamaserver.Server, error) {
@@ -343,7 +349,12 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 					before, _ = ScrapeMetrics(ctx, sc.url()+"/metrics")
 				}
 				msgs := append(s.hist[i], chatMsg{Role: "user", Content: q})
-				tr, err := streamTurn(ctx, client, s.base(), fmt.Sprintf("bench-%03d", i), msgs, o.MaxTokens)
+				session := fmt.Sprintf("bench-%03d", i)
+				user := session
+				if o.SharedUser {
+					user = ""
+				}
+				tr, err := streamTurn(ctx, client, s.base(), session, user, msgs, o.MaxTokens)
 				st.Turns++
 				if err != nil {
 					st.Errors++

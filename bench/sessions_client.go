@@ -34,13 +34,18 @@ type turnResult struct {
 const sessionsGrammar = "root ::= [a-z ]+"
 
 // streamTurn sends one streamed chat completion to base (a server root,
-// without /v1) and reads it to the end.
-func streamTurn(ctx context.Context, client *http.Client, base, session string, msgs []chatMsg, maxTokens int) (turnResult, error) {
+// without /v1) and reads it to the end. user, when set, is the OpenAI
+// "user" field: the end user the session belongs to.
+func streamTurn(ctx context.Context, client *http.Client, base, session, user string, msgs []chatMsg, maxTokens int) (turnResult, error) {
 	var r turnResult
-	body, err := json.Marshal(map[string]any{
+	fields := map[string]any{
 		"model": "tiny", "messages": msgs, "stream": true,
 		"max_tokens": maxTokens, "grammar": sessionsGrammar, "temperature": 0,
-	})
+	}
+	if user != "" {
+		fields["user"] = user
+	}
+	body, err := json.Marshal(fields)
 	if err != nil {
 		return r, err
 	}

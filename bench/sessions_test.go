@@ -102,7 +102,7 @@ func TestStreamTurnReadsTimingsAndTTFT(t *testing.T) {
 		`data: {"choices":[{"index":0,"delta":{"content":" c"}}]}`,
 		`data: {"choices":[{"finish_reason":"length","index":0,"delta":{}}],"timings":{"cache_n":90,"prompt_n":10,"prompt_ms":1.5}}`,
 		`data: [DONE]`)
-	r, err := streamTurn(ctx, http.DefaultClient, s.URL, "s1", msgs, 4)
+	r, err := streamTurn(ctx, http.DefaultClient, s.URL, "s1", "u1", msgs, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,12 +116,12 @@ func TestStreamTurnReadsTimingsAndTTFT(t *testing.T) {
 		"broken":     {`event: error`, `data: {"error":{"message":"upstream broke"}}`},
 	} {
 		s := sseServer(t, 200, 0, events...)
-		if _, err := streamTurn(ctx, http.DefaultClient, s.URL, "s1", msgs, 4); err == nil {
+		if _, err := streamTurn(ctx, http.DefaultClient, s.URL, "s1", "u1", msgs, 4); err == nil {
 			t.Errorf("%s: no error", name)
 		}
 	}
 	s = sseServer(t, 502, 0, `{"error":{"message":"upstream unreachable"}}`)
-	if _, err := streamTurn(ctx, http.DefaultClient, s.URL, "s1", msgs, 4); err == nil || !strings.Contains(err.Error(), "502") {
+	if _, err := streamTurn(ctx, http.DefaultClient, s.URL, "s1", "u1", msgs, 4); err == nil || !strings.Contains(err.Error(), "502") {
 		t.Fatalf("HTTP 502: %v", err)
 	}
 }

@@ -29,6 +29,7 @@ func benchSessions(args []string) error {
 	fs.IntVar(&o.DocTokens, "doc-tokens", 1500, "tokens of each session's document (its system message)")
 	fs.IntVar(&o.CacheRAMMiB, "cache-ram", 8, "each llama-server's --cache-ram in MiB (its own RAM prompt cache; -1: off)")
 	fs.IntVar(&o.MaxTokens, "max-tokens", 8, "max_tokens of each reply")
+	fs.BoolVar(&o.SharedUser, "shared-user", false, "send every session as one end user (no OpenAI user field): sessions then recall one another's turns")
 	fs.IntVar(&o.Threads, "threads", 0, "each llama-server's -t (default: half the CPUs, as the two run side by side)")
 	fs.IntVar(&o.EngineRestartAfter, "engine-restart-after", 0, "kill -9 and restart both llama-servers after this round (0: never)")
 	fs.IntVar(&o.SidecarRestartAfter, "sidecar-restart-after", 0, "kill -9 and restart the sidecar after this round, once its background queue drained (0: never)")

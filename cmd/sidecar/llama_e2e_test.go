@@ -199,7 +199,9 @@ func (s *realStack) say(c *convo, text string) turnTimings {
 	c.msgs = append(c.msgs, openai.UserMessage(text))
 	comp, err := s.client.Chat.Completions.New(context.Background(),
 		openai.ChatCompletionNewParams{Model: "tiny", Messages: c.msgs, MaxTokens: openai.Int(6), Temperature: openai.Float(0)},
-		option.WithHeader("X-Session-ID", c.id), option.WithJSONSet("grammar", "root ::= [a-z ]+"))
+		// Each conversation is one end user of an app (the OpenAI "user"
+		// field): the sessions do not recall one another.
+		option.WithHeader("X-Session-ID", c.id), option.WithJSONSet("user", c.id), option.WithJSONSet("grammar", "root ::= [a-z ]+"))
 	if err != nil {
 		s.t.Fatalf("session %s: %q: %v", c.id, text, err)
 	}
