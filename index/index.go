@@ -57,11 +57,9 @@ type Hit struct {
 	// Cosine is the cosine similarity of the document and query embeddings.
 	// Not computed in ModeBM25.
 	Cosine float64
-	// Coverage is the share of the query's information the document
-	// holds: the IDF of the query terms it contains over the IDF of all of
-	// them (a term no document has counts with the highest IDF), in [0,1].
-	// Unlike BM25 it is comparable across queries and indexes: a document
-	// that shares only a frequent word with the query covers little of it.
+	// Coverage is the share of the query's information the document holds
+	// (see Index.Coverage), measured against the focus given to
+	// SearchFocus, else the whole query.
 	Coverage float64
 }
 
@@ -584,6 +582,14 @@ func (x *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]H
 // so excluded documents never crowd out the ones asked for; keep is called
 // under the index's read lock and must not call back into the index.
 func (x *Index) SearchFunc(ctx context.Context, query string, k int, mode Mode, keep func(id string) bool) ([]Hit, error) {
+	return x.SearchFocus(ctx, query, "", k, mode, keep)
+}
+
+// SearchFocus is SearchFunc whose hits' Coverage is measured against focus,
+// the part of the query that must be answered (a question, when query adds
+// the message before it as context), rather than the whole query. An empty
+// focus, or one of stopwords only, means the whole query.
+func (x *Index) SearchFocus(ctx context.Context, query, focus string, k int, mode Mode, keep func(id string) bool) ([]Hit, error) {
 	if k < 1 {
 		return nil, fmt.Errorf("index: search k=%d: %w", k, ErrInvalid)
 	}
@@ -630,12 +636,15 @@ func (x *Index) SearchFunc(ctx context.Context, query string, k int, mode Mode, 
 		cands = cands[:k]
 	}
 	hits := make([]Hit, len(cands))
-	qidf := x.queryIDF(qterms)
+	cterms := qterms
+	if f := x.queryTerms(focus); len(f) > 0 {
+		cterms = f
+	}
 	for i, c := range cands {
 		e := x.docs[c.slot]
 		d := &e.doc
 		hits[i] = Hit{ID: d.ID, Text: d.Text, Meta: d.Meta, Score: c.final, Relevance: c.rel, BM25: c.bm25, Cosine: c.cos,
-			Coverage: x.docCoverage(e, qterms, qidf)}
+			Coverage: x.coverage(cterms, e)}
 	}
 	return hits, nil
 }
@@ -755,29 +764,47 @@ func (x *Index) docBM25(e *entry, qterms []queryTerm) float64 {
 	return s
 }
 
-// queryIDF is the IDF mass of the query terms: a term no live document has
-// counts with the largest IDF. x.mu must be held for reading.
-func (x *Index) queryIDF(qterms []queryTerm) float64 {
-	var m float64
-	for _, q := range qterms {
-		m += idf(x.live, x.df[q.term])
+// Coverage is the share of query's information that the document id
+// holds, and false when there is no such document: the IDF, in this index,
+// of the query terms the document contains over the IDF of all of them, in
+// [0,1]. A query term no document has counts with the mean IDF of the
+// others (the document cannot be blamed for not holding it, but it is part
+// of the question); a query with no term any document has covers nothing.
+// Unlike a BM25 score it is comparable across queries and indexes: a
+// document sharing only a frequent word with the query covers little of it.
+func (x *Index) Coverage(query, id string) (float64, bool) {
+	qterms := x.queryTerms(query)
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	slot, ok := x.ids[id]
+	if !ok {
+		return 0, false
 	}
-	return m
+	return x.coverage(qterms, x.docs[slot]), true
 }
 
-// docCoverage is the share of qidf (queryIDF) carried by the query terms e
-// contains. x.mu must be held for reading.
-func (x *Index) docCoverage(e *entry, qterms []queryTerm, qidf float64) float64 {
-	if qidf <= 0 {
-		return 0
-	}
-	var s float64
+// coverage is Coverage for a document's entry. x.mu must be held for
+// reading.
+func (x *Index) coverage(qterms []queryTerm, e *entry) float64 {
+	var known, held float64
+	unknown := 0
 	for _, q := range qterms {
+		df := x.df[q.term]
+		if df == 0 {
+			unknown++
+			continue
+		}
+		w := idf(x.live, df)
+		known += w
 		if _, ok := slices.BinarySearchFunc(e.terms, q.term, func(t termFreq, s string) int { return cmp.Compare(t.term, s) }); ok {
-			s += idf(x.live, x.df[q.term])
+			held += w
 		}
 	}
-	return s / qidf
+	n := len(qterms) - unknown
+	if n == 0 || known <= 0 {
+		return 0
+	}
+	return held / (known + float64(unknown)*known/float64(n))
 }
 
 // searchVector returns the n nearest live vectors by cosine similarity among

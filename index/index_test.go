@@ -473,24 +473,44 @@ func TestParseMode(t *testing.T) {
 
 // Coverage is the share of the query's IDF mass a document holds: the
 // document with every term covers it all, one sharing a word that many
-// documents have covers little, and an unknown query term counts.
-func TestHitCoverage(t *testing.T) {
+// documents have covers little, and an unknown query term counts as an
+// average one. SearchFocus measures it against the focus only.
+func TestCoverage(t *testing.T) {
 	x := newTestIndex(t, Options{}, pets...)
-	hits, err := x.Search(ctx, "Caroline support group", 5, ModeBM25)
+	cov := func(q, id string) float64 {
+		t.Helper()
+		c, ok := x.Coverage(q, id)
+		if !ok {
+			t.Fatalf("no document %s", id)
+		}
+		return c
+	}
+	q := "Caroline support group"
+	if c := cov(q, "d1"); math.Abs(c-1) > 1e-9 {
+		t.Fatalf("full coverage %v", c)
+	}
+	if c := cov(q, "d4"); c <= 0 || c >= 0.5 {
+		t.Fatalf("a frequent word's coverage %v", c)
+	}
+	if c := cov("Caroline zeppelin", "d4"); math.Abs(c-0.5) > 1e-9 {
+		t.Fatalf("%v of a query half of whose terms no document has", c)
+	}
+	if c := cov("zeppelin airship", "d4"); c != 0 {
+		t.Fatalf("%v of a query no document knows", c)
+	}
+	if c := cov(q, "d0"); c != 0 {
+		t.Fatalf("unrelated document %v", c)
+	}
+	if _, ok := x.Coverage(q, "nope"); ok {
+		t.Fatal("coverage of a missing document")
+	}
+	hits, err := x.SearchFocus(ctx, q+"\nMelanie took the kids camping at the beach", q, 5, ModeBM25, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cov := map[string]float64{}
 	for _, h := range hits {
-		cov[h.ID] = h.Coverage
-	}
-	if math.Abs(cov["d1"]-1) > 1e-9 || cov["d4"] <= 0 || cov["d4"] >= 0.5 {
-		t.Fatalf("coverage %v", cov)
-	}
-	hits, _ = x.Search(ctx, "Caroline zeppelin", 5, ModeBM25)
-	for _, h := range hits {
-		if h.Coverage >= 0.5 {
-			t.Fatalf("%s covers %v of a query whose rarest term no document has", h.ID, h.Coverage)
+		if h.ID == "d1" && math.Abs(h.Coverage-1) > 1e-9 || h.ID == "d0" && h.Coverage != 0 {
+			t.Fatalf("focus coverage of %s: %v", h.ID, h.Coverage)
 		}
 	}
 }

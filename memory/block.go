@@ -194,7 +194,7 @@ func (s *Store) recallBlock(ctx context.Context, sess *session, um *userMem, p w
 	for _, u := range stable.sums {
 		skip[u.ID] = true
 	}
-	items, mode := s.recallLocked(ctx, sess, um, q, p.now, skip)
+	items, mode := s.recallLocked(ctx, sess, um, recallQuery{text: q, focus: sess.hist[cur].text()}, p.now, skip)
 	w.recallMode = mode
 	if len(items) == 0 {
 		return

@@ -32,9 +32,15 @@ import (
 // or their cosine similarity reaches Recall.MinScore; Recaller hits when
 // their score does. The ids in skip and pinned memories are left out. The
 // result is best first. Called with sess.mu held.
-func (s *Store) recallLocked(ctx context.Context, sess *session, um *userMem, query string, now time.Time, skip map[string]bool) ([]recallItem, string) {
+// recallQuery is what recall searches for: text ranks the memories (the
+// newest user message, with a little context when it is short), focus
+// gates them (the newest user message alone: a memory must cover enough
+// of it, see Recall.MinCoverage).
+type recallQuery struct{ text, focus string }
+
+func (s *Store) recallLocked(ctx context.Context, sess *session, um *userMem, query recallQuery, now time.Time, skip map[string]bool) ([]recallItem, string) {
 	o := &s.opts.Recall
-	if strings.TrimSpace(query) == "" || o.K <= 0 {
+	if strings.TrimSpace(query.text) == "" || o.K <= 0 {
 		return nil, ""
 	}
 	wm := &sess.wm
@@ -46,7 +52,7 @@ func (s *Store) recallLocked(ctx context.Context, sess *session, um *userMem, qu
 		hood := wm.neighbourhood(now, o.LinkHalfLife)
 		if len(probe) > 0 && overlap(itemIDs(probe), hood) >= o.ReuseOverlap {
 			s.stats.probeReuses.Add(1)
-			items := append(strong(probe), s.itemsFor(sess, um, wm.injected, skip)...)
+			items := append(strong(probe), strong(s.gated(ctx, sess, um, query, s.itemsFor(sess, um, wm.injected, skip)))...)
 			items = uniqueItems(items, o.K+len(probe))
 			var active []string
 			for _, it := range probe {
@@ -75,6 +81,24 @@ func (s *Store) recallLocked(ctx context.Context, sess *session, um *userMem, qu
 	wm.activate(top, now, o.ActiveSetSize)
 	wm.coactivate(top, now, o.LinkHalfLife)
 	return full, "full"
+}
+
+// gated marks the items of an earlier recall that do not pass the gate for
+// this query: the same topic, but not what this question is about.
+func (s *Store) gated(ctx context.Context, sess *session, um *userMem, q recallQuery, items []recallItem) []recallItem {
+	own, user := s.indexLocked(ctx, sess), um.index()
+	for i := range items {
+		x := own
+		if items[i].cross {
+			x = user
+		}
+		var cov float64
+		if x != nil {
+			cov, _ = x.Coverage(q.gate(), items[i].id)
+		}
+		items[i].weak = !s.relevant(cov, 0)
+	}
+	return items
 }
 
 // strong returns the items that pass the recall gate.
@@ -113,7 +137,7 @@ func uniqueItems(items []recallItem, n int) []recallItem {
 // own (its index, or the Recaller when the index is off or fails) and the
 // user's other sessions' (the user's cross-session index), interleaved by
 // rank since the two indexes' scores are not comparable.
-func (s *Store) searchAll(ctx context.Context, sess *session, um *userMem, query string, k int, mode index.Mode, skip map[string]bool) []recallItem {
+func (s *Store) searchAll(ctx context.Context, sess *session, um *userMem, query recallQuery, k int, mode index.Mode, skip map[string]bool) []recallItem {
 	own := s.searchSession(ctx, sess, query, k, mode, skip)
 	cross := s.searchUser(ctx, sess, um, query, k, mode)
 	if len(cross) == 0 {
@@ -134,13 +158,24 @@ func (s *Store) searchAll(ctx context.Context, sess *session, um *userMem, query
 	return out
 }
 
-// passes is the recall gate: enough of the query's words (Coverage), or
-// enough similarity. A memory that shares one frequent word with the
-// question stays out: each recalled token is reprocessed by the engine on
-// every turn it is new, so only what is about the question is worth it.
-func (s *Store) passes(h index.Hit) bool {
+// relevant is the recall gate: a memory covers enough of the question's
+// words (Recall.MinCoverage; see index.Index.Coverage), or its embedding is
+// similar enough (cos, Recall.MinScore). A memory sharing one frequent word
+// with the question stays out: each recalled token is reprocessed by the
+// engine on the turn it appears, so only what is about the question is
+// worth it.
+func (s *Store) relevant(coverage, cos float64) bool {
 	o := &s.opts.Recall
-	return h.BM25 > 0 && h.Coverage >= o.MinCoverage || h.Cosine >= o.MinScore
+	return o.MinCoverage < 0 || coverage >= o.MinCoverage || cos >= o.MinScore
+}
+
+// gate returns the part of the query a memory must cover: the newest user
+// message, or the whole query when that message has no index terms.
+func (q recallQuery) gate() string {
+	if len(index.Tokenize(q.focus)) > 0 {
+		return q.focus
+	}
+	return q.text
 }
 
 // unitItem makes the recall item of a session unit.
@@ -157,19 +192,19 @@ func unitItem(u *Unit) recallItem {
 }
 
 // searchSession searches the session's own memory units.
-func (s *Store) searchSession(ctx context.Context, sess *session, query string, k int, mode index.Mode, skip map[string]bool) []recallItem {
+func (s *Store) searchSession(ctx context.Context, sess *session, query recallQuery, k int, mode index.Mode, skip map[string]bool) []recallItem {
 	usable := func(id string) bool {
 		u := sess.units[id]
 		return u != nil && !skip[id] && !u.Category.pinned()
 	}
 	var out []recallItem
 	if x := s.indexLocked(ctx, sess); x != nil && x.Len() > 0 {
-		hits, err := x.SearchFunc(ctx, query, k, mode, usable)
+		hits, err := x.SearchFocus(ctx, query.text, query.gate(), k, mode, usable)
 		if err == nil {
 			for _, h := range hits {
-				if h.BM25 > 0 || s.passes(h) {
+				if h.BM25 > 0 || h.Cosine >= s.opts.Recall.MinScore {
 					it := unitItem(sess.units[h.ID])
-					it.weak = !s.passes(h)
+					it.weak = !s.relevant(h.Coverage, h.Cosine)
 					out = append(out, it)
 				}
 			}
@@ -182,7 +217,7 @@ func (s *Store) searchSession(ctx context.Context, sess *session, query string, 
 	if len(sess.cands) == 0 {
 		return nil
 	}
-	hits, err := s.opts.Recall.Recaller.Recall(ctx, query, sess.cands, k+recallExtra)
+	hits, err := s.opts.Recall.Recaller.Recall(ctx, query.text, sess.cands, k+recallExtra)
 	if err != nil {
 		s.opts.Logger.Warn("memory: recall failed", "err", err)
 	}
@@ -196,13 +231,13 @@ func (s *Store) searchSession(ctx context.Context, sess *session, query string, 
 
 // searchUser searches the user's cross-session index, leaving out the
 // current session's documents (its own memory comes from its index).
-func (s *Store) searchUser(ctx context.Context, sess *session, um *userMem, query string, k int, mode index.Mode) []recallItem {
+func (s *Store) searchUser(ctx context.Context, sess *session, um *userMem, query recallQuery, k int, mode index.Mode) []recallItem {
 	x := um.index()
 	if x == nil || !um.hasOthers(sess.hash) {
 		return nil // nothing but this session's own documents
 	}
 	own := userDocPrefix(sess)
-	hits, err := x.SearchFunc(ctx, query, k, mode, func(id string) bool { return !strings.HasPrefix(id, own) })
+	hits, err := x.SearchFocus(ctx, query.text, query.gate(), k, mode, func(id string) bool { return !strings.HasPrefix(id, own) })
 	if err != nil {
 		s.stats.indexErrors.Add(1)
 		s.opts.Logger.Warn("memory: user index search failed", "err", err)
@@ -210,9 +245,9 @@ func (s *Store) searchUser(ctx context.Context, sess *session, um *userMem, quer
 	}
 	out := make([]recallItem, 0, len(hits))
 	for _, h := range hits {
-		if h.BM25 > 0 || s.passes(h) {
+		if h.BM25 > 0 || h.Cosine >= s.opts.Recall.MinScore {
 			it := userItem(h.ID, h.Text, h.Meta)
-			it.weak = !s.passes(h)
+			it.weak = !s.relevant(h.Coverage, h.Cosine)
 			out = append(out, it)
 		}
 	}

@@ -2,7 +2,6 @@ package memory
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -234,9 +233,10 @@ func TestWorkingMemoryExpiryAndLinks(t *testing.T) {
 	})
 }
 
-// TestReuseKeepsBlockBytes: a reused recall shows the previous set again
-// (with whatever of the probe's hits passes the gate), and the prefix up to
-// the history is shared with the previous window.
+// TestReuseKeepsBlockBytes: a reused recall (same topic) shows again what
+// of the previous set the new question is about, with the probe's hits
+// that pass the gate, and the prefix up to the history is shared with the
+// previous window.
 func TestReuseKeepsBlockBytes(t *testing.T) {
 	s := openStore(t, t.TempDir(), func(o *Options) { o.Window.Limit = 32000 })
 	prepare(t, s, "t", "s", ModeAppend, text("system", "sys"), text("user", "hello")).Complete(text("assistant", "hi"))
@@ -251,17 +251,11 @@ func TestReuseKeepsBlockBytes(t *testing.T) {
 	if a.Stats.Recall != "full" || b.Stats.Recall != "reuse" {
 		t.Fatalf("recall %q then %q", a.Stats.Recall, b.Stats.Recall)
 	}
-	var ab, bb struct{ Content string }
-	if err := json.Unmarshal(a.Block, &ab); err != nil {
-		t.Fatal(err)
+	if !strings.Contains(string(a.Block), "OOMKilled") || !strings.Contains(string(b.Block), "autoscaling") {
+		t.Fatalf("blocks not about their questions:\n%s\n%s", a.Block, b.Block)
 	}
-	if err := json.Unmarshal(b.Block, &bb); err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(ab.Content, "\n") {
-		if strings.HasPrefix(line, "- ") && !strings.Contains(bb.Content, line) {
-			t.Fatalf("reused block lost %q:\n%s", line, bb.Content)
-		}
+	if strings.Contains(string(b.Block), "three nodes") {
+		t.Fatalf("the reused block shows a fact the question is not about:\n%s", b.Block)
 	}
 	if b.Stats.Prefix.Messages < 2 {
 		t.Fatalf("prefix %+v", b.Stats.Prefix)

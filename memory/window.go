@@ -246,10 +246,11 @@ func (s *Store) evictOverflow(sess *session, groups []group, total, histBudget i
 }
 
 // shortQueryTerms: a newest message with fewer index terms than this
-// ("and then?", "why not?") is recalled for together with the message
-// before it; a longer one alone, so that the previous reply's words do not
-// outweigh the question's.
-const shortQueryTerms = 4
+// ("and then?", "why?") is recalled for together with the message before
+// it; any other alone, so that the previous reply's words do not outweigh
+// the question's ("What is my passport number?" after a packing list asks
+// about the passport, not the packing).
+const shortQueryTerms = 2
 
 // query is the recall query for the current turn starting at cur: the
 // newest user message, plus up to ctxBytes of the message before it when
