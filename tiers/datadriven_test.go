@@ -1,110 +1,38 @@
 package tiers
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/datadriven"
 )
 
-// Scripts in testdata/ drive policies and stores one command a line:
+// The scripts under testdata/ are datadriven files: a command line, an
+// optional input, "----" and the expected output. After a deliberate
+// change of behaviour, regenerate them and read the diff:
 //
-//	# comment
-//	command arg key=value ...
-//
-// and fail the test at the first line whose expectation does not hold.
-
-type scriptLine struct {
-	pos  string // file:line
-	cmd  string
-	args []string
-	kv   map[string]string
-}
-
-func readScript(t *testing.T, file string) []scriptLine {
-	t.Helper()
-	f, err := os.Open(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []scriptLine
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := sc.Text()
-		if i := strings.IndexByte(line, '#'); i >= 0 {
-			line = line[:i]
-		}
-		fields := strings.Fields(line)
-		if len(fields) == 0 {
-			continue
-		}
-		l := scriptLine{pos: fmt.Sprintf("%s:%d", filepath.Base(file), n), cmd: fields[0], kv: map[string]string{}}
-		for _, f := range fields[1:] {
-			if k, v, ok := strings.Cut(f, "="); ok {
-				l.kv[k] = v
-			} else {
-				l.args = append(l.args, f)
-			}
-		}
-		out = append(out, l)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func (l scriptLine) float(t *testing.T, k string, def float64) float64 {
-	t.Helper()
-	s, ok := l.kv[k]
-	if !ok {
-		return def
-	}
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		t.Fatalf("%s: %s=%q: %v", l.pos, k, s, err)
-	}
-	return f
-}
-
-func (l scriptLine) int(t *testing.T, k string, def int64) int64 {
-	t.Helper()
-	return int64(l.float(t, k, float64(def)))
-}
-
-// arrow splits "get a -> hit" arguments into ("a", "hit").
-func (l scriptLine) arrow(t *testing.T) (string, string) {
-	t.Helper()
-	if len(l.args) == 3 && l.args[1] == "->" {
-		return l.args[0], l.args[2]
-	}
-	if len(l.args) == 1 {
-		return l.args[0], ""
-	}
-	t.Fatalf("%s: want %q KEY [-> RESULT]", l.pos, l.cmd)
-	return "", ""
-}
+//	go test ./tiers -run 'Scripts' -rewrite
 
 // policySim is a cache of cap entries over a Policy, as a tier uses it.
 type policySim struct {
 	pol     Policy
 	cap     int
 	present map[string]bool
-	evicted []string
 }
 
-func (s *policySim) access(key string, h Hint) bool {
+// access is a reference to key: a hit, or a miss that evicts until there
+// is room and adds key. It returns the keys evicted.
+func (s *policySim) access(key string, h Hint) (hit bool, evicted []string) {
 	if s.present[key] {
 		s.pol.Access(key)
-		return true
+		return true, nil
 	}
 	for s.pol.Len() >= s.cap {
 		v, ok := s.pol.Victim()
@@ -113,73 +41,121 @@ func (s *policySim) access(key string, h Hint) bool {
 		}
 		s.pol.Remove(v)
 		delete(s.present, v)
-		s.evicted = append(s.evicted, v)
+		evicted = append(evicted, v)
 	}
 	s.pol.Add(key, h)
 	s.present[key] = true
-	return false
+	return false, evicted
 }
 
+// keyArgs returns the argument keys of d that have no value: the items a
+// command applies to.
+func keyArgs(d *datadriven.TestData) []string {
+	var out []string
+	for _, a := range d.CmdArgs {
+		if len(a.Vals) == 0 {
+			out = append(out, a.Key)
+		}
+	}
+	return out
+}
+
+func floatArg(t *testing.T, d *datadriven.TestData, key string, def float64) float64 {
+	t.Helper()
+	a, ok := d.Arg(key)
+	if !ok {
+		return def
+	}
+	f, err := strconv.ParseFloat(a.SingleVal(t), 64)
+	if err != nil {
+		d.Fatalf(t, "%s: %v", key, err)
+	}
+	return f
+}
+
+func intArg(t *testing.T, d *datadriven.TestData, key string, def int64) int64 {
+	t.Helper()
+	return int64(floatArg(t, d, key, float64(def)))
+}
+
+// TestPolicyScripts drives one policy per script through a cache of a
+// fixed number of entries:
+//
+//	new strategy=NAME cap=N   a fresh policy
+//	put KEY... [imp=X sem=Y]  references: hit, or miss and add (evicting)
+//	get KEY...                lookups that never add
+//	remove KEY...             drops keys, as a tier's Delete does
+//	victim                    the key the policy would evict next
+//	contents                  the keys held, sorted
 func TestPolicyScripts(t *testing.T) {
-	files, _ := filepath.Glob("testdata/policy/*.txt")
-	if len(files) == 0 {
-		t.Fatal("no scripts")
-	}
-	for _, file := range files {
-		t.Run(filepath.Base(file), func(t *testing.T) {
-			var sim *policySim
-			for _, l := range readScript(t, file) {
-				if sim == nil && l.cmd != "new" {
-					t.Fatalf("%s: script must start with new", l.pos)
-				}
-				switch l.cmd {
-				case "new":
-					pol, err := NewPolicy(l.kv["strategy"])
-					if err != nil {
-						t.Fatalf("%s: %v", l.pos, err)
-					}
-					sim = &policySim{pol: pol, cap: int(l.int(t, "cap", 0)), present: map[string]bool{}}
-				case "put":
-					sim.access(l.args[0], Hint{Importance: l.float(t, "imp", 0), Semantic: l.float(t, "sem", 0)})
-				case "get":
-					key, want := l.arrow(t)
-					got := "miss"
-					if sim.present[key] {
-						sim.pol.Access(key)
-						got = "hit"
-					}
-					if want != "" && got != want {
-						t.Fatalf("%s: get %s = %s, want %s", l.pos, key, got, want)
-					}
-				case "remove":
-					sim.pol.Remove(l.args[0])
-					delete(sim.present, l.args[0])
-				case "expect-evicted":
-					if !slices.Equal(sim.evicted, l.args) && !(len(sim.evicted) == 0 && len(l.args) == 0) {
-						t.Fatalf("%s: evicted %v, want %v", l.pos, sim.evicted, l.args)
-					}
-					sim.evicted = nil
-				case "expect-victim":
-					v, ok := sim.pol.Victim()
-					if !ok || v != l.args[0] {
-						t.Fatalf("%s: victim %q (%v), want %q", l.pos, v, ok, l.args[0])
-					}
-				case "expect-contents":
-					var got []string
-					for k := range sim.present {
-						got = append(got, k)
-					}
-					slices.Sort(got)
-					want := slices.Sorted(slices.Values(l.args))
-					if !slices.Equal(got, want) || sim.pol.Len() != len(want) {
-						t.Fatalf("%s: contents %v (policy len %d), want %v", l.pos, got, sim.pol.Len(), want)
-					}
-				default:
-					t.Fatalf("%s: unknown command %q", l.pos, l.cmd)
-				}
+	datadriven.Walk(t, "testdata/policy", func(t *testing.T, path string) {
+		var sim *policySim
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			if sim == nil && d.Cmd != "new" {
+				d.Fatalf(t, "a script starts with new")
 			}
+			var out strings.Builder
+			switch d.Cmd {
+			case "new":
+				var name string
+				d.ScanArgs(t, "strategy", &name)
+				pol, err := NewPolicy(name)
+				if err != nil {
+					return err.Error()
+				}
+				sim = &policySim{pol: pol, cap: int(intArg(t, d, "cap", 0)), present: map[string]bool{}}
+				return pol.Name()
+			case "put":
+				h := Hint{Importance: floatArg(t, d, "imp", 0), Semantic: floatArg(t, d, "sem", 0)}
+				for _, k := range keyArgs(d) {
+					hit, evicted := sim.access(k, h)
+					switch {
+					case hit:
+						fmt.Fprintf(&out, "%s: hit\n", k)
+					case len(evicted) > 0:
+						fmt.Fprintf(&out, "%s: added, evicted %s\n", k, strings.Join(evicted, " "))
+					default:
+						fmt.Fprintf(&out, "%s: added\n", k)
+					}
+				}
+			case "get":
+				for _, k := range keyArgs(d) {
+					if sim.present[k] {
+						sim.pol.Access(k)
+						fmt.Fprintf(&out, "%s: hit\n", k)
+					} else {
+						fmt.Fprintf(&out, "%s: miss\n", k)
+					}
+				}
+			case "remove":
+				for _, k := range keyArgs(d) {
+					sim.pol.Remove(k)
+					delete(sim.present, k)
+				}
+				return "ok"
+			case "victim":
+				if v, ok := sim.pol.Victim(); ok {
+					return v
+				}
+				return "none"
+			case "contents":
+				keys := slices.Sorted(func(yield func(string) bool) {
+					for k := range sim.present {
+						if !yield(k) {
+							return
+						}
+					}
+				})
+				if sim.pol.Len() != len(keys) {
+					d.Fatalf(t, "policy tracks %d keys, the cache holds %d", sim.pol.Len(), len(keys))
+				}
+				return strings.Join(keys, " ")
+			default:
+				d.Fatalf(t, "unknown command %q", d.Cmd)
+			}
+			return out.String()
 		})
-	}
+	})
 }
 
 type fakeClock struct{ now time.Time }
@@ -200,149 +176,197 @@ func value(key string, n int) []byte {
 	return b
 }
 
-func TestStoreScripts(t *testing.T) {
-	files, _ := filepath.Glob("testdata/store/*.txt")
-	if len(files) == 0 {
-		t.Fatal("no scripts")
+// storeState lists where every key lives, fastest tier first:
+//
+//	focus: b c (200 bytes)
+//	working: a (100 bytes)
+//	archive: a b
+func storeState(s *Store) string {
+	var out strings.Builder
+	for _, t := range []*memTier{s.focus, s.working} {
+		if t == nil {
+			continue
+		}
+		keys := t.keys()
+		slices.Sort(keys)
+		_, b, tok := t.usage()
+		fmt.Fprintf(&out, "%s: %s (%d bytes", t.tier, orDash(keys), b)
+		if tok > 0 {
+			fmt.Fprintf(&out, ", %d tokens", tok)
+		}
+		out.WriteString(")\n")
 	}
-	for _, file := range files {
-		t.Run(filepath.Base(file), func(t *testing.T) {
-			dir := t.TempDir()
-			clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
-			var s *Store
-			var opts Options
-			want := map[string][]byte{}
-			defer func() {
+	if s.archive != nil {
+		var keys []string
+		s.archive.Keys(func(k string, _ Meta) bool {
+			keys = append(keys, k)
+			return true
+		})
+		slices.Sort(keys)
+		fmt.Fprintf(&out, "archive: %s\n", orDash(keys))
+	}
+	return out.String()
+}
+
+// orDash joins keys with spaces; "-" when there are none.
+func orDash(keys []string) string {
+	if len(keys) == 0 {
+		return "-"
+	}
+	return strings.Join(keys, " ")
+}
+
+// TestStoreScripts drives a Store on a fake clock, with maintenance only
+// where a script asks for it:
+//
+//	open focus=B|off working=B archive=B [focus-tokens=N soft=F strategy=S promote=F halflife-s=N]
+//	put KEY BYTES [durable] [tokens=N]
+//	get KEY...          the tier that served each key, or miss
+//	delete KEY
+//	maintain            one maintenance pass, then state
+//	state               where every key lives
+//	tick DURATION       advances the clock
+//	reopen | crash      closes (flushing, or dropping what only memory held) and opens again
+//	corrupt KEY         flips a byte of KEY's archive file
+//	quarantined         how many archive files were quarantined
+func TestStoreScripts(t *testing.T) {
+	datadriven.Walk(t, "testdata/store", func(t *testing.T, path string) {
+		var (
+			s     *Store
+			opts  Options
+			clock = &fakeClock{now: time.Unix(1_700_000_000, 0)}
+			want  = map[string][]byte{}
+		)
+		defer func() {
+			if s != nil {
+				s.Close()
+			}
+		}()
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			if s == nil && d.Cmd != "open" {
+				d.Fatalf(t, "a script starts with open")
+			}
+			switch d.Cmd {
+			case "open":
 				if s != nil {
 					s.Close()
+					want = map[string][]byte{}
 				}
-			}()
-			for _, l := range readScript(t, file) {
-				if s == nil && l.cmd != "open" {
-					t.Fatalf("%s: script must start with open", l.pos)
+				off := false
+				if a, ok := d.Arg("focus"); ok && a.SingleVal(t) == "off" {
+					off = true
 				}
-				switch l.cmd {
-				case "open":
-					if s != nil {
-						s.Close()
-						dir = t.TempDir()
-						want = map[string][]byte{}
-					}
-					off := l.kv["focus"] == "off"
-					if off {
-						delete(l.kv, "focus")
-					}
-					soft := l.float(t, "soft", 0)
-					opts = Options{
-						Dir:              dir,
-						Focus:            Budget{MaxBytes: l.int(t, "focus", 0), MaxTokens: l.int(t, "focus-tokens", 0), Soft: soft},
-						Working:          Budget{MaxBytes: l.int(t, "working", 0), Soft: soft},
-						Archive:          Budget{MaxBytes: l.int(t, "archive", 0), Soft: soft},
-						DisableFocus:     off,
-						Strategy:         l.kv["strategy"],
-						PromoteThreshold: l.float(t, "promote", 0),
-						HotHalfLife:      time.Duration(l.int(t, "halflife-s", 60)) * time.Second,
-						Clock:            clock,
-					}
-					var err error
-					if s, err = open(opts, false); err != nil {
-						t.Fatalf("%s: %v", l.pos, err)
-					}
-				case "reopen", "crash":
-					if l.cmd == "reopen" {
-						if err := s.Close(); err != nil {
-							t.Fatalf("%s: close: %v", l.pos, err)
-						}
-					} else {
-						// What only memory held is gone; the archive is as it was.
-						s.opts.NoFlushOnClose = true
-						s.Close()
-						for k := range want {
-							if !s.archive.Contains(k) {
-								delete(want, k)
-							}
-						}
-					}
-					var err error
-					if s, err = open(opts, false); err != nil {
-						t.Fatalf("%s: %v", l.pos, err)
-					}
-				case "put":
-					n, _ := strconv.Atoi(l.args[1])
-					v := value(l.args[0]+strconv.Itoa(len(want)), n)
-					err := s.Put(l.args[0], Value{Meta: Meta{DType: DTypeF16, Tokens: l.int(t, "tokens", 0)}, Data: v},
-						PutOptions{Durable: slices.Contains(l.args, "durable")})
-					if err != nil {
-						t.Fatalf("%s: put: %v", l.pos, err)
-					}
-					want[l.args[0]] = v
-				case "get":
-					key, tier := l.arrow(t)
-					v, got, err := s.Get(key)
-					if tier == "miss" {
-						if !errors.Is(err, ErrNotFound) {
-							t.Fatalf("%s: get %s: %v from %s, want miss", l.pos, key, err, got)
-						}
-						continue
-					}
-					if err != nil {
-						t.Fatalf("%s: get %s: %v", l.pos, key, err)
-					}
-					if got.String() != tier && tier != "" {
-						t.Fatalf("%s: get %s served by %s, want %s", l.pos, key, got, tier)
-					}
-					if !bytes.Equal(v.Data, want[key]) {
-						t.Fatalf("%s: get %s: wrong bytes", l.pos, key)
-					}
-				case "delete":
-					if err := s.Delete(l.args[0]); err != nil {
-						t.Fatalf("%s: %v", l.pos, err)
-					}
-					delete(want, l.args[0])
-				case "maintain":
-					s.Maintain()
-				case "tick":
-					d, err := time.ParseDuration(l.args[0])
-					if err != nil {
-						t.Fatalf("%s: %v", l.pos, err)
-					}
-					clock.now = clock.now.Add(d)
-				case "expect-tier":
-					_, _, tier, _ := s.Stat(l.args[0])
-					if tier.String() != l.args[1] {
-						t.Fatalf("%s: %s is in %s, want %s", l.pos, l.args[0], tier, l.args[1])
-					}
-				case "expect-archived":
-					if got := s.archive.Contains(l.args[0]); got != (l.args[1] == "yes") {
-						t.Fatalf("%s: archive holds %s: %v, want %s", l.pos, l.args[0], got, l.args[1])
-					}
-				case "expect-usage":
-					for _, ts := range s.Stats().Tiers {
-						if w, ok := l.kv[ts.Tier]; ok && strconv.FormatInt(ts.Bytes, 10) != w && ts.Tier != "archive" {
-							t.Fatalf("%s: %s holds %d bytes, want %s", l.pos, ts.Tier, ts.Bytes, w)
-						}
-						if w, ok := l.kv[ts.Tier+"-entries"]; ok && strconv.Itoa(ts.Entries) != w {
-							t.Fatalf("%s: %s holds %d entries, want %s", l.pos, ts.Tier, ts.Entries, w)
-						}
-					}
-				case "corrupt":
-					_, name := s.archive.paths(l.args[0])
-					b, err := os.ReadFile(name)
-					if err != nil {
-						t.Fatalf("%s: %v", l.pos, err)
-					}
-					b[len(b)-10] ^= 0xff
-					if err := os.WriteFile(name, b, 0o600); err != nil {
-						t.Fatal(err)
-					}
-				case "expect-quarantined":
-					if got := len(s.Quarantined()); strconv.Itoa(got) != l.args[0] {
-						t.Fatalf("%s: %d quarantined, want %s", l.pos, got, l.args[0])
-					}
-				default:
-					t.Fatalf("%s: unknown command %q", l.pos, l.cmd)
+				var strategy string
+				d.MaybeScanArgs(t, "strategy", &strategy)
+				soft := floatArg(t, d, "soft", 0)
+				opts = Options{
+					Dir:              t.TempDir(),
+					Working:          Budget{MaxBytes: intArg(t, d, "working", 0), Soft: soft},
+					Archive:          Budget{MaxBytes: intArg(t, d, "archive", 0), Soft: soft},
+					DisableFocus:     off,
+					Strategy:         strategy,
+					PromoteThreshold: floatArg(t, d, "promote", 0),
+					HotHalfLife:      time.Duration(intArg(t, d, "halflife-s", 60)) * time.Second,
+					Clock:            clock,
 				}
+				if !off {
+					opts.Focus = Budget{MaxBytes: intArg(t, d, "focus", 0), MaxTokens: intArg(t, d, "focus-tokens", 0), Soft: soft}
+				}
+				var err error
+				if s, err = open(opts, false); err != nil {
+					return err.Error()
+				}
+				return "ok"
+			case "reopen", "crash":
+				if d.Cmd == "reopen" {
+					if err := s.Close(); err != nil {
+						d.Fatalf(t, "close: %v", err)
+					}
+				} else {
+					// What only memory held is gone; the archive is as it was.
+					s.opts.NoFlushOnClose = true
+					s.Close()
+					for k := range want {
+						if !s.archive.Contains(k) {
+							delete(want, k)
+						}
+					}
+				}
+				var err error
+				if s, err = open(opts, false); err != nil {
+					d.Fatalf(t, "%v", err)
+				}
+				return storeState(s)
+			case "put":
+				args := keyArgs(d)
+				if len(args) < 2 {
+					d.Fatalf(t, "want put KEY BYTES")
+				}
+				n, err := strconv.Atoi(args[1])
+				if err != nil {
+					d.Fatalf(t, "%v", err)
+				}
+				v := value(args[0]+strconv.Itoa(len(want)), n)
+				err = s.Put(args[0], Value{Meta: Meta{DType: DTypeF16, Tokens: intArg(t, d, "tokens", 0)}, Data: v},
+					PutOptions{Durable: d.HasArg("durable")})
+				if err != nil {
+					return err.Error()
+				}
+				want[args[0]] = v
+				return "ok"
+			case "get":
+				var out strings.Builder
+				for _, k := range keyArgs(d) {
+					v, got, err := s.Get(k)
+					switch {
+					case errors.Is(err, ErrNotFound):
+						fmt.Fprintf(&out, "%s: miss\n", k)
+					case err != nil:
+						fmt.Fprintf(&out, "%s: %v\n", k, err)
+					case !bytes.Equal(v.Data, want[k]):
+						d.Fatalf(t, "get %s from %s: wrong bytes", k, got)
+					default:
+						fmt.Fprintf(&out, "%s: %s\n", k, got)
+					}
+				}
+				return out.String()
+			case "delete":
+				for _, k := range keyArgs(d) {
+					if err := s.Delete(k); err != nil {
+						return err.Error()
+					}
+					delete(want, k)
+				}
+				return "ok"
+			case "maintain":
+				s.Maintain()
+				return storeState(s)
+			case "state":
+				return storeState(s)
+			case "tick":
+				dur, err := time.ParseDuration(d.CmdArgs[0].Key)
+				if err != nil {
+					d.Fatalf(t, "%v", err)
+				}
+				clock.now = clock.now.Add(dur)
+				return "ok"
+			case "corrupt":
+				_, name := s.archive.paths(d.CmdArgs[0].Key)
+				b, err := os.ReadFile(name)
+				if err != nil {
+					d.Fatalf(t, "%v", err)
+				}
+				b[len(b)-10] ^= 0xff
+				if err := os.WriteFile(name, b, 0o600); err != nil {
+					d.Fatalf(t, "%v", err)
+				}
+				return "ok"
+			case "quarantined":
+				return strconv.Itoa(len(s.Quarantined()))
+			default:
+				d.Fatalf(t, "unknown command %q", d.Cmd)
 			}
+			return ""
 		})
-	}
+	})
 }
