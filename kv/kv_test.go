@@ -14,8 +14,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
-	"time"
 
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
@@ -259,44 +257,6 @@ func TestInvalidateDuringCompute(t *testing.T) {
 	if c.Contains("s", "q") {
 		t.Fatal("a block computed across an invalidation was cached")
 	}
-}
-
-func TestTTL(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		c, err := Open(Options{TTL: time.Minute})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b := testBlock(1, 1, 2, 2, 6)
-		c.Put("s", "old", b)
-		time.Sleep(40 * time.Second)
-		c.Put("s", "new", b)
-		time.Sleep(30 * time.Second) // old is 70 s old, new 30 s
-		synctest.Wait()
-		oldKey := cacheKey("s", QueryHash("old"))
-		if c.store.Contains(oldKey) {
-			t.Fatal("expired block still stored: expiry must be active, not on read")
-		}
-		if c.Contains("s", "old") || !c.Contains("s", "new") {
-			t.Fatal("wrong blocks expired")
-		}
-		// Re-putting restarts the TTL.
-		c.Put("s", "new", b)
-		time.Sleep(45 * time.Second)
-		synctest.Wait()
-		if !c.Contains("s", "new") {
-			t.Fatal("re-put block expired on its first TTL")
-		}
-		time.Sleep(20 * time.Second)
-		synctest.Wait()
-		if c.Contains("s", "new") || c.Stats().Size != 0 {
-			t.Fatal("block outlived its TTL")
-		}
-		if err := c.Close(); err != nil {
-			t.Fatal(err)
-		}
-		// synctest.Test fails if the expiry goroutine outlived Close.
-	})
 }
 
 func TestBlobs(t *testing.T) {
