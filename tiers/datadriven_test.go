@@ -229,6 +229,7 @@ func orDash(keys []string) string {
 //	reopen | crash      closes (flushing, or dropping what only memory held) and opens again
 //	corrupt KEY         flips a byte of KEY's archive file
 //	quarantined         how many archive files were quarantined
+//	trace               the accesses Options.Trace saw since the last trace
 func TestStoreScripts(t *testing.T) {
 	datadriven.Walk(t, "testdata/store", func(t *testing.T, path string) {
 		var (
@@ -236,6 +237,7 @@ func TestStoreScripts(t *testing.T) {
 			opts  Options
 			clock = &fakeClock{now: time.Unix(1_700_000_000, 0)}
 			want  = map[string][]byte{}
+			trace strings.Builder
 		)
 		defer func() {
 			if s != nil {
@@ -268,6 +270,9 @@ func TestStoreScripts(t *testing.T) {
 					PromoteThreshold: floatArg(t, d, "promote", 0),
 					HotHalfLife:      time.Duration(intArg(t, d, "halflife-s", 60)) * time.Second,
 					Clock:            clock,
+					Trace: func(ev TraceEvent) {
+						fmt.Fprintf(&trace, "%c %s %d %s\n", ev.Op, ev.Key, ev.Size, ev.Tier)
+					},
 				}
 				if !off {
 					opts.Focus = Budget{MaxBytes: intArg(t, d, "focus", 0), MaxTokens: intArg(t, d, "focus-tokens", 0), Soft: soft}
@@ -363,6 +368,10 @@ func TestStoreScripts(t *testing.T) {
 				return "ok"
 			case "quarantined":
 				return strconv.Itoa(len(s.Quarantined()))
+			case "trace":
+				out := trace.String()
+				trace.Reset()
+				return out
 			default:
 				d.Fatalf(t, "unknown command %q", d.Cmd)
 			}

@@ -46,7 +46,34 @@ type Options struct {
 	// NoFlushOnClose makes Close drop what only Focus and Working hold
 	// instead of writing it to the Archive.
 	NoFlushOnClose bool
+	// Trace, when set, is told of every Get, Put and Delete after it ran,
+	// on the caller's goroutine, to record access traces for hit-rate
+	// replay (sidecar serve --kv-trace). It must be safe for concurrent
+	// use and quick: Gets wait for it. Nil costs one comparison per call.
+	Trace func(TraceEvent)
 }
+
+// TraceEvent is one access the store served: a Get (hit or miss), a
+// successful Put or a Delete.
+type TraceEvent struct {
+	Op  TraceOp
+	Key string
+	// Size is the value's size in bytes; 0 for a Get that missed and for
+	// a Delete.
+	Size int64
+	// Tier served a Get; TierNone for a miss, a Put or a Delete.
+	Tier Tier
+}
+
+// TraceOp says what a TraceEvent did.
+type TraceOp byte
+
+// Operations of TraceEvent.
+const (
+	TraceGet    TraceOp = 'g'
+	TracePut    TraceOp = 'p'
+	TraceDelete TraceOp = 'd'
+)
 
 func (o *Options) validate() error {
 	if err := o.Focus.validate("focus", 256<<20); err != nil {
@@ -299,6 +326,14 @@ func (s *Store) checkKey(key string) error {
 // store owns v afterwards. With o.Durable the value is in the Archive,
 // fsynced, when Put returns nil.
 func (s *Store) Put(key string, v Value, o PutOptions) error {
+	err := s.put(key, v, o)
+	if s.opts.Trace != nil && err == nil {
+		s.opts.Trace(TraceEvent{Op: TracePut, Key: key, Size: int64(len(v.Data))})
+	}
+	return err
+}
+
+func (s *Store) put(key string, v Value, o PutOptions) error {
 	if err := s.checkKey(key); err != nil {
 		return fmt.Errorf("tiers: put: %w", err)
 	}
@@ -356,6 +391,14 @@ func (s *Store) Put(key string, v Value, o PutOptions) error {
 // do not modify it. A corrupt archive block is never served: the error then
 // matches ErrCorrupt as well as ErrNotFound.
 func (s *Store) Get(key string) (Value, Tier, error) {
+	v, t, err := s.get(key)
+	if s.opts.Trace != nil {
+		s.opts.Trace(TraceEvent{Op: TraceGet, Key: key, Size: int64(len(v.Data)), Tier: t})
+	}
+	return v, t, err
+}
+
+func (s *Store) get(key string) (Value, Tier, error) {
 	if err := s.checkKey(key); err != nil {
 		return Value{}, TierNone, fmt.Errorf("tiers: get: %w", err)
 	}
@@ -481,6 +524,9 @@ func (s *Store) Stat(key string) (Meta, int64, Tier, error) {
 // Delete removes key from every tier, durably for the Archive. It returns
 // ErrNotFound when no tier held it.
 func (s *Store) Delete(key string) error {
+	if s.opts.Trace != nil {
+		defer s.opts.Trace(TraceEvent{Op: TraceDelete, Key: key})
+	}
 	if err := s.checkKey(key); err != nil {
 		return fmt.Errorf("tiers: delete: %w", err)
 	}
