@@ -19,7 +19,6 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/gpu"
 	"github.com/kvsidecar/kvsidecar/kv"
-	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
 // AmortOptions configure RunAmortization. The zero value runs the full
@@ -68,7 +67,7 @@ func (o *AmortOptions) validate() error {
 		return fmt.Errorf("bench: amortization: prefix %d, turns %d, scale %d, sessions %d", o.PrefixTokens, o.MaxTurns, o.Scale, o.Sessions)
 	}
 	if o.Tiers == nil {
-		o.Tiers = []string{"focus", "working", "archive"}
+		o.Tiers = benchTiers
 	}
 	for _, t := range o.Tiers {
 		if t != "focus" && t != "working" && t != "archive" {
@@ -190,15 +189,11 @@ func RunAmortization(opts AmortOptions) (AmortReport, error) {
 		return AmortReport{}, fmt.Errorf("bench: amortization: %w", err)
 	}
 	p := ref.Preset()
-	dir := opts.Dir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "amortbench-")
-		if err != nil {
-			return AmortReport{}, fmt.Errorf("bench: amortization: %w", err)
-		}
-		defer os.RemoveAll(d)
-		dir = d
+	dir, cleanup, err := scratchDir(opts.Dir, "amortbench-")
+	if err != nil {
+		return AmortReport{}, fmt.Errorf("bench: amortization: %w", err)
 	}
+	defer cleanup()
 	rng := rand.New(rand.NewPCG(opts.Seed, 11))
 	prefixes := make([][]int32, opts.Sessions)
 	for s := range prefixes {
@@ -248,15 +243,9 @@ func RunAmortization(opts AmortOptions) (AmortReport, error) {
 
 // amortTier runs the sessions on a cache whose blocks land in tier.
 func amortTier(o AmortOptions, tier, dir string, blockBytes int64, ref *RefKV, prefixes [][]int32) (AmortTier, error) {
-	room := tiers.Budget{MaxBytes: 3*blockBytes + 1<<20}
-	so := tiers.Options{Dir: dir, Device: o.Device, Focus: room, Working: room, PromoteThreshold: math.MaxFloat64, NoFlushOnClose: true}
-	switch tier {
-	case "working":
-		so.DisableFocus = true
-	case "archive":
-		// Working too small for the block: it goes straight to the Archive.
-		so.DisableFocus = true
-		so.Working = tiers.Budget{MaxBytes: blockBytes / 2}
+	so, err := tierOptions(tier, dir, blockBytes, 3*blockBytes+1<<20, o.Device)
+	if err != nil {
+		return AmortTier{}, fmt.Errorf("bench: amortization: %w", err)
 	}
 	c, err := kv.Open(kv.Options{Store: so})
 	if err != nil {
@@ -322,7 +311,7 @@ func amortTier(o AmortOptions, tier, dir string, blockBytes int64, ref *RefKV, p
 	at.ComputeMs = float64(st.MeanComputeCost) / 1e6
 	at.LoadMs = float64(st.MeanLoadCost[tier]) / 1e6
 	at.StoreMs = float64(store) / puts / 1e6
-	at.MissMs = kvMeanMs(misses)
+	at.MissMs = meanMs(misses)
 	at.LoadP50Ms = percentileMs(loads, 0.5)
 	at.LoadP99Ms = percentileMs(loads, 0.99)
 	if at.LoadMs > 0 {
@@ -340,29 +329,6 @@ func amortTier(o AmortOptions, tier, dir string, blockBytes int64, ref *RefKV, p
 		})
 	}
 	return at, nil
-}
-
-func kvMeanMs(d []time.Duration) float64 {
-	if len(d) == 0 {
-		return 0
-	}
-	var s time.Duration
-	for _, x := range d {
-		s += x
-	}
-	return float64(s) / float64(len(d)) / 1e6
-}
-
-func kvTierOf(name string) kv.Tier {
-	switch name {
-	case "focus":
-		return tiers.TierFocus
-	case "working":
-		return tiers.TierWorking
-	case "archive":
-		return tiers.TierArchive
-	}
-	return tiers.TierNone
 }
 
 // amortTableTs are the T rows of the table.

@@ -5,7 +5,6 @@ package bench
 // files, compression ratios and the amortized cost of a turn.
 
 import (
-	"container/heap"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -19,6 +18,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/bench/internal/cachesim"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
@@ -154,18 +154,15 @@ func RunKV(opts KVOptions) (KVReport, error) {
 		return KVReport{}, err
 	}
 	start := time.Now()
-	dir := opts.Dir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "kvbench-")
-		if err != nil {
-			return KVReport{}, fmt.Errorf("bench: kv: %w", err)
-		}
-		defer os.RemoveAll(d)
-		dir = d
+	dir, cleanup, err := scratchDir(opts.Dir, "kvbench-")
+	if err != nil {
+		return KVReport{}, fmt.Errorf("bench: kv: %w", err)
 	}
+	defer cleanup()
 	r := KVReport{Quick: opts.Quick, DefaultStrategy: tiers.DefaultStrategy}
-	r.HitRates, r.Reach90 = kvHitRates(opts)
-	var err error
+	if r.HitRates, r.Reach90, err = kvHitRates(opts); err != nil {
+		return r, err
+	}
 	if r.Latency, err = kvLatency(opts, filepath.Join(dir, "latency")); err != nil {
 		return r, err
 	}
@@ -181,176 +178,49 @@ func RunKV(opts KVOptions) (KVReport, error) {
 	return r, nil
 }
 
-// Traces.
-
-func kvTrace80_20(n, accesses int, rng *rand.Rand) []int32 {
-	hot := n / 5
-	perm := rng.Perm(n) // hot items are scattered over the id space
-	t := make([]int32, accesses)
-	for i := range t {
-		if rng.Float64() < 0.8 {
-			t[i] = int32(perm[rng.IntN(hot)])
-		} else {
-			t[i] = int32(perm[hot+rng.IntN(n-hot)])
-		}
-	}
-	return t
-}
-
-// kvTraceZipf samples ranks with P(k) ∝ 1/k^s by inverting the CDF;
-// math/rand's Zipf needs s > 1.
-func kvTraceZipf(n, accesses int, s float64, rng *rand.Rand) []int32 {
-	cdf := make([]float64, n)
-	sum := 0.0
-	for k := range n {
-		sum += 1 / math.Pow(float64(k+1), s)
-		cdf[k] = sum
-	}
-	perm := rng.Perm(n)
-	t := make([]int32, accesses)
-	for i := range t {
-		u := rng.Float64() * sum
-		k, _ := slices.BinarySearch(cdf, u)
-		t[i] = int32(perm[min(k, n-1)])
-	}
-	return t
-}
-
-// kvBelady replays the trace under Belady's OPT: on a miss with a full
-// cache, evict the item whose next use is furthest away.
-func kvBelady(trace []int32, capacity int) float64 {
-	next := make([]int, len(trace))
-	last := map[int32]int{}
-	for i := len(trace) - 1; i >= 0; i-- {
-		if j, ok := last[trace[i]]; ok {
-			next[i] = j
-		} else {
-			next[i] = math.MaxInt
-		}
-		last[trace[i]] = i
-	}
-	cur := map[int32]int{} // item → its next use
-	h := &kvOptHeap{}
-	hits := 0
-	for i, it := range trace {
-		if _, ok := cur[it]; ok {
-			hits++
-		} else if len(cur) >= capacity {
-			for {
-				top := heap.Pop(h).(kvOptItem)
-				if n, ok := cur[top.item]; ok && n == top.next {
-					delete(cur, top.item)
-					break
-				}
-			}
-		}
-		cur[it] = next[i]
-		heap.Push(h, kvOptItem{item: it, next: next[i]})
-	}
-	return float64(hits) / float64(len(trace))
-}
-
-type kvOptItem struct {
-	item int32
-	next int
-}
-type kvOptHeap []kvOptItem
-
-func (h kvOptHeap) Len() int           { return len(h) }
-func (h kvOptHeap) Less(i, j int) bool { return h[i].next > h[j].next }
-func (h kvOptHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *kvOptHeap) Push(x any)        { *h = append(*h, x.(kvOptItem)) }
-func (h *kvOptHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
-}
-
-// kvStaticOracle: hits are repeat accesses to the capacity most frequent
-// items.
-func kvStaticOracle(trace []int32, capacity int) float64 {
-	count := map[int32]int{}
-	for _, it := range trace {
-		count[it]++
-	}
-	items := make([]int32, 0, len(count))
-	for it := range count {
-		items = append(items, it)
-	}
-	slices.SortFunc(items, func(a, b int32) int { return count[b] - count[a] })
-	hits := 0
-	for _, it := range items[:min(capacity, len(items))] {
-		hits += count[it] - 1
-	}
-	return float64(hits) / float64(len(trace))
-}
-
-// kvReplay replays the trace on a cache of capacity entries run by a
-// policy, exactly as a tier uses it.
-func kvReplay(trace []int32, capacity int, strategy string) float64 {
-	pol, _ := tiers.NewPolicy(strategy)
-	keys := make(map[int32]string)
-	present := make(map[string]bool, capacity)
-	hits := 0
-	for _, it := range trace {
-		k, ok := keys[it]
-		if !ok {
-			k = strconv.Itoa(int(it))
-			keys[it] = k
-		}
-		if present[k] {
-			hits++
-			pol.Access(k)
-			continue
-		}
-		for pol.Len() >= capacity {
-			v, _ := pol.Victim()
-			pol.Remove(v)
-			delete(present, v)
-		}
-		pol.Add(k, tiers.Hint{Importance: 0.5, Semantic: 0.5})
-		present[k] = true
-	}
-	return float64(hits) / float64(len(trace))
-}
-
-func kvHitRates(o KVOptions) ([]KVHitRate, []KVReach) {
+// kvHitRates replays the 80-20 and Zipf(0.99) traces on every strategy
+// at 10, 20 and 50% of the items, beside Belady and the static oracle.
+func kvHitRates(o KVOptions) ([]KVHitRate, []KVReach, error) {
 	rng := rand.New(rand.NewPCG(o.Seed, 2))
-	traces := []struct {
-		name string
-		t    []int32
-	}{
-		{"80-20", kvTrace80_20(o.Items, o.Accesses, rng)},
-		{"zipf-0.99", kvTraceZipf(o.Items, o.Accesses, 0.99, rng)},
+	traces := []cachesim.Trace{
+		cachesim.Uniform8020(o.Items, o.Accesses, rng),
+		cachesim.Zipf(o.Items, o.Accesses, 0.99, rng),
+	}
+	cs := make([]cachesim.Contender, len(o.Strategies))
+	for i, s := range o.Strategies {
+		cs[i] = cachesim.TiersStrategy(s)
+	}
+	sim, err := cachesim.Run(traces, []int{10, 20, 50}, cs)
+	if err != nil {
+		return nil, nil, fmt.Errorf("bench: kv: %w", err)
 	}
 	var rows []KVHitRate
 	var reach []KVReach
 	for _, tr := range traces {
-		distinct := map[int32]bool{}
-		for _, it := range tr.t {
-			distinct[it] = true
+		distinct := map[uint64]bool{}
+		for _, k := range tr.Keys {
+			distinct[k] = true
 		}
-		re := KVReach{Trace: tr.name, CompulsoryMiss: float64(len(distinct)) / float64(len(tr.t))}
-		for _, pct := range []int{10, 20, 50} {
-			capacity := o.Items * pct / 100
-			opt := kvBelady(tr.t, capacity)
-			static := kvStaticOracle(tr.t, capacity)
-			if opt >= 0.9 && re.BeladyPct == 0 {
-				re.BeladyPct = pct
+		re := KVReach{Trace: tr.Name, CompulsoryMiss: float64(len(distinct)) / float64(len(tr.Keys))}
+		for _, r := range sim {
+			if r.Trace != tr.Name {
+				continue
 			}
-			for _, s := range o.Strategies {
-				hr := kvReplay(tr.t, capacity, s)
-				rows = append(rows, KVHitRate{Trace: tr.name, SizePct: pct, Capacity: capacity, Strategy: s,
-					HitRate: hr, Belady: opt, StaticOracle: static, GapPoints: 100 * (opt - hr)})
+			if r.Belady >= 0.9 && re.BeladyPct == 0 {
+				re.BeladyPct = r.SizePct
+			}
+			for i, s := range o.Strategies {
+				hr := r.HitRates[i]
+				rows = append(rows, KVHitRate{Trace: r.Trace, SizePct: r.SizePct, Capacity: r.Capacity, Strategy: s,
+					HitRate: hr, Belady: r.Belady, StaticOracle: r.Static, GapPoints: 100 * (r.Belady - hr)})
 				if s == tiers.DefaultStrategy && hr >= 0.9 && re.DefaultPct == 0 {
-					re.DefaultPct = pct
+					re.DefaultPct = r.SizePct
 				}
 			}
 		}
 		reach = append(reach, re)
 	}
-	return rows, reach
+	return rows, reach, nil
 }
 
 // kvFP16 makes KV-like data: normally distributed values stored as fp16.
@@ -379,56 +249,11 @@ func kvLatency(o KVOptions, dir string) ([]KVLatency, error) {
 		for i := range vals {
 			vals[i] = tiers.Value{Meta: tiers.Meta{DType: tiers.DTypeF16, Tokens: int64(size / (128 << 10))}, Data: kvFP16(size, uint64(i))}
 		}
-		budget := tiers.Budget{MaxBytes: int64(2*ops*size) + 1<<20}
-		for _, tier := range []string{"focus", "working", "archive"} {
+		for _, tier := range benchTiers {
 			row := KVLatency{Tier: tier, BlockSize: size, Ops: ops}
-			var puts, gets []time.Duration
-			switch tier {
-			case "focus", "working":
-				st, err := tiers.Open(tiers.Options{Focus: budget, Working: budget, DisableFocus: tier == "working"})
-				if err != nil {
-					return nil, err
-				}
-				for i, v := range vals {
-					t0 := time.Now()
-					if err := st.Put("k"+strconv.Itoa(i), v, tiers.PutOptions{}); err != nil {
-						st.Close()
-						return nil, err
-					}
-					puts = append(puts, time.Since(t0))
-				}
-				for i := range vals {
-					t0 := time.Now()
-					_, t, err := st.Get("k" + strconv.Itoa(i))
-					if err != nil || t.String() != tier {
-						st.Close()
-						return nil, fmt.Errorf("bench: kv: latency get from %s: %v (served by %s)", tier, err, t)
-					}
-					gets = append(gets, time.Since(t0))
-				}
-				st.Close()
-			case "archive":
-				d := filepath.Join(dir, strconv.Itoa(size))
-				a, err := tiers.OpenArchive(tiers.ArchiveOptions{Dir: d, Budget: budget})
-				if err != nil {
-					return nil, err
-				}
-				for i, v := range vals {
-					t0 := time.Now()
-					if err := a.Put("k"+strconv.Itoa(i), v, false); err != nil {
-						return nil, err
-					}
-					puts = append(puts, time.Since(t0))
-				}
-				for i := range vals {
-					t0 := time.Now()
-					if _, _, err := a.Get("k" + strconv.Itoa(i)); err != nil {
-						return nil, err
-					}
-					gets = append(gets, time.Since(t0))
-				}
-				a.Close()
-				os.RemoveAll(d)
+			puts, gets, err := kvTierLatency(tier, filepath.Join(dir, strconv.Itoa(size)), int64(size), vals)
+			if err != nil {
+				return nil, fmt.Errorf("bench: kv: latency of %s: %w", tier, err)
 			}
 			row.GetP50Ms, row.GetP99Ms = percentileMs(gets, 0.5), percentileMs(gets, 0.99)
 			row.PutP50Ms, row.PutP99Ms = percentileMs(puts, 0.5), percentileMs(puts, 0.99)
@@ -436,6 +261,39 @@ func kvLatency(o KVOptions, dir string) ([]KVLatency, error) {
 		}
 	}
 	return rows, nil
+}
+
+// kvTierLatency puts vals into a store where they land in tier, then gets
+// them back, timing each call.
+func kvTierLatency(tier, dir string, size int64, vals []tiers.Value) (puts, gets []time.Duration, err error) {
+	so, err := tierOptions(tier, dir, size, 2*int64(len(vals))*size+1<<20, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := tiers.Open(so)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		st.Close()
+		os.RemoveAll(dir)
+	}()
+	for i, v := range vals {
+		t0 := time.Now()
+		if err := st.Put("k"+strconv.Itoa(i), v, tiers.PutOptions{}); err != nil {
+			return nil, nil, err
+		}
+		puts = append(puts, time.Since(t0))
+	}
+	for i := range vals {
+		t0 := time.Now()
+		_, t, err := st.Get("k" + strconv.Itoa(i))
+		if err != nil || t.String() != tier {
+			return nil, nil, fmt.Errorf("get: %v (served by %s)", err, t)
+		}
+		gets = append(gets, time.Since(t0))
+	}
+	return puts, gets, nil
 }
 
 // kvThroughput writes and reads the same fp16 blocks through the archive
