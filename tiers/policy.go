@@ -37,6 +37,7 @@ const (
 	StrategyWeighted = "weighted"
 	StrategyLRUK     = "lru-k"
 	StrategyHybrid   = "hybrid"
+	StrategyTinyLFU  = "w-tinylfu"
 )
 
 // HybridPreset holds the α (LRU), β (LFU) and γ (semantic) weights of the
@@ -56,7 +57,7 @@ var HybridPresets = map[string]HybridPreset{
 
 // Strategies lists every strategy name NewPolicy accepts, presets included.
 func Strategies() []string {
-	return []string{StrategyLRU, StrategyLFU, StrategyWeighted, StrategyLRUK,
+	return []string{StrategyLRU, StrategyLFU, StrategyWeighted, StrategyLRUK, StrategyTinyLFU,
 		"hybrid:default", "hybrid:dialog", "hybrid:knowledge", "hybrid:context"}
 }
 
@@ -76,6 +77,8 @@ func NewPolicy(name string) (Policy, error) {
 		return newLFU(), nil
 	case StrategyLRUK:
 		return newLRUK(2), nil
+	case StrategyTinyLFU:
+		return newTinyLFU(), nil
 	case StrategyWeighted:
 		return newScored(name, 0.4, 0.3, 0.3, false), nil
 	}
