@@ -150,6 +150,43 @@ type Row struct {
 // Run replays every trace at every size (a percentage of the trace's
 // items) on every contender.
 func Run(traces []Trace, sizesPct []int, cs []Contender) ([]Row, error) {
+	return RunAveraged([][]Trace{traces}, sizesPct, cs)
+}
+
+// RunAveraged is Run over several draws of the same traces (sets[i][j] is
+// draw i of trace j), each figure the mean over the draws. Policies that
+// seed their hashing at random (otter) get a fresh instance per draw.
+func RunAveraged(sets [][]Trace, sizesPct []int, cs []Contender) ([]Row, error) {
+	var sum []Row
+	for _, traces := range sets {
+		rows, err := run(traces, sizesPct, cs)
+		if err != nil {
+			return nil, err
+		}
+		if sum == nil {
+			sum = rows
+			continue
+		}
+		for i := range sum {
+			sum[i].Belady += rows[i].Belady
+			sum[i].Static += rows[i].Static
+			for j := range sum[i].HitRates {
+				sum[i].HitRates[j] += rows[i].HitRates[j]
+			}
+		}
+	}
+	n := float64(len(sets))
+	for i := range sum {
+		sum[i].Belady /= n
+		sum[i].Static /= n
+		for j := range sum[i].HitRates {
+			sum[i].HitRates[j] /= n
+		}
+	}
+	return sum, nil
+}
+
+func run(traces []Trace, sizesPct []int, cs []Contender) ([]Row, error) {
 	var rows []Row
 	for _, t := range traces {
 		for _, pct := range sizesPct {
