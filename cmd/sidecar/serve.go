@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/bench"
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/gpu"
 	"github.com/kvsidecar/kvsidecar/index"
@@ -46,6 +47,7 @@ type serveConfig struct {
 	overflow, fsync string
 	summaryKey      string
 	kvStrategy      string
+	kvTrace         string
 	maxKV           int
 
 	engine  string
@@ -90,7 +92,8 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.memoryModel, "memory-model", "", "model name for the sidecar's own summary and extraction calls (default: the session's model, or the upstream's default)")
 	fs.StringVar(&c.memoryUpstream, "memory-upstream", "", "base URL for the sidecar's own summary and extraction calls (default: --upstream, routed through the engine connector)")
 	fs.StringVar(&c.summaryKey, "summary-api-key", "", "bearer token for the sidecar's own summary calls to the upstream (local servers need none)")
-	fs.StringVar(&c.kvStrategy, "kv-strategy", "", "KV eviction strategy: lru, lfu, weighted, lru-k (default) or hybrid[:preset]")
+	fs.StringVar(&c.kvStrategy, "kv-strategy", "", "KV eviction strategy: lru, lfu, weighted, lru-k (default), w-tinylfu or hybrid[:preset]")
+	fs.StringVar(&c.kvTrace, "kv-trace", "", "append every KV store access to this file, keys hashed, for hit-rate replay (bench/simulator; off when empty)")
 	fs.IntVar(&c.maxKV, "max-kv-bytes", 64<<20, "largest KV API body accepted (413 beyond)")
 	fs.StringVar(&c.device, "device", "auto", deviceFlagUsage)
 	fs.StringVar(&c.engine, "engine", "generic", "engine connector: generic (byte-stable prefixes, stats only), llamacpp (slot save/restore) or none")
@@ -204,8 +207,18 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	}
 	// With a disk budget the archive alone never exceeds it; the session
 	// store's retention sweep trims it further to leave sessions room.
-	kvc, err := kv.Open(kv.Options{Store: tiers.Options{Dir: filepath.Join(dataDir, "kv"), Strategy: c.kvStrategy, Device: focusDev,
-		Archive: tiers.Budget{MaxBytes: c.maxDiskBytes}}, MaxBlobBytes: max(int64(c.maxKV), 1<<30)})
+	storeOpts := tiers.Options{Dir: filepath.Join(dataDir, "kv"), Strategy: c.kvStrategy, Device: focusDev,
+		Archive: tiers.Budget{MaxBytes: c.maxDiskBytes}}
+	if c.kvTrace != "" {
+		record, closeTrace, err := bench.OpenKVTrace(c.kvTrace)
+		if err != nil {
+			return fmt.Errorf("--kv-trace: %w", err)
+		}
+		onClose("KV trace", closeTrace)
+		storeOpts.Trace = record
+		log.Info("recording KV accesses", "file", c.kvTrace)
+	}
+	kvc, err := kv.Open(kv.Options{Store: storeOpts, MaxBlobBytes: max(int64(c.maxKV), 1<<30)})
 	if err != nil {
 		return fmt.Errorf("open KV cache: %w", err)
 	}
