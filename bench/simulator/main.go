@@ -150,20 +150,20 @@ func simulate(o options) (Report, error) {
 		}
 	}
 	for _, t := range sets[0] {
-		r.Traces = append(r.Traces, TraceInfo{Name: t.Name, Items: t.Items, Accesses: len(t.Keys), Source: "synthetic"})
+		r.Traces = append(r.Traces, TraceInfo{Name: t.Name, Items: t.Items, Accesses: t.Accesses(), Source: "synthetic"})
 	}
 	for _, path := range o.traces {
 		t, st, err := cachesim.ReadTraceFile(path)
 		if err != nil {
 			return r, err
 		}
-		if len(t.Keys) == 0 {
+		if t.Accesses() == 0 {
 			return r, fmt.Errorf("%s: no accesses", path)
 		}
 		for i := range sets {
 			sets[i] = append(sets[i], t)
 		}
-		r.Traces = append(r.Traces, TraceInfo{Name: t.Name, Items: t.Items, Accesses: len(t.Keys), Source: path, Stats: &st})
+		r.Traces = append(r.Traces, TraceInfo{Name: t.Name, Items: t.Items, Accesses: t.Accesses(), Source: path, Stats: &st})
 	}
 	cs := contenders()
 	for _, c := range cs {
@@ -186,9 +186,11 @@ func simulate(o options) (Report, error) {
 func writeTable(w io.Writer, r Report) error {
 	fmt.Fprintln(w, "traces:")
 	for _, t := range r.Traces {
-		fmt.Fprintf(w, "  %s: %d accesses over %d keys (%s)", t.Name, t.Accesses, t.Items, t.Source)
-		if t.Stats != nil {
-			fmt.Fprintf(w, "; recorded %d gets (%d hits), %d puts, %d deletes", t.Stats.Gets, t.Stats.Hits, t.Stats.Puts, t.Stats.Deletes)
+		if t.Stats == nil {
+			fmt.Fprintf(w, "  %s: %d accesses over %d keys (%s)", t.Name, t.Accesses, t.Items, t.Source)
+		} else {
+			fmt.Fprintf(w, "  %s: %d accesses, at most %d keys alive (%s); recorded %d gets (%d hits), %d puts, %d deletes",
+				t.Name, t.Accesses, t.Items, t.Source, t.Stats.Gets, t.Stats.Hits, t.Stats.Puts, t.Stats.Deletes)
 		}
 		fmt.Fprintln(w)
 	}

@@ -34,3 +34,5 @@ func (p otterPolicy) Get(k uint64) bool {
 }
 
 func (p otterPolicy) Set(k uint64) { p.c.Set(k, struct{}{}) }
+
+func (p otterPolicy) Delete(k uint64) { p.c.Invalidate(k) }

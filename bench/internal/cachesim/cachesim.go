@@ -18,8 +18,8 @@ import (
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
-// Policy is a cache under test. Replay calls Get for every access and Set
-// after each miss.
+// Policy is a cache under test. Replay calls Get for every access, Set
+// after each miss and Delete where the trace deletes a key.
 type Policy interface {
 	// Name says which policy this is.
 	Name() string
@@ -28,6 +28,8 @@ type Policy interface {
 	// Set caches key after a miss, evicting to stay within capacity. A
 	// policy with an admission filter may decline key.
 	Set(key uint64)
+	// Delete drops key if it is cached, as the store's Delete does.
+	Delete(key uint64)
 }
 
 // Contender makes a Policy for a capacity.
@@ -36,17 +38,22 @@ type Contender struct {
 	New  func(capacity int) (Policy, error)
 }
 
-// Replay runs t through p and returns the hit ratio.
+// Replay runs t through p and returns the hit ratio of its accesses.
 func Replay(t Trace, p Policy) float64 {
-	hits := 0
-	for _, k := range t.Keys {
+	hits, n := 0, 0
+	for i, k := range t.Keys {
+		if t.deleted(i) {
+			p.Delete(k)
+			continue
+		}
+		n++
 		if p.Get(k) {
 			hits++
 		} else {
 			p.Set(k)
 		}
 	}
-	return ratio(hits, len(t.Keys))
+	return ratio(hits, n)
 }
 
 func ratio(hits, n int) float64 {
@@ -129,6 +136,14 @@ func (p *tiersPolicy) Set(k uint64) {
 	}
 	p.pol.Add(s, tiers.Hint{Importance: 0.5, Semantic: 0.5})
 	p.present[s] = true
+}
+
+func (p *tiersPolicy) Delete(k uint64) {
+	s := p.key(k)
+	if p.present[s] {
+		p.pol.Remove(s)
+		delete(p.present, s)
+	}
 }
 
 // Row is every contender on one trace at one cache size, beside the

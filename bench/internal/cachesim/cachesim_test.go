@@ -3,6 +3,7 @@ package cachesim
 import (
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -127,15 +128,26 @@ func TestTraceRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tr.Name != "x" || len(tr.Keys) != 5 || tr.Items != 3 {
-		t.Fatalf("trace %s: %d accesses over %d keys: %v", tr.Name, len(tr.Keys), tr.Items, tr.Keys)
-	}
+	// a (its fill is no access), a, b, delete a, a, b.
 	a, b := tr.Keys[0], tr.Keys[2]
-	if tr.Keys[1] != a || tr.Keys[3] == a || tr.Keys[3] == b || tr.Keys[4] != b {
-		t.Fatalf("keys %v", tr.Keys)
+	wantKeys := []uint64{a, a, b, a, a, b}
+	wantDel := []bool{false, false, false, true, false, false}
+	if tr.Name != "x" || tr.Items != 2 || !slices.Equal(tr.Keys, wantKeys) || !slices.Equal(tr.Deleted, wantDel) || a == b {
+		t.Fatalf("trace %s over %d keys: %v %v", tr.Name, tr.Items, tr.Keys, tr.Deleted)
 	}
 	if st != (TraceStats{Gets: 4, Puts: 2, Deletes: 1, Hits: 2}) {
 		t.Fatalf("stats %+v", st)
+	}
+	// The deletion frees room and makes the next access to a a miss: two
+	// hits in five accesses, for LRU, Belady and the static oracle alike.
+	p, _ := NewTiers(tiers.StrategyLRU, 2)
+	if lru, opt, static := Replay(tr, p), Belady(tr, 2), StaticOracle(tr, 2); lru != 0.4 || opt != 0.4 || static != 0.4 {
+		t.Fatalf("lru %v, belady %v, static %v; want 0.4", lru, opt, static)
+	}
+	// With room for one, Belady keeps a for its hit, then b's last access
+	// misses: a deleted key is never worth keeping.
+	if opt := Belady(tr, 1); opt != 0.2 {
+		t.Fatalf("belady at 1: %v", opt)
 	}
 	for _, bad := range []string{"x 00 1 none", "g zz 1 none", "g 00 1"} {
 		if _, _, err := ReadTrace("bad", strings.NewReader(bad)); err == nil {

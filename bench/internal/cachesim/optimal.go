@@ -7,22 +7,33 @@ import (
 )
 
 // Belady replays t under Belady's OPT on capacity entries: on a miss with a
-// full cache, evict the entry whose next use lies furthest ahead.
+// full cache, evict the entry whose next use lies furthest ahead (a key
+// deleted before its next use has none).
 func Belady(t Trace, capacity int) float64 {
 	next := make([]int, len(t.Keys))
 	last := map[uint64]int{}
 	for i := len(t.Keys) - 1; i >= 0; i-- {
-		if j, ok := last[t.Keys[i]]; ok {
+		k := t.Keys[i]
+		if j, ok := last[k]; ok {
 			next[i] = j
 		} else {
 			next[i] = math.MaxInt
 		}
-		last[t.Keys[i]] = i
+		if t.deleted(i) {
+			delete(last, k)
+		} else {
+			last[k] = i
+		}
 	}
 	cur := map[uint64]int{} // key → its next use
 	h := &optHeap{}
-	hits := 0
+	hits, n := 0, 0
 	for i, k := range t.Keys {
+		if t.deleted(i) {
+			delete(cur, k) // its heap item is now stale
+			continue
+		}
+		n++
 		if _, ok := cur[k]; ok {
 			hits++
 		} else if len(cur) >= capacity {
@@ -37,7 +48,7 @@ func Belady(t Trace, capacity int) float64 {
 		cur[k] = next[i]
 		heap.Push(h, optItem{key: k, next: next[i]})
 	}
-	return ratio(hits, len(t.Keys))
+	return ratio(hits, n)
 }
 
 // optItem is a key and its next use; superseded items stay in the heap
@@ -61,12 +72,22 @@ func (h *optHeap) Pop() any {
 }
 
 // StaticOracle is the hit ratio of a cache that holds the capacity most
-// frequent keys of t from the start: every access to them but the first
-// is a hit.
+// frequent keys of t from the start: every access to them is a hit but
+// the first, and the first after each deletion.
 func StaticOracle(t Trace, capacity int) float64 {
-	count := map[uint64]int{}
-	for _, k := range t.Keys {
-		count[k]++
+	count := map[uint64]int{} // accesses that can hit
+	live := map[uint64]bool{}
+	n := 0
+	for i, k := range t.Keys {
+		if t.deleted(i) {
+			live[k] = false
+			continue
+		}
+		n++
+		if live[k] {
+			count[k]++
+		}
+		live[k] = true
 	}
 	counts := make([]int, 0, len(count))
 	for _, c := range count {
@@ -75,7 +96,7 @@ func StaticOracle(t Trace, capacity int) float64 {
 	slices.SortFunc(counts, func(a, b int) int { return b - a })
 	hits := 0
 	for _, c := range counts[:min(capacity, len(counts))] {
-		hits += c - 1
+		hits += c
 	}
-	return ratio(hits, len(t.Keys))
+	return ratio(hits, n)
 }

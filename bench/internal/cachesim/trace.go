@@ -18,13 +18,30 @@ import (
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
-// Trace is a sequence of accesses to keys.
+// Trace is a sequence of accesses to keys, and of deletions in recorded
+// traces.
 type Trace struct {
 	Name string
-	// Items is the number of distinct keys the trace draws from; cache
-	// sizes are percentages of it.
+	// Items is the number of keys the trace draws from (for a recorded
+	// trace, the most alive at once); cache sizes are percentages of it.
 	Items int
 	Keys  []uint64
+	// Deleted marks the positions of Keys that delete the key rather than
+	// access it; nil when none do.
+	Deleted []bool
+}
+
+func (t *Trace) deleted(i int) bool { return t.Deleted != nil && t.Deleted[i] }
+
+// Accesses counts the accesses of t, deletions aside.
+func (t *Trace) Accesses() int {
+	n := len(t.Keys)
+	for _, d := range t.Deleted {
+		if d {
+			n--
+		}
+	}
+	return n
 }
 
 // Uniform8020 draws accesses from n items: 80% go to a hot fifth of them,
@@ -129,16 +146,15 @@ type TraceStats struct {
 	Hits int
 }
 
-// ReadTrace reads a recorded trace and turns it into accesses: every get
-// is an access, and so is every put except the one that fills a key right
-// after a get of it missed; a key deleted and used again counts as a new
-// key.
+// ReadTrace reads a recorded trace and turns it into accesses and
+// deletions: every get is an access, and so is every put except the one
+// that fills a key right after a get of it missed.
 func ReadTrace(name string, r io.Reader) (Trace, TraceStats, error) {
 	t := Trace{Name: name}
 	var st TraceStats
-	gen := map[uint64]uint64{} // deletions per key
 	var lastMiss uint64
 	missed := false
+	var del []bool
 	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
 		line := sc.Text()
@@ -149,13 +165,9 @@ func ReadTrace(name string, r io.Reader) (Trace, TraceStats, error) {
 		if len(f) != 4 || len(f[0]) != 1 {
 			return t, st, fmt.Errorf("cachesim: %s:%d: want 'op key size tier'", name, n)
 		}
-		base, err := strconv.ParseUint(f[1], 16, 64)
+		k, err := strconv.ParseUint(f[1], 16, 64)
 		if err != nil {
 			return t, st, fmt.Errorf("cachesim: %s:%d: key: %w", name, n, err)
-		}
-		k := base
-		if g := gen[base]; g > 0 {
-			k = base*0x9e3779b97f4a7c15 + g // another key altogether
 		}
 		fill := missed && lastMiss == k
 		missed = false
@@ -163,6 +175,7 @@ func ReadTrace(name string, r io.Reader) (Trace, TraceStats, error) {
 		case tiers.TraceGet:
 			st.Gets++
 			t.Keys = append(t.Keys, k)
+			del = append(del, false)
 			if f[3] == tiers.TierNone.String() {
 				missed, lastMiss = true, k
 			} else {
@@ -172,10 +185,12 @@ func ReadTrace(name string, r io.Reader) (Trace, TraceStats, error) {
 			st.Puts++
 			if !fill {
 				t.Keys = append(t.Keys, k)
+				del = append(del, false)
 			}
 		case tiers.TraceDelete:
 			st.Deletes++
-			gen[base]++
+			t.Keys = append(t.Keys, k)
+			del = append(del, true)
 		default:
 			return t, st, fmt.Errorf("cachesim: %s:%d: unknown operation %q", name, n, f[0])
 		}
@@ -183,11 +198,21 @@ func ReadTrace(name string, r io.Reader) (Trace, TraceStats, error) {
 	if err := sc.Err(); err != nil {
 		return t, st, fmt.Errorf("cachesim: %s: %w", name, err)
 	}
-	distinct := map[uint64]struct{}{}
-	for _, k := range t.Keys {
-		distinct[k] = struct{}{}
+	if st.Deletes > 0 {
+		t.Deleted = del
 	}
-	t.Items = len(distinct)
+	// Sizes are shares of the most keys alive at once (accessed and not
+	// yet deleted): a trace that deletes what it is done with, as engine
+	// states are, needs no room for the dead.
+	live := map[uint64]bool{}
+	for i, k := range t.Keys {
+		if t.deleted(i) {
+			delete(live, k)
+		} else {
+			live[k] = true
+		}
+		t.Items = max(t.Items, len(live))
+	}
 	return t, st, nil
 }
 
