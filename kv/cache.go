@@ -41,7 +41,7 @@ func (systemClock) Now() time.Time                         { return time.Now() }
 func (systemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 // Options configure a Cache. The zero value is a memory-only cache with the
-// tiers' default budgets, the lru-k strategy and a one-day TTL.
+// tiers' default budgets and strategy and a one-day TTL.
 type Options struct {
 	// Store configures the tiers: Store.Dir is the Archive's directory
 	// (for example DATA_DIR/kv; empty means memory only, and the blob API

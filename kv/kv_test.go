@@ -136,7 +136,7 @@ func TestCacheBasics(t *testing.T) {
 		t.Fatal("Contains")
 	}
 	st := c.Stats()
-	if st.Size != 3 || st.Hits != 1 || st.Misses != 1 || st.HitRate != 0.5 || st.Strategy != "lru-k" || len(st.Tiers) != 3 {
+	if st.Size != 3 || st.Hits != 1 || st.Misses != 1 || st.HitRate != 0.5 || st.Strategy != tiers.DefaultStrategy || len(st.Tiers) != 3 {
 		t.Fatalf("stats %+v", st)
 	}
 	if err := c.Invalidate("s1"); err != nil {

@@ -10,7 +10,7 @@
 //
 // A Store combines them. Each tier has byte and token budgets with soft and
 // hard watermarks (Budget). Eviction order within Focus and Working is a
-// Policy: lru, lfu, weighted, lru-k (the default) or hybrid with its
+// Policy: w-tinylfu (the default), lru, lfu, weighted, lru-k or hybrid with its
 // presets. Blocks move down (Focus→Working→Archive) when a tier passes its
 // soft watermark, done by one goroutine the store owns, and up one tier when
 // an access lifts a block's hot score to the promotion threshold.

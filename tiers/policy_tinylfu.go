@@ -2,7 +2,6 @@ package tiers
 
 import (
 	"container/list"
-	"hash/fnv"
 	"math"
 )
 
@@ -74,10 +73,13 @@ func newTinyLFU() *tinyLFU {
 func (p *tinyLFU) Name() string { return StrategyTinyLFU }
 func (p *tinyLFU) Len() int     { return len(p.items) }
 
+// keyHash is FNV-1a 64 of key.
 func keyHash(key string) uint64 {
-	h := fnv.New64a()
-	h.Write([]byte(key))
-	return h.Sum64()
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint64(key[i])) * 1099511628211
+	}
+	return h
 }
 
 func (p *tinyLFU) move(e *tlfuEntry, to *list.List) {

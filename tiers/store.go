@@ -28,7 +28,7 @@ type Options struct {
 	// 256 MiB, 1 GiB and 16 GiB.
 	Focus, Working, Archive Budget
 	// Strategy is the eviction policy of Focus and Working, a name
-	// NewPolicy accepts. Empty means DefaultStrategy (lru-k). The Archive
+	// NewPolicy accepts. Empty means DefaultStrategy (w-tinylfu). The Archive
 	// evicts least recently used blocks when over its disk budget.
 	Strategy string
 	// PromoteThreshold is the hot score at which an access moves a block

@@ -117,3 +117,39 @@ func BenchmarkSplitJoinPlanes(b *testing.B) {
 		out = joinPlanes(out[:0], [][]byte{buf[:n], buf[n:]}, n)
 	}
 }
+
+// BenchmarkPolicy is one reference per op (a hit, or a miss that evicts and
+// adds) through each strategy on a cache of 1,000 keys drawn from 10,000,
+// 80% of references to a fifth of them: what a tier pays under its lock.
+//
+//	go test ./tiers -run '^$' -bench Policy
+func BenchmarkPolicy(b *testing.B) {
+	keys := make([]string, 10_000)
+	for i := range keys {
+		keys[i] = "c\x24session-" + strconv.Itoa(i) + "/0123456789abcdef"
+	}
+	var x uint64 = 1
+	refs := make([]string, 1<<16)
+	for i := range refs {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		if x%5 != 0 {
+			refs[i] = keys[(x>>8)%2000]
+		} else {
+			refs[i] = keys[2000+(x>>8)%8000]
+		}
+	}
+	for _, s := range Strategies() {
+		b.Run(s, func(b *testing.B) {
+			pol, _ := NewPolicy(s)
+			sim := &policySim{pol: pol, cap: 1000, present: map[string]bool{}}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				sim.access(refs[i%len(refs)], Hint{})
+				i++
+			}
+		})
+	}
+}

@@ -92,7 +92,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.memoryModel, "memory-model", "", "model name for the sidecar's own summary and extraction calls (default: the session's model, or the upstream's default)")
 	fs.StringVar(&c.memoryUpstream, "memory-upstream", "", "base URL for the sidecar's own summary and extraction calls (default: --upstream, routed through the engine connector)")
 	fs.StringVar(&c.summaryKey, "summary-api-key", "", "bearer token for the sidecar's own summary calls to the upstream (local servers need none)")
-	fs.StringVar(&c.kvStrategy, "kv-strategy", "", "KV eviction strategy: lru, lfu, weighted, lru-k (default), w-tinylfu or hybrid[:preset]")
+	fs.StringVar(&c.kvStrategy, "kv-strategy", "", "KV eviction strategy: w-tinylfu (default), lru, lfu, weighted, lru-k or hybrid[:preset]")
 	fs.StringVar(&c.kvTrace, "kv-trace", "", "append every KV store access to this file, keys hashed, for hit-rate replay (bench/simulator; off when empty)")
 	fs.IntVar(&c.maxKV, "max-kv-bytes", 64<<20, "largest KV API body accepted (413 beyond)")
 	fs.StringVar(&c.device, "device", "auto", deviceFlagUsage)
