@@ -12,7 +12,7 @@ export SIDECAR_UPSTREAM ?= http://127.0.0.1:8000
 export SIDECAR_LISTEN   ?= 127.0.0.1:8080
 export SIDECAR_DATA_DIR ?= ./data
 
-.PHONY: help build run test test-race test-hostile bench bench-proxy bench-kv bench-recall bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions docker-cuda fuzz lint clean
+.PHONY: help build run test test-race test-hostile bench bench-proxy bench-kv bench-policy bench-recall bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions docker-cuda fuzz lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -23,9 +23,10 @@ build: ## build bin/sidecar (static, no cgo)
 run: build ## start the sidecar on $SIDECAR_LISTEN in front of $SIDECAR_UPSTREAM
 	$(BIN) serve --log-format text
 
-test: ## vet, then every test with the race detector
+test: ## vet, then every test with the race detector (bench/simulator, its own module, too)
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	cd bench/simulator && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
 test-race: test ## same as test (the race detector is always on)
 
@@ -64,6 +65,9 @@ bench-reliability: build ## issue 12 memory rows against the binary: huge words,
 bench-kv: ## KV tiers: hit rate vs Belady, latency, throughput, compression, amortization
 	$(GO) run ./cmd/sidecar bench kv
 
+bench-policy: ## hit ratio of every eviction strategy beside otter's W-TinyLFU and Belady, synthetic and recorded traces
+	cd bench/simulator && $(GO) run .
+
 bench-recall: ## LoCoMo evidence recall (bm25, vector, hybrid) on $(LOCOMO)
 	$(GO) run ./cmd/sidecar bench recall --data $(LOCOMO) --scale 100000
 
@@ -77,6 +81,7 @@ fuzz: ## run every fuzz target for $(FUZZTIME) each
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	cd bench/simulator && $(GO) vet ./...
 
 clean: ## remove build output
 	rm -rf bin out
