@@ -228,7 +228,8 @@ func (p *tinyLFU) climb() {
 // (4 bits, kept in bytes). A row has 8 counters per tracked key (32 bytes
 // a key in all, nothing beside a KV block): against otter's 4 per key,
 // fewer collisions gain 0.1 to 0.3 points of hit ratio on the synthetic
-// traces (bench/simulator).
+// traces and lose 0.7 on the recorded sessions at half size
+// (bench/simulator).
 type cmSketch struct {
 	rows      [4][]uint8
 	width     int
