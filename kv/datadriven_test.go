@@ -165,7 +165,7 @@ func (s *cacheScript) run(t *testing.T, d *datadriven.TestData) string {
 		if err != nil {
 			d.Fatalf(t, "%v", err)
 		}
-		time.Sleep(dur)
+		time.Sleep(dur) // the bubble's clock: no real time passes
 		return "ok"
 	case "state":
 		// What the store holds, expired or not: expiry must delete, not

@@ -10,10 +10,12 @@
 //
 // A Store combines them. Each tier has byte and token budgets with soft and
 // hard watermarks (Budget). Eviction order within Focus and Working is a
-// Policy: w-tinylfu (the default), lru, lfu, weighted, lru-k or hybrid with its
-// presets. Blocks move down (Focus→Working→Archive) when a tier passes its
-// soft watermark, done by one goroutine the store owns, and up one tier when
-// an access lifts a block's hot score to the promotion threshold.
+// Policy: w-tinylfu (the default), lru, lfu, weighted, lru-k or hybrid with
+// its presets; bench/simulator measures them against Belady's optimum and
+// otter's W-TinyLFU on traces a Store records through Options.Trace. Blocks
+// move down (Focus→Working→Archive) when a tier passes its soft watermark,
+// done by one goroutine the store owns, and up one tier when an access lifts
+// a block's hot score to the promotion threshold.
 //
 // Invariants:
 //   - A key is in at most one of Focus and Working. If the Archive holds it
