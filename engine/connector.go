@@ -182,9 +182,10 @@ type Stats struct {
 	// BackgroundCalls counts the sidecar's own calls placed on slots.
 	BackgroundCalls int64 `json:"background_calls"`
 	// States and StateBytes describe the states kept; StatesByTier where.
-	States       int            `json:"states"`
-	StateBytes   int64          `json:"state_bytes"`
-	StatesByTier map[string]int `json:"states_by_tier,omitempty"`
+	States           int              `json:"states"`
+	StateBytes       int64            `json:"state_bytes"`
+	StatesByTier     map[string]int   `json:"states_by_tier,omitempty"`
+	StateBytesByTier map[string]int64 `json:"state_bytes_by_tier,omitempty"`
 	// StatesDeleted counts states dropped (superseded or over the cap).
 	StatesDeleted int64 `json:"states_deleted"`
 	// ReusedTokens sums cache_n of restored requests: prompt tokens the

@@ -1,20 +1,14 @@
 package engine
 
 import (
-	"bytes"
 	"cmp"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -430,100 +424,10 @@ func (c *LlamaCPP) rewrite(req *Request) ([]byte, error) {
 // pays reports whether restoring size bytes beats prefilling tokens, by
 // the measured costs; before anything is measured it assumes so (a restore
 // reads a file, a prefill runs the model).
-func (c *LlamaCPP) pays(size int64, tokens int) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.prefillMsTok.n == 0 || c.restoreMsMB.n == 0 {
-		return true
-	}
-	return c.restoreMsMB.v*float64(size)/(1<<20) < c.prefillMsTok.v*float64(tokens)
-}
-
 // restoreBest restores into sl the state sharing the longest prefix with
 // the request, when there is one that pays.
-func (c *LlamaCPP) restoreBest(ctx context.Context, req *Request, sl *slotInfo) {
-	c.mu.Lock()
-	off, layout := c.restoreOff, c.layout
-	c.mu.Unlock()
-	if off {
-		return
-	}
-	for range 2 { // a state the tiers lost is dropped and the next best tried
-		m, i, ok := c.cat.lookup(req.fp, req.chain)
-		if !ok {
-			c.restoreMiss.Add(1)
-			return
-		}
-		expect := m.tokensAt(i)
-		if expect < c.opts.MinSaveTokens || !c.pays(m.size, expect) {
-			c.restoreSkips.Add(1)
-			return
-		}
-		if layout != "" && m.layout != layout {
-			c.refused.Add(1)
-			return
-		}
-		start := time.Now()
-		_, raw, tier, err := c.opts.Cache.LoadBlob(c.opts.Namespace, m.id)
-		if errors.Is(err, kv.ErrNotFound) {
-			c.cat.remove(m.id)
-			continue
-		}
-		if err != nil {
-			c.restoreErrs.Add(1)
-			c.log.Warn("llamacpp: fetch saved state", "err", err)
-			return
-		}
-		name := opFileName(m.id, sl.id, "restore")
-		path := filepath.Join(c.opts.SlotDir, name)
-		err = writeFileAtomic(c.opts.SlotDir, name, raw)
-		if err == nil {
-			_, err = c.api.slotAction(ctx, sl.id, "restore", name)
-		}
-		os.Remove(path)
-		if err != nil {
-			c.restoreErrs.Add(1)
-			c.checkAPIError(sl.id, err)
-			c.log.Warn("llamacpp: slot restore failed; the request will prefill", "slot", sl.id, "err", err)
-			c.mu.Lock()
-			if sl.sess == req.sk {
-				sl.chain = chain{} // unknown now
-			}
-			c.mu.Unlock()
-			return
-		}
-		d := time.Since(start)
-		c.restores.Add(1)
-		c.restoredB.Add(int64(len(raw)))
-		c.restoreNs.Add(int64(d))
-		if int(tier) < len(c.restoredFrom) {
-			c.restoredFrom[tier].Add(1)
-		}
-		if m.sess != req.owner {
-			c.prefixReuses.Add(1)
-		}
-		c.cat.touch(m, c.opts.Clock.Now())
-		req.restore = &restoreInfo{expect: expect, ms: float64(d) / 1e6}
-		c.mu.Lock()
-		c.restoreMsMB.add(float64(d) / 1e6 / max(float64(len(raw))/(1<<20), 1e-3))
-		if sl.sess == req.sk {
-			sl.chain, sl.tokens = m.chain, m.tokens
-		}
-		if se, ok := c.sessions[req.sk]; ok {
-			se.stats.Restores++
-		}
-		c.mu.Unlock()
-		return
-	}
-}
-
 // restoreInfo is what Before restored for a request, for After's check
 // that the engine reused it.
-type restoreInfo struct {
-	expect int     // tokens the state should spare the engine
-	ms     float64 // what the restore took
-}
-
 func (c *LlamaCPP) sessionLocked(sk string) *sessEntry {
 	se, ok := c.sessions[sk]
 	if ok {
@@ -633,253 +537,26 @@ func (c *LlamaCPP) After(_ context.Context, req *Request, resp *Response) {
 
 // saver saves slots holding unsaved KV once they are idle, one at a time,
 // until Close.
-func (c *LlamaCPP) saver() {
-	defer c.wg.Done()
-	for {
-		select {
-		case <-c.done:
-			return
-		case <-c.kick:
-		}
-		for !c.closed.Load() && c.saveOne() {
-		}
-	}
-}
-
 // saveOne saves the least recently used idle slot with unsaved KV; it
 // reports whether there was one.
-func (c *LlamaCPP) saveOne() bool {
-	c.mu.Lock()
-	sl := c.sched.saveCandidate()
-	if sl == nil {
-		c.mu.Unlock()
-		return false
-	}
-	id, ver := sl.id, sl.version
-	c.mu.Unlock()
-	c.ops[id].Lock()
-	defer c.ops[id].Unlock()
-	c.mu.Lock()
-	if sl.version != ver || !sl.dirty || sl.saveFailed || sl.inflight > 0 {
-		c.mu.Unlock()
-		return true // it changed meanwhile: look again
-	}
-	owner, ch, fp, extra := sl.owner, sl.chain, c.fp, sl.computeMs
-	c.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), c.opts.SlotTimeout)
-	ok := c.saveSlot(ctx, id, owner, ch, fp, extra)
-	cancel()
-	c.mu.Lock()
-	if sl.version == ver {
-		if ok {
-			sl.dirty, sl.computeMs = false, 0
-			if strings.HasPrefix(sl.sess, "~") {
-				sl.sess = ""
-			}
-		} else {
-			sl.saveFailed = true // retried once the content changes
-		}
-	}
-	c.mu.Unlock()
-	return true
-}
-
 // Flush saves now, in the caller's goroutine, what the background saver
 // would save next: every idle slot holding KV no stored state covers. It
 // returns once none is left. For tests, benchmarks and tools; the request
 // path never waits for it.
-func (c *LlamaCPP) Flush() {
-	for !c.closed.Load() && c.saveOne() {
-	}
-}
-
 // QueueDepth returns the slots whose KV waits for a background save.
-func (c *LlamaCPP) QueueDepth() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.sched.pending()
-}
-
-var errEmptySlot = errors.New("engine: llamacpp: the slot holds no KV")
-
 // saveSlot saves slot's KV, which covers ch for owner (a session) under model
 // fingerprint fp, as a state in the cache (GetOrComputeBlob: a state
 // already stored under that key is not saved again), and indexes it,
 // dropping the states it supersedes. extraMs is the prefill the state
 // spares, which the cache counts in the compute's cost. The caller holds
 // the slot's op lock. It reports whether a state covers the slot now.
-func (c *LlamaCPP) saveSlot(ctx context.Context, slot int, owner string, ch chain, fp string, extraMs float64) bool {
-	if ch.len() == 0 || fp == "" {
-		return false
-	}
-	start := time.Now()
-	meta := &stateMeta{id: stateKey(fp, owner, ch), sess: owner, fp: fp, chain: ch, created: c.opts.Clock.Now()}
-	meta.used = meta.created
-	_, out, err := c.opts.Cache.GetOrComputeBlob(ctx, c.opts.Namespace, meta.id, func(ctx context.Context) (kv.BlobMeta, []byte, time.Duration, error) {
-		raw, err := c.saveFile(ctx, slot, meta.id)
-		if err != nil {
-			return kv.BlobMeta{}, nil, 0, err
-		}
-		st, err := ParseSlotState(raw, 0)
-		if err != nil {
-			c.parseErrs.Add(1)
-			if !c.warnedParse.Swap(true) {
-				c.log.Warn("llamacpp: slot state file not in the expected layout; not kept", "err", err, "bytes", len(raw))
-			}
-			return kv.BlobMeta{}, nil, 0, err
-		}
-		if len(st.Tokens) == 0 && st.Cells() == 0 {
-			return kv.BlobMeta{}, nil, 0, errEmptySlot
-		}
-		meta.tokens, meta.size, meta.layout = len(st.Tokens), int64(len(raw)), layoutOf(st)
-		c.mu.Lock()
-		if c.fp == fp && c.layout == "" {
-			c.layout = meta.layout
-		}
-		c.mu.Unlock()
-		return kv.BlobMeta{Aux: appendStateMeta(nil, meta)}, raw, time.Duration(extraMs * float64(time.Millisecond)), nil
-	})
-	switch {
-	case errors.Is(err, errEmptySlot):
-		c.saveEmpty.Add(1)
-		return false
-	case err != nil:
-		c.saveErrs.Add(1)
-		if !c.warnedStore.Swap(true) || !errors.Is(err, ErrSlotState) {
-			c.log.Warn("llamacpp: saving a slot's KV failed; the session's older state, if any, is kept", "slot", slot, "err", err)
-		}
-		return false
-	case !out.Computed:
-		return true // that prefix was stored already
-	}
-	c.saves.Add(1)
-	c.savedB.Add(meta.size)
-	c.saveNs.Add(int64(time.Since(start)))
-	for _, d := range c.cat.add(meta, c.keep(owner)) {
-		c.dropState(d.id)
-	}
-	for {
-		n, _ := c.cat.size()
-		o := c.cat.oldest()
-		if n <= c.opts.MaxStates || o == nil {
-			break
-		}
-		c.cat.remove(o.id)
-		c.dropState(o.id)
-	}
-	c.mu.Lock()
-	if se, ok := c.sessions[owner]; ok {
-		se.stats.Saves++
-		se.stats.SavedTokens = meta.tokens
-		se.stats.SavedBytes = meta.size
-	}
-	c.mu.Unlock()
-	return true
-}
-
-func (c *LlamaCPP) dropState(id string) {
-	if err := c.opts.Cache.DeleteBlob(c.opts.Namespace, id); err != nil && !errors.Is(err, kv.ErrNotFound) {
-		c.log.Warn("llamacpp: delete a superseded state", "err", err)
-		return
-	}
-	c.deletes.Add(1)
-}
-
 // saveFile has the server save slot into SlotDir and returns the file's
 // bytes; the file is removed whatever happens.
-func (c *LlamaCPP) saveFile(ctx context.Context, slot int, key string) ([]byte, error) {
-	name := opFileName(key, slot, "save")
-	path := filepath.Join(c.opts.SlotDir, name)
-	defer os.Remove(path)
-	if _, err := c.api.slotAction(ctx, slot, "save", name); err != nil {
-		c.checkAPIError(slot, err)
-		return nil, err
-	}
-	raw, err := readBounded(path, c.opts.MaxStateBytes)
-	if errors.Is(err, fs.ErrNotExist) && !c.warnedDir.Swap(true) {
-		c.log.Warn("llamacpp: the server saved a slot but its file is not in the slot dir: is --llamacpp-slot-dir the server's --slot-save-path?",
-			"slot_dir", c.opts.SlotDir)
-	}
-	return raw, err
-}
-
 // layoutOf names a state's KV layout: layer count, transposition, and per
 // layer the element types and bytes per token. A state restores only into
 // a server with the same layout.
-func layoutOf(st *SlotState) string {
-	h := sha256.New()
-	for i := range st.Streams {
-		s := &st.Streams[i]
-		if len(s.Cells) == 0 {
-			continue
-		}
-		fmt.Fprintf(h, "%d/%t", len(s.Layers), s.VTrans)
-		for _, l := range s.Layers {
-			fmt.Fprintf(h, "|%d:%d:%d:%d:%d:%d", l.KType, l.KRowBytes, l.VType, l.VRowBytes, l.VElemSize, l.VEmbd)
-		}
-		break
-	}
-	return hex.EncodeToString(h.Sum(nil)[:8])
-}
-
-func readBounded(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if fi.Size() > limit {
-		return nil, fmt.Errorf("slot file of %d bytes, at most %d", fi.Size(), limit)
-	}
-	buf := bytes.NewBuffer(make([]byte, 0, fi.Size()+1))
-	if _, err := buf.ReadFrom(io.LimitReader(f, limit+1)); err != nil {
-		return nil, err
-	}
-	if int64(buf.Len()) > limit {
-		return nil, fmt.Errorf("slot file over %d bytes", limit)
-	}
-	return buf.Bytes(), nil
-}
-
 // writeFileAtomic writes data to dir/name through a temporary file and a
 // rename, so the server never reads a partial file. Not fsynced: the file
 // lives only until the server read it. Readable by the server's user.
-func writeFileAtomic(dir, name string, data []byte) error {
-	var rnd [8]byte
-	_, _ = rand.Read(rnd[:])
-	tmp := filepath.Join(dir, ".tmp-"+name+"-"+hex.EncodeToString(rnd[:]))
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
-}
-
 // recoverSlotDir removes what an interrupted save or restore of an earlier
 // run left in SlotDir: the connector's own files only.
-func (c *LlamaCPP) recoverSlotDir() {
-	es, err := os.ReadDir(c.opts.SlotDir)
-	if err != nil {
-		return
-	}
-	n := 0
-	for _, e := range es {
-		name := e.Name()
-		if e.Type().IsRegular() && (strings.HasPrefix(name, "kvsidecar-") || strings.HasPrefix(name, ".tmp-kvsidecar-")) {
-			if os.Remove(filepath.Join(c.opts.SlotDir, name)) == nil {
-				n++
-			}
-		}
-	}
-	if n > 0 {
-		c.log.Info("llamacpp: removed files an interrupted run left in the slot dir", "files", n)
-	}
-}

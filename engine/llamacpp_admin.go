@@ -259,9 +259,10 @@ func (c *LlamaCPP) Stats() Stats {
 		}
 	}
 	s.States, s.StateBytes = c.cat.size()
-	s.StatesByTier = map[string]int{}
-	c.opts.Cache.RangeBlobs(c.opts.Namespace, func(_ string, _ kv.BlobMeta, t kv.Tier) bool {
+	s.StatesByTier, s.StateBytesByTier = map[string]int{}, map[string]int64{}
+	c.opts.Cache.RangeBlobs(c.opts.Namespace, func(key string, _ kv.BlobMeta, t kv.Tier) bool {
 		s.StatesByTier[t.String()]++
+		s.StateBytesByTier[t.String()] += c.cat.sizeOf(key)
 		return true
 	})
 	c.ts.fill(&s)

@@ -75,7 +75,11 @@ func TestLlamaCPPEvictionAndReturn(t *testing.T) {
 	}
 	// A state superseded by a newer one of the same conversation is gone:
 	// one state per session.
-	if s.States != 3 || s.Saves != 5 || s.StatesDeleted != 2 {
+	var tierBytes int64
+	for _, b := range s.StateBytesByTier {
+		tierBytes += b
+	}
+	if s.States != 3 || s.Saves != 5 || s.StatesDeleted != 2 || tierBytes != s.StateBytes || s.StateBytes == 0 {
 		t.Fatalf("states %d, saves %d, deleted %d", s.States, s.Saves, s.StatesDeleted)
 	}
 	// kv.Cache counts the turns itself: every save a computed miss, the

@@ -252,6 +252,16 @@ func (c *catalog) touch(m *stateMeta, now time.Time) {
 	c.mu.Unlock()
 }
 
+// sizeOf returns the bytes of state id, 0 when it is not indexed.
+func (c *catalog) sizeOf(id string) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m := c.states[id]; m != nil {
+		return m.size
+	}
+	return 0
+}
+
 // size returns the number of states and their bytes.
 func (c *catalog) size() (int, int64) {
 	c.mu.Lock()

@@ -88,6 +88,12 @@ func writeEngineMetrics(w io.Writer, c engine.Connector) {
 				fmt.Fprintf(w, "sidecar_engine_states_tier{tier=%q} %d\n", t, n)
 			}
 		}
+		fmt.Fprintln(w, "# HELP sidecar_engine_state_bytes_tier Bytes of the engine states by the fastest tier holding them.\n# TYPE sidecar_engine_state_bytes_tier gauge")
+		for _, t := range []string{"focus", "working", "archive"} {
+			if n, ok := st.StateBytesByTier[t]; ok {
+				fmt.Fprintf(w, "sidecar_engine_state_bytes_tier{tier=%q} %d\n", t, n)
+			}
+		}
 	}
 	restoresOff := 0
 	if st.RestoresOff {
