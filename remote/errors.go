@@ -1,0 +1,41 @@
+package remote
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors; classify with errors.Is.
+var (
+	// ErrNotFound: no such blob, record range, value or index entry (never
+	// written, deleted, or expired by its TTL).
+	ErrNotFound = errors.New("remote: not found")
+	// ErrCorrupt: a blob whose manifest or chunk fails its checksum or
+	// size. It is never served.
+	ErrCorrupt = errors.New("remote: corrupt")
+	// ErrConflict: a compare-and-set lost (a value at another version, a
+	// record sequence number that holds different bytes).
+	ErrConflict = errors.New("remote: conflict")
+	// ErrGap: an append whose first sequence number lies past the end of
+	// the list (records in between were never written).
+	ErrGap = errors.New("remote: sequence gap")
+	// ErrNotOwner: a fenced write or a renewal by a lease that is no
+	// longer held (it expired and another owner took the session).
+	ErrNotOwner = errors.New("remote: lease not held")
+	// ErrHeld: the lease is held by another live owner.
+	ErrHeld = errors.New("remote: lease held elsewhere")
+	// ErrClosed: the Store was closed.
+	ErrClosed = errors.New("remote: closed")
+)
+
+// HeldError is returned (wrapping ErrHeld) when a session's lease belongs
+// to another owner; Owner is that owner's address as it wrote it, so a
+// caller can forward the request there.
+type HeldError struct {
+	Owner string
+}
+
+func (e *HeldError) Error() string { return fmt.Sprintf("remote: lease held by %s", e.Owner) }
+
+// Unwrap makes errors.Is(err, ErrHeld) true.
+func (e *HeldError) Unwrap() error { return ErrHeld }
