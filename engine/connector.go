@@ -82,6 +82,11 @@ type Connector interface {
 	// Forget drops what the connector keeps of a deleted session: its
 	// records, its saved KV, its slot's KV in the engine.
 	Forget(ctx context.Context, tenant, sessionID string) error
+	// Settle, after After, waits until the KV the request left in the
+	// engine is saved (and written through to a fleet's shared store), so
+	// another replica can serve the session's next turn from it. Bounded
+	// by the connector's timeout; a no-op for connectors that save nothing.
+	Settle(ctx context.Context, req *Request)
 	// Stats returns a snapshot of the connector's counters.
 	Stats() Stats
 	// Close releases the connector (a llama.cpp connector first saves the
@@ -197,6 +202,12 @@ type Stats struct {
 	RestoreMsTotal    float64 `json:"restore_ms_total"`
 	// QueueDepth is the slots whose KV waits for a background save.
 	QueueDepth int `json:"queue_depth"`
+	// SharedPuts counts states written through to the fleet's shared
+	// store, SharedFetches states taken from it (another replica's), and
+	// SharedErrors its failures (the request went on with local states).
+	SharedPuts    int64 `json:"shared_puts"`
+	SharedFetches int64 `json:"shared_fetches"`
+	SharedErrors  int64 `json:"shared_errors"`
 
 	// TimedResponses counts responses that carried timings or usage;
 	// Timings sums them. CachedRatio is CacheN / (CacheN + PromptN).
@@ -281,6 +292,9 @@ func (g *Generic) Stats() Stats {
 
 // Forget does nothing: Generic keeps nothing per session.
 func (g *Generic) Forget(context.Context, string, string) error { return nil }
+
+// Settle does nothing: Generic saves no KV.
+func (g *Generic) Settle(context.Context, *Request) {}
 
 // Close does nothing.
 func (g *Generic) Close() error { return nil }

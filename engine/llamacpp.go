@@ -83,6 +83,10 @@ type LlamaCPPOptions struct {
 	Logger *slog.Logger
 	// Clock tells time. Nil means the system clock.
 	Clock kv.Clock
+	// Shared, when set, is the fleet's shared store of states: saved
+	// states are written through to it, restores look there too (see
+	// SharedStates). Nil: states stay on this machine.
+	Shared SharedStates
 }
 
 func (o *LlamaCPPOptions) validate() error {
@@ -219,6 +223,8 @@ type LlamaCPP struct {
 	savedB, restoredB, saveNs, restoreNs, deletes     atomic.Int64
 	reusedTokens, replacedPrefillUs, restoredMsTotal  atomic.Int64
 	restoredFrom                                      [4]atomic.Int64
+	sharedPuts, sharedFetches, sharedErrs             atomic.Int64
+	warnedShared                                      atomic.Bool
 	warnedParse, warnedDir, warnedSlotID, warnedStore atomic.Bool
 
 	kick chan struct{}
@@ -397,6 +403,9 @@ func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 
 	if p.resident {
 		c.slotHits.Add(1)
+		if c.opts.Shared != nil && !req.Background {
+			c.refreshResident(sctx, req, p.slot)
+		}
 		return c.rewrite(req)
 	}
 	c.assigns.Add(1)
@@ -406,7 +415,7 @@ func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 		c.saveSlot(sctx, p.slot.id, p.prevOwner, p.prevChain, fp, 0)
 	}
 	if !req.Background {
-		c.restoreBest(sctx, req, p.slot)
+		c.restoreBest(sctx, req, p.slot, -1)
 	}
 	c.ops[p.slot.id].Unlock()
 	return c.rewrite(req)

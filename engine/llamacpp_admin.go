@@ -243,6 +243,9 @@ func (c *LlamaCPP) Stats() Stats {
 		ReusedTokens:      c.reusedTokens.Load(),
 		RestoreMsTotal:    float64(c.restoredMsTotal.Load()) / 1000,
 		ReplacedPrefillMs: float64(c.replacedPrefillUs.Load()) / 1000,
+		SharedPuts:        c.sharedPuts.Load(),
+		SharedFetches:     c.sharedFetches.Load(),
+		SharedErrors:      c.sharedErrs.Load(),
 	}
 	if s.Saves > 0 {
 		s.MeanSaveMs = float64(c.saveNs.Load()) / float64(s.Saves) / 1e6

@@ -6,6 +6,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -22,17 +23,27 @@ func (c *LlamaCPP) pays(size int64, tokens int) bool {
 	return c.restoreMsMB.v*float64(size)/(1<<20) < c.prefillMsTok.v*float64(tokens)
 }
 
-func (c *LlamaCPP) restoreBest(ctx context.Context, req *Request, sl *slotInfo) {
+// restoreBest restores into sl the state sharing the longest prefix with
+// the request, when there is one that pays and it covers more than the
+// first have pieces of the prompt (what the slot already holds; -1 for
+// nothing). With a shared store, a state there that covers more than the
+// local catalog's best is fetched into the tiers first.
+func (c *LlamaCPP) restoreBest(ctx context.Context, req *Request, sl *slotInfo, have int) {
 	c.mu.Lock()
 	off, layout := c.restoreOff, c.layout
 	c.mu.Unlock()
 	if off {
 		return
 	}
+	if c.opts.Shared != nil {
+		c.fetchShared(ctx, req)
+	}
 	for range 2 { // a state the tiers lost is dropped and the next best tried
 		m, i, ok := c.cat.lookup(req.fp, req.chain)
-		if !ok {
-			c.restoreMiss.Add(1)
+		if !ok || i <= have {
+			if have < 0 {
+				c.restoreMiss.Add(1)
+			}
 			return
 		}
 		expect := m.tokensAt(i)
@@ -101,4 +112,81 @@ func (c *LlamaCPP) restoreBest(ctx context.Context, req *Request, sl *slotInfo) 
 type restoreInfo struct {
 	expect int     // tokens the state should spare the engine
 	ms     float64 // what the restore took
+}
+
+// refreshResident restores over a slot the session already holds when the
+// shared store has a state of the session's prompt that covers more than
+// the slot does: the turns the session had on other replicas since it was
+// last here.
+func (c *LlamaCPP) refreshResident(ctx context.Context, req *Request, sl *slotInfo) {
+	c.ops[sl.id].Lock()
+	defer c.ops[sl.id].Unlock()
+	c.mu.Lock()
+	alone := sl.sess == req.sk && sl.inflight == 1
+	have := -1
+	if alone {
+		for i := range min(sl.chain.len(), req.chain.len()) {
+			if sl.chain.hashes[i] != req.chain.hashes[i] {
+				break
+			}
+			have = i
+		}
+	}
+	c.mu.Unlock()
+	if alone {
+		c.restoreBest(ctx, req, sl, have)
+	}
+}
+
+// fetchShared asks the shared store for the state sharing the longest
+// prefix with the request and, when it covers more than the local
+// catalog's best, takes it into the tiers and the catalog. Errors only
+// cost the restore.
+func (c *LlamaCPP) fetchShared(ctx context.Context, req *Request) {
+	if req.chain.len() == 0 {
+		return
+	}
+	local := -1
+	if _, i, ok := c.cat.lookup(req.fp, req.chain); ok {
+		local = i
+	}
+	id, n, err := c.opts.Shared.LookupState(ctx, req.fp, hashStrings(req.chain.hashes))
+	if err != nil {
+		c.sharedError("look up a shared state", err)
+		return
+	}
+	if n-1 <= local || id == "" {
+		return
+	}
+	if _, _, err := c.opts.Cache.StatBlob(c.opts.Namespace, id); err == nil {
+		return // already here, under another prefix's entry
+	}
+	raw, aux, err := c.opts.Shared.GetState(ctx, id)
+	if err != nil {
+		if !errors.Is(err, ErrSharedNotFound) {
+			c.sharedError("fetch a shared state", err)
+		}
+		return
+	}
+	m, err := parseStateMeta(aux)
+	if err != nil || m.fp != req.fp || int64(len(raw)) > c.opts.MaxStateBytes {
+		c.sharedError("fetch a shared state", fmt.Errorf("state %s: metadata unreadable or for another model", id))
+		return
+	}
+	m.id, m.size = id, int64(len(raw))
+	if err := c.opts.Cache.PutBlob(c.opts.Namespace, id, kv.BlobMeta{Aux: aux}, raw); err != nil {
+		c.sharedError("keep a shared state", err)
+		return
+	}
+	c.sharedFetches.Add(1)
+	for _, d := range c.cat.add(m, c.keep(m.sess)) {
+		c.dropState(d.id)
+	}
+}
+
+func (c *LlamaCPP) sharedError(op string, err error) {
+	c.sharedErrs.Add(1)
+	if !c.warnedShared.Swap(true) {
+		c.log.Warn("llamacpp: shared state store: "+op+" failed; requests go on with local states (warned once)", "err", err)
+	}
 }

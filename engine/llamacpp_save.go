@@ -43,12 +43,40 @@ func (c *LlamaCPP) saveOne() bool {
 	}
 	id, ver := sl.id, sl.version
 	c.mu.Unlock()
+	c.saveIdle(sl, id, ver)
+	return true
+}
+
+// Settle saves now, in the caller's goroutine, the KV that req (already
+// After'ed) left in its slot, when no stored state covers it yet, and so
+// writes it through to the shared store; it returns once that is done (or
+// failed), or at once when there is nothing to save. A fleet releases a
+// session's lease after it, so the replica that serves the next turn
+// finds this turn's KV. Bounded by the slot timeout.
+func (c *LlamaCPP) Settle(ctx context.Context, req *Request) {
+	if c.closed.Load() || req.slot < 0 || req.slot >= len(c.ops) || req.sk == "" || req.Background {
+		return
+	}
+	c.mu.Lock()
+	sl := c.sched.slots[req.slot]
+	if sl.sess != req.sk {
+		c.mu.Unlock()
+		return
+	}
+	ver := sl.version
+	c.mu.Unlock()
+	c.saveIdle(sl, sl.id, ver)
+}
+
+// saveIdle saves slot id (sl) if it still holds content version ver,
+// unsaved and idle.
+func (c *LlamaCPP) saveIdle(sl *slotInfo, id int, ver uint64) {
 	c.ops[id].Lock()
 	defer c.ops[id].Unlock()
 	c.mu.Lock()
 	if sl.version != ver || !sl.dirty || sl.saveFailed || sl.inflight > 0 {
 		c.mu.Unlock()
-		return true // it changed meanwhile: look again
+		return // it changed meanwhile: the caller looks again
 	}
 	owner, ch, fp, extra := sl.owner, sl.chain, c.fp, sl.computeMs
 	c.mu.Unlock()
@@ -67,7 +95,6 @@ func (c *LlamaCPP) saveOne() bool {
 		}
 	}
 	c.mu.Unlock()
-	return true
 }
 
 func (c *LlamaCPP) Flush() {
@@ -90,6 +117,7 @@ func (c *LlamaCPP) saveSlot(ctx context.Context, slot int, owner string, ch chai
 	start := time.Now()
 	meta := &stateMeta{id: stateKey(fp, owner, ch), sess: owner, fp: fp, chain: ch, created: c.opts.Clock.Now()}
 	meta.used = meta.created
+	var saved, savedAux []byte // for the shared store
 	_, out, err := c.opts.Cache.GetOrComputeBlob(ctx, c.opts.Namespace, meta.id, func(ctx context.Context) (kv.BlobMeta, []byte, time.Duration, error) {
 		raw, err := c.saveFile(ctx, slot, meta.id)
 		if err != nil {
@@ -112,7 +140,8 @@ func (c *LlamaCPP) saveSlot(ctx context.Context, slot int, owner string, ch chai
 			c.layout = meta.layout
 		}
 		c.mu.Unlock()
-		return kv.BlobMeta{Aux: appendStateMeta(nil, meta)}, raw, time.Duration(extraMs * float64(time.Millisecond)), nil
+		saved, savedAux = raw, appendStateMeta(nil, meta)
+		return kv.BlobMeta{Aux: savedAux}, raw, time.Duration(extraMs * float64(time.Millisecond)), nil
 	})
 	switch {
 	case errors.Is(err, errEmptySlot):
@@ -130,6 +159,13 @@ func (c *LlamaCPP) saveSlot(ctx context.Context, slot int, owner string, ch chai
 	c.saves.Add(1)
 	c.savedB.Add(meta.size)
 	c.saveNs.Add(int64(time.Since(start)))
+	if c.opts.Shared != nil && saved != nil {
+		if err := c.opts.Shared.PutState(ctx, fp, meta.id, hashStrings(ch.hashes), saved, savedAux); err != nil {
+			c.sharedError("write a state through", err)
+		} else {
+			c.sharedPuts.Add(1)
+		}
+	}
 	for _, d := range c.cat.add(meta, c.keep(owner)) {
 		c.dropState(d.id)
 	}

@@ -37,6 +37,7 @@ func (f *fakeConnector) SessionStats(string, string) (engine.SessionStats, bool)
 }
 func (f *fakeConnector) Stats() engine.Stats { return engine.Stats{Connector: "fake", Enabled: true} }
 func (f *fakeConnector) Close() error        { return nil }
+func (f *fakeConnector) Settle(context.Context, *engine.Request) {}
 func (f *fakeConnector) Forget(_ context.Context, tenant, session string) error {
 	f.mu.Lock()
 	f.forgot = append(f.forgot, tenant+"/"+session)
