@@ -165,6 +165,14 @@ type Options struct {
 	// user indexes kept in memory. Zero: 4096.
 	MaxLoadedSessions int
 
+	// SharedLog, when set, is a fleet's shared copy of every session's log
+	// (see SharedLog and Store.Sync): records are written there first, and
+	// a replica brings a session up to date from it. Nil: sessions live on
+	// this machine only.
+	SharedLog SharedLog
+	// SharedLogTimeout bounds one exchange with SharedLog. Zero: 10 s.
+	SharedLogTimeout time.Duration
+
 	// Clock is the time source. Nil: the system clock.
 	Clock Clock
 	// Logger receives warnings (quarantined log tails, summarizer errors).
@@ -586,6 +594,9 @@ func (o *Options) EnsureDefaults() *Options {
 	if o.MaxLoadedSessions == 0 {
 		o.MaxLoadedSessions = 4096
 	}
+	if o.SharedLogTimeout == 0 {
+		o.SharedLogTimeout = 10 * time.Second
+	}
 	if o.Clock == nil {
 		o.Clock = realClock{}
 	}
@@ -612,7 +623,7 @@ func (o *Options) Validate() error {
 	if o.FsyncInterval < 0 {
 		return errors.New("memory: FsyncInterval must not be negative")
 	}
-	if o.QueueSize < 0 || o.MaxLoadedSessions < 0 || o.MaxRecordBytes < 0 {
+	if o.QueueSize < 0 || o.MaxLoadedSessions < 0 || o.MaxRecordBytes < 0 || o.SharedLogTimeout < 0 {
 		return errors.New("memory: sizes must not be negative")
 	}
 	return errors.Join(o.Window.validate(o.Recall.share()), o.Recall.validate(), o.Decay.validate(),

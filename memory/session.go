@@ -202,6 +202,10 @@ type session struct {
 	turns, extractTurn, summaryTurn uint64
 	seqDirty                        bool // factSeq or episodeSeq not yet written
 	decayDirty                      bool // lastDecay not yet written
+
+	// sharedN is the length of the shared log (Options.SharedLog) that the
+	// state reflects; -1 when unknown (loaded from disk, or new here).
+	sharedN int64
 }
 
 // unitsChanged invalidates the unit indexes and the cached block.
@@ -250,6 +254,7 @@ func newSession(root, tenant, id string) *session {
 		path: sessionPath(root, tenant, id), hash: sessionHash(tenant, id),
 		nextSeq: 1,
 		units:   map[string]*Unit{},
+		sharedN: -1,
 	}
 }
 

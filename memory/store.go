@@ -118,6 +118,8 @@ type storeStats struct {
 	extractJobs, extractDropped, extractErrs atomic.Int64
 	factOps, factOpsRejected, episodes       atomic.Int64
 	poolWrites, poolConflicts                atomic.Int64
+	logPushed, logPulled, logRebuilds        atomic.Int64
+	logUploads, logConflicts                 atomic.Int64
 
 	// modes counts prepared turns by mode taken (full, append) and by
 	// whether it was detected (ModeAuto) or named by the client.
@@ -193,6 +195,12 @@ type Stats struct {
 
 	PoolWrites    int64 // pool puts and deletes written
 	PoolConflicts int64 // pool writes refused with ErrConflict
+
+	// The shared log of a fleet (Options.SharedLog): records written to
+	// it, records taken from it (other replicas'), sessions rebuilt from
+	// it, sessions uploaded to it, and writes that found it moved on.
+	SharedLogPushed, SharedLogPulled, SharedLogRebuilds int64
+	SharedLogUploads, SharedLogConflicts                int64
 
 	// Turns by the mode taken: Full and Append, each split into those the
 	// client named (X-Session-Mode) and those detected (ModeAuto).
@@ -445,6 +453,8 @@ func (s *Store) Stats() Stats {
 	out.ExtractJobs, out.ExtractDropped, out.ExtractErrors = st.extractJobs.Load(), st.extractDropped.Load(), st.extractErrs.Load()
 	out.FactOps, out.FactOpsRejected, out.Episodes = st.factOps.Load(), st.factOpsRejected.Load(), st.episodes.Load()
 	out.PoolWrites, out.PoolConflicts = st.poolWrites.Load(), st.poolConflicts.Load()
+	out.SharedLogPushed, out.SharedLogPulled, out.SharedLogRebuilds = st.logPushed.Load(), st.logPulled.Load(), st.logRebuilds.Load()
+	out.SharedLogUploads, out.SharedLogConflicts = st.logUploads.Load(), st.logConflicts.Load()
 	out.FullNamed, out.FullDetected = st.modes[0][0].Load(), st.modes[0][1].Load()
 	out.AppendNamed, out.AppendDetected = st.modes[1][0].Load(), st.modes[1][1].Load()
 	out.FactCalls, out.EpisodeCalls, out.SummaryCalls = st.calls[callFacts].Load(), st.calls[callEpisode].Load(), st.calls[callSummary].Load()
@@ -686,17 +696,36 @@ func (sess *session) reset() {
 	sess.sticky = cachedBlock{}
 	sess.wm.reset()
 	sess.factSeq, sess.episodeSeq = 0, 0
+	sess.sharedN = -1
 	sess.unitsChanged()
 }
 
 // writeLocked appends framed records to the session's log, creating it with
 // its meta record first. Called with sess.mu held.
+//
+// With a shared log (Options.Shared) the records go there first, at the
+// session's position (see SharedLog); a failure there writes nothing.
 func (s *Store) writeLocked(sess *session, framed []byte, now time.Time) error {
-	if sess.log == nil {
-		meta, err := json.Marshal(&record{K: "meta", V: logVersion, Tenant: sess.tenant, Session: sess.id, User: sess.user, T: now.UnixNano()})
-		if err != nil {
+	var meta []byte
+	if sess.log == nil || s.opts.SharedLog != nil {
+		var err error
+		if meta, err = json.Marshal(&record{K: "meta", V: logVersion, Tenant: sess.tenant, Session: sess.id, User: sess.user, T: now.UnixNano()}); err != nil {
 			return fmt.Errorf("memory: encode meta: %w", err)
 		}
+	}
+	if s.opts.SharedLog != nil {
+		ctx, cancel := context.WithTimeout(s.ctx, s.opts.SharedLogTimeout)
+		defer cancel()
+		if sess.sharedN < 0 {
+			if err := s.syncLocked(ctx, sess); err != nil {
+				return err
+			}
+		}
+		if err := s.shareLocked(ctx, sess, meta, framed); err != nil {
+			return err
+		}
+	}
+	if sess.log == nil {
 		lf, err := s.createLog(sess.path, appendRecord(nil, meta))
 		if err != nil {
 			return err
@@ -734,7 +763,27 @@ func (s *Store) waitPending(ctx context.Context, sess *session) error {
 // Unknown sessions and sessions of other tenants are ErrNotFound. The
 // caller removes the session's KV blocks.
 func (s *Store) Delete(tenant, sessionID string) error {
+	var sharedErr error
+	if s.opts.SharedLog != nil {
+		// The shared copy first: a session deleted here must not come back
+		// from another replica. One that exists only there is deleted too.
+		ctx, cancel := context.WithTimeout(s.ctx, s.opts.SharedLogTimeout)
+		n, err := s.opts.SharedLog.Len(ctx, tenant, sessionID)
+		if err == nil && n > 0 {
+			err = s.opts.SharedLog.Delete(ctx, tenant, sessionID)
+		}
+		cancel()
+		if err != nil {
+			return fmt.Errorf("memory: delete from the shared log: %w", err)
+		}
+		if n == 0 {
+			sharedErr = fmt.Errorf("%w: %q", ErrNotFound, sessionID)
+		}
+	}
 	sess, err := s.session(tenant, sessionID, false)
+	if errors.Is(err, ErrNotFound) && s.opts.SharedLog != nil && sharedErr == nil {
+		return nil // it lived only in the shared log
+	}
 	if err != nil {
 		return err
 	}

@@ -164,6 +164,16 @@ func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
 			}
 			return nil, fmt.Errorf("memory: session %q keeps vanishing: %w", req.SessionID, ErrNotFound)
 		}
+		if s.opts.SharedLog != nil {
+			// What other replicas of a fleet wrote comes first.
+			sctx, cancel := context.WithTimeout(ctx, s.opts.SharedLogTimeout)
+			err := s.syncLocked(sctx, sess)
+			cancel()
+			if err != nil {
+				sess.mu.Unlock()
+				return nil, err
+			}
+		}
 		t, err := s.prepareLocked(ctx, sess, um, &req)
 		sess.mu.Unlock()
 		return t, err

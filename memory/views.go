@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"context"
 	"encoding/json"
 	"time"
 )
@@ -50,6 +51,9 @@ type MemoryView struct {
 // Session returns the tenant's session. Unknown sessions and sessions of
 // other tenants are ErrNotFound.
 func (s *Store) Session(tenant, sessionID string) (SessionView, error) {
+	if err := s.syncView(tenant, sessionID); err != nil {
+		return SessionView{}, err
+	}
 	sess, err := s.session(tenant, sessionID, false)
 	if err != nil {
 		return SessionView{}, err
@@ -94,6 +98,9 @@ func (s *Store) Session(tenant, sessionID string) (SessionView, error) {
 // Memory returns the tenant's session memory units. Unknown sessions and
 // sessions of other tenants are ErrNotFound.
 func (s *Store) Memory(tenant, sessionID string) (MemoryView, error) {
+	if err := s.syncView(tenant, sessionID); err != nil {
+		return MemoryView{}, err
+	}
 	sess, err := s.session(tenant, sessionID, false)
 	if err != nil {
 		return MemoryView{}, err
@@ -120,4 +127,15 @@ func (s *Store) Memory(tenant, sessionID string) (MemoryView, error) {
 		}
 	}
 	return v, nil
+}
+
+// syncView brings a session up to date from a fleet's shared log (when
+// there is one) before it is shown, so any replica shows the same session.
+func (s *Store) syncView(tenant, sessionID string) error {
+	if s.opts.SharedLog == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.opts.SharedLogTimeout)
+	defer cancel()
+	return s.Sync(ctx, tenant, sessionID)
 }

@@ -1,0 +1,221 @@
+package memory
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/durable"
+)
+
+// SharedLog is a record store the replicas of a fleet share (package fleet
+// implements it over a Redis/Valkey store). With one, a session's log is
+// kept twice: every record is written to the shared list first, at its
+// position, then to the local log; a replica brings its copy of a session
+// up to date from the shared list (Store.Sync) before a turn, so any
+// replica can serve any session and none forks its history. Units, facts,
+// episodes and access counts are log records too, so they follow.
+type SharedLog interface {
+	// Append writes payloads at positions at, at+1, … of the session's
+	// list and returns the list's length. Records already there with the
+	// same bytes are skipped (a retry is harmless); a position taken by
+	// other bytes, or past the end, fails with an error wrapping
+	// ErrSharedConflict.
+	Append(ctx context.Context, tenant, session string, at int64, payloads [][]byte) (int64, error)
+	// Records returns the session's records from position from on.
+	Records(ctx context.Context, tenant, session string, from int64) ([][]byte, error)
+	// Len returns the length of the session's list (0: none).
+	Len(ctx context.Context, tenant, session string) (int64, error)
+	// Delete removes the session's list.
+	Delete(ctx context.Context, tenant, session string) error
+}
+
+// ErrSharedConflict: the shared log moved on (another replica wrote the
+// position this one meant to).
+var ErrSharedConflict = errors.New("memory: shared log moved on")
+
+// Sync brings the session's local state up to date with the shared log,
+// when the Store has one (Options.SharedLog) (else it does nothing). A fleet calls it while it
+// holds the session's lease, before the turn: the records other replicas
+// appended since this one last wrote are applied and appended to the local
+// log; a session this replica does not know, or whose position it lost
+// (restart), is rebuilt from the shared log; a session the shared log does
+// not have yet is uploaded from the local log.
+func (s *Store) Sync(ctx context.Context, tenant, sessionID string) error {
+	if s.opts.SharedLog == nil {
+		return nil
+	}
+	sess, err := s.session(tenant, sessionID, true)
+	if err != nil {
+		return err
+	}
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	return s.syncLocked(ctx, sess)
+}
+
+// syncLocked is Sync with sess.mu held.
+func (s *Store) syncLocked(ctx context.Context, sess *session) error {
+	sh := s.opts.SharedLog
+	n, err := sh.Len(ctx, sess.tenant, sess.id)
+	if err != nil {
+		return fmt.Errorf("memory: shared log: %w", err)
+	}
+	switch {
+	case sess.sharedN == n:
+		return nil
+	case sess.sharedN >= 0 && sess.sharedN < n && sess.log != nil:
+		tail, err := sh.Records(ctx, sess.tenant, sess.id, sess.sharedN)
+		if err != nil {
+			return fmt.Errorf("memory: shared log: %w", err)
+		}
+		if err := s.applySharedLocked(sess, tail); err != nil {
+			return err
+		}
+		sess.sharedN += int64(len(tail))
+		s.stats.logPulled.Add(int64(len(tail)))
+		return nil
+	case n == 0 || sess.sharedN > n:
+		// The shared log has nothing (a session from before the fleet, or
+		// a store that lost it): upload the local log.
+		return s.uploadLocked(ctx, sess)
+	default:
+		// Unknown position (loaded from disk, or new here): the shared log
+		// is the truth.
+		all, err := sh.Records(ctx, sess.tenant, sess.id, 0)
+		if err != nil {
+			return fmt.Errorf("memory: shared log: %w", err)
+		}
+		if err := s.rebuildLocked(sess, all); err != nil {
+			return err
+		}
+		sess.sharedN = int64(len(all))
+		s.stats.logRebuilds.Add(1)
+		return nil
+	}
+}
+
+// applySharedLocked applies records another replica wrote and appends them
+// to the local log.
+func (s *Store) applySharedLocked(sess *session, payloads [][]byte) error {
+	var framed []byte
+	for _, p := range payloads {
+		var r record
+		if err := json.Unmarshal(p, &r); err != nil {
+			return fmt.Errorf("memory: shared log record: %w", errors.Join(err, ErrCorrupt))
+		}
+		if r.K == "meta" {
+			continue
+		}
+		if err := sess.apply(&r, nil, s.tok); err != nil {
+			return err
+		}
+		framed = appendRecord(framed, p)
+	}
+	sess.unitsChanged()
+	sess.sticky = cachedBlock{}
+	sess.prevPrompt, sess.prevCosts = nil, nil
+	if len(framed) == 0 {
+		return nil
+	}
+	return sess.log.append(framed)
+}
+
+// rebuildLocked replaces the session's local log and state with payloads
+// (a whole shared log, meta record first).
+func (s *Store) rebuildLocked(sess *session, payloads [][]byte) error {
+	var first record
+	if len(payloads) == 0 || json.Unmarshal(payloads[0], &first) != nil || first.K != "meta" ||
+		first.Tenant != sess.tenant || first.Session != sess.id {
+		return fmt.Errorf("memory: shared log of %q does not start with its meta record: %w", sess.id, ErrCorrupt)
+	}
+	if sess.log != nil {
+		sess.log.close()
+		sess.log = nil
+	}
+	image := append([]byte(nil), logMagic...)
+	for _, p := range payloads {
+		image = appendRecord(image, p)
+	}
+	if err := durable.MkdirAll(filepath.Dir(sess.path), 0o755); err != nil {
+		return err
+	}
+	if err := durable.WriteFile(sess.path, image); err != nil {
+		return fmt.Errorf("memory: rebuild from the shared log: %w", err)
+	}
+	if err := s.removeIndexFile(sess); err != nil {
+		return err
+	}
+	sess.reset()
+	sess.created, sess.user = time.Unix(0, first.T), first.User
+	for _, p := range payloads[1:] {
+		var r record
+		if err := json.Unmarshal(p, &r); err != nil {
+			continue // as load does: a record that does not parse is skipped
+		}
+		_ = sess.apply(&r, nil, s.tok)
+	}
+	lf, _, err := s.openLog(sess.path, func([]byte) {})
+	if err != nil {
+		return err
+	}
+	sess.log, sess.exists = lf, true
+	return nil
+}
+
+// uploadLocked writes the session's local log (if any) to the empty
+// shared log.
+func (s *Store) uploadLocked(ctx context.Context, sess *session) error {
+	if sess.log == nil {
+		sess.sharedN = 0
+		return nil
+	}
+	var payloads [][]byte
+	lf, _, err := s.openLog(sess.path, func(p []byte) { payloads = append(payloads, append([]byte(nil), p...)) })
+	if err != nil {
+		return err
+	}
+	lf.Close(false)
+	n, err := s.opts.SharedLog.Append(ctx, sess.tenant, sess.id, 0, payloads)
+	if err != nil {
+		return fmt.Errorf("memory: upload to the shared log: %w", err)
+	}
+	sess.sharedN = n
+	s.stats.logUploads.Add(1)
+	return nil
+}
+
+// shareLocked writes framed records (and the meta record that creates the
+// local log, when the session has none yet) to the shared log at the
+// session's position, taking first what other replicas wrote since. Called
+// by writeLocked before the local write, with the session's position known
+// (syncLocked ran).
+func (s *Store) shareLocked(ctx context.Context, sess *session, meta, framed []byte) error {
+	var recs [][]byte
+	durable.ScanRecords(framed, s.opts.MaxRecordBytes, func(_ int, p []byte) { recs = append(recs, p) })
+	for attempt := 0; ; attempt++ {
+		payloads := recs
+		if sess.log == nil {
+			payloads = append([][]byte{meta}, recs...)
+		}
+		n, err := s.opts.SharedLog.Append(ctx, sess.tenant, sess.id, sess.sharedN, payloads)
+		if err == nil {
+			sess.sharedN = n
+			s.stats.logPushed.Add(int64(len(payloads)))
+			return nil
+		}
+		if !errors.Is(err, ErrSharedConflict) || attempt > 0 {
+			return fmt.Errorf("memory: shared log: %w", err)
+		}
+		// Another replica wrote meanwhile (its background work, or a turn
+		// this one holds no lease for): take its records, then append
+		// after them.
+		s.stats.logConflicts.Add(1)
+		if err := s.syncLocked(ctx, sess); err != nil {
+			return err
+		}
+	}
+}
