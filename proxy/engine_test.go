@@ -35,8 +35,8 @@ func (f *fakeConnector) After(_ context.Context, _ *engine.Request, resp *engine
 func (f *fakeConnector) SessionStats(string, string) (engine.SessionStats, bool) {
 	return engine.SessionStats{}, false
 }
-func (f *fakeConnector) Stats() engine.Stats { return engine.Stats{Connector: "fake", Enabled: true} }
-func (f *fakeConnector) Close() error        { return nil }
+func (f *fakeConnector) Stats() engine.Stats                     { return engine.Stats{Connector: "fake", Enabled: true} }
+func (f *fakeConnector) Close() error                            { return nil }
 func (f *fakeConnector) Settle(context.Context, *engine.Request) {}
 func (f *fakeConnector) Forget(_ context.Context, tenant, session string) error {
 	f.mu.Lock()

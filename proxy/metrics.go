@@ -106,6 +106,7 @@ type Metrics struct {
 	inFlight    atomic.Int64
 	disconnects atomic.Uint64
 	anonymous   atomic.Uint64 // session requests without a tenant, served statelessly
+	fleetBusy   atomic.Uint64 // turns refused: the session's lease stayed with another replica
 	start       time.Time
 
 	// mu protects the fields below.
@@ -206,6 +207,9 @@ func (m *Metrics) WritePrometheus(out io.Writer) {
 	fmt.Fprintln(w, "# HELP sidecar_anonymous_stateless_requests_total Requests that named a session without an API key and went through without session state.")
 	fmt.Fprintln(w, "# TYPE sidecar_anonymous_stateless_requests_total counter")
 	fmt.Fprintf(w, "sidecar_anonymous_stateless_requests_total %d\n", m.anonymous.Load())
+	fmt.Fprintln(w, "# HELP sidecar_fleet_session_busy_total Turns answered 503 because another replica kept the session's lease past the wait.")
+	fmt.Fprintln(w, "# TYPE sidecar_fleet_session_busy_total counter")
+	fmt.Fprintf(w, "sidecar_fleet_session_busy_total %d\n", m.fleetBusy.Load())
 	fmt.Fprintln(w, "# HELP sidecar_http_request_bytes_total Request body bytes received from clients.")
 	fmt.Fprintln(w, "# TYPE sidecar_http_request_bytes_total counter")
 	fmt.Fprintf(w, "sidecar_http_request_bytes_total %d\n", m.bytesIn.Load())

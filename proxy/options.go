@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -80,6 +81,14 @@ type Options struct {
 	// stats (engine.Generic). Nil: none. The Server does not close it.
 	// DELETE /v1/sessions/{id} also has it Forget the session's KV.
 	Engine engine.Connector
+
+	// Fleet, when set, serializes each session's turns across the replicas
+	// of a fleet that share one store (package fleet): a chat or
+	// completions request of a session holds the session's lease from
+	// before its messages are recorded until its reply is recorded and the
+	// engine settled its KV (engine.Connector.Settle), so the replica that
+	// serves the next turn finds both. Nil: one machine, no lease.
+	Fleet Fleet
 
 	// AllowAnonymous lets requests without a bearer token (no
 	// Authorization header, an empty one, or "Bearer" alone) share one
@@ -168,4 +177,13 @@ func (o *Options) validate() (*url.URL, error) {
 		return nil, errors.New("proxy: size limits must not be negative")
 	}
 	return u, nil
+}
+
+// Fleet is what the proxy needs of a fleet's shared store.
+type Fleet interface {
+	// Acquire takes the session's lease for one turn, waiting (bounded)
+	// while another replica holds it. release is called exactly once,
+	// when the turn's reply and KV are written through. An error means
+	// the lease stayed elsewhere: the request is answered 503.
+	Acquire(ctx context.Context, tenant, session string) (release func(), err error)
 }

@@ -49,6 +49,9 @@ type relay struct {
 	// last data events (llama.cpp puts timings in the final chunk).
 	ereq     *engine.Request
 	lastData [2][]byte
+	// release, when not nil, ends the turn's fleet lease once the reply
+	// is recorded and the engine settled.
+	release func()
 	// end tracks whether a validated stream finished: its [DONE], or a
 	// finish_reason for every choice it started.
 	end streamEnd
@@ -263,17 +266,20 @@ func (r *relay) CloseWithError(err error) error {
 		r.s.metrics.disconnects.Add(1)
 		r.s.log.Info("client went away mid-response", append(r.sessLog, "route", r.route.String(), "sent_bytes", r.sent)...)
 	}
+	var rec func()
 	if r.turn != nil {
 		// Not committed at the stream's end: record what was produced as a
 		// partial reply (cut short by either side), or abort an error
 		// answer.
 		if r.status < 300 {
-			r.s.record(r.turn, r.reply.message(), true)
+			turn, msg := r.turn, r.reply.message()
+			rec = func() { r.s.recordTurn(turn, msg, true) }
 		} else {
 			r.turn.Abort()
 		}
 		r.turn = nil
 	}
+	var resp *engine.Response
 	if r.ereq != nil {
 		var body []byte
 		for _, d := range r.lastData {
@@ -281,8 +287,11 @@ func (r *relay) CloseWithError(err error) error {
 				body = append(append(append(body, "data: "...), d...), "\n\n"...)
 			}
 		}
-		r.s.engineAfter(r.ereq, &engine.Response{Status: r.status, Stream: true, Body: body})
-		r.ereq = nil
+		resp = &engine.Response{Status: r.status, Stream: true, Body: body}
+	}
+	if rec != nil || r.ereq != nil || r.release != nil {
+		r.s.engineAfter(r.ereq, resp, rec, r.release)
+		r.ereq, r.release = nil, nil
 	}
 	r.s.metrics.bytesOut.Add(uint64(r.sent))
 	r.s.finish(r.route, r.status, r.start)

@@ -276,6 +276,26 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	if sess.ID != "" {
 		sessLog = []any{"session", sess.ID, "tenant", sess.Tenant}
 	}
+	// A fleet's lease covers the whole turn; every path below either hands
+	// release on (to the engine's after-work or the relay) or runs it.
+	var release func()
+	if s.opts.Fleet != nil && sess.ID != "" && (r == routeChat || r == routeCompletions) && ctx.IsPost() {
+		rel, err := s.opts.Fleet.Acquire(s.stopping, sess.Tenant, sess.ID)
+		if err != nil {
+			s.metrics.fleetBusy.Add(1)
+			s.log.Warn("session busy on another replica", append(sessLog, "err", err)...)
+			writeError(ctx, fasthttp.StatusServiceUnavailable, typeServer, "session_busy",
+				"another replica is serving this session and did not finish in time; retry")
+			ctx.Response.Header.Set("Retry-After", "1")
+			return false
+		}
+		release = rel
+	}
+	defer func() {
+		if release != nil {
+			release()
+		}
+	}()
 	var turn *memory.Turn
 	if s.opts.Memory != nil && sess.ID != "" && r == routeChat && ctx.IsPost() {
 		var handled bool
@@ -310,7 +330,8 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	// The engine hears of every response it saw a request for, once.
 	defer func() {
 		if ereq != nil {
-			s.engineAfter(ereq, &engine.Response{Status: ctx.Response.StatusCode(), Body: ctx.Response.Body()})
+			s.engineAfter(ereq, &engine.Response{Status: ctx.Response.StatusCode(), Body: ctx.Response.Body()}, nil, release)
+			release = nil
 		}
 	}()
 
@@ -358,13 +379,13 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	if isSSE || resp.Header.ContentLength() < 0 && info.Stream {
 		// The watch goes on while the relay waits on the upstream; the relay
 		// stops it when fasthttp closes the body stream.
-		rl := &relay{stopWatch: stopWatch, turn: turn, ereq: ereq,
+		rl := &relay{stopWatch: stopWatch, turn: turn, ereq: ereq, release: release,
 			s: s, body: ub, conn: ctx.Conn(),
 			sse: isSSE, validate: isSSE && (r == routeChat || r == routeCompletions),
 			route: r, status: status, start: start, sessLog: sessLog,
 			buf: relayBufs.Get().(*[32 << 10]byte)[:],
 		}
-		turn, ereq = nil, nil // the relay records them
+		turn, ereq, release = nil, nil, nil // the relay records them
 		// Headers go out at once unless the first bytes of the body are
 		// already here: then both leave in one write, one wakeup less for
 		// the client's time to first event.
@@ -411,11 +432,29 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	return false
 }
 
-// engineAfter runs the engine's after-hook off the request path (it may save
-// a slot's state). resp.Body is copied: the response buffer is reused.
-func (s *Server) engineAfter(req *engine.Request, resp *engine.Response) {
-	resp.Body = append([]byte(nil), resp.Body...)
-	s.bg.run(func() { s.opts.Engine.After(context.Background(), req, resp) })
+// engineAfter runs, off the request path and in this order: rec (a
+// partial reply to record, or nil), the engine's after-hook (it may save a
+// slot's state) and, when the turn holds a fleet lease, the engine's
+// Settle (the turn's KV saved and written through) and then release.
+// resp.Body is copied: the response buffer is reused.
+func (s *Server) engineAfter(req *engine.Request, resp *engine.Response, rec, release func()) {
+	if resp != nil {
+		resp.Body = append([]byte(nil), resp.Body...)
+	}
+	s.bg.run(func() {
+		if rec != nil {
+			rec()
+		}
+		if req != nil {
+			s.opts.Engine.After(context.Background(), req, resp)
+			if release != nil {
+				s.opts.Engine.Settle(context.Background(), req)
+			}
+		}
+		if release != nil {
+			release()
+		}
+	})
 }
 
 // bgTasks runs work after responses in goroutines it tracks. Once closed

@@ -117,6 +117,9 @@ func (s *Store) readDurability(ctx context.Context) string {
 // (CONFIG is disabled).
 func (s *Store) Durability() string { return s.durability }
 
+// LeaseTTL is the lease lifetime in effect (Options.LeaseTTL).
+func (s *Store) LeaseTTL() time.Duration { return s.opts.LeaseTTL }
+
 // Owner is this replica's address as written into its leases.
 func (s *Store) Owner() string { return s.opts.Owner }
 
