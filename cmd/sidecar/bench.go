@@ -27,6 +27,7 @@ workloads:
   proxy      added latency of the sidecar and nginx over a direct upstream (--target name=host:port ...)
   gpu        Focus put/get latency and host<->device bandwidth (--device, --full)
   sessions   sessions on a real llama-server, direct vs through the sidecar, with restarts (tokens reprocessed)
+  fleet      sessions moving between replicas (sidecar + llama-server each) with and without a shared Redis store
   upstream   serve a scripted OpenAI-compatible upstream (for proxy benchmarks and demos)
 
 With no workload, sidecar bench runs amortization (about 20 s on 2 cores). --json prints one JSON
@@ -56,6 +57,8 @@ func cmdBench(args []string) int {
 		err = benchGPU(args)
 	case "sessions":
 		err = benchSessions(args)
+	case "fleet":
+		err = benchFleet(args)
 	case "help", "-h", "--help":
 		fmt.Print(benchUsage)
 		return 0

@@ -19,12 +19,14 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/bench"
 	"github.com/kvsidecar/kvsidecar/engine"
+	"github.com/kvsidecar/kvsidecar/fleet"
 	"github.com/kvsidecar/kvsidecar/gpu"
 	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/llm"
 	"github.com/kvsidecar/kvsidecar/memory"
 	"github.com/kvsidecar/kvsidecar/proxy"
+	"github.com/kvsidecar/kvsidecar/remote"
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
@@ -63,6 +65,12 @@ type serveConfig struct {
 
 	sessionTTL   time.Duration
 	maxDiskBytes int64
+
+	remote         string
+	remotePrefix   string
+	remoteOwner    string
+	remoteLeaseTTL time.Duration
+	remoteChunk    int
 }
 
 func serveFlags(c *serveConfig) *flag.FlagSet {
@@ -101,6 +109,11 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.IntVar(&c.slots, "llamacpp-slots", 1, "the llama.cpp server's -np (parallel slots)")
 	fs.StringVar(&c.pprof, "pprof", "", "serve Go's /debug/pprof on this loopback address, e.g. 127.0.0.1:6060 (heap dumps hold prompts: any other address is refused; off when empty)")
 	fs.BoolVar(&c.allowAnonymous, "allow-anonymous", false, "let requests without an API key share one tenant named \"anonymous\" (sessions, pool, KV open to every such client); off: they keep no state and the state APIs answer 401")
+	fs.StringVar(&c.remote, "remote", "", "shared store of a fleet of sidecars: redis://[user:pass@]host:port/db, rediss://… (TLS), or redis://host1:port1?addr=host2:port2 (Redis Cluster); sessions and engine states are written through to it and any replica serves any session (empty: this machine only)")
+	fs.StringVar(&c.remotePrefix, "remote-prefix", "kvs", "prefix of every key in the --remote store (several deployments can share one store)")
+	fs.StringVar(&c.remoteOwner, "remote-owner", "", "this replica's address as the other replicas see it, written into its session leases (default: the --listen address); must be unique in the fleet")
+	fs.DurationVar(&c.remoteLeaseTTL, "remote-lease-ttl", 10*time.Second, "how long a session lease outlives a replica that died holding it")
+	fs.IntVar(&c.remoteChunk, "remote-chunk-bytes", 4<<20, "chunk size of engine states in the --remote store")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
 	return fs
@@ -199,6 +212,26 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	}
 	log.Info("opened device", "ms", time.Since(t).Milliseconds(), "device", dev.Name(), "kind", dev.Kind().String())
 
+	var fl *fleet.Fleet
+	if c.remote != "" {
+		t = time.Now()
+		owner := c.remoteOwner
+		if owner == "" {
+			owner = defaultOwner(c.listen)
+		}
+		rs, err := remote.Open(context.Background(), remote.Options{URL: c.remote, Prefix: c.remotePrefix, TTL: c.sessionTTL,
+			ChunkBytes: c.remoteChunk, Owner: owner, LeaseTTL: c.remoteLeaseTTL, Logger: log})
+		if err != nil {
+			return fmt.Errorf("--remote: %w", err)
+		}
+		onClose("remote store", rs.Close) // last: memory and the engine write through it until they close
+		if fl, err = fleet.New(fleet.Options{Store: rs, Logger: log}); err != nil {
+			return err
+		}
+		log.Info("opened remote store", "ms", time.Since(t).Milliseconds(), "prefix", c.remotePrefix, "owner", owner,
+			"durability", rs.Durability(), "lease_ttl", c.remoteLeaseTTL.String(), "ttl", c.sessionTTL.String())
+	}
+
 	t = time.Now()
 	// Blobs of the KV API are bounded by --max-kv-bytes at the HTTP layer;
 	// the cache also keeps engine slot states, which can be larger.
@@ -231,7 +264,11 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	case "generic":
 		conn = engine.NewGeneric()
 	case "llamacpp":
-		lc, err := engine.NewLlamaCPP(engine.LlamaCPPOptions{BaseURL: c.upstream, SlotDir: c.slotDir, Slots: c.slots, Cache: kvc, Logger: log})
+		lo := engine.LlamaCPPOptions{BaseURL: c.upstream, SlotDir: c.slotDir, Slots: c.slots, Cache: kvc, Logger: log}
+		if fl != nil {
+			lo.Shared = fl.States()
+		}
+		lc, err := engine.NewLlamaCPP(lo)
 		if err != nil {
 			return fmt.Errorf("engine llamacpp: %w", err)
 		}
@@ -293,8 +330,12 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		return fmt.Errorf("--embedder %q: want offline or upstream", c.embedder)
 	}
 	t = time.Now()
+	var sharedLog memory.SharedLog
+	if fl != nil {
+		sharedLog = fl.Log()
+	}
 	mem, err := memory.Open(memory.Options{
-		Dir: filepath.Join(dataDir, "sessions"), Fsync: fsyncPolicy,
+		Dir: filepath.Join(dataDir, "sessions"), Fsync: fsyncPolicy, SharedLog: sharedLog,
 		Window:     memory.WindowOptions{Limit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy},
 		Recall:     memory.RecallOptions{Index: idx, Share: share},
 		Extraction: memory.ExtractionOptions{Summarizer: bg, Extractor: extractor},
@@ -317,7 +358,12 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	log.Info("opened session memory", "ms", time.Since(t).Milliseconds(), "window_tokens", c.windowTokens, "overflow", strategy.String(),
 		"session_ttl", c.sessionTTL.String(), "max_disk_bytes", c.maxDiskBytes, "max_open_logs", mem.Stats().MaxOpenFiles)
 
+	var pf proxy.Fleet
+	if fl != nil {
+		pf = fl
+	}
 	srv, err := proxy.New(proxy.Options{
+		Fleet:             pf,
 		Memory:            mem,
 		KV:                kvc,
 		MaxKVBytes:        c.maxKV,
@@ -441,4 +487,20 @@ func parseModelLimits(v string) (map[string]int, error) {
 		m[strings.TrimSpace(name)] = tokens
 	}
 	return m, nil
+}
+
+// defaultOwner is the lease owner of a replica listening on listen: the
+// address itself, unless its host is loopback or unspecified (the same on
+// every machine); then the host name with the port.
+func defaultOwner(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return listen
+	}
+	if ip := net.ParseIP(host); host == "" || host == "localhost" || ip != nil && (ip.IsLoopback() || ip.IsUnspecified()) {
+		if h, err := os.Hostname(); err == nil && h != "" {
+			return net.JoinHostPort(h, port)
+		}
+	}
+	return listen
 }

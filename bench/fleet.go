@@ -1,0 +1,571 @@
+package bench
+
+// A fleet of sidecars (issue 13): N replicas, each a sidecar in front of
+// its own real llama-server, sessions whose turns move between replicas
+// (round r of session i goes to replica (i+r) mod N), run twice side by
+// side with the same client: once with the replicas sharing a Redis store
+// (--remote) and once without. Optionally one replica (sidecar and engine)
+// is killed with SIGKILL after a round and its sessions continue on the
+// others, and the Redis server is killed with SIGKILL and restarted. The
+// measure is llama.cpp's own: tokens reprocessed (timings.prompt_n) on the
+// turns that moved, and the time to first token.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/redisserver"
+)
+
+// FleetOptions configure RunFleet. SidecarCommand is required; every zero
+// value is a documented default.
+type FleetOptions struct {
+	// Replicas per fleet. Zero: 2.
+	Replicas int
+	// Sessions and Rounds (turns per session). Zero: 4 and 6.
+	Sessions, Rounds int
+	// Slots is each llama-server's -np. Zero: 2.
+	Slots int
+	// DocTokens is each session's document (its system message). Zero:
+	// 1,500.
+	DocTokens int
+	// CacheRAMMiB is each llama-server's --cache-ram. Zero: 8 (as in
+	// sidecar bench sessions); negative: off.
+	CacheRAMMiB int
+	// MaxTokens of each reply. Zero: 8.
+	MaxTokens int
+	// KillAfter, when positive, kills replica 1 (its sidecar and its
+	// llama-server, SIGKILL) in both fleets after that round; its sessions
+	// go on on the others.
+	KillAfter int
+	// RedisRestartAfter, when positive, kills the Redis server (SIGKILL)
+	// after that round and starts it again on its AOF.
+	RedisRestartAfter int
+	// AppendFsync is the Redis AOF policy. Empty: "always".
+	AppendFsync string
+	// LlamaServer, Model, Threads, LlamaArgs: as in SessionsOptions
+	// (Threads defaults to 1: 2·Replicas servers share the machine).
+	LlamaServer string
+	Model       string
+	Threads     int
+	LlamaArgs   []string
+	// RedisServer is the redis-server binary. Empty: redisserver.Find.
+	RedisServer string
+	// SidecarCommand runs the sidecar, e.g. {os.Executable(), "serve"}.
+	// Required. SidecarArgs are added to every replica's flags.
+	SidecarCommand []string
+	SidecarArgs    []string
+	// Dir holds everything. Empty: a temporary folder, removed.
+	Dir string
+	// Progress receives one line per round and event (and per turn when
+	// Verbose). Nil: none.
+	Progress io.Writer
+	Verbose  bool
+	// TurnTimeout bounds one chat request. Zero: 2 minutes.
+	TurnTimeout time.Duration
+}
+
+func (o *FleetOptions) validate() error {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.Replicas, 2)
+	def(&o.Sessions, 4)
+	def(&o.Rounds, 6)
+	def(&o.Slots, 2)
+	def(&o.DocTokens, 1500)
+	def(&o.CacheRAMMiB, 8)
+	def(&o.MaxTokens, 8)
+	def(&o.Threads, 1)
+	switch {
+	case o.Replicas < 2 || o.Replicas > 8:
+		return fmt.Errorf("bench: fleet: %d replicas (2 to 8)", o.Replicas)
+	case o.Sessions < 1 || o.Sessions > 1000 || o.Rounds < 2 || o.Rounds > 1000:
+		return fmt.Errorf("bench: fleet: %d sessions × %d rounds", o.Sessions, o.Rounds)
+	case o.Slots < 1 || o.DocTokens < 16 || o.MaxTokens < 1 || o.Threads < 1 || o.KillAfter < 0 || o.RedisRestartAfter < 0 || o.TurnTimeout < 0:
+		return errors.New("bench: fleet: negative or zero option")
+	case o.KillAfter >= o.Rounds:
+		return fmt.Errorf("bench: fleet: kill after round %d of %d", o.KillAfter, o.Rounds)
+	case len(o.SidecarCommand) == 0:
+		return errors.New("bench: fleet: no SidecarCommand")
+	}
+	if o.AppendFsync == "" {
+		o.AppendFsync = "always"
+	}
+	if o.LlamaArgs == nil {
+		o.LlamaArgs = []string{"--n-predict", "128"}
+	}
+	if o.TurnTimeout == 0 {
+		o.TurnTimeout = 2 * time.Minute
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	return nil
+}
+
+// FleetReport is the result of RunFleet.
+type FleetReport struct {
+	Replicas          int      `json:"replicas"`
+	Sessions          int      `json:"sessions"`
+	Rounds            int      `json:"rounds"`
+	Slots             int      `json:"slots"`
+	DocTokens         int      `json:"doc_tokens"`
+	CacheRAMMiB       int      `json:"cache_ram_mib"`
+	MaxTokens         int      `json:"max_tokens"`
+	Threads           int      `json:"threads"`
+	KillAfter         int      `json:"kill_after,omitempty"`
+	RedisRestartAfter int      `json:"redis_restart_after,omitempty"`
+	AppendFsync       string   `json:"appendfsync"`
+	Model             string   `json:"model"`
+	SidecarArgs       []string `json:"sidecar_args"`
+
+	RoundStats []FleetRound `json:"rounds_detail"`
+	// Moved sums every moved turn after round 1, per fleet; Ratio is the
+	// shared fleet's tokens reprocessed on them over the local one's.
+	Shared FleetSide `json:"shared_moved"`
+	Local  FleetSide `json:"local_moved"`
+	Ratio  float64   `json:"moved_reprocessed_ratio"`
+	// AfterKill is the shared fleet's first turn of each session that had
+	// been on the killed replica: tokens reprocessed over the prompt (a
+	// cold start reprocesses all of it).
+	AfterKill FleetKill `json:"after_kill"`
+	// Joiner is one more turn of every session on a replica that joined
+	// the shared fleet at the end, with empty disks: what it reprocessed
+	// came from nothing but the store.
+	Joiner FleetSide `json:"joiner"`
+	// History checks, after the run, that every acknowledged turn of every
+	// session is in the shared fleet's memory, read from the joiner.
+	History FleetHistory   `json:"history"`
+	Goals   []SessionsGoal `json:"goals"`
+	Notes   []string       `json:"notes,omitempty"`
+	Seconds float64        `json:"duration_seconds"`
+}
+
+// FleetRound is one round of every session, per fleet.
+type FleetRound struct {
+	Round  int       `json:"round"`
+	Event  string    `json:"event,omitempty"`
+	Shared FleetSide `json:"shared"`
+	Local  FleetSide `json:"local"`
+	// Ratio is the shared fleet's tokens reprocessed on moved turns over
+	// the local fleet's (0 when none moved).
+	Ratio float64 `json:"moved_reprocessed_ratio"`
+}
+
+// FleetSide is what one fleet's turns showed the client.
+type FleetSide struct {
+	Turns      int    `json:"turns"`
+	Errors     int    `json:"errors"`
+	FirstError string `json:"first_error,omitempty"`
+	// Moved counts turns served by another replica than the session's
+	// previous turn; the figures below are over those.
+	Moved        int     `json:"moved"`
+	Prompt       int64   `json:"prompt_tokens"`
+	Reprocessed  int64   `json:"reprocessed_tokens"`
+	NewTokens    int64   `json:"new_tokens"`
+	TTFTP50Ms    float64 `json:"ttft_p50_ms"`
+	TTFTP99Ms    float64 `json:"ttft_p99_ms"`
+	ttft         []time.Duration
+	AllReprocess int64 `json:"all_turns_reprocessed_tokens"`
+}
+
+func (s *FleetSide) add(o FleetSide) {
+	s.Turns += o.Turns
+	s.Errors += o.Errors
+	if s.FirstError == "" {
+		s.FirstError = o.FirstError
+	}
+	s.Moved += o.Moved
+	s.Prompt += o.Prompt
+	s.Reprocessed += o.Reprocessed
+	s.NewTokens += o.NewTokens
+	s.AllReprocess += o.AllReprocess
+	s.ttft = append(s.ttft, o.ttft...)
+	s.TTFTP50Ms, s.TTFTP99Ms = percentileMs(s.ttft, 0.5), percentileMs(s.ttft, 0.99)
+}
+
+// FleetKill is the turns that followed the kill of a replica.
+type FleetKill struct {
+	Turns       int     `json:"turns"`
+	Prompt      int64   `json:"prompt_tokens"`
+	Reprocessed int64   `json:"reprocessed_tokens"`
+	NewTokens   int64   `json:"new_tokens"`
+	Ratio       float64 `json:"reprocessed_over_cold_start"`
+	LocalRatio  float64 `json:"local_reprocessed_over_cold_start"`
+	TTFTP50Ms   float64 `json:"ttft_p50_ms"`
+	LocalTTFT   float64 `json:"local_ttft_p50_ms"`
+}
+
+// FleetHistory is the check of the shared fleet's memory after the run.
+type FleetHistory struct {
+	Sessions int `json:"sessions"`
+	// Turns is the acknowledged turns; Kept those whose user message and
+	// reply the memory holds, in order.
+	Turns int `json:"acknowledged_turns"`
+	Kept  int `json:"kept_turns"`
+}
+
+// fleet is N replicas, with or without a shared store.
+type fleet struct {
+	name   string
+	llamas []*llamaserver.Server
+	scs    []*sidecarProc
+	alive  []bool
+	hist   [][]chatMsg
+	last   []int64 // per session: previous prompt tokens
+	at     []int   // per session: replica of the previous turn (-1: none)
+	acked  [][]bool
+}
+
+func (f *fleet) close() {
+	for _, s := range f.scs {
+		if s != nil {
+			s.close()
+		}
+	}
+	for _, l := range f.llamas {
+		if l != nil {
+			l.Close()
+		}
+	}
+}
+
+// route is the replica serving session i in round r: (i+r) mod N among
+// the live ones.
+func (f *fleet) route(i, r int) int {
+	var live []int
+	for k, ok := range f.alive {
+		if ok {
+			live = append(live, k)
+		}
+	}
+	return live[(i+r)%len(live)]
+}
+
+// RunFleet runs the benchmark; see FleetOptions.
+func RunFleet(ctx context.Context, o FleetOptions) (FleetReport, error) {
+	t0 := time.Now()
+	if err := o.validate(); err != nil {
+		return FleetReport{}, err
+	}
+	dir := o.Dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "kvsidecar-bench-fleet-*")
+		if err != nil {
+			return FleetReport{}, err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	if o.Model == "" {
+		p, err := llamaserver.Find()
+		if err != nil {
+			return FleetReport{}, fmt.Errorf("bench: fleet: no --model given and none can be generated: %w", err)
+		}
+		if o.LlamaServer == "" {
+			o.LlamaServer = p.Server
+		}
+		if o.Model, err = llamaserver.TinyModel(p, ""); err != nil {
+			return FleetReport{}, err
+		}
+	}
+	r := FleetReport{Replicas: o.Replicas, Sessions: o.Sessions, Rounds: o.Rounds, Slots: o.Slots, DocTokens: o.DocTokens,
+		CacheRAMMiB: o.CacheRAMMiB, MaxTokens: o.MaxTokens, Threads: o.Threads, KillAfter: o.KillAfter,
+		RedisRestartAfter: o.RedisRestartAfter, AppendFsync: o.AppendFsync, Model: o.Model, SidecarArgs: append([]string{}, o.SidecarArgs...)}
+
+	redis, err := redisserver.Start(ctx, redisserver.Options{Binary: o.RedisServer, Dir: filepath.Join(dir, "redis"), AppendFsync: o.AppendFsync})
+	if err != nil {
+		return r, err
+	}
+	defer redis.Close()
+
+	shared, local := &fleet{name: "shared"}, &fleet{name: "local"}
+	defer shared.close()
+	defer local.close()
+	for _, f := range []*fleet{shared, local} {
+		for k := range o.Replicas {
+			name := fmt.Sprintf("%s-%d", f.name, k)
+			l, err := llamaserver.Start(ctx, llamaserver.Options{
+				Binary: o.LlamaServer, Model: o.Model, Slots: o.Slots, CacheRAMMiB: o.CacheRAMMiB, Threads: o.Threads, Args: o.LlamaArgs,
+				SlotDir: filepath.Join(dir, name, "slots"), LogFile: filepath.Join(dir, name, "llama-server.log"),
+			})
+			if err != nil {
+				return r, err
+			}
+			f.llamas = append(f.llamas, l)
+			args := append([]string{}, o.SidecarArgs...)
+			if f == shared {
+				args = append(args, "--remote", redis.URL(), "--remote-lease-ttl", "3s")
+			}
+			sc, err := startSidecar(ctx, SessionsOptions{SidecarCommand: o.SidecarCommand, SidecarArgs: args}, l, filepath.Join(dir, name))
+			if err != nil {
+				return r, err
+			}
+			f.scs = append(f.scs, sc)
+			f.alive = append(f.alive, true)
+		}
+	}
+	fmt.Fprintf(o.Progress, "redis %s; %d replicas per fleet; logs in %s\n", redis.Addr(), o.Replicas, dir)
+
+	docs, err := makeDocs(ctx, shared.llamas[0], o.Sessions, o.DocTokens)
+	if err != nil {
+		return r, err
+	}
+	for _, f := range []*fleet{shared, local} {
+		f.hist = make([][]chatMsg, o.Sessions)
+		f.last = make([]int64, o.Sessions)
+		f.at = make([]int, o.Sessions)
+		f.acked = make([][]bool, o.Sessions)
+		for i := range f.hist {
+			f.hist[i] = []chatMsg{{Role: "system", Content: docs[i]}}
+			f.at[i] = -1
+		}
+	}
+	client := &http.Client{Timeout: o.TurnTimeout}
+	killed := -1
+	var killTurns, localKillTurns FleetKill
+	var killTTFT, localKillTTFT []time.Duration
+	for round := 1; round <= o.Rounds; round++ {
+		rs := FleetRound{Round: round}
+		if round-1 == o.KillAfter && round > 1 {
+			killed = 1
+			for _, f := range []*fleet{shared, local} {
+				f.scs[killed].kill()
+				f.llamas[killed].Kill()
+				f.alive[killed] = false
+			}
+			rs.Event = fmt.Sprintf("replica %d killed", killed)
+			r.Notes = append(r.Notes, fmt.Sprintf("replica %d (sidecar and llama-server) was killed with SIGKILL after round %d in both fleets; its sessions went on on the others", killed, round-1))
+			fmt.Fprintf(o.Progress, "killed replica %d (kill -9 of its sidecar and llama-server) in both fleets\n", killed)
+		}
+		if round-1 == o.RedisRestartAfter && round > 1 {
+			redis.Kill()
+			if err := redis.Restart(ctx); err != nil {
+				return r, fmt.Errorf("bench: fleet: restart redis: %w", err)
+			}
+			rs.Event = joinEvent(rs.Event, "redis restart")
+			r.Notes = append(r.Notes, fmt.Sprintf("redis-server was killed with SIGKILL after round %d and restarted on its AOF (appendfsync %s)", round-1, o.AppendFsync))
+			fmt.Fprintf(o.Progress, "killed redis-server (kill -9) and restarted it\n")
+		}
+		for i := 0; i < o.Sessions; i++ {
+			q := sessionQuestion(i, round)
+			for _, f := range []*fleet{shared, local} {
+				st := &rs.Shared
+				if f == local {
+					st = &rs.Local
+				}
+				k := f.route(i, round)
+				moved := f.at[i] >= 0 && f.at[i] != k
+				fromKilled := f.at[i] == killed && killed >= 0
+				msgs := append(f.hist[i], chatMsg{Role: "user", Content: q})
+				tr, err := streamTurn(ctx, client, f.scs[k].url(), fmt.Sprintf("fleet-%03d", i), msgs, o.MaxTokens)
+				st.Turns++
+				f.at[i] = k
+				if err != nil {
+					st.Errors++
+					if st.FirstError == "" {
+						st.FirstError = fmt.Sprintf("session %d on replica %d: %v", i, k, err)
+					}
+					f.hist[i] = append(msgs, chatMsg{Role: "assistant", Content: ""})
+					f.acked[i] = append(f.acked[i], false)
+					continue
+				}
+				f.hist[i] = append(msgs, chatMsg{Role: "assistant", Content: tr.Reply})
+				f.acked[i] = append(f.acked[i], true)
+				prompt := tr.PromptN + tr.CacheN
+				newTok := max(0, prompt-f.last[i])
+				f.last[i] = prompt
+				if o.Verbose {
+					fmt.Fprintf(o.Progress, "  %s session %d round %d on replica %d (moved %t): prompt %d, prompt_n %d, cache_n %d, new %d, TTFT %v\n",
+						f.name, i, round, k, moved, prompt, tr.PromptN, tr.CacheN, newTok, tr.TTFT.Round(time.Millisecond))
+				}
+				st.AllReprocess += tr.PromptN
+				if !moved {
+					continue
+				}
+				st.Moved++
+				st.Prompt += prompt
+				st.Reprocessed += tr.PromptN
+				st.NewTokens += newTok
+				st.ttft = append(st.ttft, tr.TTFT)
+				if fromKilled {
+					kt, kttft := &killTurns, &killTTFT
+					if f == local {
+						kt, kttft = &localKillTurns, &localKillTTFT
+					}
+					kt.Turns++
+					kt.Prompt += prompt
+					kt.Reprocessed += tr.PromptN
+					kt.NewTokens += newTok
+					*kttft = append(*kttft, tr.TTFT)
+				}
+			}
+		}
+		rs.Shared.TTFTP50Ms, rs.Shared.TTFTP99Ms = percentileMs(rs.Shared.ttft, 0.5), percentileMs(rs.Shared.ttft, 0.99)
+		rs.Local.TTFTP50Ms, rs.Local.TTFTP99Ms = percentileMs(rs.Local.ttft, 0.5), percentileMs(rs.Local.ttft, 0.99)
+		rs.Ratio = ratio(float64(rs.Shared.Reprocessed), float64(rs.Local.Reprocessed))
+		if round > 1 {
+			r.Shared.add(rs.Shared)
+			r.Local.add(rs.Local)
+		}
+		r.RoundStats = append(r.RoundStats, rs)
+		fmt.Fprintf(o.Progress, "round %d: moved turns %d; reprocessed on them: shared %d, local %d (ratio %.3f); TTFT p50 %.0f / %.0f ms; errors %d/%d\n",
+			round, rs.Shared.Moved, rs.Shared.Reprocessed, rs.Local.Reprocessed, rs.Ratio, rs.Shared.TTFTP50Ms, rs.Local.TTFTP50Ms, rs.Shared.Errors, rs.Local.Errors)
+	}
+	r.Ratio = ratio(float64(r.Shared.Reprocessed), float64(r.Local.Reprocessed))
+	killTurns.Ratio = ratio(float64(killTurns.Reprocessed), float64(killTurns.Prompt))
+	killTurns.LocalRatio = ratio(float64(localKillTurns.Reprocessed), float64(localKillTurns.Prompt))
+	killTurns.TTFTP50Ms, killTurns.LocalTTFT = percentileMs(killTTFT, 0.5), percentileMs(localKillTTFT, 0.5)
+	r.AfterKill = killTurns
+
+	// A replica that joins the shared fleet now, with empty disks (after
+	// the Redis restart, if any), serves one more turn of every session:
+	// history and KV come from the store alone. Then every acknowledged
+	// turn must be in its view of the sessions.
+	joiner, err := joinFleet(ctx, o, shared, redis.URL(), filepath.Join(dir, "shared-joiner"))
+	if err != nil {
+		return r, err
+	}
+	for i := 0; i < o.Sessions; i++ {
+		q := sessionQuestion(i, o.Rounds+1)
+		msgs := append(shared.hist[i], chatMsg{Role: "user", Content: q})
+		tr, err := streamTurn(ctx, client, joiner.url(), fmt.Sprintf("fleet-%03d", i), msgs, o.MaxTokens)
+		r.Joiner.Turns++
+		if err != nil {
+			r.Joiner.Errors++
+			shared.hist[i] = append(msgs, chatMsg{Role: "assistant", Content: ""})
+			shared.acked[i] = append(shared.acked[i], false)
+			continue
+		}
+		shared.hist[i] = append(msgs, chatMsg{Role: "assistant", Content: tr.Reply})
+		shared.acked[i] = append(shared.acked[i], true)
+		prompt := tr.PromptN + tr.CacheN
+		r.Joiner.Prompt += prompt
+		r.Joiner.Reprocessed += tr.PromptN
+		r.Joiner.NewTokens += max(0, prompt-shared.last[i])
+		r.Joiner.ttft = append(r.Joiner.ttft, tr.TTFT)
+	}
+	r.Joiner.Moved = r.Joiner.Turns - r.Joiner.Errors
+	r.Joiner.TTFTP50Ms, r.Joiner.TTFTP99Ms = percentileMs(r.Joiner.ttft, 0.5), percentileMs(r.Joiner.ttft, 0.99)
+	fmt.Fprintf(o.Progress, "a new replica (empty disks) served one more turn of every session: reprocessed %d of %d prompt tokens (%d new)\n",
+		r.Joiner.Reprocessed, r.Joiner.Prompt, r.Joiner.NewTokens)
+	r.History = checkFleetHistory(ctx, client, shared, joiner.url())
+
+	errs := r.Shared.Errors
+	r.Goals = append(r.Goals, SessionsGoal{Name: "moved turns: shared/local tokens reprocessed", Value: r.Ratio, Limit: sessionsGoalRatio,
+		Met: errs == 0 && r.Shared.Moved > 0 && r.Ratio <= sessionsGoalRatio})
+	// What a perfect cache reprocesses is the tokens a turn adds; the
+	// shared fleet's moved turns may exceed it by 10% of their prompts.
+	excess := ratio(float64(r.Shared.Reprocessed-r.Shared.NewTokens), float64(r.Shared.Prompt))
+	r.Goals = append(r.Goals, SessionsGoal{Name: "moved turns: (reprocessed − new tokens) / prompt", Value: excess, Limit: sessionsGoalRatio,
+		Met: errs == 0 && r.Shared.Moved > 0 && excess <= sessionsGoalRatio})
+	jr := ratio(float64(r.Joiner.Reprocessed), float64(r.Joiner.Prompt))
+	r.Goals = append(r.Goals, SessionsGoal{Name: "a replica joining with empty disks: tokens reprocessed / cold start", Value: jr, Limit: sessionsGoalRatio,
+		Met: r.Joiner.Errors == 0 && r.Joiner.Turns > 0 && jr <= sessionsGoalRatio})
+	if o.KillAfter > 0 {
+		r.Goals = append(r.Goals, SessionsGoal{Name: "after the kill -9 of a replica: tokens reprocessed / cold start", Value: killTurns.Ratio,
+			Limit: sessionsGoalRatio, Met: killTurns.Turns > 0 && killTurns.Ratio <= sessionsGoalRatio})
+	}
+	lost := float64(r.History.Turns - r.History.Kept)
+	r.Goals = append(r.Goals, SessionsGoal{Name: "acknowledged turns missing from the shared fleet's memory", Value: lost, Limit: 0, Met: lost == 0 && r.History.Turns > 0})
+	r.Seconds = time.Since(t0).Seconds()
+	return r, nil
+}
+
+func joinEvent(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + ", " + b
+}
+
+// joinFleet starts one more replica of the shared fleet (its own
+// llama-server, a sidecar with an empty data folder) and adds it to f.
+func joinFleet(ctx context.Context, o FleetOptions, f *fleet, redisURL, dir string) (*sidecarProc, error) {
+	l, err := llamaserver.Start(ctx, llamaserver.Options{
+		Binary: o.LlamaServer, Model: o.Model, Slots: o.Slots, CacheRAMMiB: o.CacheRAMMiB, Threads: o.Threads, Args: o.LlamaArgs,
+		SlotDir: filepath.Join(dir, "slots"), LogFile: filepath.Join(dir, "llama-server.log"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	f.llamas = append(f.llamas, l)
+	args := append(append([]string{}, o.SidecarArgs...), "--remote", redisURL, "--remote-lease-ttl", "3s")
+	sc, err := startSidecar(ctx, SessionsOptions{SidecarCommand: o.SidecarCommand, SidecarArgs: args}, l, dir)
+	if err != nil {
+		return nil, err
+	}
+	f.scs = append(f.scs, sc)
+	f.alive = append(f.alive, true)
+	return sc, nil
+}
+
+// checkFleetHistory reads each session of f from the sidecar at base
+// (GET /v1/sessions/{id}) and counts the acknowledged turns whose question
+// and reply it holds in order.
+func checkFleetHistory(ctx context.Context, client *http.Client, f *fleet, base string) FleetHistory {
+	var h FleetHistory
+	for i := range f.hist {
+		h.Sessions++
+		for _, ok := range f.acked[i] {
+			if ok {
+				h.Turns++
+			}
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/sessions/fleet-"+fmt.Sprintf("%03d", i), nil)
+		req.Header.Set("Authorization", "Bearer bench-sessions")
+		resp, err := client.Do(req)
+		if err != nil {
+			continue
+		}
+		var v struct {
+			Messages []struct{ Role, Content string }
+		}
+		err = json.NewDecoder(resp.Body).Decode(&v)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			continue
+		}
+		// Walk the client's history: each acknowledged turn's question and
+		// reply must appear, in order.
+		pos := 0
+		find := func(role, content string) bool {
+			for ; pos < len(v.Messages); pos++ {
+				if v.Messages[pos].Role == role && v.Messages[pos].Content == content {
+					pos++
+					return true
+				}
+			}
+			return false
+		}
+		t := 0
+		for j := 1; j+1 < len(f.hist[i]); j += 2 {
+			if t >= len(f.acked[i]) {
+				break
+			}
+			ok := f.acked[i][t]
+			t++
+			if !ok {
+				continue
+			}
+			save := pos
+			if find("user", f.hist[i][j].Content) && find("assistant", f.hist[i][j+1].Content) {
+				h.Kept++
+			} else {
+				pos = save
+			}
+		}
+	}
+	return h
+}
