@@ -340,13 +340,20 @@ func RunFleet(ctx context.Context, o FleetOptions) (FleetReport, error) {
 		rs := FleetRound{Round: round}
 		if round-1 == o.KillAfter && round > 1 {
 			killed = 1
+			var note string
 			for _, f := range []*fleet{shared, local} {
+				// As between users' turns: the last turn's KV is saved (a
+				// kill right after an answer loses that turn's KV, never
+				// its history).
+				f.scs[killed].drain(ctx)
+				time.Sleep(200 * time.Millisecond)
+				note = f.scs[killed].drain(ctx)
 				f.scs[killed].kill()
 				f.llamas[killed].Kill()
 				f.alive[killed] = false
 			}
 			rs.Event = fmt.Sprintf("replica %d killed", killed)
-			r.Notes = append(r.Notes, fmt.Sprintf("replica %d (sidecar and llama-server) was killed with SIGKILL after round %d in both fleets; its sessions went on on the others", killed, round-1))
+			r.Notes = append(r.Notes, fmt.Sprintf("replica %d (sidecar and llama-server) was killed with SIGKILL after round %d in both fleets, %s; its sessions went on on the others", killed, round-1, note))
 			fmt.Fprintf(o.Progress, "killed replica %d (kill -9 of its sidecar and llama-server) in both fleets\n", killed)
 		}
 		if round-1 == o.RedisRestartAfter && round > 1 {

@@ -213,11 +213,22 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	log.Info("opened device", "ms", time.Since(t).Milliseconds(), "device", dev.Name(), "kind", dev.Kind().String())
 
 	var fl *fleet.Fleet
+	var ln net.Listener
 	if c.remote != "" {
+		// Listen first: the lease owner's default is the bound address
+		// (with --listen HOST:0, the port is known only now).
+		if ln, err = net.Listen("tcp", c.listen); err != nil {
+			return fmt.Errorf("listen %s: %w", c.listen, err)
+		}
+		defer func() {
+			if ln != nil {
+				ln.Close() // closed by Serve once serving; here on errors before
+			}
+		}()
 		t = time.Now()
 		owner := c.remoteOwner
 		if owner == "" {
-			owner = defaultOwner(c.listen)
+			owner = defaultOwner(ln.Addr().String())
 		}
 		rs, err := remote.Open(context.Background(), remote.Options{URL: c.remote, Prefix: c.remotePrefix, TTL: c.sessionTTL,
 			ChunkBytes: c.remoteChunk, Owner: owner, LeaseTTL: c.remoteLeaseTTL, Logger: log})
@@ -382,9 +393,10 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", c.listen)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", c.listen, err)
+	if ln == nil {
+		if ln, err = net.Listen("tcp", c.listen); err != nil {
+			return fmt.Errorf("listen %s: %w", c.listen, err)
+		}
 	}
 	for _, w := range exposureWarnings(ln.Addr(), c.allowAnonymous) {
 		log.Warn(w, "listen", ln.Addr().String())
