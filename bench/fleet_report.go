@@ -13,7 +13,7 @@ func WriteFleetTable(w io.Writer, r FleetReport) error {
 	if r.CacheRAMMiB < 0 {
 		cache = "--cache-ram 0 (off)"
 	}
-	fmt.Fprintf(w, "A fleet of %d sidecars, each before its own llama-server, with a shared Redis store (appendfsync %s) and without: %d sessions × %d rounds, round r of session i on replica (i+r) mod %d, %d slots each, %d-token documents, %s, -t %d, model %s\n",
+	fmt.Fprintf(w, "A fleet of %d sidecars, each before its own llama-server, with a shared Redis store (appendfsync %s) and without, and one replica where sessions never move: %d sessions × %d rounds, round r of session i on replica (i+r) mod %d, %d slots each, %d-token documents, %s, -t %d, model %s\n",
 		r.Replicas, r.AppendFsync, r.Sessions, r.Rounds, r.Replicas, r.Slots, r.DocTokens, cache, r.Threads, filepath.Base(r.Model))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "round\tevent\tmoved turns\treprocessed on them shared\tlocal\tshared/local\tnew tokens\tprompt tokens\tTTFT p50 ms s/l\tTTFT p99 ms s/l\terrors s/l\t\n")
@@ -32,6 +32,7 @@ func WriteFleetTable(w io.Writer, r FleetReport) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	fmt.Fprintf(w, "the same %d turns on one replica where sessions never move: reprocessed %d of %d prompt tokens\n", r.Sticky.Moved, r.Sticky.Reprocessed, r.Sticky.Prompt)
 	for _, rs := range r.RoundStats {
 		for _, e := range []struct{ side, err string }{{"shared", rs.Shared.FirstError}, {"local", rs.Local.FirstError}} {
 			if e.err != "" {
