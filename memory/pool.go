@@ -2,6 +2,7 @@ package memory
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -101,6 +102,9 @@ type pool struct {
 	rev     uint64
 	records int // put and del records in the log
 	closed  bool
+	// sharedN is the length of the pool's shared log (Options.SharedLog)
+	// that entries reflect; -1 when unknown.
+	sharedN int64
 }
 
 // poolRecord is one pool log record (JSON): meta (first), put, del, rev.
@@ -130,7 +134,7 @@ func (s *Store) pool(tenant string) (*pool, error) {
 	s.poolMu.Lock()
 	p := s.pools[tenant]
 	if p == nil {
-		p = &pool{tenant: tenant, path: poolPath(s.opts.Dir, tenant), entries: map[string]*PoolEntry{}}
+		p = &pool{tenant: tenant, path: poolPath(s.opts.Dir, tenant), entries: map[string]*PoolEntry{}, sharedN: -1}
 		s.pools[tenant] = p
 	}
 	s.poolMu.Unlock()
@@ -158,28 +162,16 @@ func (s *Store) loadPool(p *pool) error {
 			rejected++
 			return
 		}
-		switch r.K {
-		case "meta":
+		if r.K == "meta" {
 			if r.Tenant != p.tenant {
 				foreign = isFirst
 				rejected++
 			}
 			meta = meta || !foreign
-		case "put":
-			if r.Entry == nil || r.Entry.Key == "" {
-				rejected++
-				return
-			}
-			e := *r.Entry
-			p.entries[e.Key] = &e
-			p.rev = max(p.rev, e.Version)
-			p.records++
-		case "del":
-			delete(p.entries, r.Key)
-			p.rev = max(p.rev, r.Rev)
-			p.records++
-		case "rev":
-			p.rev = max(p.rev, r.Rev)
+			return
+		}
+		if !applyPoolRecord(p, &r) {
+			rejected++
 		}
 	})
 	if errors.Is(err, fs.ErrNotExist) {
@@ -220,6 +212,28 @@ func (s *Store) loadPool(p *pool) error {
 		}
 	}
 	return nil
+}
+
+// applyPoolRecord applies a put, del or rev record; false for a malformed
+// one.
+func applyPoolRecord(p *pool, r *poolRecord) bool {
+	switch r.K {
+	case "put":
+		if r.Entry == nil || r.Entry.Key == "" {
+			return false
+		}
+		e := *r.Entry
+		p.entries[e.Key] = &e
+		p.rev = max(p.rev, e.Version)
+		p.records++
+	case "del":
+		delete(p.entries, r.Key)
+		p.rev = max(p.rev, r.Rev)
+		p.records++
+	case "rev":
+		p.rev = max(p.rev, r.Rev)
+	}
+	return true
 }
 
 // compactPoolLocked rewrites the log with a meta record and the live
@@ -276,11 +290,19 @@ func (s *Store) writePoolLocked(p *pool, r *poolRecord) error {
 	if len(framed) > s.opts.MaxRecordBytes {
 		return fmt.Errorf("%w: pool record of %d bytes", ErrInvalid, len(framed))
 	}
-	if p.log == nil {
-		meta, err := json.Marshal(&poolRecord{K: "meta", V: 1, Tenant: p.tenant})
+	meta, err := json.Marshal(&poolRecord{K: "meta", V: 1, Tenant: p.tenant})
+	if err != nil {
+		return err
+	}
+	if s.opts.SharedLog != nil {
+		ctx, cancel := context.WithTimeout(s.ctx, s.opts.SharedLogTimeout)
+		err := s.sharePoolLocked(ctx, p, meta, framed)
+		cancel()
 		if err != nil {
 			return err
 		}
+	}
+	if p.log == nil {
 		if p.log, err = s.createLog(p.path, appendRecord(nil, meta)); err != nil {
 			return err
 		}
@@ -362,6 +384,19 @@ func (s *Store) PoolPut(tenant, key string, w PoolWrite) (PoolEntry, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		e, err := s.poolPutLocked(p, key, w, val.Bytes())
+		if errors.Is(err, ErrSharedConflict) && attempt < 3 {
+			continue // another replica wrote the pool: decide again on its state
+		}
+		return e, err
+	}
+}
+
+func (s *Store) poolPutLocked(p *pool, key string, w PoolWrite, val []byte) (PoolEntry, error) {
+	if err := s.syncPoolShared(p); err != nil {
+		return PoolEntry{}, err
+	}
 	cur := p.entries[key]
 	if w.ExpectedVersion != nil {
 		var have uint64
@@ -381,7 +416,7 @@ func (s *Store) PoolPut(tenant, key string, w PoolWrite) (PoolEntry, error) {
 		return PoolEntry{}, fmt.Errorf("%w: pool full (%d entries)", ErrInvalid, len(p.entries))
 	}
 	now := s.opts.Clock.Now()
-	e := &PoolEntry{Key: key, Value: val.Bytes(), Version: p.rev + 1, Creator: w.Session, Updater: w.Session,
+	e := &PoolEntry{Key: key, Value: val, Version: p.rev + 1, Creator: w.Session, Updater: w.Session,
 		CreatedAt: now, UpdatedAt: now, Metadata: maps.Clone(w.Metadata)}
 	if len(e.Metadata) == 0 {
 		e.Metadata = nil
@@ -405,6 +440,9 @@ func (s *Store) PoolGet(tenant, key string) (PoolEntry, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if err := s.syncPoolShared(p); err != nil {
+		return PoolEntry{}, err
+	}
 	e := p.entries[key]
 	if e == nil {
 		return PoolEntry{}, fmt.Errorf("%w: %q", ErrKeyNotFound, key)
@@ -426,6 +464,9 @@ func (s *Store) PoolList(tenant, prefix string, limit int) ([]PoolEntry, error) 
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if err := s.syncPoolShared(p); err != nil {
+		return nil, err
+	}
 	var keys []string
 	for k := range p.entries {
 		if strings.HasPrefix(k, prefix) {
@@ -450,6 +491,19 @@ func (s *Store) PoolDelete(tenant, key string, expectedVersion uint64) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		err := s.poolDeleteLocked(p, key, expectedVersion)
+		if errors.Is(err, ErrSharedConflict) && attempt < 3 {
+			continue
+		}
+		return err
+	}
+}
+
+func (s *Store) poolDeleteLocked(p *pool, key string, expectedVersion uint64) error {
+	if err := s.syncPoolShared(p); err != nil {
+		return err
+	}
 	cur := p.entries[key]
 	if cur == nil {
 		return fmt.Errorf("%w: %q", ErrKeyNotFound, key)
@@ -464,4 +518,15 @@ func (s *Store) PoolDelete(tenant, key string, expectedVersion uint64) error {
 	p.rev++
 	delete(p.entries, key)
 	return nil
+}
+
+// syncPoolShared brings the pool up to date with a fleet's shared log,
+// when there is one. Called with p.mu held.
+func (s *Store) syncPoolShared(p *pool) error {
+	if s.opts.SharedLog == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.opts.SharedLogTimeout)
+	defer cancel()
+	return s.syncPoolLocked(ctx, p)
 }

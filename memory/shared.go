@@ -219,3 +219,122 @@ func (s *Store) shareLocked(ctx context.Context, sess *session, meta, framed []b
 		}
 	}
 }
+
+// poolLogID names a tenant's pool in the shared log: a session id no client
+// can send (session ids are printable).
+const poolLogID = "\x00pool"
+
+// syncPoolLocked brings the pool up to date with the shared log (as
+// syncLocked does for a session). Called with p.mu held.
+func (s *Store) syncPoolLocked(ctx context.Context, p *pool) error {
+	sh := s.opts.SharedLog
+	n, err := sh.Len(ctx, p.tenant, poolLogID)
+	if err != nil {
+		return fmt.Errorf("memory: shared pool log: %w", err)
+	}
+	switch {
+	case p.sharedN == n:
+		return nil
+	case p.sharedN >= 0 && p.sharedN < n && p.log != nil:
+		tail, err := sh.Records(ctx, p.tenant, poolLogID, p.sharedN)
+		if err != nil {
+			return fmt.Errorf("memory: shared pool log: %w", err)
+		}
+		var framed []byte
+		for _, b := range tail {
+			var r poolRecord
+			if json.Unmarshal(b, &r) != nil || r.K == "meta" {
+				continue
+			}
+			applyPoolRecord(p, &r)
+			framed = appendRecord(framed, b)
+		}
+		if len(framed) > 0 {
+			if err := p.log.append(framed); err != nil {
+				return err
+			}
+		}
+		p.sharedN += int64(len(tail))
+		s.stats.logPulled.Add(int64(len(tail)))
+		return nil
+	case n == 0 || p.sharedN > n:
+		var payloads [][]byte
+		if p.log != nil {
+			lf, _, err := s.openLog(p.path, func(b []byte) { payloads = append(payloads, append([]byte(nil), b...)) })
+			if err != nil {
+				return err
+			}
+			lf.Close(false)
+		}
+		if len(payloads) == 0 {
+			p.sharedN = 0
+			return nil
+		}
+		got, err := sh.Append(ctx, p.tenant, poolLogID, 0, payloads)
+		if err != nil {
+			return fmt.Errorf("memory: upload the pool to the shared log: %w", err)
+		}
+		p.sharedN = got
+		s.stats.logUploads.Add(1)
+		return nil
+	default:
+		all, err := sh.Records(ctx, p.tenant, poolLogID, 0)
+		if err != nil {
+			return fmt.Errorf("memory: shared pool log: %w", err)
+		}
+		clear(p.entries)
+		p.rev, p.records = 0, 0
+		image := append([]byte(nil), logMagic...)
+		for _, b := range all {
+			var r poolRecord
+			if json.Unmarshal(b, &r) != nil {
+				continue
+			}
+			if r.K == "meta" && r.Tenant != p.tenant {
+				return fmt.Errorf("memory: shared pool log of another tenant: %w", ErrCorrupt)
+			}
+			applyPoolRecord(p, &r)
+			image = appendRecord(image, b)
+		}
+		if p.log != nil {
+			p.log.close()
+			p.log = nil
+		}
+		if err := durable.MkdirAll(filepath.Dir(p.path), 0o755); err != nil {
+			return err
+		}
+		if err := durable.WriteFile(p.path, image); err != nil {
+			return fmt.Errorf("memory: rebuild the pool from the shared log: %w", err)
+		}
+		lf, _, err := s.openLog(p.path, func([]byte) {})
+		if err != nil {
+			return err
+		}
+		p.log, p.sharedN = lf, int64(len(all))
+		s.stats.logRebuilds.Add(1)
+		return nil
+	}
+}
+
+// sharePoolLocked writes framed pool records (with the meta record when the
+// pool has no log yet) to the shared log at the pool's position. A
+// conflict (another replica wrote the pool meanwhile) is returned wrapping
+// ErrSharedConflict: the caller syncs and decides again.
+func (s *Store) sharePoolLocked(ctx context.Context, p *pool, meta, framed []byte) error {
+	var payloads [][]byte
+	if p.log == nil {
+		payloads = append(payloads, meta)
+	}
+	durable.ScanRecords(framed, s.opts.MaxRecordBytes, func(_ int, b []byte) { payloads = append(payloads, b) })
+	n, err := s.opts.SharedLog.Append(ctx, p.tenant, poolLogID, p.sharedN, payloads)
+	if err != nil {
+		if errors.Is(err, ErrSharedConflict) {
+			s.stats.logConflicts.Add(1)
+			p.sharedN = -1 // the next sync rebuilds or catches up
+		}
+		return fmt.Errorf("memory: shared pool log: %w", err)
+	}
+	p.sharedN = n
+	s.stats.logPushed.Add(int64(len(payloads)))
+	return nil
+}
