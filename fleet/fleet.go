@@ -183,8 +183,8 @@ func (s sessionLog) Len(ctx context.Context, tenant, session string) (int64, err
 	return s.f.st.RecordCount(ctx, tenant, session)
 }
 
-func (s sessionLog) Delete(ctx context.Context, tenant, session string) error {
-	return s.f.st.DeleteSession(ctx, tenant, session)
+func (s sessionLog) Replace(ctx context.Context, tenant, session string, payloads [][]byte) error {
+	return s.f.st.ReplaceRecords(ctx, tenant, session, payloads...)
 }
 
 type states struct{ f *Fleet }

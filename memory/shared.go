@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/internal/durable"
@@ -29,8 +30,19 @@ type SharedLog interface {
 	Records(ctx context.Context, tenant, session string, from int64) ([][]byte, error)
 	// Len returns the length of the session's list (0: none).
 	Len(ctx context.Context, tenant, session string) (int64, error)
-	// Delete removes the session's list.
-	Delete(ctx context.Context, tenant, session string) error
+	// Replace replaces the session's list with payloads, atomically (a
+	// deleted session's list becomes one tombstone record).
+	Replace(ctx context.Context, tenant, session string, payloads [][]byte) error
+}
+
+// goneRecord is the tombstone a deleted session's shared log is replaced
+// with: a replica that still holds the session deletes its copy, and a
+// session created again under the same id starts after it.
+var goneRecord = []byte(`{"k":"gone"}`)
+
+func isGone(p []byte) bool {
+	var r record
+	return json.Unmarshal(p, &r) == nil && r.K == "gone"
 }
 
 // ErrSharedConflict: the shared log moved on (another replica wrote the
@@ -72,30 +84,59 @@ func (s *Store) syncLocked(ctx context.Context, sess *session) error {
 		if err != nil {
 			return fmt.Errorf("memory: shared log: %w", err)
 		}
-		if err := s.applySharedLocked(sess, tail); err != nil {
-			return err
+		if !slices.ContainsFunc(tail, isGone) {
+			if err := s.applySharedLocked(sess, tail); err != nil {
+				return err
+			}
+			sess.sharedN += int64(len(tail))
+			s.stats.logPulled.Add(int64(len(tail)))
+			return nil
 		}
-		sess.sharedN += int64(len(tail))
-		s.stats.logPulled.Add(int64(len(tail)))
-		return nil
-	case n == 0 || sess.sharedN > n:
+		// Deleted elsewhere (and maybe created again): start over below.
+	case n == 0 || sess.sharedN > n && !s.sharedGone(ctx, sess):
 		// The shared log has nothing (a session from before the fleet, or
 		// a store that lost it): upload the local log.
 		return s.uploadLocked(ctx, sess)
-	default:
-		// Unknown position (loaded from disk, or new here): the shared log
-		// is the truth.
-		all, err := sh.Records(ctx, sess.tenant, sess.id, 0)
-		if err != nil {
-			return fmt.Errorf("memory: shared log: %w", err)
+	}
+	// Unknown position (loaded from disk, or new here), or deleted
+	// elsewhere: the shared log is the truth.
+	all, err := sh.Records(ctx, sess.tenant, sess.id, 0)
+	if err != nil {
+		return fmt.Errorf("memory: shared log: %w", err)
+	}
+	live := all
+	for i := len(all) - 1; i >= 0; i-- {
+		if isGone(all[i]) {
+			live = all[i+1:]
+			break
 		}
-		if err := s.rebuildLocked(sess, all); err != nil {
-			return err
+	}
+	if len(live) == 0 {
+		// Deleted: this replica's copy goes too.
+		if sess.exists || sess.log != nil {
+			if err := s.removeLocked(sess, s.opts.Fsync != FsyncNever); err != nil {
+				return err
+			}
+			sess.gone.Store(false) // the entry stays usable: the id may be created again
 		}
+		sess.reset()
 		sess.sharedN = int64(len(all))
-		s.stats.logRebuilds.Add(1)
 		return nil
 	}
+	if err := s.rebuildLocked(sess, live); err != nil {
+		return err
+	}
+	sess.sharedN = int64(len(all))
+	s.stats.logRebuilds.Add(1)
+	return nil
+}
+
+// sharedGone reports whether the session's shared log ends deleted (its
+// last tombstone has nothing after it): then a longer local copy is not
+// uploaded back.
+func (s *Store) sharedGone(ctx context.Context, sess *session) bool {
+	all, err := s.opts.SharedLog.Records(ctx, sess.tenant, sess.id, 0)
+	return err == nil && len(all) > 0 && isGone(all[len(all)-1])
 }
 
 // applySharedLocked applies records another replica wrote and appends them
@@ -205,6 +246,12 @@ func (s *Store) shareLocked(ctx context.Context, sess *session, meta, framed []b
 		if err == nil {
 			sess.sharedN = n
 			s.stats.logPushed.Add(int64(len(payloads)))
+			if sess.log == nil {
+				// A new session: its user's other replicas will look for it.
+				if err := s.registerUserSession(ctx, sess); err != nil {
+					s.opts.Logger.Warn("memory: register the session with its user in the shared log", "err", err)
+				}
+			}
 			return nil
 		}
 		if !errors.Is(err, ErrSharedConflict) || attempt > 0 {
@@ -337,4 +384,66 @@ func (s *Store) sharePoolLocked(ctx context.Context, p *pool, meta, framed []byt
 	p.sharedN = n
 	s.stats.logPushed.Add(int64(len(payloads)))
 	return nil
+}
+
+// A user's sessions are listed in the shared log under userLogID (one
+// record per session id, in creation order), so a replica that serves one
+// of them finds the others for the user's cross-session recall.
+func userLogID(user string) string { return "\x00user\x00" + user }
+
+// maxSharedUserSessions bounds the sessions of a user a replica brings up
+// to date per turn: the newest ones.
+const maxSharedUserSessions = 64
+
+// registerUserSession adds a new session to its user's list in the shared
+// log.
+func (s *Store) registerUserSession(ctx context.Context, sess *session) error {
+	id := userLogID(sess.user)
+	for attempt := 0; ; attempt++ {
+		recs, err := s.opts.SharedLog.Records(ctx, sess.tenant, id, 0)
+		if err != nil {
+			return err
+		}
+		for _, r := range recs {
+			if string(r) == sess.id {
+				return nil
+			}
+		}
+		_, err = s.opts.SharedLog.Append(ctx, sess.tenant, id, int64(len(recs)), [][]byte{[]byte(sess.id)})
+		if err == nil || !errors.Is(err, ErrSharedConflict) || attempt == 4 {
+			return err
+		}
+	}
+}
+
+// syncUserShared brings the user's newest sessions, wherever they were
+// served, up to date on this replica and, when the user's index is loaded,
+// their new documents into it. Call it holding no session's lock. Errors
+// only cost recall; they are logged.
+func (s *Store) syncUserShared(um *userMem) {
+	ctx, cancel := context.WithTimeout(s.ctx, s.opts.SharedLogTimeout)
+	defer cancel()
+	ids, err := s.opts.SharedLog.Records(ctx, um.tenant, userLogID(um.user), 0)
+	if err != nil {
+		s.opts.Logger.Warn("memory: the user's sessions in the shared log", "err", err)
+		return
+	}
+	for _, b := range ids[max(0, len(ids)-maxSharedUserSessions):] {
+		sess, err := s.session(um.tenant, string(b), true)
+		if err != nil {
+			continue
+		}
+		sess.mu.Lock()
+		before := sess.sharedN
+		err = s.syncLocked(ctx, sess)
+		changed := sess.sharedN != before
+		sess.mu.Unlock()
+		if err != nil {
+			s.opts.Logger.Warn("memory: a session of the user from the shared log", "err", err)
+			continue
+		}
+		if changed && um.index() != nil {
+			s.syncUserDocs(sess, um)
+		}
+	}
 }

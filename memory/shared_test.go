@@ -69,10 +69,10 @@ func (m *memLog) Len(_ context.Context, tenant, session string) (int64, error) {
 	return int64(len(m.logs[tenant+"/"+session])), nil
 }
 
-func (m *memLog) Delete(_ context.Context, tenant, session string) error {
+func (m *memLog) Replace(_ context.Context, tenant, session string, payloads [][]byte) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.logs, tenant+"/"+session)
+	m.logs[tenant+"/"+session] = append([][]byte(nil), payloads...)
 	return nil
 }
 
@@ -196,13 +196,22 @@ func TestSharedLogDownWritesNothing(t *testing.T) {
 	}
 	sh.fail = false
 	wantHistory(t, a, 1)
-	// Deleting on one replica deletes everywhere.
+	// Deleting on one replica deletes everywhere, also on a replica that
+	// holds a copy (it must not upload it back), and the id can be used
+	// again.
+	b := openStore(t, t.TempDir(), func(o *Options) { o.SharedLog = sh })
+	wantHistory(t, b, 1)
 	if err := a.Delete("t1", "S"); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := b.Session("t1", "S"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a deleted session on a replica that held it: %v", err)
 	}
 	if _, err := openStore(t, t.TempDir(), func(o *Options) { o.SharedLog = sh }).Session("t1", "S"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("a deleted session on another replica: %v", err)
 	}
+	turnOn(t, b, 0)
+	wantHistory(t, a, 1)
 }
 
 // Two replicas share a tenant's pool: what one writes the other reads,
@@ -276,5 +285,30 @@ func TestSharedLogPool(t *testing.T) {
 	}
 	if l, _ := a.PoolList("t1", "", 0); len(l) != 1 || l[0].Key != "n" {
 		t.Fatalf("list on a: %+v", l)
+	}
+}
+
+// A user's sessions served on one replica are in the user's cross-session
+// index on another, where a new session of the user starts.
+func TestSharedLogUserScope(t *testing.T) {
+	sh := newMemLog()
+	with := func(o *Options) { o.SharedLog = sh }
+	a, b := openStore(t, t.TempDir(), with), openStore(t, t.TempDir(), with)
+	prep := func(s *Store, session, content string) {
+		t.Helper()
+		tr, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t1", SessionID: session, UserID: "u1", Model: "m",
+			Messages: []Message{text("user", content)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Complete(text("assistant", "noted")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prep(a, "first", "my cat is called marmalade")
+	prep(b, "second", "what is my cat called")
+	um := b.userMem("t1", "u1")
+	if !um.hasDocsOf(sessionHash("t1", "first")) {
+		t.Fatal("the user's session served on the other replica is not in this replica's user index")
 	}
 }

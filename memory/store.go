@@ -768,15 +768,18 @@ func (s *Store) Delete(tenant, sessionID string) error {
 		// The shared copy first: a session deleted here must not come back
 		// from another replica. One that exists only there is deleted too.
 		ctx, cancel := context.WithTimeout(s.ctx, s.opts.SharedLogTimeout)
-		n, err := s.opts.SharedLog.Len(ctx, tenant, sessionID)
-		if err == nil && n > 0 {
-			err = s.opts.SharedLog.Delete(ctx, tenant, sessionID)
+		recs, err := s.opts.SharedLog.Records(ctx, tenant, sessionID, 0)
+		live := len(recs) > 0 && !isGone(recs[len(recs)-1])
+		if err == nil && live {
+			// A tombstone, not an empty list: replicas holding a copy
+			// delete theirs instead of uploading it back.
+			err = s.opts.SharedLog.Replace(ctx, tenant, sessionID, [][]byte{goneRecord})
 		}
 		cancel()
 		if err != nil {
 			return fmt.Errorf("memory: delete from the shared log: %w", err)
 		}
-		if n == 0 {
+		if !live {
 			sharedErr = fmt.Errorf("%w: %q", ErrNotFound, sessionID)
 		}
 	}
@@ -792,6 +795,9 @@ func (s *Store) Delete(tenant, sessionID string) error {
 	sess.mu.Lock()
 	if !sess.exists {
 		sess.mu.Unlock()
+		if s.opts.SharedLog != nil && sharedErr == nil {
+			return nil // already removed here by the tombstone (userFor synced it)
+		}
 		return fmt.Errorf("%w: %q", ErrNotFound, sessionID)
 	}
 	err = s.removeLocked(sess, s.opts.Fsync != FsyncNever)

@@ -140,6 +140,10 @@ func (s *Store) userMem(tenant, user string) *userMem {
 	um.mu.Unlock()
 	if !s.opts.Recall.IndexDisabled && !closed {
 		um.once.Do(func() { s.loadUser(um) })
+		if s.opts.SharedLog != nil {
+			// A fleet: the user's sessions served on other replicas.
+			s.syncUserShared(um)
+		}
 	}
 	return um
 }

@@ -127,6 +127,37 @@ func (s *Store) RecordCount(ctx context.Context, tenant, session string) (int64,
 	return n, nil
 }
 
+// replaceScript: KEYS[1] the list; ARGV[1] the TTL in ms (0: none),
+// ARGV[2..] the records.
+var replaceScript = redis.NewScript(`
+redis.call('DEL', KEYS[1])
+if #ARGV > 1 then redis.call('RPUSH', KEYS[1], unpack(ARGV, 2)) end
+if tonumber(ARGV[1]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return redis.call('LLEN', KEYS[1])
+`)
+
+// ReplaceRecords replaces the session's records with recs (at most 256),
+// atomically: a reader sees the old list or the new one. A deletion that
+// must be seen as one (a tombstone record) uses it.
+func (s *Store) ReplaceRecords(ctx context.Context, tenant, session string, recs ...[]byte) error {
+	if err := checkToken("tenant", tenant); err != nil {
+		return err
+	}
+	if len(recs) > maxAppendBatch {
+		return fmt.Errorf("remote: replace records: %d records, at most %d", len(recs), maxAppendBatch)
+	}
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	args := []any{s.ttlMillis()}
+	for _, r := range recs {
+		args = append(args, r)
+	}
+	if err := replaceScript.Run(ctx, s.c, []string{s.logKey(tenant, session)}, args...).Err(); err != nil {
+		return fmt.Errorf("remote: replace records: %w", err)
+	}
+	return nil
+}
+
 // DeleteSession removes the session's records. Its lease, if any, is left
 // to its holder.
 func (s *Store) DeleteSession(ctx context.Context, tenant, session string) error {
