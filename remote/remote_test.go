@@ -353,6 +353,16 @@ func TestRecordsIdempotentAppend(t *testing.T) {
 	if n, _ := s.RecordCount(ctx, "t1", "sess/1"); n != 1000 {
 		t.Fatalf("count %d", n)
 	}
+	// Replace swaps the whole list at once (a tombstone for a deletion).
+	if err := s.ReplaceRecords(ctx, "t1", "sess/2", []byte("a"), []byte("b")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReplaceRecords(ctx, "t1", "sess/2", []byte("gone")); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Records(ctx, "t1", "sess/2", 0, 0); len(got) != 1 || string(got[0]) != "gone" {
+		t.Fatalf("after replace: %q", got)
+	}
 	if err := s.DeleteSession(ctx, "t1", "sess/1"); err != nil {
 		t.Fatal(err)
 	}
