@@ -97,14 +97,17 @@ var ErrBusy = errors.New("fleet: session busy on another replica")
 // returns a release that does nothing (the turn's shared writes fail on
 // their own, and memory then forwards without recording).
 func (f *Fleet) Acquire(ctx context.Context, tenant, session string) (release func(), err error) {
-	ctx, cancel := context.WithTimeout(ctx, f.wait)
+	wctx, cancel := context.WithTimeout(ctx, f.wait)
 	defer cancel()
 	start := time.Now()
-	l, err := f.st.Acquire(ctx, tenant, session)
+	l, err := f.st.Acquire(wctx, tenant, session)
 	if err != nil {
 		var held *remote.HeldError
 		if errors.As(err, &held) {
 			return nil, fmt.Errorf("%w (%s) after %v", ErrBusy, held.Owner, time.Since(start).Round(time.Millisecond))
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("fleet: acquire: %w", ctx.Err()) // the caller is going away
 		}
 		f.degraded.Add(1)
 		f.log.Warn("fleet: the shared store is unreachable; the turn goes on without its session lease", "err", err)

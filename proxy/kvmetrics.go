@@ -69,6 +69,9 @@ func writeEngineMetrics(w io.Writer, c engine.Connector) {
 		{"background_calls", "The sidecar's own calls placed on slots.", st.BackgroundCalls},
 		{"states_deleted", "States dropped (superseded or over the cap).", st.StatesDeleted},
 		{"reused_tokens", "Prompt tokens the engine did not reprocess thanks to a restore.", st.ReusedTokens},
+		{"shared_puts", "States written through to the fleet's shared store (--remote).", st.SharedPuts},
+		{"shared_fetches", "States taken from the fleet's shared store (computed on another replica).", st.SharedFetches},
+		{"shared_errors", "Exchanges with the fleet's shared store that failed (requests went on with local states).", st.SharedErrors},
 		{"cached_prompt_tokens", "Prompt tokens the engine reused from its KV (timings.cache_n).", st.Timings.CacheN},
 		{"prefilled_prompt_tokens", "Prompt tokens the engine computed (timings.prompt_n).", st.Timings.PromptN},
 	} {

@@ -281,6 +281,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	var release func()
 	if s.opts.Fleet != nil && sess.ID != "" && (r == routeChat || r == routeCompletions) && ctx.IsPost() {
 		rel, err := s.opts.Fleet.Acquire(s.stopping, sess.Tenant, sess.ID)
+		if err != nil && s.stopping.Err() != nil {
+			writeError(ctx, fasthttp.StatusServiceUnavailable, typeServer, "shutting_down", "the sidecar is shutting down; retry")
+			return false
+		}
 		if err != nil {
 			s.metrics.fleetBusy.Add(1)
 			s.log.Warn("session busy on another replica", append(sessLog, "err", err)...)
