@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/url"
 	"strings"
@@ -201,4 +202,15 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// SetClientLogger sends the Redis client library's own messages (failed
+// dials, pool trouble) to l as warnings instead of the standard logger's
+// plain lines. The setting is process-wide: call it once at start-up.
+func SetClientLogger(l *slog.Logger) { redis.SetLogger(clientLogger{l}) }
+
+type clientLogger struct{ l *slog.Logger }
+
+func (c clientLogger) Printf(ctx context.Context, format string, v ...any) {
+	c.l.WarnContext(ctx, "remote: redis client: "+fmt.Sprintf(format, v...))
 }

@@ -230,6 +230,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		if owner == "" {
 			owner = defaultOwner(ln.Addr().String())
 		}
+		remote.SetClientLogger(log)
 		rs, err := remote.Open(context.Background(), remote.Options{URL: c.remote, Prefix: c.remotePrefix, TTL: c.sessionTTL,
 			ChunkBytes: c.remoteChunk, Owner: owner, LeaseTTL: c.remoteLeaseTTL, Logger: log})
 		if err != nil {
