@@ -12,7 +12,7 @@ export SIDECAR_UPSTREAM ?= http://127.0.0.1:8000
 export SIDECAR_LISTEN   ?= 127.0.0.1:8080
 export SIDECAR_DATA_DIR ?= ./data
 
-.PHONY: help build run test test-race test-hostile bench bench-proxy bench-kv bench-policy bench-recall bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions docker-cuda fuzz lint clean
+.PHONY: help build run test test-race test-hostile bench bench-proxy bench-kv bench-policy bench-recall bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet fleet docker-cuda fuzz lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -49,6 +49,13 @@ bench-sessions: build ## real llama-server, direct vs through the sidecar: engin
 	mkdir -p out
 	$(BIN) bench sessions --engine-restart-after 2 --plot out/sessions.svg
 	$(BIN) bench sessions --engine-restart-after 2 --sidecar-restart-after 3 --plot out/sessions-sidecar-restart.svg
+
+bench-fleet: build ## two replicas (sidecar + llama-server) with and without a shared redis-server: kill -9 of a replica after round 3, of Redis after round 4
+	$(BIN) bench fleet --kill-after 3 --redis-restart-after 4
+	$(BIN) bench fleet --kill-after 3 --redis-restart-after 4 --sidecar-arg=--recall-share=0
+
+fleet: build ## start Redis, two llama-servers and two sidecars sharing it (scripts/fleet.sh; Ctrl-C stops them)
+	scripts/fleet.sh
 
 docker-cuda: ## build the CUDA image kvsidecar:cuda (needs a Docker engine)
 	docker build -f Dockerfile.cuda --build-arg VERSION=$(VERSION) -t kvsidecar:cuda .

@@ -394,7 +394,10 @@ func RunFleet(ctx context.Context, o FleetOptions) (FleetReport, error) {
 				moved := f.at[i] >= 0 && f.at[i] != k
 				fromKilled := f.at[i] == killed && killed >= 0
 				msgs := append(f.hist[i], chatMsg{Role: "user", Content: q})
-				tr, err := streamTurn(ctx, client, f.scs[k].url(), fmt.Sprintf("fleet-%03d", i), msgs, o.MaxTokens)
+				// Each session is an end user of its own (as in bench
+				// sessions): no recall across the sessions.
+				id := fmt.Sprintf("fleet-%03d", i)
+				tr, err := streamTurn(ctx, client, f.scs[k].url(), id, id, msgs, o.MaxTokens)
 				st.Turns++
 				f.at[i] = k
 				if err != nil {
@@ -478,7 +481,8 @@ func RunFleet(ctx context.Context, o FleetOptions) (FleetReport, error) {
 	for i := 0; i < o.Sessions; i++ {
 		q := sessionQuestion(i, o.Rounds+1)
 		msgs := append(shared.hist[i], chatMsg{Role: "user", Content: q})
-		tr, err := streamTurn(ctx, client, joiner.url(), fmt.Sprintf("fleet-%03d", i), msgs, o.MaxTokens)
+		id := fmt.Sprintf("fleet-%03d", i)
+		tr, err := streamTurn(ctx, client, joiner.url(), id, id, msgs, o.MaxTokens)
 		r.Joiner.Turns++
 		if err != nil {
 			r.Joiner.Errors++
