@@ -23,10 +23,11 @@ build: ## build bin/sidecar (static, no cgo)
 run: build ## start the sidecar on $SIDECAR_LISTEN in front of $SIDECAR_UPSTREAM
 	$(BIN) serve --log-format text
 
-test: ## vet, then every test with the race detector (bench/simulator, its own module, too)
+test: ## vet, then every test with the race detector (bench/simulator, its own module, too; bench/redisclients is vetted)
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	cd bench/simulator && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	cd bench/redisclients && $(GO) vet ./...
 
 test-race: test ## same as test (the race detector is always on)
 
@@ -89,6 +90,7 @@ lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	cd bench/simulator && $(GO) vet ./...
+	cd bench/redisclients && $(GO) vet ./...
 
 clean: ## remove build output
 	rm -rf bin out
