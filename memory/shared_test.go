@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -15,7 +16,7 @@ import (
 type memLog struct {
 	mu   sync.Mutex
 	logs map[string][][]byte
-	fail bool
+	fail atomic.Bool
 }
 
 func newMemLog() *memLog { return &memLog{logs: map[string][][]byte{}} }
@@ -25,7 +26,7 @@ var errLogDown = errors.New("shared log down")
 func (m *memLog) Append(_ context.Context, tenant, session string, at int64, payloads [][]byte) (int64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.fail {
+	if m.fail.Load() {
 		return 0, errLogDown
 	}
 	k := tenant + "/" + session
@@ -50,7 +51,7 @@ func (m *memLog) Append(_ context.Context, tenant, session string, at int64, pay
 func (m *memLog) Records(_ context.Context, tenant, session string, from int64) ([][]byte, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.fail {
+	if m.fail.Load() {
 		return nil, errLogDown
 	}
 	l := m.logs[tenant+"/"+session]
@@ -63,7 +64,7 @@ func (m *memLog) Records(_ context.Context, tenant, session string, from int64) 
 func (m *memLog) Len(_ context.Context, tenant, session string) (int64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.fail {
+	if m.fail.Load() {
 		return 0, errLogDown
 	}
 	return int64(len(m.logs[tenant+"/"+session])), nil
@@ -189,12 +190,12 @@ func TestSharedLogDownWritesNothing(t *testing.T) {
 	sh := newMemLog()
 	a := openStore(t, t.TempDir(), func(o *Options) { o.SharedLog = sh })
 	turnOn(t, a, 0)
-	sh.fail = true
+	sh.fail.Store(true)
 	msgs := []Message{text("system", "you help"), text("user", "question 0"), text("assistant", "answer 0"), text("user", "question 1")}
 	if _, err := a.Prepare(context.Background(), TurnRequest{Tenant: "t1", SessionID: "S", Model: "m", Messages: msgs}); !errors.Is(err, errLogDown) {
 		t.Fatalf("prepare with the shared log down: %v", err)
 	}
-	sh.fail = false
+	sh.fail.Store(false)
 	wantHistory(t, a, 1)
 	// Deleting on one replica deletes everywhere, also on a replica that
 	// holds a copy (it must not upload it back), and the id can be used
