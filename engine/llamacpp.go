@@ -430,13 +430,6 @@ func (c *LlamaCPP) rewrite(req *Request) ([]byte, error) {
 	return body, nil
 }
 
-// pays reports whether restoring size bytes beats prefilling tokens, by
-// the measured costs; before anything is measured it assumes so (a restore
-// reads a file, a prefill runs the model).
-// restoreBest restores into sl the state sharing the longest prefix with
-// the request, when there is one that pays.
-// restoreInfo is what Before restored for a request, for After's check
-// that the engine reused it.
 func (c *LlamaCPP) sessionLocked(sk string) *sessEntry {
 	se, ok := c.sessions[sk]
 	if ok {
@@ -544,28 +537,3 @@ func (c *LlamaCPP) After(_ context.Context, req *Request, resp *Response) {
 	}
 }
 
-// saver saves slots holding unsaved KV once they are idle, one at a time,
-// until Close.
-// saveOne saves the least recently used idle slot with unsaved KV; it
-// reports whether there was one.
-// Flush saves now, in the caller's goroutine, what the background saver
-// would save next: every idle slot holding KV no stored state covers. It
-// returns once none is left. For tests, benchmarks and tools; the request
-// path never waits for it.
-// QueueDepth returns the slots whose KV waits for a background save.
-// saveSlot saves slot's KV, which covers ch for owner (a session) under model
-// fingerprint fp, as a state in the cache (GetOrComputeBlob: a state
-// already stored under that key is not saved again), and indexes it,
-// dropping the states it supersedes. extraMs is the prefill the state
-// spares, which the cache counts in the compute's cost. The caller holds
-// the slot's op lock. It reports whether a state covers the slot now.
-// saveFile has the server save slot into SlotDir and returns the file's
-// bytes; the file is removed whatever happens.
-// layoutOf names a state's KV layout: layer count, transposition, and per
-// layer the element types and bytes per token. A state restores only into
-// a server with the same layout.
-// writeFileAtomic writes data to dir/name through a temporary file and a
-// rename, so the server never reads a partial file. Not fsynced: the file
-// lives only until the server read it. Readable by the server's user.
-// recoverSlotDir removes what an interrupted save or restore of an earlier
-// run left in SlotDir: the connector's own files only.

@@ -14,6 +14,9 @@ import (
 	"github.com/kvsidecar/kvsidecar/kv"
 )
 
+// pays reports whether restoring size bytes beats prefilling tokens, by
+// the measured costs; before anything is measured it assumes so (a restore
+// reads a file, a prefill runs the model).
 func (c *LlamaCPP) pays(size int64, tokens int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -28,6 +31,8 @@ func (c *LlamaCPP) pays(size int64, tokens int) bool {
 // first have pieces of the prompt (what the slot already holds; -1 for
 // nothing). With a shared store, a state there that covers more than the
 // local catalog's best is fetched into the tiers first.
+// restoreBest restores into sl the state sharing the longest prefix with
+// the request, when there is one that pays.
 func (c *LlamaCPP) restoreBest(ctx context.Context, req *Request, sl *slotInfo, have int) {
 	c.mu.Lock()
 	off, layout := c.restoreOff, c.layout
@@ -109,6 +114,8 @@ func (c *LlamaCPP) restoreBest(ctx context.Context, req *Request, sl *slotInfo, 
 	}
 }
 
+// restoreInfo is what Before restored for a request, for After's check
+// that the engine reused it.
 type restoreInfo struct {
 	expect int     // tokens the state should spare the engine
 	ms     float64 // what the restore took

@@ -21,6 +21,8 @@ import (
 	"github.com/kvsidecar/kvsidecar/kv"
 )
 
+// saver saves slots holding unsaved KV once they are idle, one at a time,
+// until Close.
 func (c *LlamaCPP) saver() {
 	defer c.wg.Done()
 	for {
@@ -34,6 +36,8 @@ func (c *LlamaCPP) saver() {
 	}
 }
 
+// saveOne saves the least recently used idle slot with unsaved KV; it
+// reports whether there was one.
 func (c *LlamaCPP) saveOne() bool {
 	c.mu.Lock()
 	sl := c.sched.saveCandidate()
@@ -97,11 +101,16 @@ func (c *LlamaCPP) saveIdle(sl *slotInfo, id int, ver uint64) {
 	c.mu.Unlock()
 }
 
+// Flush saves now, in the caller's goroutine, what the background saver
+// would save next: every idle slot holding KV no stored state covers. It
+// returns once none is left. For tests, benchmarks and tools; the request
+// path never waits for it.
 func (c *LlamaCPP) Flush() {
 	for !c.closed.Load() && c.saveOne() {
 	}
 }
 
+// QueueDepth returns the slots whose KV waits for a background save.
 func (c *LlamaCPP) QueueDepth() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -110,6 +119,12 @@ func (c *LlamaCPP) QueueDepth() int {
 
 var errEmptySlot = errors.New("engine: llamacpp: the slot holds no KV")
 
+// saveSlot saves slot's KV, which covers ch for owner (a session) under model
+// fingerprint fp, as a state in the cache (GetOrComputeBlob: a state
+// already stored under that key is not saved again), and indexes it,
+// dropping the states it supersedes. extraMs is the prefill the state
+// spares, which the cache counts in the compute's cost. The caller holds
+// the slot's op lock. It reports whether a state covers the slot now.
 func (c *LlamaCPP) saveSlot(ctx context.Context, slot int, owner string, ch chain, fp string, extraMs float64) bool {
 	if ch.len() == 0 || fp == "" {
 		return false
@@ -196,6 +211,8 @@ func (c *LlamaCPP) dropState(id string) {
 	c.deletes.Add(1)
 }
 
+// saveFile has the server save slot into SlotDir and returns the file's
+// bytes; the file is removed whatever happens.
 func (c *LlamaCPP) saveFile(ctx context.Context, slot int, key string) ([]byte, error) {
 	name := opFileName(key, slot, "save")
 	path := filepath.Join(c.opts.SlotDir, name)
@@ -212,6 +229,9 @@ func (c *LlamaCPP) saveFile(ctx context.Context, slot int, key string) ([]byte, 
 	return raw, err
 }
 
+// layoutOf names a state's KV layout: layer count, transposition, and per
+// layer the element types and bytes per token. A state restores only into
+// a server with the same layout.
 func layoutOf(st *SlotState) string {
 	h := sha256.New()
 	for i := range st.Streams {
@@ -251,6 +271,9 @@ func readBounded(path string, limit int64) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
+// writeFileAtomic writes data to dir/name through a temporary file and a
+// rename, so the server never reads a partial file. Not fsynced: the file
+// lives only until the server read it. Readable by the server's user.
 func writeFileAtomic(dir, name string, data []byte) error {
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
@@ -266,6 +289,8 @@ func writeFileAtomic(dir, name string, data []byte) error {
 	return nil
 }
 
+// recoverSlotDir removes what an interrupted save or restore of an earlier
+// run left in SlotDir: the connector's own files only.
 func (c *LlamaCPP) recoverSlotDir() {
 	es, err := os.ReadDir(c.opts.SlotDir)
 	if err != nil {
