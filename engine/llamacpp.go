@@ -536,4 +536,3 @@ func (c *LlamaCPP) After(_ context.Context, req *Request, resp *Response) {
 		}
 	}
 }
-
