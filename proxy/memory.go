@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -159,6 +160,9 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 		return nil, body, false
 	}
 	ts := turn.Stats
+	if s.windows != nil {
+		s.windows.put(sess.Tenant, sess.ID, newLastWindow(time.Now(), turn))
+	}
 	s.mem.turns.Add(1)
 	s.mem.windowTokens.Add(uint64(ts.TotalTokens))
 	s.mem.prefixTokens.Add(uint64(ts.Prefix.Tokens))
@@ -403,6 +407,7 @@ func (s *Server) handleSessions(ctx *fasthttp.RequestCtx, tail []byte) {
 		}
 	case ctx.IsDelete() && !wantMemory:
 		err = s.opts.Memory.Delete(tenant, id)
+		s.windows.forget(tenant, id)
 		if err == nil && s.opts.Engine != nil {
 			if ferr := s.opts.Engine.Forget(ctx, tenant, id); ferr != nil {
 				s.log.Warn("dropping a deleted session's KV failed", "session", id, "err", ferr)

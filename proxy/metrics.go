@@ -28,13 +28,15 @@ const (
 	routeSessions
 	routeKV
 	routePool
+	routeConsole
+	routeAdmin
 	routeNotFound
 	numRoutes
 )
 
 var routeNames = [numRoutes]string{
 	"chat_completions", "completions", "embeddings", "models", "passthrough",
-	"healthz", "readyz", "metrics", "sessions", "kv", "pool", "not_found",
+	"healthz", "readyz", "metrics", "sessions", "kv", "pool", "console", "admin", "not_found",
 }
 
 func (r route) String() string { return routeNames[r] }

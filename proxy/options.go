@@ -97,6 +97,24 @@ type Options struct {
 	// completions go through statelessly even with a session id, and the
 	// sessions, pool and KV APIs answer 401.
 	AllowAnonymous bool
+
+	// AdminToken, when not empty, turns the operator's console on: the
+	// page at /ui and its JSON API under /admin/v1, which answers only
+	// requests with Authorization: Bearer <AdminToken> and acts for any
+	// tenant named in the call (see admin.go). Empty (the default): both
+	// answer 404 and the normal routes are all there is.
+	AdminToken string
+
+	// Knowledge serves the console's triples and reviewer panels. Nil: the
+	// panels are empty. Read only when AdminToken is set.
+	Knowledge Knowledge
+
+	// ConsoleSampleEvery is the period of the console's KV time series
+	// (hit rate, tier occupancy), kept for the last ConsoleSamples
+	// samples. Defaults 5 seconds and 720 (an hour). The sampler runs
+	// only while the console is on.
+	ConsoleSampleEvery time.Duration
+	ConsoleSamples     int
 }
 
 func (o *Options) setDefaults() {
@@ -136,6 +154,12 @@ func (o *Options) setDefaults() {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.ConsoleSampleEvery == 0 {
+		o.ConsoleSampleEvery = 5 * time.Second
+	}
+	if o.ConsoleSamples == 0 {
+		o.ConsoleSamples = 720
+	}
 }
 
 // validate checks the options after defaults were applied and returns the
@@ -167,17 +191,29 @@ func (o *Options) validate() (*url.URL, error) {
 		{"upstream timeout", o.UpstreamTimeout}, {"stream idle timeout", o.StreamIdleTimeout},
 		{"dial timeout", o.DialTimeout}, {"read timeout", o.ReadTimeout},
 		{"write timeout", o.WriteTimeout}, {"idle timeout", o.IdleTimeout},
-		{"ready cache TTL", o.ReadyCacheTTL},
+		{"ready cache TTL", o.ReadyCacheTTL}, {"console sample period", o.ConsoleSampleEvery},
 	} {
 		if d.v < 0 {
 			return nil, fmt.Errorf("proxy: %s must not be negative, got %s", d.name, d.v)
 		}
 	}
-	if o.MaxBodyBytes < 0 || o.MaxKVBytes < 0 || o.MaxResponseBytes < 0 || o.MaxIdleConnsPerHost < 0 {
+	if o.MaxBodyBytes < 0 || o.MaxKVBytes < 0 || o.MaxResponseBytes < 0 || o.MaxIdleConnsPerHost < 0 || o.ConsoleSamples < 0 {
 		return nil, errors.New("proxy: size limits must not be negative")
+	}
+	if o.AdminToken != "" {
+		if len(o.AdminToken) < minAdminTokenLen {
+			return nil, fmt.Errorf("proxy: the admin token must be at least %d bytes long, got %d", minAdminTokenLen, len(o.AdminToken))
+		}
+		if strings.TrimSpace(o.AdminToken) != o.AdminToken || strings.ContainsFunc(o.AdminToken, func(r rune) bool { return r < 0x21 || r == 0x7f }) {
+			return nil, errors.New("proxy: the admin token must not contain spaces or control characters")
+		}
 	}
 	return u, nil
 }
+
+// minAdminTokenLen is the shortest admin token accepted: it guards every
+// tenant's memories.
+const minAdminTokenLen = 16
 
 // Fleet is what the proxy needs of a fleet's shared store.
 type Fleet interface {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -45,6 +46,15 @@ type Server struct {
 	// goroutine that may outlive the handler, racing Shutdown.)
 	stopping context.Context
 	stop     context.CancelFunc
+
+	// The console (Options.AdminToken): the token's hash, the KV time
+	// series and its sampler (started by Serve, waited for by Shutdown),
+	// and the last window of recent sessions.
+	adminHash   [32]byte
+	series      *kvSeries
+	windows     *windowCache
+	samplerOnce sync.Once
+	sampler     sync.WaitGroup
 }
 
 type readyState struct {
@@ -67,6 +77,12 @@ func New(opts Options) (*Server, error) {
 		up:      newUpClient(base, &opts),
 	}
 	s.stopping, s.stop = context.WithCancel(context.Background())
+	s.series = newKVSeries(0)
+	if s.consoleOn() {
+		s.adminHash = sha256.Sum256([]byte(opts.AdminToken))
+		s.series = newKVSeries(opts.ConsoleSamples)
+		s.windows = newWindowCache(consoleWindows)
+	}
 	if opts.Memory != nil {
 		s.metrics.AddCollector(func(w io.Writer) { s.mem.write(w, opts.Memory.Stats()) })
 	}
@@ -97,6 +113,18 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 // Serve accepts connections on ln until Shutdown; it returns nil after a
 // clean shutdown.
 func (s *Server) Serve(ln net.Listener) error {
+	if s.consoleOn() {
+		s.samplerOnce.Do(func() {
+			if s.stopping.Err() != nil {
+				return // shut down before it served
+			}
+			s.sampler.Add(1)
+			go func() {
+				defer s.sampler.Done()
+				s.runSampler(s.stopping, s.opts.ConsoleSampleEvery)
+			}()
+		})
+	}
 	return s.srv.Serve(ln)
 }
 
@@ -104,6 +132,8 @@ func (s *Server) Serve(ln net.Listener) error {
 // ctx ends, then closes what is left and the upstream pool.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.stop()
+	s.samplerOnce.Do(func() {}) // none starts after this
+	s.sampler.Wait()
 	err := s.srv.ShutdownWithContext(ctx)
 	s.up.closeIdle(true)
 	s.bg.closeAndWait() // replies still being recorded
@@ -187,6 +217,18 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
 		s.metrics.WritePrometheus(ctx)
 		s.finish(routeMetrics, ctx.Response.StatusCode(), start)
+		return
+	}
+	if string(raw) == "/ui" || bytes.HasPrefix(raw, []byte("/ui/")) {
+		s.handleConsole(ctx, raw)
+		s.finish(routeConsole, ctx.Response.StatusCode(), start)
+		return
+	}
+	if string(raw) == "/admin/v1" || bytes.HasPrefix(raw, []byte("/admin/v1/")) {
+		if !s.tooLarge(ctx, min(s.opts.MaxBodyBytes, maxAdminBody)) {
+			s.handleAdmin(ctx, raw[len("/admin/v1"):])
+		}
+		s.finish(routeAdmin, ctx.Response.StatusCode(), start)
 		return
 	}
 	if r, tail, ok := ownedRoute(raw); ok {

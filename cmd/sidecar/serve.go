@@ -62,6 +62,8 @@ type serveConfig struct {
 	memoryUpstream string
 	pprof          string
 	allowAnonymous bool
+	adminToken     string
+	consoleEvery   time.Duration
 
 	sessionTTL   time.Duration
 	maxDiskBytes int64
@@ -109,6 +111,8 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.IntVar(&c.slots, "llamacpp-slots", 1, "the llama.cpp server's -np (parallel slots)")
 	fs.StringVar(&c.pprof, "pprof", "", "serve Go's /debug/pprof on this loopback address, e.g. 127.0.0.1:6060 (heap dumps hold prompts: any other address is refused; off when empty)")
 	fs.BoolVar(&c.allowAnonymous, "allow-anonymous", false, "let requests without an API key share one tenant named \"anonymous\" (sessions, pool, KV open to every such client); off: they keep no state and the state APIs answer 401")
+	fs.StringVar(&c.adminToken, "admin-token", "", "turn the operator console on at /ui, with its admin API under /admin/v1, for requests carrying Authorization: Bearer <this token> (at least 16 bytes; it sees every tenant); empty: both answer 404")
+	fs.DurationVar(&c.consoleEvery, "console-sample-every", 5*time.Second, "period of the console's KV time series (hit rate, tier occupancy); the last 720 samples are kept")
 	fs.StringVar(&c.remote, "remote", "", "shared store of a fleet of sidecars: redis://[user:pass@]host:port/db, rediss://… (TLS), or redis://host1:port1?addr=host2:port2 (Redis Cluster); sessions and engine states are written through to it and any replica serves any session (empty: this machine only)")
 	fs.StringVar(&c.remotePrefix, "remote-prefix", "kvs", "prefix of every key in the --remote store (several deployments can share one store)")
 	fs.StringVar(&c.remoteOwner, "remote-owner", "", "this replica's address as the other replicas see it, written into its session leases (default: the --listen address); must be unique in the fleet")
@@ -375,21 +379,23 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		pf = fl
 	}
 	srv, err := proxy.New(proxy.Options{
-		Fleet:             pf,
-		Memory:            mem,
-		KV:                kvc,
-		MaxKVBytes:        c.maxKV,
-		Engine:            conn,
-		Upstream:          c.upstream,
-		MaxBodyBytes:      c.maxBody,
-		MaxResponseBytes:  c.maxResponse,
-		UpstreamTimeout:   c.upstreamTimeout,
-		StreamIdleTimeout: c.idleTO,
-		ReadTimeout:       c.readTO,
-		WriteTimeout:      c.writeTO,
-		IdleTimeout:       c.connIdle,
-		AllowAnonymous:    c.allowAnonymous,
-		Logger:            log,
+		Fleet:              pf,
+		Memory:             mem,
+		KV:                 kvc,
+		MaxKVBytes:         c.maxKV,
+		Engine:             conn,
+		Upstream:           c.upstream,
+		MaxBodyBytes:       c.maxBody,
+		MaxResponseBytes:   c.maxResponse,
+		UpstreamTimeout:    c.upstreamTimeout,
+		StreamIdleTimeout:  c.idleTO,
+		ReadTimeout:        c.readTO,
+		WriteTimeout:       c.writeTO,
+		IdleTimeout:        c.connIdle,
+		AllowAnonymous:     c.allowAnonymous,
+		AdminToken:         c.adminToken,
+		ConsoleSampleEvery: c.consoleEvery,
+		Logger:             log,
 	})
 	if err != nil {
 		return err
@@ -401,6 +407,12 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	}
 	for _, w := range exposureWarnings(ln.Addr(), c.allowAnonymous) {
 		log.Warn(w, "listen", ln.Addr().String())
+	}
+	if c.adminToken != "" {
+		log.Info("console on", "url", "http://"+ln.Addr().String()+"/ui/")
+		if !isLoopback(ln.Addr()) {
+			log.Warn("THE CONSOLE IS ON A NON-LOOPBACK ADDRESS over plain HTTP: the admin token, which reads and edits every tenant's memories, crosses the network in clear; put a TLS proxy in front or listen on 127.0.0.1", "listen", ln.Addr().String())
+		}
 	}
 	log.Info("sidecar listening", "version", versionString(), "listen", ln.Addr().String(),
 		"upstream", c.upstream, "data_dir", dataDir, "start_ms", time.Since(t0).Milliseconds())

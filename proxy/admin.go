@@ -1,0 +1,980 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"mime"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvsidecar/kvsidecar/engine"
+	"github.com/kvsidecar/kvsidecar/kv"
+	"github.com/kvsidecar/kvsidecar/memory"
+	"github.com/kvsidecar/kvsidecar/ui"
+)
+
+// The operator's console: a page at /ui (package ui's embedded files) and
+// its JSON API under /admin/v1, both on when Options.AdminToken is set and
+// answering 404 otherwise. Every API call needs Authorization: Bearer
+// <AdminToken>; the page itself holds no data and asks for the token, which
+// it keeps in the tab's sessionStorage and sends as that header (no cookie,
+// so no other site can make the browser act on the console).
+//
+// The admin token sees every tenant; each call about sessions, memories or
+// knowledge names one with ?tenant= (the tenant ids the sidecar stores:
+// "t_" and 16 hex digits, a hash of the API key, or "anonymous"). The
+// normal routes are untouched: an API key still sees only its own tenant.
+//
+//	GET    /admin/v1/tenants                          tenants with stored sessions
+//	GET    /admin/v1/sessions?tenant=&user=           a tenant's sessions (of one user)
+//	GET    /admin/v1/sessions/{id}?tenant=            history, window tiers, last window and recall, engine
+//	DELETE /admin/v1/sessions/{id}?tenant=            delete the session (and its KV)
+//	GET    /admin/v1/memories?tenant=&session=|user=  memories with category, importance, decay
+//	                          [&format=csv|json]      … as a download
+//	POST   /admin/v1/memories?tenant=&session=        add {"category","text","importance"}
+//	PATCH  /admin/v1/memories/{id}?tenant=&session=   edit {"text","category","importance"}
+//	DELETE /admin/v1/memories/{id}?tenant=&session=   delete one
+//	POST   /admin/v1/memories/{id}/boost?tenant=&session=
+//	POST   /admin/v1/memories/batch-delete?tenant=&session=  {"ids":[…]}: core and system memories are skipped
+//	GET    /admin/v1/stats?tenant=&session=|user=[&format=csv|json]  statistics by category
+//	GET    /admin/v1/triples?tenant=&user=            the knowledge base's triples
+//	DELETE /admin/v1/triples/{id}?tenant=&user=
+//	GET    /admin/v1/reviews?tenant=&user=            the memory reviewer's decisions
+//	GET    /admin/v1/kv                               KV cache, engine and memory counters, time series
+
+// Triple is one (subject, predicate, object) of the knowledge base, with
+// the ids of the memories that support it.
+type Triple struct {
+	ID        string    `json:"id"`
+	Subject   string    `json:"subject"`
+	Predicate string    `json:"predicate"`
+	Object    string    `json:"object"`
+	Support   []string  `json:"support"`
+	At        time.Time `json:"at"`
+}
+
+// Review is one decision of the memory reviewer about a fact.
+type Review struct {
+	FactID   string    `json:"fact_id"`
+	Decision string    `json:"decision"` // promote, keep or delete
+	Rounds   int       `json:"rounds"`
+	At       time.Time `json:"at"`
+	Reason   string    `json:"reason"`
+}
+
+// Knowledge is what the console shows of the knowledge base beside the
+// memories, per tenant and user ("" is the tenant's default user). Results
+// are copies, newest first, at most limit.
+type Knowledge interface {
+	Triples(tenant, user string, limit int) ([]Triple, error)
+	Reviews(tenant, user string, limit int) ([]Review, error)
+	DeleteTriple(tenant, user, id string) error
+}
+
+const (
+	// adminMaxSessions bounds the sessions one user-wide memory listing
+	// reads.
+	adminMaxSessions = 64
+	// adminMaxBatch bounds the ids of one batch delete.
+	adminMaxBatch = 1000
+	// adminMaxList bounds lists (sessions, triples, reviews).
+	adminMaxList = 1000
+	// maxAdminBody bounds an admin request's body.
+	maxAdminBody = 1 << 20
+	// consoleWindows is how many sessions' last windows the console keeps.
+	consoleWindows = 1024
+)
+
+// consoleOn reports whether the console is enabled.
+func (s *Server) consoleOn() bool { return s.opts.AdminToken != "" }
+
+// adminAuthorized reports whether the request carries the admin token.
+func (s *Server) adminAuthorized(ctx *fasthttp.RequestCtx) bool {
+	h := bytes.TrimSpace(ctx.Request.Header.Peek("Authorization"))
+	const prefix = "bearer "
+	if len(h) <= len(prefix) || !equalFoldASCII(h[:len(prefix)], prefix) {
+		return false
+	}
+	got := sha256.Sum256(bytes.TrimSpace(h[len(prefix):]))
+	return subtle.ConstantTimeCompare(got[:], s.adminHash[:]) == 1
+}
+
+// handleConsole serves /ui and /ui/… from package ui.
+func (s *Server) handleConsole(ctx *fasthttp.RequestCtx, raw []byte) {
+	if !s.consoleOn() {
+		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "console_disabled",
+			"the console is off; start the sidecar with --admin-token (or SIDECAR_ADMIN_TOKEN) to turn it on")
+		return
+	}
+	if !ctx.IsGet() && !ctx.IsHead() {
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "use GET")
+		ctx.Response.Header.Set("Allow", "GET, HEAD")
+		return
+	}
+	if string(raw) == "/ui" {
+		ctx.Redirect("/ui/", fasthttp.StatusMovedPermanently)
+		return
+	}
+	name := strings.TrimPrefix(string(raw), "/ui/")
+	if name == "" {
+		name = "index.html"
+	}
+	if !fs.ValidPath(name) || strings.ContainsAny(name, `%\`) {
+		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found", "no such console file")
+		return
+	}
+	b, err := fs.ReadFile(ui.Files, name)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found", "no such console file")
+		return
+	}
+	ct := mime.TypeByExtension(path.Ext(name))
+	if ct == "" {
+		ct = "application/octet-stream"
+	}
+	h := &ctx.Response.Header
+	h.Set("Content-Type", ct)
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'; form-action 'none'; base-uri 'none'")
+	ctx.SetBody(b)
+}
+
+// handleAdmin serves /admin/v1/…; tail is the raw path after /admin/v1.
+func (s *Server) handleAdmin(ctx *fasthttp.RequestCtx, tail []byte) {
+	if !s.consoleOn() {
+		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "console_disabled",
+			"the admin API is off; start the sidecar with --admin-token (or SIDECAR_ADMIN_TOKEN) to turn it on")
+		return
+	}
+	// Answers (errors included) are never cached; set last, as an error
+	// answer resets the headers.
+	defer ctx.Response.Header.Set("Cache-Control", "no-store")
+	if !s.adminAuthorized(ctx) {
+		writeError(ctx, fasthttp.StatusUnauthorized, typeInvalidRequest, "invalid_admin_token",
+			"the admin API needs Authorization: Bearer <admin token> (the sidecar's --admin-token)")
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="kvsidecar-admin"`)
+		return
+	}
+	segs, err := pathSegments(tail)
+	if err != nil || slices.ContainsFunc(segs, isDotName) || len(segs) == 0 {
+		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found", fmt.Sprintf("no admin route for %s %s", ctx.Method(), ctx.URI().PathOriginal()))
+		return
+	}
+	a := &adminReq{s: s, ctx: ctx, q: ctx.QueryArgs()}
+	switch segs[0] {
+	case "kv":
+		a.only(len(segs) == 1, "GET").kv()
+	case "tenants":
+		a.only(len(segs) == 1, "GET").memory().tenants()
+	case "sessions":
+		switch len(segs) {
+		case 1:
+			a.only(true, "GET").memory().tenant().sessions()
+		case 2:
+			a.only(true, "GET", "DELETE").memory().tenant().sessionByID(segs[1])
+		default:
+			a.notFound()
+		}
+	case "memories":
+		switch {
+		case len(segs) == 1:
+			a.only(true, "GET", "POST").memory().tenant().memories()
+		case len(segs) == 2 && segs[1] == "batch-delete":
+			a.only(true, "POST").memory().tenant().sessionParam().batchDelete()
+		case len(segs) == 2:
+			a.only(true, "PATCH", "DELETE").memory().tenant().sessionParam().memoryUnit(segs[1])
+		case len(segs) == 3 && segs[2] == "boost":
+			a.only(true, "POST").memory().tenant().sessionParam().boost(segs[1])
+		default:
+			a.notFound()
+		}
+	case "stats":
+		a.only(len(segs) == 1, "GET").memory().tenant().stats()
+	case "triples":
+		switch len(segs) {
+		case 1:
+			a.only(true, "GET").tenant().triples()
+		case 2:
+			a.only(true, "DELETE").tenant().deleteTriple(segs[1])
+		default:
+			a.notFound()
+		}
+	case "reviews":
+		a.only(len(segs) == 1, "GET").tenant().reviews()
+	default:
+		a.notFound()
+	}
+}
+
+// adminReq is one admin call. Its checks chain: each returns the request,
+// and once one answered an error the rest do nothing.
+type adminReq struct {
+	s       *Server
+	ctx     *fasthttp.RequestCtx
+	q       *fasthttp.Args
+	done    bool
+	tenantV string
+	session string
+}
+
+func (a *adminReq) fail(status int, typ, code, msg string) {
+	if !a.done {
+		writeError(a.ctx, status, typ, code, msg)
+		a.done = true
+	}
+}
+
+func (a *adminReq) notFound() {
+	a.fail(fasthttp.StatusNotFound, typeNotFound, "not_found", fmt.Sprintf("no admin route for %s %s", a.ctx.Method(), a.ctx.URI().PathOriginal()))
+}
+
+// only checks the route matched and the method is one of methods.
+func (a *adminReq) only(matched bool, methods ...string) *adminReq {
+	if !matched {
+		a.notFound()
+		return a
+	}
+	if !a.done && !slices.Contains(methods, string(a.ctx.Method())) {
+		a.fail(fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "use "+strings.Join(methods, " or "))
+		a.ctx.Response.Header.Set("Allow", strings.Join(methods, ", "))
+	}
+	return a
+}
+
+func (a *adminReq) memory() *adminReq {
+	if a.s.opts.Memory == nil {
+		a.fail(fasthttp.StatusNotFound, typeNotFound, "memory_disabled", "session memory is disabled on this sidecar")
+	}
+	return a
+}
+
+// tenant reads the required ?tenant=.
+func (a *adminReq) tenant() *adminReq {
+	if a.done {
+		return a
+	}
+	t := string(a.q.Peek("tenant"))
+	if t == "" {
+		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "missing_tenant", "name the tenant with ?tenant= (GET /admin/v1/tenants lists them)")
+		return a
+	}
+	if err := validSessionID(t); err != nil {
+		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_tenant", "tenant: "+err.Error())
+		return a
+	}
+	a.tenantV = t
+	return a
+}
+
+// sessionParam reads the required ?session=.
+func (a *adminReq) sessionParam() *adminReq {
+	if a.done {
+		return a
+	}
+	id := string(a.q.Peek("session"))
+	if id == "" {
+		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "missing_session", "name the session with ?session=")
+		return a
+	}
+	if err := validSessionID(id); err != nil {
+		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_session_id", err.Error())
+		return a
+	}
+	a.session = id
+	return a
+}
+
+// user reads the optional ?user= ("" is the tenant's default user; absent
+// is every user when allowAll).
+func (a *adminReq) user() (user *string, ok bool) {
+	if !a.q.Has("user") {
+		return nil, true
+	}
+	u := string(a.q.Peek("user"))
+	if u != "" {
+		if err := validSessionID(u); err != nil {
+			a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_user", "user: "+err.Error())
+			return nil, false
+		}
+	}
+	return &u, true
+}
+
+// storeErr answers a memory error.
+func (a *adminReq) storeErr(err error, what string) {
+	switch {
+	case errors.Is(err, memory.ErrMemoryNotFound):
+		a.fail(fasthttp.StatusNotFound, typeNotFound, "memory_not_found", fmt.Sprintf("no such memory in session %q of this tenant", a.session))
+	case errors.Is(err, memory.ErrNotFound):
+		a.fail(fasthttp.StatusNotFound, typeNotFound, "session_not_found", fmt.Sprintf("no session %q for tenant %q", what, a.tenantV))
+	case errors.Is(err, memory.ErrBoostLimited):
+		a.fail(fasthttp.StatusConflict, typeInvalidRequest, "boost_limited", strings.TrimPrefix(err.Error(), "memory: "))
+	case errors.Is(err, memory.ErrInvalid):
+		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_memory", strings.TrimPrefix(err.Error(), "memory: "))
+	case errors.Is(err, memory.ErrClosed):
+		a.fail(fasthttp.StatusServiceUnavailable, typeServer, "shutting_down", "the sidecar is shutting down")
+	default:
+		a.s.log.Error("admin: memory store failed", "tenant", a.tenantV, "session", a.session, "err", err)
+		a.fail(fasthttp.StatusInternalServerError, typeServer, "internal", "session store failed; see the sidecar's log")
+	}
+}
+
+// decode reads a JSON body strictly into v.
+func (a *adminReq) decode(v any) bool {
+	d := json.NewDecoder(bytes.NewReader(a.ctx.Request.Body()))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_json", "body: "+err.Error())
+		return false
+	}
+	if d.More() {
+		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_json", "body: one JSON object expected")
+		return false
+	}
+	return true
+}
+
+func (a *adminReq) ok(status int, v any) {
+	if !a.done {
+		writeJSON(a.ctx, status, v)
+		a.done = true
+	}
+}
+
+func list(v any) map[string]any { return map[string]any{"object": "list", "data": v} }
+
+// --- tenants and sessions
+
+func (a *adminReq) tenants() {
+	if a.done {
+		return
+	}
+	ts, err := a.s.opts.Memory.Tenants()
+	if err != nil {
+		a.storeErr(err, "")
+		return
+	}
+	a.ok(fasthttp.StatusOK, list(ts))
+}
+
+// userInfo is one user of a tenant with its sessions.
+type userInfo struct {
+	User     string `json:"user"`
+	Sessions int    `json:"sessions"`
+}
+
+func (a *adminReq) sessions() {
+	if a.done {
+		return
+	}
+	user, ok := a.user()
+	if !ok {
+		return
+	}
+	ss, err := a.s.opts.Memory.Sessions(a.tenantV, user, adminMaxList)
+	if err != nil {
+		a.storeErr(err, "")
+		return
+	}
+	// The users of the tenant, from all its sessions when filtered.
+	all := ss
+	if user != nil {
+		if all, err = a.s.opts.Memory.Sessions(a.tenantV, nil, adminMaxList); err != nil {
+			a.storeErr(err, "")
+			return
+		}
+	}
+	byUser := map[string]int{}
+	for _, x := range all {
+		byUser[x.User]++
+	}
+	users := []userInfo{}
+	for u, n := range byUser {
+		users = append(users, userInfo{u, n})
+	}
+	slices.SortFunc(users, func(x, y userInfo) int { return strings.Compare(x.User, y.User) })
+	a.ok(fasthttp.StatusOK, map[string]any{"object": "list", "data": ss, "users": users})
+}
+
+// sessionDetail is GET /admin/v1/sessions/{id}.
+type sessionDetail struct {
+	memory.SessionView
+	// Tiers counts the session's messages in the window (focus) and its
+	// memory units by tier.
+	Tiers      map[string]int        `json:"tiers"`
+	Engine     *engine.SessionStats  `json:"engine,omitempty"`
+	LastWindow *lastWindow           `json:"last_window,omitempty"`
+	Categories map[string]int        `json:"categories"`
+}
+
+func (a *adminReq) sessionByID(id string) {
+	if a.done {
+		return
+	}
+	if err := validSessionID(id); err != nil || id == "" {
+		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_session_id", "session id must be one URL-escaped path segment of 1..256 bytes without control characters")
+		return
+	}
+	a.session = id
+	st := a.s.opts.Memory
+	if a.ctx.IsDelete() {
+		if err := st.Delete(a.tenantV, id); err != nil {
+			a.storeErr(err, id)
+			return
+		}
+		if a.s.opts.Engine != nil {
+			if ferr := a.s.opts.Engine.Forget(a.ctx, a.tenantV, id); ferr != nil {
+				a.s.log.Warn("admin: dropping a deleted session's KV failed", "session", id, "err", ferr)
+			}
+		}
+		a.s.windows.forget(a.tenantV, id)
+		a.s.log.Info("admin: session deleted", "tenant", a.tenantV, "session", id)
+		a.ok(fasthttp.StatusOK, map[string]any{"id": id, "object": "session.deleted", "deleted": true})
+		return
+	}
+	sv, err := st.Session(a.tenantV, id)
+	if err != nil {
+		a.storeErr(err, id)
+		return
+	}
+	mv, err := st.Memory(a.tenantV, id)
+	if err != nil {
+		a.storeErr(err, id)
+		return
+	}
+	d := sessionDetail{SessionView: sv, Tiers: map[string]int{"focus": mv.Focus, "working": mv.Working, "archive": mv.Archive},
+		Categories: map[string]int{}}
+	for _, u := range mv.Units {
+		if u.Category != "" {
+			d.Categories[string(u.Category)]++
+		}
+	}
+	if a.s.opts.Engine != nil {
+		if es, ok := a.s.opts.Engine.SessionStats(a.tenantV, id); ok {
+			d.Engine = &es
+		}
+	}
+	d.LastWindow = a.s.windows.get(a.tenantV, id)
+	a.ok(fasthttp.StatusOK, d)
+}
+
+// --- memories
+
+// memoryRow is one memory as the console's table shows it.
+type memoryRow struct {
+	memory.Unit
+	Session string     `json:"session"`
+	Decay   *decayInfo `json:"decay,omitempty"`
+}
+
+// decayInfo says how a memory decays: its importance is multiplied by
+// Factor every Period untouched; the next time is NextAt; an episode is
+// deleted at ExpiresAt unless touched before.
+type decayInfo struct {
+	Factor      float64    `json:"factor"`
+	PeriodHours float64    `json:"period_hours"`
+	NextAt      time.Time  `json:"next_at"`
+	ExpiresAt   *time.Time `json:"expires_at,omitempty"`
+}
+
+func decayOf(u *memory.Unit) *decayInfo {
+	switch u.Category {
+	case memory.CategoryFact:
+		return &decayInfo{Factor: memory.FactDecay, PeriodHours: memory.FactDecayPeriod.Hours(), NextAt: u.DecayedAt.Add(memory.FactDecayPeriod)}
+	case memory.CategoryEpisode:
+		exp := u.TouchedAt.Add(memory.EpisodeTTL)
+		return &decayInfo{Factor: memory.EpisodeDecay, PeriodHours: memory.EpisodeDecayPeriod.Hours(), NextAt: u.DecayedAt.Add(memory.EpisodeDecayPeriod), ExpiresAt: &exp}
+	}
+	return nil
+}
+
+// scopeMemories returns the categorized memories of ?session= or of every
+// session of ?user= (at most adminMaxSessions, newest first).
+func (a *adminReq) scopeMemories() ([]memoryRow, bool) {
+	st := a.s.opts.Memory
+	var ids []string
+	if id := string(a.q.Peek("session")); id != "" {
+		if a.sessionParam(); a.done {
+			return nil, false
+		}
+		ids = []string{id}
+	} else {
+		user, ok := a.user()
+		if !ok {
+			return nil, false
+		}
+		if user == nil {
+			a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "missing_scope", "name a session (?session=) or a user (?user=, empty for the tenant's default user)")
+			return nil, false
+		}
+		ss, err := st.Sessions(a.tenantV, user, adminMaxSessions)
+		if err != nil {
+			a.storeErr(err, "")
+			return nil, false
+		}
+		for _, x := range ss {
+			ids = append(ids, x.ID)
+		}
+	}
+	rows := []memoryRow{}
+	for _, id := range ids {
+		mv, err := st.Memory(a.tenantV, id)
+		if errors.Is(err, memory.ErrNotFound) && len(ids) > 1 {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			a.storeErr(err, id)
+			return nil, false
+		}
+		for i := range mv.Units {
+			u := &mv.Units[i]
+			if u.Category == "" {
+				continue // the conversation record, not a memory
+			}
+			rows = append(rows, memoryRow{Unit: *u, Session: id, Decay: decayOf(u)})
+		}
+	}
+	return rows, true
+}
+
+func (a *adminReq) memories() {
+	if a.done {
+		return
+	}
+	if a.ctx.IsPost() {
+		a.addMemory()
+		return
+	}
+	rows, ok := a.scopeMemories()
+	if !ok {
+		return
+	}
+	switch f := string(a.q.Peek("format")); f {
+	case "":
+		a.ok(fasthttp.StatusOK, list(rows))
+	case "json":
+		a.download("memories.json", "application/json", mustJSON(rows))
+	case "csv":
+		recs := [][]string{{"session", "id", "category", "importance", "tokens", "review", "created_at", "updated_at", "touched_at", "access_count", "content"}}
+		for _, r := range rows {
+			recs = append(recs, []string{r.Session, r.ID, string(r.Category), fmtFloat(r.Importance), strconv.Itoa(r.Tokens), r.Review,
+				fmtTime(r.CreatedAt), fmtTime(r.UpdatedAt), fmtTime(r.TouchedAt), strconv.Itoa(r.AccessCount), r.Content})
+		}
+		a.download("memories.csv", "text/csv; charset=utf-8", csvBytes(recs))
+	default:
+		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_format", fmt.Sprintf("format %q: want csv or json", f))
+	}
+}
+
+type memoryWrite struct {
+	Category   *string  `json:"category"`
+	Text       *string  `json:"text"`
+	Importance *float64 `json:"importance"`
+}
+
+func (a *adminReq) addMemory() {
+	if a.sessionParam(); a.done {
+		return
+	}
+	var w memoryWrite
+	if !a.decode(&w) {
+		return
+	}
+	if w.Category == nil || w.Text == nil {
+		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_memory", `body must be {"category": "system|core|fact|episode", "text": "…", "importance": n}`)
+		return
+	}
+	c, err := memory.ParseCategory(*w.Category)
+	if err != nil {
+		a.storeErr(err, a.session)
+		return
+	}
+	imp := 0.0
+	if w.Importance != nil {
+		imp = *w.Importance
+		if imp < 0 || imp > 100 {
+			a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_memory", "importance must be within 0..100 (0: the default, 1)")
+			return
+		}
+	}
+	u, err := a.s.opts.Memory.AddMemory(a.tenantV, a.session, c, *w.Text, imp)
+	if err != nil {
+		a.storeErr(err, a.session)
+		return
+	}
+	a.s.log.Info("admin: memory added", "tenant", a.tenantV, "session", a.session, "id", u.ID, "category", string(c))
+	a.ok(fasthttp.StatusCreated, memoryRow{Unit: u, Session: a.session, Decay: decayOf(&u)})
+}
+
+func (a *adminReq) memoryUnit(id string) {
+	if a.done {
+		return
+	}
+	st := a.s.opts.Memory
+	if a.ctx.IsDelete() {
+		if err := st.DeleteMemory(a.tenantV, a.session, id); err != nil {
+			a.storeErr(err, a.session)
+			return
+		}
+		a.s.log.Info("admin: memory deleted", "tenant", a.tenantV, "session", a.session, "id", id)
+		a.ok(fasthttp.StatusOK, map[string]any{"id": id, "object": "memory.deleted", "deleted": true})
+		return
+	}
+	var w memoryWrite
+	if !a.decode(&w) {
+		return
+	}
+	var e memory.MemoryEdit
+	e.Text, e.Importance = w.Text, w.Importance
+	if w.Category != nil {
+		c, err := memory.ParseCategory(*w.Category)
+		if err != nil {
+			a.storeErr(err, a.session)
+			return
+		}
+		e.Category = &c
+	}
+	if e.Text == nil && e.Category == nil && e.Importance == nil {
+		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_memory", `body must change at least one of "text", "category", "importance"`)
+		return
+	}
+	u, err := st.UpdateMemory(a.tenantV, a.session, id, e)
+	if err != nil {
+		a.storeErr(err, a.session)
+		return
+	}
+	a.s.log.Info("admin: memory edited", "tenant", a.tenantV, "session", a.session, "id", id)
+	a.ok(fasthttp.StatusOK, memoryRow{Unit: u, Session: a.session, Decay: decayOf(&u)})
+}
+
+func (a *adminReq) boost(id string) {
+	if a.done {
+		return
+	}
+	imp, err := a.s.opts.Memory.Boost(a.tenantV, a.session, id)
+	if err != nil {
+		a.storeErr(err, a.session)
+		return
+	}
+	a.ok(fasthttp.StatusOK, map[string]any{"id": id, "importance": imp})
+}
+
+// skippedID is an id a batch delete left alone, and why.
+type skippedID struct {
+	ID     string `json:"id"`
+	Reason string `json:"reason"`
+}
+
+// batchDelete deletes the memories named in {"ids":[…]} from one session,
+// skipping pinned ones (core and system: always injected, so deleting them
+// takes a deliberate single delete) and naming the ids it does not know.
+func (a *adminReq) batchDelete() {
+	if a.done {
+		return
+	}
+	var body struct {
+		IDs []string `json:"ids"`
+	}
+	if !a.decode(&body) {
+		return
+	}
+	if len(body.IDs) == 0 || len(body.IDs) > adminMaxBatch {
+		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_ids", fmt.Sprintf(`body must be {"ids": [1..%d memory ids]}`, adminMaxBatch))
+		return
+	}
+	st := a.s.opts.Memory
+	mv, err := st.Memory(a.tenantV, a.session)
+	if err != nil {
+		a.storeErr(err, a.session)
+		return
+	}
+	units := make(map[string]*memory.Unit, len(mv.Units))
+	for i := range mv.Units {
+		units[mv.Units[i].ID] = &mv.Units[i]
+	}
+	deleted, skipped, missing := []string{}, []skippedID{}, []string{}
+	seen := map[string]bool{}
+	for _, id := range body.IDs {
+		id = strings.TrimSpace(id)
+		if id == "" || seen[id] {
+			continue
+		}
+		seen[id] = true
+		u := units[id]
+		switch {
+		case u == nil:
+			missing = append(missing, id)
+			continue
+		case u.Category == memory.CategoryCore || u.Category == memory.CategorySystem:
+			skipped = append(skipped, skippedID{id, string(u.Category)})
+			continue
+		case u.Category == "":
+			skipped = append(skipped, skippedID{id, "conversation"})
+			continue
+		}
+		switch err := st.DeleteMemory(a.tenantV, a.session, id); {
+		case err == nil:
+			deleted = append(deleted, id)
+		case errors.Is(err, memory.ErrNotFound):
+			missing = append(missing, id)
+		default:
+			a.storeErr(err, a.session)
+			return
+		}
+	}
+	a.s.log.Info("admin: memories batch-deleted", "tenant", a.tenantV, "session", a.session, "deleted", len(deleted), "skipped", len(skipped), "not_found", len(missing))
+	a.ok(fasthttp.StatusOK, map[string]any{"object": "memory.batch_deleted", "deleted": deleted, "skipped": skipped, "not_found": missing})
+}
+
+// categoryStats are the statistics of one category in a scope.
+type categoryStats struct {
+	Category       string  `json:"category"`
+	Count          int     `json:"count"`
+	Tokens         int     `json:"tokens"`
+	MeanImportance float64 `json:"mean_importance"`
+	MinImportance  float64 `json:"min_importance"`
+	MaxImportance  float64 `json:"max_importance"`
+	Promote        int     `json:"review_promote"`
+	Decay          int     `json:"review_decay"`
+	Expire         int     `json:"review_expire"`
+	Accesses       int     `json:"accesses"`
+}
+
+var categoryOrder = []memory.Category{memory.CategorySystem, memory.CategoryCore, memory.CategoryFact, memory.CategoryEpisode}
+
+func statsByCategory(rows []memoryRow) []categoryStats {
+	out := make([]categoryStats, len(categoryOrder))
+	for i, c := range categoryOrder {
+		out[i].Category = string(c)
+	}
+	for _, r := range rows {
+		i := slices.Index(categoryOrder, r.Category)
+		if i < 0 {
+			continue
+		}
+		cs := &out[i]
+		if cs.Count == 0 || r.Importance < cs.MinImportance {
+			cs.MinImportance = r.Importance
+		}
+		cs.MaxImportance = max(cs.MaxImportance, r.Importance)
+		cs.Count++
+		cs.Tokens += r.Tokens
+		cs.MeanImportance += r.Importance
+		cs.Accesses += r.AccessCount
+		switch r.Review {
+		case "promote":
+			cs.Promote++
+		case "decay":
+			cs.Decay++
+		case "expire":
+			cs.Expire++
+		}
+	}
+	for i := range out {
+		if out[i].Count > 0 {
+			out[i].MeanImportance = math.Round(out[i].MeanImportance/float64(out[i].Count)*1e4) / 1e4
+		}
+	}
+	return out
+}
+
+func (a *adminReq) stats() {
+	if a.done {
+		return
+	}
+	rows, ok := a.scopeMemories()
+	if !ok {
+		return
+	}
+	cs := statsByCategory(rows)
+	switch f := string(a.q.Peek("format")); f {
+	case "":
+		a.ok(fasthttp.StatusOK, list(cs))
+	case "json":
+		a.download("memory-stats.json", "application/json", mustJSON(cs))
+	case "csv":
+		recs := [][]string{{"category", "count", "tokens", "mean_importance", "min_importance", "max_importance", "review_promote", "review_decay", "review_expire", "accesses"}}
+		for _, c := range cs {
+			recs = append(recs, []string{c.Category, strconv.Itoa(c.Count), strconv.Itoa(c.Tokens), fmtFloat(c.MeanImportance),
+				fmtFloat(c.MinImportance), fmtFloat(c.MaxImportance), strconv.Itoa(c.Promote), strconv.Itoa(c.Decay), strconv.Itoa(c.Expire), strconv.Itoa(c.Accesses)})
+		}
+		a.download("memory-stats.csv", "text/csv; charset=utf-8", csvBytes(recs))
+	default:
+		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_format", fmt.Sprintf("format %q: want csv or json", f))
+	}
+}
+
+// download answers an attachment.
+func (a *adminReq) download(name, ct string, b []byte) {
+	if a.done {
+		return
+	}
+	a.ctx.SetStatusCode(fasthttp.StatusOK)
+	a.ctx.SetContentType(ct)
+	a.ctx.Response.Header.Set("Content-Disposition", `attachment; filename="`+name+`"`)
+	a.ctx.SetBody(b)
+	a.done = true
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil { // unreachable: plain values
+		return []byte("null")
+	}
+	return append(b, '\n')
+}
+
+// csvBytes writes records as CSV. A cell a spreadsheet would run as a
+// formula (starting with = + - @ or a tab or CR) gets a leading quote.
+func csvBytes(recs [][]string) []byte {
+	var buf bytes.Buffer
+	w := csv.NewWriter(&buf)
+	for _, r := range recs {
+		for i, c := range r {
+			if c != "" && strings.ContainsRune("=+-@\t\r", rune(c[0])) {
+				if _, err := strconv.ParseFloat(c, 64); err != nil {
+					r[i] = "'" + c
+				}
+			}
+		}
+		_ = w.Write(r) // a bytes.Buffer does not fail
+	}
+	w.Flush()
+	return buf.Bytes()
+}
+
+func fmtFloat(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// --- knowledge
+
+func (a *adminReq) knowledgeUser() (string, bool) {
+	u, ok := a.user()
+	if !ok {
+		return "", false
+	}
+	if u == nil {
+		return "", true
+	}
+	return *u, true
+}
+
+func (a *adminReq) triples() {
+	if a.done {
+		return
+	}
+	user, ok := a.knowledgeUser()
+	if !ok {
+		return
+	}
+	out := []Triple{}
+	if k := a.s.opts.Knowledge; k != nil {
+		ts, err := k.Triples(a.tenantV, user, adminMaxList)
+		if err != nil {
+			a.storeErr(err, "")
+			return
+		}
+		out = append(out, ts...)
+	}
+	a.ok(fasthttp.StatusOK, map[string]any{"object": "list", "data": out, "available": a.s.opts.Knowledge != nil})
+}
+
+func (a *adminReq) reviews() {
+	if a.done {
+		return
+	}
+	user, ok := a.knowledgeUser()
+	if !ok {
+		return
+	}
+	out := []Review{}
+	if k := a.s.opts.Knowledge; k != nil {
+		rs, err := k.Reviews(a.tenantV, user, adminMaxList)
+		if err != nil {
+			a.storeErr(err, "")
+			return
+		}
+		out = append(out, rs...)
+	}
+	a.ok(fasthttp.StatusOK, map[string]any{"object": "list", "data": out, "available": a.s.opts.Knowledge != nil})
+}
+
+func (a *adminReq) deleteTriple(id string) {
+	if a.done {
+		return
+	}
+	user, ok := a.knowledgeUser()
+	if !ok {
+		return
+	}
+	k := a.s.opts.Knowledge
+	if k == nil {
+		a.fail(fasthttp.StatusNotFound, typeNotFound, "knowledge_disabled", "this sidecar keeps no triples")
+		return
+	}
+	if err := k.DeleteTriple(a.tenantV, user, id); err != nil {
+		if errors.Is(err, memory.ErrNotFound) {
+			a.fail(fasthttp.StatusNotFound, typeNotFound, "triple_not_found", fmt.Sprintf("no triple %q for this tenant and user", id))
+			return
+		}
+		a.storeErr(err, "")
+		return
+	}
+	a.s.log.Info("admin: triple deleted", "tenant", a.tenantV, "user", user, "id", id)
+	a.ok(fasthttp.StatusOK, map[string]any{"id": id, "object": "triple.deleted", "deleted": true})
+}
+
+// --- KV
+
+// kvView is GET /admin/v1/kv.
+type kvView struct {
+	KV            *kv.Stats             `json:"kv"`
+	Amortization  *kv.AmortizationStats `json:"amortization"`
+	Engine        *engine.Stats         `json:"engine"`
+	Memory        *memory.Stats         `json:"memory"`
+	Samples       []KVSample            `json:"samples"`
+	SampleEveryMs int64                 `json:"sample_every_ms"`
+}
+
+func (a *adminReq) kv() {
+	if a.done {
+		return
+	}
+	var v kvView
+	if c := a.s.opts.KV; c != nil {
+		st, am := c.Stats(), c.AmortizationStats()
+		v.KV, v.Amortization = &st, &am
+	}
+	if e := a.s.opts.Engine; e != nil {
+		st := e.Stats()
+		v.Engine = &st
+	}
+	if m := a.s.opts.Memory; m != nil {
+		st := m.Stats()
+		v.Memory = &st
+	}
+	v.Samples = a.s.series.snapshot()
+	v.SampleEveryMs = a.s.opts.ConsoleSampleEvery.Milliseconds()
+	a.ok(fasthttp.StatusOK, v)
+}
