@@ -416,10 +416,10 @@ type sessionDetail struct {
 	memory.SessionView
 	// Tiers counts the session's messages in the window (focus) and its
 	// memory units by tier.
-	Tiers      map[string]int        `json:"tiers"`
-	Engine     *engine.SessionStats  `json:"engine,omitempty"`
-	LastWindow *lastWindow           `json:"last_window,omitempty"`
-	Categories map[string]int        `json:"categories"`
+	Tiers      map[string]int       `json:"tiers"`
+	Engine     *engine.SessionStats `json:"engine,omitempty"`
+	LastWindow *lastWindow          `json:"last_window,omitempty"`
+	Categories map[string]int       `json:"categories"`
 }
 
 func (a *adminReq) sessionByID(id string) {

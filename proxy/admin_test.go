@@ -318,7 +318,9 @@ func TestAdminMemories(t *testing.T) {
 		t.Fatalf("after batch delete: %v", left)
 	}
 	// The memory API of the session's own tenant agrees.
-	var mv struct{ Units []struct{ ID, Category string } }
+	var mv struct {
+		Units []struct{ ID, Category string }
+	}
 	if getJSON(t, base+"/v1/sessions/a1/memory", "key-a", &mv) != 200 {
 		t.Fatal("memory view")
 	}
