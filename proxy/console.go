@@ -118,6 +118,7 @@ type lastWindow struct {
 	At             time.Time `json:"at"`
 	Model          string    `json:"model,omitempty"`
 	Mode           string    `json:"mode"`
+	ModeDetected   bool      `json:"mode_detected"`
 	Match          string    `json:"match"`
 	User           string    `json:"user"`
 	Limit          int       `json:"limit"`
@@ -140,7 +141,7 @@ type lastWindow struct {
 
 func newLastWindow(at time.Time, turn *memory.Turn) *lastWindow {
 	ts := &turn.Stats
-	return &lastWindow{At: at, Model: ts.Model, Mode: ts.Mode, Match: ts.Match, User: ts.User, Limit: ts.Limit,
+	return &lastWindow{At: at, Model: ts.Model, Mode: ts.Mode, ModeDetected: ts.ModeDetected, Match: ts.Match, User: ts.User, Limit: ts.Limit,
 		TotalTokens: ts.TotalTokens, SystemTokens: ts.SystemTokens, StableTokens: ts.StableTokens,
 		HistoryTokens: ts.HistoryTokens, RecallTokens: ts.RecallTokens, ToolsTokens: ts.ToolsTokens,
 		WindowMessages: ts.WindowMessages, StoredMessages: ts.StoredMessages, Evicted: ts.Evicted,

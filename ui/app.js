@@ -22,6 +22,11 @@
     kvTimer: 0,
   };
 
+  // latest gives each call of a loader a number; an answer that arrives
+  // after a later call's is dropped, so overlapping loads never mix rows.
+  const gens = {};
+  const latest = name => { const g = (gens[name] || 0) + 1; gens[name] = g; return () => gens[name] === g; };
+
   // h builds an element: h("td", {class: "num"}, "text", childNode…).
   function h(tag, attrs, ...kids) {
     const e = document.createElement(tag);
@@ -182,7 +187,9 @@
 
   async function loadSessions() {
     if (!state.tenant) { state.sessions = []; state.users = []; fillUsers(); return; }
+    const current = latest("sessions");
     const r = await api("GET", "sessions", {tenant: state.tenant});
+    if (!current()) return;
     state.sessions = r.data;
     state.users = r.users.map(u => u.user);
     if (state.user !== null && !state.users.includes(state.user)) state.user = null;
@@ -238,10 +245,12 @@
   async function selectSession(id) {
     state.session = id;
     for (const tr of $("sessions-table").tBodies[0].rows) tr.classList.toggle("selected", tr.dataset.session === id);
+    const current = latest("session");
     let d;
     try {
       d = await api("GET", "sessions/" + encodeURIComponent(id), {tenant: state.tenant});
     } catch (e) { toast(e.message, true); return; }
+    if (!current()) return;
     $("session-none").hidden = true;
     $("session-body").hidden = false;
     $("session-title").textContent = "Session " + d.id;
@@ -279,20 +288,25 @@
     } else {
       const parts = [["system", w.system_tokens, "#475569"], ["stable block", w.stable_tokens, "#b45309"],
         ["history", w.history_tokens, "#2563eb"], ["recall", w.recall_tokens, "#0d9488"], ["tools", w.tools_tokens, "#9333ea"]];
-      const bar = h("div", {class: "stack", id: "window-bar"});
+      const bar = h("div", {class: "stack", id: "window-bar", title: "the window against its limit"});
+      const legend = h("div", {class: "legend"});
       for (const [name, n, color] of parts) {
         if (!n) continue;
-        const sp = h("span", {title: name + ": " + n + " tokens"}, name);
+        const sp = h("span", {title: name + ": " + n + " tokens"});
         sp.style.width = (100 * n / Math.max(w.limit, 1)) + "%";
         sp.style.background = color;
         bar.appendChild(sp);
+        const sw = h("i");
+        sw.style.background = color;
+        legend.appendChild(h("span", {}, sw, name + " " + fmtInt(n)));
       }
       win.appendChild(bar);
-      win.appendChild(h("div", {class: "legend"}, `${fmtInt(w.total_tokens)} of ${fmtInt(w.limit)} tokens · ${w.window_messages} messages sent of ${w.stored_messages} stored · ${w.evicted} left the window · ${fmtInt(w.shared_prefix_tokens)} tokens shared with the previous window · ${fmtAgo(w.at)}`));
+      win.appendChild(legend);
+      win.appendChild(h("div", {class: "legend"}, `${fmtInt(w.total_tokens)} of ${fmtInt(w.limit)} tokens · ${w.window_messages} messages in the window (${w.stored_messages} stored before the turn) · ${w.evicted} left the window · ${fmtInt(w.shared_prefix_tokens)} tokens shared with the previous window · ${fmtAgo(w.at)}`));
       const rf = h("dl", {class: "facts"});
       const add = (k, v) => { rf.appendChild(h("dt", {}, k)); rf.appendChild(h("dd", {}, v)); };
       add("Recall", w.recalled ? `${w.recalled} memories (${w.cross_session} from the user's other sessions), ${w.recall === "reuse" ? "same topic: previous set reused" : "full search"}` : "nothing recalled");
-      add("Mode", w.mode + ", " + w.match);
+      add("Mode", w.mode + (w.mode_detected ? " (detected)" : "") + "; history " + w.match);
       win.appendChild(rf);
       if (w.recall_block) { win.appendChild(h("div", {class: "muted"}, "Recall block")); win.appendChild(h("pre", {class: "block", id: "recall-block"}, w.recall_block)); }
       if (w.stable_block) { win.appendChild(h("div", {class: "muted"}, "Stable block (pinned memories, summaries)")); win.appendChild(h("pre", {class: "block"}, w.stable_block)); }
@@ -356,11 +370,16 @@
   }
 
   async function loadMemories() {
+    const current = latest("memories");
     const tb = $("memories-table").tBodies[0];
+    if (!state.scope) {
+      tb.textContent = "";
+      $("memories-empty").hidden = false; $("memories-count").textContent = ""; selectMemory(null); return;
+    }
+    const r = await api("GET", "memories", scopeParams());
+    if (!current()) return;
     tb.textContent = "";
     $("memories-all").checked = false;
-    if (!state.scope) { $("memories-empty").hidden = false; $("memories-count").textContent = ""; selectMemory(null); return; }
-    const r = await api("GET", "memories", scopeParams());
     state.memories = r.data;
     $("memories-count").textContent = "(" + r.data.length + ")";
     $("memories-empty").hidden = r.data.length > 0;
@@ -383,10 +402,8 @@
       if (state.selected && state.selected.session + "\u0000" + state.selected.id === key) tr.classList.add("selected");
       tb.appendChild(tr);
     }
-    if (state.selected) {
-      const still = r.data.find(m => m.id === state.selected.id && m.session === state.selected.session);
-      selectMemory(still || null);
-    }
+    const sel = state.selected;
+    selectMemory(sel ? r.data.find(m => m.id === sel.id && m.session === sel.session) || null : null);
   }
 
   function selectMemory(m) {
@@ -485,12 +502,14 @@
   }
 
   async function loadStats() {
+    const current = latest("stats");
     const tb = $("stats-table").tBodies[0];
-    tb.textContent = "";
     const bars = $("stats-bars");
-    bars.textContent = "";
-    if (!state.scope) return;
+    if (!state.scope) { tb.textContent = ""; bars.textContent = ""; return; }
     const r = await api("GET", "stats", scopeParams());
+    if (!current()) return;
+    tb.textContent = "";
+    bars.textContent = "";
     const top = Math.max(1, ...r.data.map(c => c.count));
     for (const c of r.data) {
       tb.appendChild(h("tr", {"data-category": c.category}, h("td", {}, h("span", {class: "badge " + c.category}, c.category)),
@@ -516,7 +535,9 @@
 
   async function renderKnowledge() {
     const user = state.user === null ? "" : state.user;
+    const current = latest("knowledge");
     const [t, r] = await Promise.all([api("GET", "triples", {tenant: state.tenant, user}), api("GET", "reviews", {tenant: state.tenant, user})]);
+    if (!current()) return;
     $("knowledge-off").hidden = t.available;
     const tb = $("triples-table").tBodies[0];
     tb.textContent = "";
@@ -559,7 +580,9 @@
   }
 
   async function refreshKV() {
+    const current = latest("kv");
     const d = await api("GET", "kv");
+    if (!current()) return;
     state.kvEvery = d.sample_every_ms;
     const cards = $("kv-cards");
     cards.textContent = "";
@@ -586,7 +609,7 @@
       bar.firstChild.style.background = TIER_COLORS[t.tier] || "#64748b";
       tb.appendChild(h("tr", {"data-tier": t.tier}, h("td", {}, h("span", {class: "badge " + t.tier}, t.tier)), h("td", {class: "num"}, fmtInt(t.entries)),
         h("td", {class: "num"}, fmtBytes(t.bytes)), h("td", {class: "num"}, t.max_bytes > 0 ? fmtBytes(t.max_bytes) : "none"),
-        h("td", {}, bar, t.max_bytes > 0 ? fmtPct(occ) : "–"), h("td", {class: "num"}, fmtInt(t.hits)), h("td", {class: "num"}, fmtInt(t.misses)),
+        h("td", {class: "nowrap"}, bar, t.max_bytes > 0 ? fmtPct(occ) : "–"), h("td", {class: "num"}, fmtInt(t.hits)), h("td", {class: "num"}, fmtInt(t.misses)),
         h("td", {class: "num"}, fmtInt(t.demotions)), h("td", {class: "num"}, fmtInt(t.promotions))));
     }
 
@@ -615,7 +638,11 @@
 
   function plotKV(samples) {
     const t = s => new Date(s.at).getTime();
-    const hit = [], prompt = [];
+    const hit = [], prompt = [], cumulative = [];
+    for (const s of samples) {
+      const n = s.kv_hits + s.kv_misses;
+      cumulative.push([t(s), n > 0 ? 100 * s.kv_hits / n : NaN]);
+    }
     for (let i = 1; i < samples.length; i++) {
       const a = samples[i - 1], b = samples[i];
       const dh = b.kv_hits - a.kv_hits, dm = b.kv_misses - a.kv_misses;
@@ -624,7 +651,9 @@
       prompt.push([t(b), dc + dp > 0 ? 100 * dc / (dc + dp) : NaN]);
     }
     Plot.lines($("plot-hitrate"), {title: "hit rate per interval", yMax: 100, yFmt: v => Math.round(v) + "%",
-      series: [{name: "KV cache lookups", color: "#2563eb", points: hit}, {name: "engine prompt tokens reused", color: "#0d9488", points: prompt}],
+      series: [{name: "KV cache, per interval", color: "#2563eb", points: hit},
+        {name: "KV cache, since start", color: "#2563eb", dashed: true, points: cumulative},
+        {name: "engine prompt tokens reused, per interval", color: "#0d9488", points: prompt}],
       empty: "Collecting samples… (one every " + Math.round((state.kvEvery || 5000) / 1000) + " s)"});
     const tiers = {};
     for (const s of samples) for (const x of s.tiers || []) (tiers[x.tier] = tiers[x.tier] || []).push([t(s), x.bytes]);

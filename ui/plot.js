@@ -1,6 +1,6 @@
 // plot.js: a tiny SVG line plot for the console's time series.
 //
-// Plot.lines(el, {series: [{name, color, points: [[tMillis, y], …]}],
+// Plot.lines(el, {series: [{name, color, dashed, points: [[tMillis, y], …]}],
 //                 yMax, yFmt, empty})
 // replaces el's content with a plot of every series over a shared time axis
 // (y from 0 to yMax, or to the largest value), with grid lines, tick labels
@@ -8,7 +8,7 @@
 "use strict";
 (function () {
   const NS = "http://www.w3.org/2000/svg";
-  const W = 640, H = 240, L = 56, R = 14, T = 12, B = 28;
+  const H = 240, L = 64, R = 14, T = 12, B = 28;
 
   function el(name, attrs, text) {
     const e = document.createElementNS(NS, name);
@@ -17,9 +17,12 @@
     return e;
   }
 
-  function clock(ms) {
+  // clock labels a time: HH:MM:SS, with tenths when the axis spans
+  // less than ten seconds.
+  function clock(ms, span) {
     const d = new Date(ms);
-    return d.toTimeString().slice(0, 8);
+    const s = d.toTimeString().slice(0, 8);
+    return span < 10000 ? s + "." + Math.floor(d.getMilliseconds() / 100) : s;
   }
 
   // niceMax rounds v up to 1, 2 or 5 times a power of ten.
@@ -47,6 +50,8 @@
       if (isFinite(y)) ymax = Math.max(ymax, y);
     }
     if (t1 <= t0) t1 = t0 + 1;
+    // As wide as the container, so text keeps its size at any width.
+    const W = Math.max(420, Math.round(container.clientWidth || 640));
     const top = opts.yMax !== undefined ? opts.yMax : niceMax(ymax);
     const fmt = opts.yFmt || (v => String(v));
     const x = t => L + (t - t0) / (t1 - t0) * (W - L - R);
@@ -61,7 +66,7 @@
     }
     for (let i = 0; i <= 4; i++) {
       const t = t0 + (t1 - t0) * i / 4;
-      svg.appendChild(el("text", {x: x(t), y: H - 8, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle", "font-size": 11, fill: "#64748b"}, clock(t)));
+      svg.appendChild(el("text", {x: x(t), y: H - 8, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle", "font-size": 11, fill: "#64748b"}, clock(t, t1 - t0)));
     }
     for (const s of series) {
       let d = "", pen = false;
@@ -70,7 +75,9 @@
         d += (pen ? "L" : "M") + x(t).toFixed(1) + " " + y(v).toFixed(1);
         pen = true;
       }
-      if (d) svg.appendChild(el("path", {d, fill: "none", stroke: s.color, "stroke-width": 2, "stroke-linejoin": "round", "data-series": s.name}));
+      const attrs = {d, fill: "none", stroke: s.color, "stroke-width": 2, "stroke-linejoin": "round", "data-series": s.name};
+      if (s.dashed) attrs["stroke-dasharray"] = "6 4";
+      if (d) svg.appendChild(el("path", attrs));
     }
     container.appendChild(svg);
     const legend = document.createElement("div");

@@ -1,0 +1,564 @@
+package main
+
+// End-to-end tests of the operator console (issue 14) in a real headless
+// Chromium (Debian's chromium, driven by chromedp): the sidecar binary with
+// --admin-token, a person's clicks and keystrokes on /ui, and every change
+// checked against the admin API afterwards. A screenshot of each page is
+// kept in $KVSIDECAR_ARTIFACT_DIR, else out/console/ at the repository's
+// root. Without Chromium the tests skip, or fail under
+// KVSIDECAR_REQUIRE_BROWSER=1 (as .ci/run sets).
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/browser"
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/chromedp"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/llamaserver/llamatest"
+)
+
+const consoleToken = "console-test-token-0123456789"
+
+// chromiumPath finds Chromium, or skips (fails under
+// KVSIDECAR_REQUIRE_BROWSER=1).
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("KVSIDECAR_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	msg := "no Chromium found (apt-get install chromium, or set KVSIDECAR_CHROMIUM)"
+	if os.Getenv("KVSIDECAR_REQUIRE_BROWSER") == "1" {
+		t.Fatal(msg + "; KVSIDECAR_REQUIRE_BROWSER=1")
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// page is a headless Chromium tab on the console of a running sidecar.
+type page struct {
+	t         *testing.T
+	ctx       context.Context
+	base      string // http://addr
+	artifacts string
+	downloads string
+}
+
+// openConsole starts Chromium with a fresh profile and loads /ui/.
+func openConsole(t *testing.T, addr string) *page {
+	t.Helper()
+	exe := chromiumPath(t)
+	profile := t.TempDir()
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(exe),
+		chromedp.Flag("headless", true),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(profile),
+		chromedp.WindowSize(1440, 1000),
+	}
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelCtx := chromedp.NewContext(actx)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 3*time.Minute)
+	t.Cleanup(func() {
+		cancelTimeout()
+		cancelCtx()
+		cancelAlloc()
+	})
+	p := &page{t: t, ctx: ctx, base: "http://" + addr, downloads: t.TempDir()}
+	p.artifacts = os.Getenv("KVSIDECAR_ARTIFACT_DIR")
+	if p.artifacts == "" {
+		p.artifacts = filepath.Join("..", "..", "out", "console")
+	}
+	if err := os.MkdirAll(p.artifacts, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p.do(chromedp.Navigate(p.base + "/ui/"))
+	// Downloads (the exports) go to a folder the test reads.
+	if _, err := cdp.Call(ctx, chromedp.FromContext(ctx).Browser, browser.SetDownloadBehavior,
+		browser.SetDownloadBehaviorParams{Behavior: browser.SetDownloadBehaviorBehaviorAllow, DownloadPath: p.downloads}); err != nil {
+		t.Fatalf("download folder: %v", err)
+	}
+	return p
+}
+
+func (p *page) do(actions ...chromedp.Action[chromedp.Void]) {
+	p.t.Helper()
+	if err := chromedp.Do(p.ctx, actions...); err != nil {
+		p.shot("failed-" + p.t.Name())
+		p.t.Fatalf("browser: %v", err)
+	}
+}
+
+// eval runs JavaScript in the page and decodes its result into v.
+func (p *page) eval(js string, v any) {
+	p.t.Helper()
+	raw, err := chromedp.Run(p.ctx, chromedp.Evaluate[json.RawMessage](js))
+	if err != nil {
+		p.t.Fatalf("evaluate %s: %v", js, err)
+	}
+	if v != nil {
+		if err := json.Unmarshal(raw, v); err != nil {
+			p.t.Fatalf("evaluate %s: %v in %s", js, err, raw)
+		}
+	}
+}
+
+// text is the text of the first element matching the CSS selector.
+func (p *page) text(sel string) string {
+	var s string
+	p.eval(fmt.Sprintf(`(document.querySelector(%q) || {}).textContent || ""`, sel), &s)
+	return s
+}
+
+// waitText waits until the element's text holds want.
+func (p *page) waitText(sel, want string) {
+	p.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := p.text(sel)
+		if strings.Contains(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.shot("failed-" + p.t.Name())
+			p.t.Fatalf("%s says %q, want it to hold %q", sel, got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitCount waits until n elements match the CSS selector.
+func (p *page) waitCount(sel string, n int) {
+	p.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var got int
+		p.eval(fmt.Sprintf(`document.querySelectorAll(%q).length`, sel), &got)
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.shot("failed-" + p.t.Name())
+			p.t.Fatalf("%d elements match %s, want %d", got, sel, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// choose picks an option of a <select> as a person does: the value
+// changes and the page hears a change event.
+func (p *page) choose(sel, value string) {
+	p.t.Helper()
+	var ok bool
+	p.eval(fmt.Sprintf(`(() => { const s = document.querySelector(%q);
+		if (![...s.options].some(o => o.value === %q)) return false;
+		s.value = %q; s.dispatchEvent(new Event("change", {bubbles: true})); return true; })()`, sel, value, value), &ok)
+	if !ok {
+		p.t.Fatalf("%s has no option %q", sel, value)
+	}
+}
+
+// typeInto replaces an input's text with keystrokes.
+func (p *page) typeInto(sel, text string) {
+	p.t.Helper()
+	p.eval(fmt.Sprintf(`document.querySelector(%q).value = ""`, sel), nil)
+	p.do(chromedp.SendKeys(chromedp.CSS(sel), text))
+}
+
+func (p *page) click(sel string) {
+	p.t.Helper()
+	p.do(chromedp.Click(chromedp.CSS(sel), chromedp.NodeVisible))
+}
+
+// shot saves a screenshot of the whole page as name.png.
+func (p *page) shot(name string) {
+	b, err := chromedp.Run(p.ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		p.t.Logf("screenshot %s: %v", name, err)
+		return
+	}
+	path := filepath.Join(p.artifacts, strings.NewReplacer("/", "-", " ", "-").Replace(name)+".png")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		p.t.Logf("screenshot %s: %v", name, err)
+		return
+	}
+	p.t.Logf("screenshot: %s", path)
+}
+
+// signIn types the admin token into the sign-in form.
+func (p *page) signIn() {
+	p.t.Helper()
+	p.do(chromedp.WaitVisible(chromedp.ID("login-form")))
+	p.shot("01-sign-in")
+	p.typeInto("#token", consoleToken)
+	p.click("#login-button")
+	p.do(chromedp.WaitVisible(chromedp.ID("tabs")))
+}
+
+// waitDownload waits for a finished download named name and returns it.
+func (p *page) waitDownload(name string) []byte {
+	p.t.Helper()
+	path := filepath.Join(p.downloads, name)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
+			return b
+		}
+		if time.Now().After(deadline) {
+			ents, _ := os.ReadDir(p.downloads)
+			p.t.Fatalf("no download %s (folder holds %v)", name, ents)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// adminAPI calls the admin API and returns status and body.
+func adminAPI(t *testing.T, addr, method, path string, body any) (int, []byte) {
+	t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, "http://"+addr+"/admin/v1/"+path, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+consoleToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func adminGet(t *testing.T, addr, path string, v any) {
+	t.Helper()
+	code, b := adminAPI(t, addr, "GET", path, nil)
+	if code != 200 {
+		t.Fatalf("GET %s: %d %s", path, code, b)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+}
+
+type apiMemory struct {
+	ID, Session, Category, Content string
+	Importance                     float64
+}
+
+// memoriesOf lists a session's memories through the API, by id.
+func memoriesOf(t *testing.T, addr, tenant, session string) map[string]apiMemory {
+	t.Helper()
+	var r struct{ Data []apiMemory }
+	adminGet(t, addr, "memories?tenant="+url.QueryEscape(tenant)+"&session="+url.QueryEscape(session), &r)
+	out := map[string]apiMemory{}
+	for _, m := range r.Data {
+		out[m.ID] = m
+	}
+	return out
+}
+
+// tenantWith returns the tenant holding the session id.
+func tenantWith(t *testing.T, addr, session string) string {
+	t.Helper()
+	var ts struct{ Data []struct{ Tenant string } }
+	adminGet(t, addr, "tenants", &ts)
+	for _, x := range ts.Data {
+		var ss struct{ Data []struct{ ID string } }
+		adminGet(t, addr, "sessions?tenant="+url.QueryEscape(x.Tenant), &ss)
+		for _, s := range ss.Data {
+			if s.ID == session {
+				return x.Tenant
+			}
+		}
+	}
+	t.Fatalf("no tenant holds session %s", session)
+	return ""
+}
+
+// TestConsoleManagesMemoriesInBrowser: a person signs in, reads a
+// session's window and recall, and in the memories table edits a row, adds
+// a memory, deletes one, batch-deletes a list that holds core and system
+// memories (skipped), and exports the statistics; the API agrees after
+// each step.
+func TestConsoleManagesMemoriesInBrowser(t *testing.T) {
+	chromiumPath(t) // skip early, before starting anything
+	up := newScriptedUpstream(t)
+	sc := startChild(t, nil, "--upstream", up.URL, "--admin-token", consoleToken, "--console-sample-every", "250ms", "--extract=false")
+	ctx := context.Background()
+	chat := func(key, session, user, text string) {
+		t.Helper()
+		c := openai.NewClient(option.WithBaseURL("http://"+sc.addr+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0))
+		_, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "gpt-4o",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(text)}},
+			option.WithHeader("X-Session-ID", session), option.WithHeader("X-User-ID", user))
+		if err != nil {
+			t.Fatalf("chat %s: %v", session, err)
+		}
+	}
+	chat("sk-other-team", "their-session", "carol", "Nothing to see here.")
+	chat("sk-console", "recipes", "bob", "I bake sourdough every Sunday.")
+	chat("sk-console", "trip-planning", "alice", "I want to plan a trip to Kyoto in April.")
+	tenant := tenantWith(t, sc.addr, "trip-planning")
+	q := "?tenant=" + url.QueryEscape(tenant) + "&session=trip-planning"
+	add := func(category, text string, importance float64) string {
+		t.Helper()
+		code, b := adminAPI(t, sc.addr, "POST", "memories"+q, map[string]any{"category": category, "text": text, "importance": importance})
+		var m apiMemory
+		if code != 201 || json.Unmarshal(b, &m) != nil {
+			t.Fatalf("add: %d %s", code, b)
+		}
+		return m.ID
+	}
+	factKyoto := add("fact", "Alice plans a trip to Kyoto in April.", 1.2)
+	factBudget := add("fact", "Alice's budget is 2000 euros.", 0.9)
+	core := add("core", "Alice is vegetarian.", 1)
+	system := add("system", "Answer in a friendly, concise tone.", 1)
+	episode := add("episode", "Alice compared flights on Tuesday.", 0.7)
+	chat("sk-console", "trip-planning", "alice", "Which temples should I see in Kyoto?")
+
+	p := openConsole(t, sc.addr)
+	p.signIn()
+	p.choose("#tenant", tenant)
+
+	// Sessions: the session's window and recall.
+	p.click("#tab-sessions")
+	p.waitCount("#sessions-table tbody tr", 2)
+	p.click(`#sessions-table tr[data-session="trip-planning"]`)
+	p.waitText("#session-title", "trip-planning")
+	p.waitText("#session-window", "tokens")
+	p.waitText("#session-window", "Alice is vegetarian.") // the pinned memory in the stable block
+	p.waitCount("#messages-table tbody tr", 4)
+	p.shot("02-sessions")
+
+	// Memories: the table.
+	p.click("#tab-memories")
+	p.choose("#memory-scope", "s:trip-planning")
+	p.waitCount("#memories-table tbody tr", 5)
+	p.shot("03-memories")
+
+	// Edit: select the row, change text and importance, save.
+	p.click(fmt.Sprintf(`#memories-table tr[data-id=%q] td.text`, factKyoto))
+	p.do(chromedp.WaitVisible(chromedp.ID("edit-form")))
+	p.waitText("#edit-id", factKyoto)
+	p.typeInto("#edit-text", "Alice plans a trip to Kyoto and Osaka in April.")
+	p.typeInto("#edit-importance", "2.6")
+	p.click("#edit-save")
+	p.waitText("#toast", "Saved "+factKyoto)
+	p.waitText(fmt.Sprintf(`#memories-table tr[data-id=%q]`, factKyoto), "Osaka")
+	if m := memoriesOf(t, sc.addr, tenant, "trip-planning")[factKyoto]; m.Content != "Alice plans a trip to Kyoto and Osaka in April." || m.Importance != 2.6 {
+		t.Fatalf("after the edit the API has %+v", m)
+	}
+
+	// Add: a memory with its category.
+	p.choose("#add-session", "trip-planning")
+	p.choose("#add-category", "episode")
+	p.typeInto("#add-text", "Alice booked a ryokan near Gion.")
+	p.typeInto("#add-importance", "0.8")
+	p.click("#add-button")
+	p.waitText("#toast", "Added ")
+	p.waitCount("#memories-table tbody tr", 6)
+	var addedID string
+	for id, m := range memoriesOf(t, sc.addr, tenant, "trip-planning") {
+		if m.Content == "Alice booked a ryokan near Gion." {
+			addedID = id
+			if m.Category != "episode" || m.Importance != 0.8 {
+				t.Fatalf("added memory in the API: %+v", m)
+			}
+		}
+	}
+	if addedID == "" {
+		t.Fatal("the added memory is not in the API")
+	}
+
+	// Delete: select the new row, delete (the button asks for a second click).
+	p.click(fmt.Sprintf(`#memories-table tr[data-id=%q] td.text`, addedID))
+	p.waitText("#edit-id", addedID)
+	p.click("#edit-delete")
+	p.waitText("#edit-delete", "Click again")
+	p.click("#edit-delete")
+	p.waitText("#toast", "Deleted "+addedID)
+	p.waitCount("#memories-table tbody tr", 5)
+	p.do(chromedp.WaitNotVisible(chromedp.ID("edit-form"))) // nothing left to edit
+	if _, ok := memoriesOf(t, sc.addr, tenant, "trip-planning")[addedID]; ok {
+		t.Fatal("the deleted memory is still in the API")
+	}
+
+	// Batch delete: a list with core and system memories in it.
+	p.typeInto("#batch-ids", strings.Join([]string{factBudget, core, system, episode}, ", "))
+	p.click("#batch-delete")
+	p.click("#batch-delete")
+	p.waitText("#batch-deleted", "Deleted 2")
+	p.waitText("#batch-skipped", "Skipped 2")
+	p.waitCount("#memories-table tbody tr", 3)
+	p.shot("04-memories-after-batch-delete")
+	left := memoriesOf(t, sc.addr, tenant, "trip-planning")
+	if _, ok := left[core]; !ok {
+		t.Fatal("batch delete removed the core memory")
+	}
+	if _, ok := left[system]; !ok {
+		t.Fatal("batch delete removed the system memory")
+	}
+	if _, ok := left[factBudget]; ok {
+		t.Fatal("batch delete left a listed fact")
+	}
+	if _, ok := left[episode]; ok {
+		t.Fatal("batch delete left a listed episode")
+	}
+	if len(left) != 3 {
+		t.Fatalf("after batch delete the API has %v", left)
+	}
+
+	// Statistics and their export: the downloads are what the API serves.
+	p.waitText(`#stats-table tr[data-category="fact"]`, "fact1")
+	p.click("#export-stats-csv")
+	csvFile := p.waitDownload("memory-stats.csv")
+	code, want := adminAPI(t, sc.addr, "GET", "stats"+q+"&format=csv", nil)
+	if code != 200 || !bytes.Equal(csvFile, want) {
+		t.Fatalf("exported CSV differs from the API's:\n%s\nAPI (%d):\n%s", csvFile, code, want)
+	}
+	if !strings.HasPrefix(string(csvFile), "category,count,") || !strings.Contains(string(csvFile), "\ncore,1,") || !strings.Contains(string(csvFile), "\nfact,1,") {
+		t.Fatalf("exported CSV: %s", csvFile)
+	}
+	p.click("#export-stats-json")
+	jsonFile := p.waitDownload("memory-stats.json")
+	var stats []struct {
+		Category string
+		Count    int
+	}
+	if err := json.Unmarshal(jsonFile, &stats); err != nil || len(stats) != 4 {
+		t.Fatalf("exported JSON: %v %s", err, jsonFile)
+	}
+	p.click("#export-memories-csv")
+	memCSV := p.waitDownload("memories.csv")
+	if _, want := adminAPI(t, sc.addr, "GET", "memories"+q+"&format=csv", nil); !bytes.Equal(memCSV, want) {
+		t.Fatalf("exported memories differ from the API's:\n%s\n%s", memCSV, want)
+	}
+
+	// Knowledge: the panels render (empty until the knowledge base lands).
+	p.click("#tab-knowledge")
+	p.do(chromedp.WaitVisible(chromedp.ID("page-knowledge")))
+	p.waitText("#triples-count", "(")
+	p.shot("05-knowledge")
+
+	// The other tenant's session never shows under this tenant.
+	p.click("#tab-sessions")
+	p.waitCount("#sessions-table tbody tr", 2)
+	var ids []string
+	p.eval(`[...document.querySelectorAll("#sessions-table tbody tr")].map(r => r.dataset.session)`, &ids)
+	for _, id := range ids {
+		if id == "their-session" {
+			t.Fatalf("another tenant's session listed: %v", ids)
+		}
+	}
+}
+
+// TestConsoleKVViewInBrowser: the KV page of a sidecar in front of a real
+// llama-server (three conversations over one slot, so states are saved,
+// evicted and restored) shows the hit rate, tiers, engine states and
+// tokens not reprocessed that the API reports, and plots them.
+func TestConsoleKVViewInBrowser(t *testing.T) {
+	chromiumPath(t)
+	llama := llamatest.Start(t, llamaserver.Options{Model: llamatest.Model(t), Slots: 1, CacheRAMMiB: -1, Threads: 1,
+		Args: []string{"--n-predict", "128"}})
+	s := &realStack{t: t, llama: llama, dataDir: t.TempDir(), log: filepath.Join(t.TempDir(), "sidecar.log")}
+	s.args = []string{"--upstream", llama.URL(), "--data-dir", s.dataDir, "--engine", "llamacpp",
+		"--llamacpp-slot-dir", llama.SlotDir(), "--llamacpp-slots", "1", "--extract=false",
+		"--admin-token", consoleToken, "--console-sample-every", "250ms"}
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(s.log)
+			t.Logf("sidecar log ends:\n%s", tail(string(b), 4000))
+		}
+	})
+	s.startSidecar()
+	var cs []*convo
+	for i := range 3 {
+		doc, _ := realDoc(t, llama, 40+i, 400)
+		cs = append(cs, newConvo(fmt.Sprintf("kv-view-%d", i), doc))
+	}
+	for round := range 2 {
+		for _, c := range cs {
+			s.say(c, "Item "+strconv.Itoa(round+1)+"?")
+		}
+	}
+	s.waitIdle()
+
+	p := openConsole(t, s.sc.addr)
+	p.signIn()
+	p.click("#tab-kv")
+	p.do(chromedp.WaitVisible(chromedp.ID("page-kv")))
+	p.waitCount("#plot-hitrate svg", 1)
+	p.waitCount("#plot-tiers svg path", 3) // one line per tier
+	p.waitCount("#plot-tokens svg path", 3)
+
+	var v struct {
+		KV struct {
+			Hits, Misses int64
+			HitRate      float64 `json:"hit_rate"`
+			Tiers        []struct {
+				Tier    string
+				Entries int
+			}
+		}
+		Engine struct {
+			Restores int64
+			States   int
+			Timings  struct {
+				CacheN int64 `json:"cache_n"`
+			}
+		}
+	}
+	adminGet(t, s.sc.addr, "kv", &v)
+	if v.KV.Hits == 0 || v.Engine.Restores == 0 {
+		t.Fatalf("three sessions over one slot restored nothing: %+v", v)
+	}
+	p.waitText("#card-hitrate .v", fmt.Sprintf("%.1f%%", 100*v.KV.HitRate))
+	p.waitText("#card-hitrate .s", fmt.Sprintf("%d hits, %d misses", v.KV.Hits, v.KV.Misses))
+	p.waitText("#card-reused .v", thousands(v.Engine.Timings.CacheN))
+	for _, tr := range v.KV.Tiers {
+		p.waitText(fmt.Sprintf(`#tiers-table tr[data-tier=%q] td:nth-child(2)`, tr.Tier), thousands(int64(tr.Entries)))
+	}
+	p.waitText("#engine-facts", fmt.Sprintf("%d (", v.Engine.States))
+	p.shot("06-kv")
+}
+
+// thousands formats n as the page does (en-US grouping).
+func thousands(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
