@@ -23,6 +23,13 @@
 //   - A client that disconnects cancels its upstream request.
 //   - No *fasthttp.RequestCtx is kept after its handler returns.
 //
+// The operator console (admin.go, console.go): with Options.AdminToken the
+// page of package ui is served at /ui and its JSON API under /admin/v1, for
+// that bearer token only; the token acts for any tenant a call names. Without
+// it both are 404. The console keeps two bounded things in memory: a ring of
+// KV samples (filled by a sampler goroutine that Serve starts and Shutdown
+// waits for) and the last window of recently served sessions.
+//
 // Session plumbing: a request's session id comes from the X-Session-ID header,
 // else the body's prompt_cache_key; its tenant is a hash of the Authorization
 // bearer, so one key never sees another key's sessions. Without a session id,
