@@ -76,7 +76,9 @@ type Review struct {
 
 // Knowledge is what the console shows of the knowledge base beside the
 // memories, per tenant and user ("" is the tenant's default user). Results
-// are copies, newest first, at most limit.
+// are copies, newest first, at most limit. Its methods mirror the memory
+// store's Triples, Reviews and DeleteTriple; an unknown triple is an error
+// matching memory.ErrNotFound.
 type Knowledge interface {
 	Triples(tenant, user string, limit int) ([]Triple, error)
 	Reviews(tenant, user string, limit int) ([]Review, error)
@@ -299,8 +301,8 @@ func (a *adminReq) sessionParam() *adminReq {
 	return a
 }
 
-// user reads the optional ?user= ("" is the tenant's default user; absent
-// is every user when allowAll).
+// user reads the optional ?user=: nil when absent (every user), else the
+// user ("" is the tenant's default user).
 func (a *adminReq) user() (user *string, ok bool) {
 	if !a.q.Has("user") {
 		return nil, true

@@ -541,7 +541,7 @@
     $("knowledge-off").hidden = t.available;
     const tb = $("triples-table").tBodies[0];
     tb.textContent = "";
-    $("triples-count").textContent = "(" + t.data.length + ", " + userName(user) + ")";
+    $("triples-count").textContent = "(" + t.data.length + " for " + userName(user) + (state.user === null ? "; pick a user above for another" : "") + ")";
     $("triples-empty").hidden = t.data.length > 0;
     for (const x of t.data) {
       tb.appendChild(h("tr", {"data-id": x.id}, h("td", {}, x.subject), h("td", {}, x.predicate), h("td", {}, x.object),
