@@ -14,6 +14,13 @@
 //   - persistence of documents and vectors in one checksummed file (Save,
 //     Load), written atomically.
 //
+// Files, one concern each: index.go (documents, Add/Upsert/Delete/Rebuild,
+// Search), bm25.go (term frequencies, postings, IDF, Coverage), vectors.go
+// (exact scan, HNSW graph, compaction), fusion.go (fusion, rerank,
+// recency), topn.go (the bounded heap every retriever ranks with),
+// tokenize.go and stem.go (the tokenizer memory shares via Tokenize),
+// embed.go and openai.go (embedders), persist.go (Save, Load), options.go.
+//
 // The package imports nothing from the project; memory/ owns the documents
 // (memory units) and their metadata and keeps the index in step with them.
 //
