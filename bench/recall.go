@@ -72,6 +72,9 @@ type RecallReport struct {
 	// Conversations, Turns: what was indexed (one index per conversation).
 	Conversations int `json:"conversations"`
 	Turns         int `json:"turns"`
+	// Links is how many triples the rule-based extractor (LocomoLinks)
+	// gave the entity graph of the hybrid+graph column.
+	Links int `json:"links"`
 	// Questions scored; SkippedNoEvidence questions had no evidence ids and
 	// are not scored.
 	Questions         int `json:"questions"`
@@ -80,7 +83,8 @@ type RecallReport struct {
 	// conversation; they stay in the denominator (never found).
 	UnknownEvidence int   `json:"unknown_evidence"`
 	Ks              []int `json:"ks"`
-	// Recall is mode ("bm25", "vector", "hybrid") → k ("5") → recall.
+	// Recall is mode ("bm25", "vector", "hybrid", "hybrid+graph") → k
+	// ("5") → recall.
 	Recall map[string]map[string]float64 `json:"recall"`
 	// ByCategory is mode → category name → k → recall.
 	ByCategory map[string]map[string]map[string]float64 `json:"by_category"`
@@ -91,6 +95,23 @@ type RecallReport struct {
 	Latency map[string]RecallLatency `json:"latency"`
 	// Reference is RecallReference (DRAGON, LoCoMo Table 3).
 	Reference map[string]float64 `json:"reference"`
+}
+
+// recallVariant is one column of the report: a mode, with or without the
+// entity graph.
+type recallVariant struct {
+	name  string
+	mode  index.Mode
+	graph bool
+}
+
+// recallVariants are RecallModes, then hybrid with the entity graph.
+func recallVariants() []recallVariant {
+	var out []recallVariant
+	for _, m := range RecallModes {
+		out = append(out, recallVariant{m.String(), m, false})
+	}
+	return append(out, recallVariant{recallGraphVariant, index.ModeHybrid, true})
 }
 
 // RecallLatency summarises search latencies in microseconds.
@@ -319,12 +340,13 @@ func RunRecall(opts RecallOptions) (RecallReport, error) {
 		n   int
 	}
 	newAcc := func() *acc { return &acc{sum: map[int]float64{}} }
-	overall := map[index.Mode]*acc{}
-	byCat := map[index.Mode]map[string]*acc{}
-	lat := map[index.Mode][]time.Duration{}
-	for _, m := range RecallModes {
-		overall[m] = newAcc()
-		byCat[m] = map[string]*acc{}
+	variants := recallVariants()
+	overall := map[string]*acc{}
+	byCat := map[string]map[string]*acc{}
+	lat := map[string][]time.Duration{}
+	for _, v := range variants {
+		overall[v.name] = newAcc()
+		byCat[v.name] = map[string]*acc{}
 	}
 	ctx := context.Background()
 	for _, c := range convs {
@@ -334,7 +356,9 @@ func RunRecall(opts RecallOptions) (RecallReport, error) {
 		}
 		docs := make([]index.Doc, 0, len(c.Turns))
 		known := map[string]bool{}
+		var links []index.Link
 		for i, t := range c.Turns {
+			links = append(links, LocomoLinks(t)...)
 			text := LocomoTurnText(t, !opts.NoCaptions, !opts.NoSpeaker)
 			for j := i - 1; j >= 0 && j >= i-rep.ContextTurns && c.Turns[j].Session == t.Session; j-- {
 				text += "\n" + LocomoTurnText(c.Turns[j], !opts.NoCaptions, !opts.NoSpeaker)
@@ -346,6 +370,8 @@ func RunRecall(opts RecallOptions) (RecallReport, error) {
 			return RecallReport{}, fmt.Errorf("bench: recall: %s: %w", c.ID, err)
 		}
 		rep.Turns += x.Len()
+		graph := index.NewEntityGraph(links)
+		rep.Links += graph.Len()
 		for _, q := range c.QA {
 			if len(q.Evidence) == 0 {
 				rep.SkippedNoEvidence++
@@ -359,10 +385,15 @@ func RunRecall(opts RecallOptions) (RecallReport, error) {
 					rep.UnknownEvidence++
 				}
 			}
-			for _, m := range RecallModes {
+			for _, v := range variants {
+				m := v.name
+				if v.graph {
+					x.SetGraph(graph)
+				}
 				start := time.Now()
-				hits, err := x.Search(ctx, q.Question, maxK, m)
+				hits, err := x.Search(ctx, q.Question, maxK, v.mode)
 				lat[m] = append(lat[m], time.Since(start))
+				x.SetGraph(nil)
 				if err != nil {
 					return RecallReport{}, fmt.Errorf("bench: recall: %s: %q: %w", c.ID, q.Question, err)
 				}
@@ -390,13 +421,14 @@ func RunRecall(opts RecallOptions) (RecallReport, error) {
 		}
 		return out
 	}
-	for _, m := range RecallModes {
-		rep.Recall[m.String()] = pct(overall[m])
-		rep.ByCategory[m.String()] = map[string]map[string]float64{}
+	for _, v := range variants {
+		m := v.name
+		rep.Recall[m] = pct(overall[m])
+		rep.ByCategory[m] = map[string]map[string]float64{}
 		for cat, a := range byCat[m] {
-			rep.ByCategory[m.String()][cat] = pct(a)
+			rep.ByCategory[m][cat] = pct(a)
 		}
-		rep.Latency[m.String()] = RecallLatency{P50us: 1000 * percentileMs(lat[m], 0.50), P99us: 1000 * percentileMs(lat[m], 0.99)}
+		rep.Latency[m] = RecallLatency{P50us: 1000 * percentileMs(lat[m], 0.50), P99us: 1000 * percentileMs(lat[m], 0.99)}
 	}
 	return rep, nil
 }
@@ -423,17 +455,18 @@ func WriteRecallTable(w io.Writer, r RecallReport) error {
 	fmt.Fprintf(&b, "LoCoMo evidence recall (%%): %s\n", r.Data)
 	fmt.Fprintf(&b, "%d conversations, %d turns indexed, %d questions scored (%d without evidence skipped, %d unknown evidence ids)\n",
 		r.Conversations, r.Turns, r.Questions, r.SkippedNoEvidence, r.UnknownEvidence)
+	fmt.Fprintf(&b, "%d rule-based triples in the entity graph (LocomoLinks, bench only)\n", r.Links)
 	fmt.Fprintf(&b, "embedder %s, hybrid fusion %s; turn text: speaker %v, photo captions %v, %d preceding turns as context\n\n",
 		r.Embedder, r.Fusion, r.Speaker, r.Captions, r.ContextTurns)
 	header := func(first string) {
-		fmt.Fprintf(&b, "%-24s", first)
+		fmt.Fprintf(&b, "%-28s", first)
 		for _, k := range r.Ks {
 			fmt.Fprintf(&b, " %7s", "R@"+strconv.Itoa(k))
 		}
 		b.WriteByte('\n')
 	}
 	row := func(name string, vals map[string]float64) {
-		fmt.Fprintf(&b, "%-24s", name)
+		fmt.Fprintf(&b, "%-28s", name)
 		for _, k := range r.Ks {
 			if v, ok := vals[strconv.Itoa(k)]; ok {
 				fmt.Fprintf(&b, " %7.1f", v)
@@ -445,9 +478,9 @@ func WriteRecallTable(w io.Writer, r RecallReport) error {
 	}
 	header("mode")
 	modes := make([]string, 0, len(r.Recall))
-	for _, m := range RecallModes {
-		if _, ok := r.Recall[m.String()]; ok {
-			modes = append(modes, m.String())
+	for _, v := range recallVariants() {
+		if _, ok := r.Recall[v.name]; ok {
+			modes = append(modes, v.name)
 		}
 	}
 	for _, m := range modes {
@@ -482,7 +515,7 @@ func WriteRecallTable(w io.Writer, r RecallReport) error {
 	b.WriteString("\nsearch latency (µs, p50 / p99)\n")
 	for _, m := range modes {
 		l := r.Latency[m]
-		fmt.Fprintf(&b, "%-24s %7.0f %7.0f\n", m, l.P50us, l.P99us)
+		fmt.Fprintf(&b, "%-28s %7.0f %7.0f\n", m, l.P50us, l.P99us)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -12,16 +12,19 @@ type candidate struct {
 	slot  uint32
 	bm25  float64
 	cos   float64
+	graph float64 // entity graph score (0: not reached)
 	rel   float64 // fused relevance in [0,1]
 	final float64
 }
 
 // fuse merges the retrievers' lists. In hybrid mode every candidate gets both
 // exact scores (BM25 and cosine), so weighted fusion never treats "below the
-// other list's cut-off" as "no match". x.mu must be held for reading.
-func (x *Index) fuse(mode Mode, qterms []queryTerm, qv []float32, bm, vec []scored) []candidate {
-	pos := make(map[uint32]int, len(bm)+len(vec))
-	cands := make([]candidate, 0, len(bm)+len(vec))
+// other list's cut-off" as "no match". The entity graph's list gr (hybrid
+// only) adds its candidates and GraphWeight times its normalised score (or
+// rank, with RRF). x.mu must be held for reading.
+func (x *Index) fuse(mode Mode, qterms []queryTerm, qv []float32, bm, vec, gr []scored) []candidate {
+	pos := make(map[uint32]int, len(bm)+len(vec)+len(gr))
+	cands := make([]candidate, 0, len(bm)+len(vec)+len(gr))
 	add := func(slot uint32) *candidate {
 		i, ok := pos[slot]
 		if !ok {
@@ -37,6 +40,12 @@ func (x *Index) fuse(mode Mode, qterms []queryTerm, qv []float32, bm, vec []scor
 	for _, s := range vec {
 		add(s.slot).cos = s.score
 	}
+	var maxGraph float64
+	for _, s := range gr {
+		add(s.slot).graph = s.score
+		maxGraph = max(maxGraph, s.score)
+	}
+	gw := x.opts.GraphWeight
 	var maxBM, maxCos float64
 	for i := range cands {
 		c := &cands[i]
@@ -83,6 +92,9 @@ func (x *Index) fuse(mode Mode, qterms []queryTerm, qv []float32, bm, vec []scor
 		for r, s := range vec {
 			cands[pos[s.slot]].rel += w / (k + float64(r+1))
 		}
+		for r, s := range gr {
+			cands[pos[s.slot]].rel += gw / (k + float64(r+1))
+		}
 		for _, c := range cands {
 			maxRel = max(maxRel, c.rel)
 		}
@@ -90,6 +102,9 @@ func (x *Index) fuse(mode Mode, qterms []queryTerm, qv []float32, bm, vec []scor
 		for i := range cands {
 			c := &cands[i]
 			c.rel = (1-w)*norm(c.bm25, maxBM) + w*norm(c.cos, maxCos)
+			if maxGraph > 0 {
+				c.rel += gw * norm(c.graph, maxGraph)
+			}
 			maxRel = max(maxRel, c.rel)
 		}
 	}

@@ -58,6 +58,9 @@ type Hit struct {
 	// (see Index.Coverage), measured against the focus given to
 	// SearchFocus, else the whole query.
 	Coverage float64
+	// Graph is the document's score in the entity graph (see EntityGraph;
+	// 0: the graph did not reach it or none is attached). Hybrid mode only.
+	Graph float64
 }
 
 // Stats describe an index's contents.
@@ -107,6 +110,9 @@ type Index struct {
 	graph     *hnsw.Graph[uint32]
 	inGraph   int // graph nodes, live or not
 	graphDead int // graph nodes whose slot is a tombstone
+	// entities is the knowledge graph fused in hybrid mode (SetGraph);
+	// nil when none. It survives compaction (it names documents by ID).
+	entities *EntityGraph
 }
 
 // entry is an indexed document; immutable once published (UpdateMeta
@@ -519,7 +525,11 @@ func (x *Index) SearchFocus(ctx context.Context, query, focus string, k int, mod
 	if mode != ModeBM25 && qv != nil {
 		vec = x.searchVector(qv, depth, keep)
 	}
-	cands := x.fuse(mode, qterms, qv, bm, vec)
+	var gr []scored
+	if mode == ModeHybrid {
+		gr = x.searchGraph(query, depth, keep)
+	}
+	cands := x.fuse(mode, qterms, qv, bm, vec, gr)
 	x.rerank(cands, now)
 	slices.SortFunc(cands, func(a, b candidate) int {
 		if c := cmp.Compare(b.final, a.final); c != 0 {
@@ -539,7 +549,7 @@ func (x *Index) SearchFocus(ctx context.Context, query, focus string, k int, mod
 		e := x.docs[c.slot]
 		d := &e.doc
 		hits[i] = Hit{ID: d.ID, Text: d.Text, Meta: d.Meta, Score: c.final, Relevance: c.rel, BM25: c.bm25, Cosine: c.cos,
-			Coverage: x.coverage(cterms, e)}
+			Coverage: x.coverage(cterms, e), Graph: c.graph}
 	}
 	return hits, nil
 }

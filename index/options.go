@@ -120,6 +120,11 @@ type Options struct {
 	// offline embedder, whose signal overlaps BM25's; a model embedder
 	// deserves more, around 0.5).
 	VectorWeight float64
+	// GraphWeight is the entity graph's share in hybrid fusion when a
+	// graph is attached (Index.SetGraph), added to BM25's and the vectors'
+	// (the fused relevance is then divided by the best candidate's, as
+	// always). 0 selects 0.2; negative never fuses the graph.
+	GraphWeight float64
 	// RRFK is the rank offset of reciprocal rank fusion; 0 selects 60.
 	RRFK float64
 	// Candidates is how deep each retriever is read before fusion and
@@ -179,6 +184,7 @@ func (o Options) withDefaults() Options {
 	def(&o.B, 0.4)
 	def(&o.VectorWeight, 0.15)
 	def(&o.RRFK, 60)
+	def(&o.GraphWeight, 0.2)
 	defInt(&o.Candidates, 100)
 	if o.Rerank.isZero() {
 		o.Rerank.Relevance = 1
@@ -215,6 +221,8 @@ func (o Options) validate() error {
 		return bad("unknown fusion %d", int(o.Fusion))
 	case !finite(o.VectorWeight) || o.VectorWeight <= 0 || o.VectorWeight >= 1:
 		return bad("VectorWeight %v not in (0,1)", o.VectorWeight)
+	case !finite(o.GraphWeight) || o.GraphWeight > 10:
+		return bad("GraphWeight %v", o.GraphWeight)
 	case !finite(o.RRFK) || o.RRFK <= 0:
 		return bad("RRFK %v", o.RRFK)
 	case o.Candidates < 1:
