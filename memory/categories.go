@@ -219,6 +219,7 @@ func (s *Store) deleteUnitLocked(sess *session, id string) {
 		sess.ixVer++
 	}
 	sess.wm.forget(id)
+	sess.kb.unitDeleted(id)
 	sess.unitsChanged()
 }
 

@@ -201,6 +201,7 @@ func (s *Store) factJobLocked(sess *session) *extractJob {
 		"[DELETE:<id>]  (a known fact is no longer true)\n" +
 		"[SKIP]         (nothing worth remembering)\n" +
 		"Use only the ids listed above. Do not repeat known facts. No other text.\n")
+	b.WriteString(tripleInstructions)
 	return &extractJob{sess: sess, kind: jobFacts, from: es[0].seq, to: to, known: known, prompt: b.String(), enc: sess.lastEnc}
 }
 
@@ -294,6 +295,7 @@ func (s *Store) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
 // every rejection is logged and counted, and changes nothing.
 func (s *Store) applyFactOpsLocked(job *extractJob, out string, now time.Time) {
 	sess := job.sess
+	out, triples := cutTripleLines(out)
 	ops, rejected := ParseFactOps(out)
 	for _, err := range rejected {
 		s.stats.factOpsRejected.Add(1)
@@ -310,6 +312,7 @@ func (s *Store) applyFactOpsLocked(job *extractJob, out string, now time.Time) {
 			s.stats.factOps.Add(1)
 		}
 	}
+	s.applyTriplesLocked(job, triples, slices.DeleteFunc(slices.Clone(ops), func(op FactOp) bool { return op.Kind != FactAdd }), now)
 	sess.factSeq = max(sess.factSeq, job.to)
 	sess.seqDirty = true
 }

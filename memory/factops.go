@@ -172,7 +172,7 @@ func validFactID(id string) error {
 
 // opMarkers are what a fact text may not contain: a model tricked into
 // smuggling a second operation into a text must not get it stored either.
-var opMarkers = []string{"[ADD", "[UPDATE", "[BOOST", "[DELETE", "[SKIP"}
+var opMarkers = []string{"[ADD", "[UPDATE", "[BOOST", "[DELETE", "[SKIP", "[TRIPLE"}
 
 func validFactText(t string) error {
 	if t == "" {

@@ -199,12 +199,15 @@ func (s *Store) searchSession(ctx context.Context, sess *session, query recallQu
 	}
 	var out []recallItem
 	if x := s.indexLocked(ctx, sess); x != nil && x.Len() > 0 {
+		s.attachGraphLocked(sess, x)
 		hits, err := x.SearchFocus(ctx, query.text, query.gate(), k, mode, usable)
 		if err == nil {
 			for _, h := range hits {
-				if h.BM25 > 0 || h.Cosine >= s.opts.Recall.MinScore {
+				if h.BM25 > 0 || h.Graph > 0 || h.Cosine >= s.opts.Recall.MinScore {
 					it := unitItem(sess.units[h.ID])
-					it.weak = !s.relevant(h.Coverage, h.Cosine)
+					// The graph reached it through an entity of the query
+					// and a link holding more of the query: relevant.
+					it.weak = h.Graph == 0 && !s.relevant(h.Coverage, h.Cosine)
 					out = append(out, it)
 				}
 			}

@@ -114,6 +114,7 @@ type record struct {
 	Unit    *Unit             `json:"unit,omitempty"`
 	Acc     []accessRecord    `json:"acc,omitempty"`
 	ID      string            `json:"id,omitempty"`
+	Triple  *Triple           `json:"triple,omitempty"`
 }
 
 type accessRecord struct {
@@ -206,6 +207,8 @@ type session struct {
 	// sharedN is the length of the shared log (Options.SharedLog) that the
 	// state reflects; -1 when unknown (loaded from disk, or new here).
 	sharedN int64
+
+	kb knowledge // triples (triples.go)
 }
 
 // unitsChanged invalidates the unit indexes and the cached block.
@@ -379,6 +382,9 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 			s.deleted = map[string]bool{}
 		}
 		s.deleted[r.ID] = true
+		s.kb.unitDeleted(r.ID)
+	case "triple", "tdel":
+		return s.applyTripleRecord(r)
 	case "drop":
 		// An evicted message whose content a unit already held (dedupe.go).
 		if i := s.histIndex(r.Seq); i >= 0 {

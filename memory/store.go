@@ -117,6 +117,7 @@ type storeStats struct {
 	decayed, expired, boosts, boostsLimited  atomic.Int64
 	extractJobs, extractDropped, extractErrs atomic.Int64
 	factOps, factOpsRejected, episodes       atomic.Int64
+	triples, triplesRejected                 atomic.Int64
 	poolWrites, poolConflicts                atomic.Int64
 	logPushed, logPulled, logRebuilds        atomic.Int64
 	logUploads, logConflicts                 atomic.Int64
@@ -191,6 +192,8 @@ type Stats struct {
 	ExtractErrors   int64 // Extractor calls that failed
 	FactOps         int64 // fact operations applied
 	FactOpsRejected int64 // fact operations or lines rejected (malformed, hostile, unknown id, limits)
+	Triples         int64 // triples extracted (new ones; merged supports not counted)
+	TriplesRejected int64 // triple lines rejected (malformed, hostile, unresolved support, limits)
 	Episodes        int64 // episodic summaries made
 
 	PoolWrites    int64 // pool puts and deletes written
@@ -452,6 +455,7 @@ func (s *Store) Stats() Stats {
 	out.Decayed, out.Expired, out.Boosts, out.BoostsLimited = st.decayed.Load(), st.expired.Load(), st.boosts.Load(), st.boostsLimited.Load()
 	out.ExtractJobs, out.ExtractDropped, out.ExtractErrors = st.extractJobs.Load(), st.extractDropped.Load(), st.extractErrs.Load()
 	out.FactOps, out.FactOpsRejected, out.Episodes = st.factOps.Load(), st.factOpsRejected.Load(), st.episodes.Load()
+	out.Triples, out.TriplesRejected = st.triples.Load(), st.triplesRejected.Load()
 	out.PoolWrites, out.PoolConflicts = st.poolWrites.Load(), st.poolConflicts.Load()
 	out.SharedLogPushed, out.SharedLogPulled, out.SharedLogRebuilds = st.logPushed.Load(), st.logPulled.Load(), st.logRebuilds.Load()
 	out.SharedLogUploads, out.SharedLogConflicts = st.logUploads.Load(), st.logConflicts.Load()

@@ -190,6 +190,11 @@ func (s *Store) persistLocked(sess *session, now time.Time) {
 			return
 		}
 	}
+	kdels := len(sess.kb.dels)
+	if framed, err = sess.kb.appendRecords(framed, now); err != nil {
+		s.opts.Logger.Warn("memory: encode triple", "err", err)
+		return
+	}
 	var acc []accessRecord
 	for id := range sess.accessDirty {
 		if u := sess.units[id]; u != nil && u.persisted {
@@ -222,6 +227,7 @@ func (s *Store) persistLocked(sess *session, now time.Time) {
 	sess.delDirty = sess.delDirty[len(dels):]
 	sess.drops = sess.drops[len(drops):]
 	sess.seqDirty, sess.decayDirty = false, false
+	sess.kb.written(kdels)
 	clear(sess.accessDirty)
 }
 

@@ -1,0 +1,493 @@
+package memory
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/kvsidecar/kvsidecar/index"
+)
+
+// The knowledge base beside the log: (subject, predicate, object) triples
+// the background model extracts with the facts, each supported by the
+// facts it was drawn from.
+//
+// Extraction rides on the fact job's call (one prompt, one reply, so the
+// sidecar's calls per client turn stay what they were): the fact prompt
+// also asks for triple lines, and the reply's "[TRIPLE]" lines are cut out
+// before ParseFactOps sees the rest. A triple's supports are ids of the
+// facts shown in the prompt, or "+n" for the n-th [ADD] of the same reply
+// (the fact the model just stated); a triple whose supports do not all
+// resolve is rejected whole.
+//
+// Triples live in their session, like the facts they rest on: written to
+// the session log as "triple" records (the whole triple, so a later record
+// of the same id replaces it) and "tdel" records (an operator's delete),
+// replayed on load and through the shared log. Deleting a unit removes it
+// from every triple's supports and deletes the triples left with none (the
+// cascade is derived from the unit's own "del" record, on replay too). The
+// graph of a session's triples is attached to its index (index.EntityGraph)
+// and fused in hybrid recall.
+
+// Triple is one (subject, predicate, object) of the knowledge base.
+type Triple struct {
+	ID        string `json:"id"`
+	Subject   string `json:"s"`
+	Predicate string `json:"p"`
+	Object    string `json:"o"`
+	// Support lists the ids of the session's memory units (facts) the
+	// triple rests on, sorted; never empty.
+	Support []string  `json:"sup"`
+	At      time.Time `json:"at"`
+	// Session is the session holding the triple; set by Store.Triples only.
+	Session string `json:"session,omitempty"`
+}
+
+// TripleOp is one parsed triple line: Support holds fact ids and "+n"
+// references to the reply's n-th [ADD].
+type TripleOp struct {
+	Subject, Predicate, Object string
+	Support                    []string
+}
+
+// String renders the line in the form ParseTriples accepts.
+func (op TripleOp) String() string {
+	return tripleTag + " " + op.Subject + " | " + op.Predicate + " | " + op.Object + " | " + strings.Join(op.Support, ", ")
+}
+
+// Limits of the triple parser and store.
+const (
+	tripleTag          = "[TRIPLE]"
+	maxTripleTermBytes = 200 // subject, predicate or object
+	maxTripleSupport   = 8   // supports of one line
+	maxTripleOps       = 32  // triple lines per reply
+	maxTripleRef       = 32  // "+n" may name the first 32 [ADD]s
+	maxSessionTriples  = 1000
+	maxListedSessions  = 64 // sessions one Triples listing reads
+)
+
+// ErrTripleNotFound: no triple with that id for the tenant and user. It
+// also matches ErrNotFound.
+var ErrTripleNotFound error = &notFoundError{"memory: triple not found"}
+
+// tripleInstructions is appended to the fact prompt.
+const tripleInstructions = "\nThen state what the new messages say as knowledge triples, one per line, exactly:\n" +
+	tripleTag + " <subject> | <predicate> | <object> | <supporting fact ids, comma-separated>\n" +
+	"A supporting id is one of the ids listed above, or +1 for the first [ADD] of your reply, +2 for the second, and so on. " +
+	"Subjects and objects are short names of people, places, things or events. Only triples the facts support.\n"
+
+// cutTripleLines splits a reply into its triple lines and the rest.
+func cutTripleLines(out string) (rest, triples string) {
+	var r, t strings.Builder
+	for line := range strings.Lines(out) {
+		if strings.HasPrefix(strings.ToUpper(strings.TrimSpace(line)), "[TRIPLE") {
+			t.WriteString(line)
+		} else {
+			r.WriteString(line)
+		}
+	}
+	return r.String(), t.String()
+}
+
+// ParseTriples parses triple lines strictly: each non-blank line is exactly
+// "[TRIPLE] subject | predicate | object | id, id" with three texts of
+// 1–200 bytes (valid UTF-8, no control or format characters, no "|", no
+// operation marker) and 1–8 supports, each a fact id ([a-z0-9-], 1–64) or
+// "+n" (1 ≤ n ≤ 32). Every other line — malformed, too long, beyond 32
+// triples or 64 KiB — is rejected with an error wrapping ErrInvalid and
+// skipped; it never stops the valid ones.
+func ParseTriples(out string) (ops []TripleOp, rejected []error) {
+	if len(out) > maxFactOutput {
+		rejected = append(rejected, fmt.Errorf("%w: triples: reply of %d bytes, only the first %d read", ErrInvalid, len(out), maxFactOutput))
+		out = out[:maxFactOutput]
+	}
+	n := 0
+	for line := range strings.Lines(out) {
+		n++
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		op, err := parseTriple(line)
+		if err == nil && len(ops) == maxTripleOps {
+			err = fmt.Errorf("more than %d triples", maxTripleOps)
+		}
+		if err != nil {
+			rejected = append(rejected, fmt.Errorf("%w: triples: line %d: %v: %q", ErrInvalid, n, err, truncateRunes(line, 80)))
+			continue
+		}
+		ops = append(ops, op)
+	}
+	return ops, rejected
+}
+
+func parseTriple(line string) (TripleOp, error) {
+	if len(line) > maxFactLineBytes {
+		return TripleOp{}, fmt.Errorf("line of %d bytes", len(line))
+	}
+	if !utf8.ValidString(line) {
+		return TripleOp{}, fmt.Errorf("invalid UTF-8")
+	}
+	rest, ok := strings.CutPrefix(line, tripleTag+" ")
+	if !ok {
+		return TripleOp{}, fmt.Errorf("not a triple")
+	}
+	parts := strings.Split(rest, "|")
+	if len(parts) != 4 {
+		return TripleOp{}, fmt.Errorf("%d fields, want subject | predicate | object | supports", len(parts))
+	}
+	var op TripleOp
+	for i, dst := range []*string{&op.Subject, &op.Predicate, &op.Object} {
+		t := strings.TrimSpace(parts[i])
+		if len(t) > maxTripleTermBytes {
+			return TripleOp{}, fmt.Errorf("field %d of %d bytes (max %d)", i+1, len(t), maxTripleTermBytes)
+		}
+		if err := validFactText(t); err != nil {
+			return TripleOp{}, fmt.Errorf("field %d: %v", i+1, err)
+		}
+		*dst = t
+	}
+	for sup := range strings.SplitSeq(parts[3], ",") {
+		sup = strings.TrimSpace(sup)
+		if ref, isRef := strings.CutPrefix(sup, "+"); isRef {
+			n, err := strconv.Atoi(ref)
+			if err != nil || n < 1 || n > maxTripleRef || ref != strconv.Itoa(n) {
+				return TripleOp{}, fmt.Errorf("bad reference %q", truncateRunes(sup, 16))
+			}
+		} else if err := validFactID(sup); err != nil {
+			return TripleOp{}, fmt.Errorf("support: %v", err)
+		}
+		if slices.Contains(op.Support, sup) {
+			continue
+		}
+		if len(op.Support) == maxTripleSupport {
+			return TripleOp{}, fmt.Errorf("more than %d supports", maxTripleSupport)
+		}
+		op.Support = append(op.Support, sup)
+	}
+	return op, nil
+}
+
+// knowledge is a session's triples. The session's mu protects it.
+type knowledge struct {
+	triples map[string]*Triple
+	deleted map[string]bool // ids an operator deleted: never recreated
+	dirty   map[string]bool // triples to write
+	dels    []string        // operator deletions to write
+	ver     uint64          // counts changes
+	// graphIx and graphVer: the index the graph was last attached to, and
+	// the version it reflects.
+	graphIx  *index.Index
+	graphVer uint64
+}
+
+func (k *knowledge) put(t *Triple) {
+	if k.triples == nil {
+		k.triples = map[string]*Triple{}
+	}
+	k.triples[t.ID] = t
+	k.ver++
+}
+
+func (k *knowledge) markDirty(id string) {
+	if k.dirty == nil {
+		k.dirty = map[string]bool{}
+	}
+	k.dirty[id] = true
+}
+
+// remove deletes a triple (an operator's delete: it is written and never
+// recreated).
+func (k *knowledge) remove(id string) {
+	delete(k.triples, id)
+	delete(k.dirty, id)
+	if k.deleted == nil {
+		k.deleted = map[string]bool{}
+	}
+	k.deleted[id] = true
+	k.ver++
+}
+
+// unitDeleted is the cascade: unit id leaves every triple's supports, and
+// triples left with none are deleted. Nothing is written: replay derives
+// the same from the unit's "del" record.
+func (k *knowledge) unitDeleted(id string) {
+	for tid, t := range k.triples {
+		i := slices.Index(t.Support, id)
+		if i < 0 {
+			continue
+		}
+		if len(t.Support) == 1 {
+			delete(k.triples, tid)
+			delete(k.dirty, tid)
+		} else {
+			c := *t
+			c.Support = slices.Delete(slices.Clone(t.Support), i, i+1)
+			k.triples[tid] = &c
+		}
+		k.ver++
+	}
+}
+
+// applyTripleRecord replays a "triple" or "tdel" record.
+func (s *session) applyTripleRecord(r *record) error {
+	if r.K == "tdel" {
+		s.kb.remove(r.ID)
+		return nil
+	}
+	if r.Triple == nil || r.Triple.ID == "" {
+		return fmt.Errorf("memory: bad triple record: %w", ErrCorrupt)
+	}
+	if s.kb.deleted[r.Triple.ID] {
+		return nil
+	}
+	t := *r.Triple
+	t.Session = ""
+	// Supports deleted since (or before, in a shared log) do not count.
+	t.Support = slices.DeleteFunc(slices.Clone(t.Support), func(id string) bool { return s.deleted[id] })
+	if len(t.Support) == 0 {
+		if _, ok := s.kb.triples[t.ID]; ok {
+			delete(s.kb.triples, t.ID)
+			s.kb.ver++
+		}
+		return nil
+	}
+	s.kb.put(&t)
+	return nil
+}
+
+// appendTripleRecords frames the triples and deletions not yet written.
+func (k *knowledge) appendRecords(framed []byte, now time.Time) ([]byte, error) {
+	var err error
+	for _, id := range k.dels {
+		if framed, err = encodeRecord(framed, &record{K: "tdel", T: now.UnixNano(), ID: id}); err != nil {
+			return framed, err
+		}
+	}
+	ids := make([]string, 0, len(k.dirty))
+	for id := range k.dirty {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		if t := k.triples[id]; t != nil {
+			if framed, err = encodeRecord(framed, &record{K: "triple", T: now.UnixNano(), Triple: t}); err != nil {
+				return framed, err
+			}
+		}
+	}
+	return framed, nil
+}
+
+// written marks what appendRecords framed as written.
+func (k *knowledge) written(dels int) {
+	k.dels = k.dels[dels:]
+	clear(k.dirty)
+}
+
+// tripleID names a triple: the session's hash prefix (so an id names one
+// session of the user), the last message seq of its job and its index.
+func tripleID(sess *session, seq uint64, i int) string {
+	return fmt.Sprintf("tri-%s-%012d-%02d", sess.hash[:8], seq, i)
+}
+
+// applyTriplesLocked applies a fact job's triple lines after its fact
+// operations: adds are the job's [ADD] operations in reply order, for "+n"
+// supports. Every rejection is logged and counted, and changes nothing.
+func (s *Store) applyTriplesLocked(job *extractJob, lines string, adds []FactOp, now time.Time) {
+	if lines == "" {
+		return
+	}
+	sess := job.sess
+	ops, rejected := ParseTriples(lines)
+	reject := func(err error) {
+		s.stats.triplesRejected.Add(1)
+		s.opts.Logger.Warn("memory: rejected triple", "session", sess.id, "err", err)
+	}
+	for _, err := range rejected {
+		reject(err)
+	}
+	next := 0
+	for _, op := range ops {
+		sup, err := resolveSupport(sess, job, op.Support, adds)
+		if err != nil {
+			reject(err)
+			continue
+		}
+		var same *Triple
+		for _, t := range sess.kb.triples {
+			if strings.EqualFold(t.Subject, op.Subject) && strings.EqualFold(t.Predicate, op.Predicate) && strings.EqualFold(t.Object, op.Object) {
+				same = t
+				break
+			}
+		}
+		if same != nil {
+			merged := slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(same.Support), sup...))))
+			if len(merged) != len(same.Support) {
+				c := *same
+				c.Support, c.At = merged, now
+				sess.kb.put(&c)
+				sess.kb.markDirty(c.ID)
+			}
+			continue
+		}
+		if len(sess.kb.triples) >= maxSessionTriples {
+			reject(fmt.Errorf("%w: %d triples, the most a session keeps", ErrInvalid, len(sess.kb.triples)))
+			continue
+		}
+		id := tripleID(sess, job.to, next)
+		for sess.kb.triples[id] != nil || sess.kb.deleted[id] {
+			next++
+			id = tripleID(sess, job.to, next)
+		}
+		next++
+		sess.kb.put(&Triple{ID: id, Subject: op.Subject, Predicate: op.Predicate, Object: op.Object, Support: sup, At: now})
+		sess.kb.markDirty(id)
+		s.stats.triples.Add(1)
+	}
+}
+
+// resolveSupport turns a line's supports into unit ids of the session:
+// a fact id shown in the job's prompt, or "+n", the unit holding the n-th
+// [ADD]'s text (the one just added, or the equal one it deduplicated to).
+func resolveSupport(sess *session, job *extractJob, sups []string, adds []FactOp) ([]string, error) {
+	out := make([]string, 0, len(sups))
+	for _, sup := range sups {
+		if ref, ok := strings.CutPrefix(sup, "+"); ok {
+			n, _ := strconv.Atoi(ref)
+			if n > len(adds) {
+				return nil, fmt.Errorf("%w: %s: the reply has %d [ADD]", ErrInvalid, sup, len(adds))
+			}
+			id := ""
+			for _, u := range sess.units {
+				if u.Category != "" && strings.EqualFold(u.Content, adds[n-1].Text) && (id == "" || u.ID < id) {
+					id = u.ID
+				}
+			}
+			if id == "" {
+				return nil, fmt.Errorf("%w: %s: its [ADD] was not stored", ErrInvalid, sup)
+			}
+			out = append(out, id)
+			continue
+		}
+		if !job.known[sup] {
+			return nil, fmt.Errorf("%w: unknown id %q", ErrInvalid, sup)
+		}
+		if sess.units[sup] == nil {
+			return nil, fmt.Errorf("%w: id %q was deleted", ErrInvalid, sup)
+		}
+		out = append(out, sup)
+	}
+	return slices.Compact(slices.Sorted(slices.Values(out))), nil
+}
+
+// attachGraphLocked gives the session's index the graph of its triples
+// when they changed since (or the index was rebuilt). Called with sess.mu
+// held, before a search.
+func (s *Store) attachGraphLocked(sess *session, x *index.Index) {
+	kb := &sess.kb
+	if x == nil || kb.graphIx == x && kb.graphVer == kb.ver {
+		return
+	}
+	var g *index.EntityGraph
+	if len(kb.triples) > 0 {
+		links := make([]index.Link, 0, len(kb.triples))
+		for _, t := range sortedTriples(kb.triples) {
+			links = append(links, index.Link{Subject: t.Subject, Predicate: t.Predicate, Object: t.Object, Docs: t.Support})
+		}
+		g = index.NewEntityGraph(links)
+	}
+	x.SetGraph(g)
+	kb.graphIx, kb.graphVer = x, kb.ver
+}
+
+// sortedTriples returns the triples newest first (id breaks ties).
+func sortedTriples(m map[string]*Triple) []*Triple {
+	out := make([]*Triple, 0, len(m))
+	for _, t := range m {
+		out = append(out, t)
+	}
+	slices.SortFunc(out, func(a, b *Triple) int {
+		if c := b.At.Compare(a.At); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.ID, b.ID)
+	})
+	return out
+}
+
+// Triples lists the knowledge base of a tenant's user ("" is the tenant's
+// default user): the triples of the user's newest 64 stored sessions,
+// newest first, at most limit (≤ 0: 1000), as copies with Session set.
+// It never crosses tenants and creates no session.
+func (s *Store) Triples(tenant, user string, limit int) ([]Triple, error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	infos, err := s.Sessions(tenant, &user, maxListedSessions)
+	if err != nil {
+		return nil, err
+	}
+	out := []Triple{}
+	for _, si := range infos {
+		if si.Tenant != tenant {
+			continue // Sessions("") lists every tenant
+		}
+		sess, err := s.session(tenant, si.ID, false)
+		if err != nil {
+			continue // deleted since
+		}
+		sess.mu.Lock()
+		if sess.exists && !sess.gone.Load() && sess.user == user {
+			for _, t := range sess.kb.triples {
+				c := *t
+				c.Support = slices.Clone(t.Support)
+				c.Session = sess.id
+				out = append(out, c)
+			}
+		}
+		sess.mu.Unlock()
+	}
+	slices.SortFunc(out, func(a, b Triple) int {
+		if c := b.At.Compare(a.At); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.ID, b.ID)
+	})
+	return out[:min(len(out), limit)], nil
+}
+
+// DeleteTriple deletes a triple of a tenant's user; an unknown id (or one
+// of another tenant or user) is ErrTripleNotFound. The deletion is written
+// by the background worker, like a memory edit, and a deleted id is never
+// recreated.
+func (s *Store) DeleteTriple(tenant, user, id string) error {
+	infos, err := s.Sessions(tenant, &user, 0)
+	if err != nil {
+		return err
+	}
+	for _, si := range infos {
+		if si.Tenant != tenant || !strings.HasPrefix(id, "tri-"+sessionHash(tenant, si.ID)[:8]+"-") {
+			continue
+		}
+		sess, err := s.session(tenant, si.ID, false)
+		if err != nil {
+			continue
+		}
+		sess.mu.Lock()
+		_, ok := sess.kb.triples[id]
+		if ok && sess.exists && !sess.gone.Load() && sess.user == user {
+			sess.kb.remove(id)
+			sess.kb.dels = append(sess.kb.dels, id)
+			sess.mu.Unlock()
+			s.enqueue(sess)
+			return nil
+		}
+		sess.mu.Unlock()
+	}
+	return fmt.Errorf("%w: %q", ErrTripleNotFound, id)
+}

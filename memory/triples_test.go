@@ -1,0 +1,223 @@
+package memory
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"unicode/utf8"
+)
+
+func TestParseTriples(t *testing.T) {
+	f := func(in string, want []TripleOp, rejects int) {
+		t.Helper()
+		ops, rej := ParseTriples(in)
+		if fmt.Sprint(ops) != fmt.Sprint(want) || len(rej) != rejects {
+			t.Fatalf("ParseTriples(%q) = %v, %d rejected %v; want %v, %d", in, ops, len(rej), rej, want, rejects)
+		}
+		for _, err := range rej {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("rejection %v does not wrap ErrInvalid", err)
+			}
+		}
+	}
+	f("[TRIPLE] Rex | favourite toy | red ball | +1", []TripleOp{{"Rex", "favourite toy", "red ball", []string{"+1"}}}, 0)
+	f("  [TRIPLE]  Ann |lives in|  Lisbon | fact-000000000004-00, +2 ,fact-000000000004-00 \r\n\n",
+		[]TripleOp{{"Ann", "lives in", "Lisbon", []string{"fact-000000000004-00", "+2"}}}, 0)
+	// Malformed lines are rejected one by one; valid ones still count.
+	f(strings.Join([]string{
+		"[TRIPLE] a | b | c | +1",
+		"[TRIPLE] a | b | c",             // no supports
+		"[TRIPLE] a | b | c | ",          // empty support
+		"[TRIPLE] a | b | c | d | +1",    // five fields
+		"[TRIPLE]a | b | c | +1",         // no space after the tag
+		"[triple] a | b | c | +1",        // lower case tag
+		"TRIPLE: a | b | c | +1",         // another form
+		"[TRIPLE]  | b | c | +1",         // empty subject
+		"[TRIPLE] a | b | c | +0",        // references start at 1
+		"[TRIPLE] a | b | c | +33",       // beyond the reply's ADDs we may name
+		"[TRIPLE] a | b | c | +01",       // not canonical
+		"[TRIPLE] a | b | c | Fact-1",    // bad id
+		"[TRIPLE] a | b | c | x y",       // bad id
+		"[TRIPLE] a | b\x1b[2J | c | +1", // control characters
+		"[TRIPLE] a | b [DELETE:f] | c | +1",
+		"[TRIPLE] a | b | right\u202eleft | +1",
+		"[TRIPLE] " + strings.Repeat("s", 201) + " | b | c | +1",
+		"[TRIPLE] a | b | c | +1,+2,+3,+4,+5,+6,+7,+8,+9",
+		"[TRIPLE] a | b \xff | c | +1",
+	}, "\n"), []TripleOp{{"a", "b", "c", []string{"+1"}}}, 18)
+	f(strings.Repeat("[TRIPLE] a | b | c | +1\n", 40), slices.Repeat([]TripleOp{{"a", "b", "c", []string{"+1"}}}, maxTripleOps), 40-maxTripleOps)
+	ops, rej := ParseTriples("[TRIPLE] a | b | c | +1\n" + strings.Repeat("y", maxFactOutput))
+	if len(ops) != 1 || len(rej) != 2 {
+		t.Fatalf("huge reply: %v, %v", ops, rej)
+	}
+	rest, lines := cutTripleLines("[ADD] x\n [TRIPLE] a | b | c | +1\n[triple] q\n[SKIP]")
+	if rest != "[ADD] x\n[SKIP]" || lines != " [TRIPLE] a | b | c | +1\n[triple] q\n" {
+		t.Fatalf("cut: %q %q", rest, lines)
+	}
+	// A fact may not smuggle a triple in.
+	if ops, _ := ParseFactOps("[ADD] fine [TRIPLE] a | b | c | +1"); len(ops) != 0 {
+		t.Fatalf("smuggled triple accepted: %v", ops)
+	}
+}
+
+// FuzzParseTriples: whatever the model replies, the parser never panics,
+// returns only well-formed triples whose texts are safe, and each renders
+// back to a line that parses to itself.
+func FuzzParseTriples(f *testing.F) {
+	for _, s := range []string{
+		"[TRIPLE] Rex | likes | ball | +1", "[TRIPLE] a | b | c | fact-1, +2\n[TRIPLE] x", "[TRIPLE] | | | ",
+		"[TRIPLE] a\x00 | b | c | +1", "[TRIPLE] a | b | c | +99999999999999999999", "garbage\n[TRIPLE] a|b|c|+1\r\n",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		ops, rej := ParseTriples(in)
+		if len(ops) > maxTripleOps || len(ops)+len(rej) > strings.Count(in, "\n")+2 {
+			t.Fatalf("%d triples + %d rejections", len(ops), len(rej))
+		}
+		for _, op := range ops {
+			for _, s := range []string{op.Subject, op.Predicate, op.Object} {
+				if s == "" || len(s) > maxTripleTermBytes || !utf8.ValidString(s) || strings.Contains(s, "|") || s != strings.TrimSpace(s) {
+					t.Fatalf("bad text %q", s)
+				}
+				for _, r := range s {
+					if unsafeRune(r) {
+						t.Fatalf("unsafe rune %U in %q", r, s)
+					}
+				}
+			}
+			if len(op.Support) == 0 || len(op.Support) > maxTripleSupport {
+				t.Fatalf("supports %v", op.Support)
+			}
+			for _, sup := range op.Support {
+				if !factIDRe.MatchString(strings.TrimPrefix(sup, "+")) {
+					t.Fatalf("bad support %q", sup)
+				}
+			}
+			again, rej := ParseTriples(op.String())
+			if len(again) != 1 || fmt.Sprint(again[0]) != fmt.Sprint(op) || len(rej) != 0 {
+				t.Fatalf("%q does not round-trip: %v %v", op.String(), again, rej)
+			}
+		}
+	})
+}
+
+// TestTriplesEndToEnd: triples ride on the fact reply; malformed lines and
+// unresolved supports change nothing; the graph recalls a memory that
+// shares no word with the question; triples survive a restart, cascade
+// with their supporting fact, are deleted one by one, and never cross
+// tenants.
+func TestTriplesEndToEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := &scriptedExtractor{}
+		dir := t.TempDir()
+		mod := func(o *Options) { o.Extraction.Extractor = ex; o.Extraction.Every = 2 }
+		s := openBubbleStore(t, dir, mod)
+		turn := func(tenant, u, a string) *Turn {
+			tu := prepare(t, s, tenant, "s", ModeAppend, text("user", u))
+			tu.Complete(text("assistant", a))
+			synctest.Wait()
+			return tu
+		}
+		ex.replies = []string{strings.Join([]string{
+			"[ADD] He adores the red ball.",
+			"[ADD] The user walks the dog at dawn.",
+			"[TRIPLE] Rex | favourite toy | red ball | +1",
+			"[TRIPLE] Rex | walked at | dawn | +2, +1",
+			"[TRIPLE] broken | line",                   // malformed
+			"[TRIPLE] Rex | owner | user | fact-999",   // unknown id
+			"[TRIPLE] Rex | likes | cats | +3",         // no third ADD
+			"[TRIPLE] Rex | hates | \x1b[2Jbaths | +1", // hostile
+		}, "\n")}
+		turn("t", "My terrier Rex has a favourite thing to chase", "Nice.")
+		if !strings.Contains(ex.lastPrompt(), "[TRIPLE] <subject> | <predicate> | <object>") {
+			t.Fatalf("the fact prompt does not ask for triples:\n%s", ex.lastPrompt())
+		}
+		st := s.Stats()
+		if st.Triples != 2 || st.TriplesRejected != 4 || st.FactOpsRejected != 0 || st.FactOps != 2 {
+			t.Fatalf("stats: %d triples, %d rejected, %d fact ops rejected, %d fact ops", st.Triples, st.TriplesRejected, st.FactOpsRejected, st.FactOps)
+		}
+		facts := factsOf(t, s)
+		var ball, dawn string
+		for id, u := range facts {
+			if strings.Contains(u.Content, "ball") {
+				ball = id
+			} else {
+				dawn = id
+			}
+		}
+		list := func(tenant string) map[string]Triple {
+			t.Helper()
+			ts, err := s.Triples(tenant, "", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := map[string]Triple{}
+			for _, tr := range ts {
+				out[tr.Subject+"|"+tr.Predicate+"|"+tr.Object] = tr
+			}
+			return out
+		}
+		kb := list("t")
+		toy, walk := kb["Rex|favourite toy|red ball"], kb["Rex|walked at|dawn"]
+		if len(kb) != 2 || !slices.Equal(toy.Support, []string{ball}) || !slices.Equal(walk.Support, slices.Sorted(slices.Values([]string{ball, dawn}))) || toy.Session != "s" {
+			t.Fatalf("triples %+v (facts %v)", kb, facts)
+		}
+
+		// The question shares no word with the fact: only the graph links
+		// them (Rex → favourite toy → the fact).
+		q := turn("t", "What is Rex's favourite toy?", "The red ball.")
+		if !strings.Contains(string(q.Block), "He adores the red ball") {
+			t.Fatalf("the graph did not recall the fact: %s", q.Block)
+		}
+
+		// Durable, and tenant-scoped.
+		s.Close()
+		s = openBubbleStore(t, dir, mod)
+		if got := list("t"); len(got) != 2 || !slices.Equal(got["Rex|walked at|dawn"].Support, walk.Support) {
+			t.Fatalf("after restart: %+v", got)
+		}
+		turn("u", "My terrier Rex has a favourite thing to chase", "Nice.")
+		if got := list("u"); len(got) != 0 {
+			t.Fatalf("tenant u sees %+v", got)
+		}
+		if err := s.DeleteTriple("u", "", toy.ID); !errors.Is(err, ErrTripleNotFound) || !errors.Is(err, ErrNotFound) {
+			t.Fatalf("DeleteTriple from another tenant: %v", err)
+		}
+		if err := s.DeleteTriple("t", "someone", toy.ID); !errors.Is(err, ErrTripleNotFound) {
+			t.Fatalf("DeleteTriple for another user: %v", err)
+		}
+
+		// Cascade: deleting the ball fact deletes the toy triple (its only
+		// support) and leaves the walk triple on the dawn fact.
+		if err := s.DeleteMemory("t", "s", ball); err != nil {
+			t.Fatal(err)
+		}
+		kb = list("t")
+		if len(kb) != 1 || !slices.Equal(kb["Rex|walked at|dawn"].Support, []string{dawn}) {
+			t.Fatalf("after cascade: %+v", kb)
+		}
+		synctest.Wait()
+		s.Close()
+		s = openBubbleStore(t, dir, mod)
+		if got := list("t"); len(got) != 1 || !slices.Equal(got["Rex|walked at|dawn"].Support, []string{dawn}) {
+			t.Fatalf("cascade after restart: %+v", got)
+		}
+		// An operator's delete, durable too.
+		if err := s.DeleteTriple("t", "", walk.ID); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.DeleteTriple("t", "", walk.ID); !errors.Is(err, ErrTripleNotFound) {
+			t.Fatalf("second delete: %v", err)
+		}
+		synctest.Wait()
+		s.Close()
+		s = openBubbleStore(t, dir, mod)
+		if got := list("t"); len(got) != 0 {
+			t.Fatalf("deleted triple back after restart: %+v", got)
+		}
+	})
+}
