@@ -93,6 +93,9 @@ type scriptedUpstream struct {
 	prompts []json.RawMessage // "messages" of each client chat request
 	bgModel []string          // "model" of each request without a session (the sidecar's own calls)
 	step    chan struct{}
+	// bg, when not nil, answers the sidecar's own calls (extraction,
+	// summaries) instead of the echo: its argument is the prompt.
+	bg func(prompt string) string
 }
 
 func newScriptedUpstream(t *testing.T) *scriptedUpstream {
@@ -139,6 +142,12 @@ func (u *scriptedUpstream) serve(w http.ResponseWriter, r *http.Request) {
 		echo := ""
 		if n := len(req.Messages); n > 0 {
 			echo = req.Messages[n-1].Content
+		}
+		if u.bg != nil && r.Header.Get("X-Session-Id") == "" && !req.Stream {
+			reply, _ := json.Marshal(u.bg(echo)) // JSON, not Go, escapes
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"id":"c1","object":"chat.completion","created":1,"model":"tiny","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":%s}}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`, reply)
+			return
 		}
 		if !req.Stream {
 			w.Header().Set("Content-Type", "application/json")

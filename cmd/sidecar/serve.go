@@ -395,6 +395,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		AllowAnonymous:     c.allowAnonymous,
 		AdminToken:         c.adminToken,
 		ConsoleSampleEvery: c.consoleEvery,
+		Knowledge:          knowledge{mem},
 		Logger:             log,
 	})
 	if err != nil {
