@@ -76,7 +76,7 @@ bench-kv: ## KV tiers: hit rate vs Belady, latency, throughput, compression, amo
 bench-policy: ## hit ratio of every eviction strategy beside otter's W-TinyLFU and Belady, synthetic and recorded traces
 	cd bench/simulator && $(GO) run .
 
-bench-recall: ## LoCoMo evidence recall (bm25, vector, hybrid) on $(LOCOMO)
+bench-recall: ## LoCoMo evidence recall (bm25, vector, hybrid, hybrid+graph) on $(LOCOMO)
 	$(GO) run ./cmd/sidecar bench recall --data $(LOCOMO) --scale 100000
 
 fuzz: ## run every fuzz target for $(FUZZTIME) each

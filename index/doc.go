@@ -5,8 +5,14 @@
 //     stopwords, Porter stemming; CJK runs as character bigrams),
 //   - vector search over embeddings: an exact scan for small indexes, an
 //     HNSW graph (github.com/coder/hnsw) above Options.ExactBelow vectors,
-//   - hybrid fusion of the two rankings (weighted normalised scores or
-//     reciprocal rank fusion, Options.Fusion),
+//   - an entity graph (graph.go, EntityGraph, attached with SetGraph): the
+//     entities a query names (runs of its terms equal to a triple's subject
+//     or object) lead to their triples, one hop further, and to the
+//     documents supporting them; bounded per query (entities of at most 4
+//     terms, 64 links per entity, 8 first-hop links expanded),
+//   - hybrid fusion of the rankings (weighted normalised scores or
+//     reciprocal rank fusion, Options.Fusion; the graph's list, when a
+//     graph is attached, adds Options.GraphWeight),
 //   - a reranker over relevance, recency, importance and access count
 //     (Options.Rerank),
 //   - embedders behind one interface: the offline HashEmbedder (default,
@@ -16,8 +22,8 @@
 //
 // Files, one concern each: index.go (documents, Add/Upsert/Delete/Rebuild,
 // Search), bm25.go (term frequencies, postings, IDF, Coverage), vectors.go
-// (exact scan, HNSW graph, compaction), fusion.go (fusion, rerank,
-// recency), topn.go (the bounded heap every retriever ranks with),
+// (exact scan, HNSW graph, compaction), graph.go (the entity graph),
+// fusion.go (fusion, rerank, recency), topn.go (the bounded heap every retriever ranks with),
 // tokenize.go and stem.go (the tokenizer memory shares via Tokenize),
 // embed.go and openai.go (embedders), persist.go (Save, Load), options.go.
 //
@@ -37,6 +43,9 @@
 //   - A persisted file is used whole or not at all: Load verifies the
 //     CRC-32C and every length before building anything, and reports
 //     ErrCorrupt, never a partial index; the caller rebuilds with Rebuild.
+//   - An attached EntityGraph is immutable and names documents by ID: it
+//     survives compaction, and documents it names that the index does not
+//     hold (or keep rejects) are never returned through it.
 //   - Search results are deterministic for a given index content (ties are
 //     broken by ID), except that HNSW walks above ExactBelow vectors are
 //     approximate.

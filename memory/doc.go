@@ -85,6 +85,15 @@
 //     that waited, so the sidecar's own calls per client turn are bounded
 //     whatever a request's message count. Calls carry the session's model
 //     (ExtractRequest, SummaryRequest); package llm makes them.
+//   - Knowledge triples (triples.go): the fact-extraction call also asks
+//     for "[TRIPLE] subject | predicate | object | supports" lines, cut
+//     from the reply before ParseFactOps and parsed as strictly
+//     (ParseTriples); supports are fact ids of the prompt or "+n", the n-th
+//     [ADD] of the reply, and a triple whose supports do not all resolve is
+//     rejected. Triples live in their session's log ("triple" and "tdel"
+//     records); the session's triples are attached to its index as an
+//     index.EntityGraph, fused in hybrid recall. Store.Triples and
+//     Store.DeleteTriple serve the console per tenant and user.
 //   - The shared pool (pool.go): per-tenant keyed entries with versions,
 //     creator and updater sessions, metadata, conditional writes
 //     (ErrConflict), prefix listing, in one framed and checksummed log per
@@ -125,6 +134,11 @@
 //     (Window.EvictTo), and the stable block changes only with it (or when
 //     what it shows was changed or deleted), so between evictions the
 //     previous prompt without its recall block is a prefix of the next.
+//   - A triple always has a support: deleting a unit (DeleteMemory,
+//     [DELETE:id], expiry) removes it from every triple of its session and
+//     deletes the triples left with none; replay derives the same from the
+//     unit's "del" record. Triples are durable like the facts they rest on
+//     (written in the same append) and never cross tenants or users.
 //   - Users never cross tenants: a user index lives under its tenant's
 //     folder and is keyed by (tenant, user); a session's user is fixed at
 //     its creation.

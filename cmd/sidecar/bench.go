@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/kvsidecar/kvsidecar/bench"
+	"github.com/kvsidecar/kvsidecar/index"
 )
 
 const benchUsage = `usage: sidecar bench [workload] [flags]
@@ -22,7 +23,7 @@ const benchUsage = `usage: sidecar bench [workload] [flags]
 workloads:
   amortization  cost per turn of a session's prefix KV, computed once then loaded, T = 1..64
   kv         KV tiers: hit rate vs Belady, tier latency, archive throughput, compression, amortization
-  recall     LoCoMo evidence recall for bm25, vector and hybrid search (--data FILE)
+  recall     LoCoMo evidence recall for bm25, vector, hybrid and hybrid+graph search (--data FILE)
   memory     LoCoMo replayed through a sidecar: context recall per client, prompt prefix sharing (--data FILE)
   proxy      added latency of the sidecar and nginx over a direct upstream (--target name=host:port ...)
   gpu        Focus put/get latency and host<->device bandwidth (--device, --full)
@@ -140,13 +141,14 @@ func benchRecall(args []string) error {
 	data := fs.String("data", "", "LoCoMo-format JSON file (required)")
 	ctxTurns := fs.Int("context", 0, "preceding turns indexed with each turn (0: one; -1: the turn alone, as the LoCoMo paper)")
 	scale := fs.Int("scale", 0, "also index this many recombined memories and report search latency")
+	graphWeight := fs.Float64("graph-weight", 0, "the entity graph's weight in the hybrid+graph column (0: the index default)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *data == "" {
 		return errors.New("--data FILE is required")
 	}
-	r, err := bench.RunRecall(bench.RecallOptions{Data: *data, ContextTurns: *ctxTurns})
+	r, err := bench.RunRecall(bench.RecallOptions{Data: *data, ContextTurns: *ctxTurns, Index: index.Options{GraphWeight: *graphWeight}})
 	if err != nil {
 		return err
 	}
