@@ -76,8 +76,16 @@ const (
 // 64 KiB — is rejected with an error (wrapping ErrInvalid) and skipped; it
 // never stops the valid ones. Whether an id exists is for the caller.
 func ParseFactOps(out string) (ops []FactOp, rejected []error) {
+	return parseLines(out, "fact ops", "operations", maxFactOps, parseFactOp)
+}
+
+// parseLines is the strict line parser of model replies: at most
+// maxFactOutput bytes read, blank lines skipped, each other line parsed
+// alone; a line parse rejects, or one beyond limit, is an error wrapping
+// ErrInvalid and never stops the others.
+func parseLines[T any](out, what, items string, limit int, parse func(string) (T, error)) (got []T, rejected []error) {
 	if len(out) > maxFactOutput {
-		rejected = append(rejected, fmt.Errorf("%w: fact ops: reply of %d bytes, only the first %d read", ErrInvalid, len(out), maxFactOutput))
+		rejected = append(rejected, fmt.Errorf("%w: %s: reply of %d bytes, only the first %d read", ErrInvalid, what, len(out), maxFactOutput))
 		out = out[:maxFactOutput]
 	}
 	n := 0
@@ -87,17 +95,17 @@ func ParseFactOps(out string) (ops []FactOp, rejected []error) {
 		if line == "" {
 			continue
 		}
-		op, err := parseFactOp(line)
-		if err == nil && len(ops) == maxFactOps {
-			err = fmt.Errorf("more than %d operations", maxFactOps)
+		v, err := parse(line)
+		if err == nil && len(got) == limit {
+			err = fmt.Errorf("more than %d %s", limit, items)
 		}
 		if err != nil {
-			rejected = append(rejected, fmt.Errorf("%w: fact ops: line %d: %v: %q", ErrInvalid, n, err, truncateRunes(line, 80)))
+			rejected = append(rejected, fmt.Errorf("%w: %s: line %d: %v: %q", ErrInvalid, what, n, err, truncateRunes(line, 80)))
 			continue
 		}
-		ops = append(ops, op)
+		got = append(got, v)
 	}
-	return ops, rejected
+	return got, rejected
 }
 
 func parseFactOp(line string) (FactOp, error) {

@@ -101,28 +101,7 @@ func cutTripleLines(out string) (rest, triples string) {
 // triples or 64 KiB — is rejected with an error wrapping ErrInvalid and
 // skipped; it never stops the valid ones.
 func ParseTriples(out string) (ops []TripleOp, rejected []error) {
-	if len(out) > maxFactOutput {
-		rejected = append(rejected, fmt.Errorf("%w: triples: reply of %d bytes, only the first %d read", ErrInvalid, len(out), maxFactOutput))
-		out = out[:maxFactOutput]
-	}
-	n := 0
-	for line := range strings.Lines(out) {
-		n++
-		line = strings.TrimSpace(line)
-		if line == "" {
-			continue
-		}
-		op, err := parseTriple(line)
-		if err == nil && len(ops) == maxTripleOps {
-			err = fmt.Errorf("more than %d triples", maxTripleOps)
-		}
-		if err != nil {
-			rejected = append(rejected, fmt.Errorf("%w: triples: line %d: %v: %q", ErrInvalid, n, err, truncateRunes(line, 80)))
-			continue
-		}
-		ops = append(ops, op)
-	}
-	return ops, rejected
+	return parseLines(out, "triples", "triples", maxTripleOps, parseTriple)
 }
 
 func parseTriple(line string) (TripleOp, error) {
