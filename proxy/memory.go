@@ -61,6 +61,8 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{"probe_reuses", "Recalls answered by the working memory (same topic).", st.ProbeReuses},
 		{"extract_dropped", "Fact-extraction jobs dropped because the queue was full.", st.ExtractDropped},
 		{"fact_ops_rejected", "Fact operations from the model rejected by the strict parser.", st.FactOpsRejected},
+		{"triples", "Knowledge triples extracted (new ones).", st.Triples},
+		{"triples_rejected", "Triple lines from the model rejected by the strict parser or for unresolved supports.", st.TriplesRejected},
 		{"logs_repaired", "Session and pool logs repaired on open (damaged records skipped, torn tails cut).", st.Quarantined},
 		{"log_records_lost", "Damaged log records skipped on open (every intact record is kept).", st.RecordsLost},
 		{"replies_cut", "Replies recorded cut to the reply size cap.", st.RepliesCut},

@@ -108,6 +108,10 @@ func TestTriplesThroughTheProxy(t *testing.T) {
 		t.Fatalf("triples %+v, memories %+v", kb, mems)
 	}
 
+	if m := scrape(t, sc.addr); m["sidecar_memory_triples_total"] != 2 || m["sidecar_memory_triples_rejected_total"] != 4 || m["sidecar_memory_fact_ops_rejected_total"] != 1 {
+		t.Fatalf("metrics: %v triples, %v rejected, %v fact ops rejected", m["sidecar_memory_triples_total"], m["sidecar_memory_triples_rejected_total"], m["sidecar_memory_fact_ops_rejected_total"])
+	}
+
 	// The question shares no word with the fact; the graph links them.
 	if p := send(ada, "What is Rex's favourite toy?"); !strings.Contains(p, "He adores the red ball.") {
 		t.Fatalf("the supporting fact is not recalled: %s", p)
