@@ -64,6 +64,7 @@ const (
 	tripleTag          = "[TRIPLE]"
 	maxTripleTermBytes = 200 // subject, predicate or object
 	maxTripleSupport   = 8   // supports of one line
+	maxStoredSupport   = 32  // supports of a stored triple (lines of equal triples merge)
 	maxTripleOps       = 32  // triple lines per reply
 	maxTripleRef       = 32  // "+n" may name the first 32 [ADD]s
 	maxSessionTriples  = 1000
@@ -306,6 +307,10 @@ func (s *Store) applyTriplesLocked(job *extractJob, lines string, adds []FactOp,
 		}
 		if same != nil {
 			merged := slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(same.Support), sup...))))
+			if len(merged) > maxStoredSupport {
+				reject(fmt.Errorf("%w: %s would have %d supports (max %d)", ErrInvalid, same.ID, len(merged), maxStoredSupport))
+				continue
+			}
 			if len(merged) != len(same.Support) {
 				c := *same
 				c.Support, c.At = merged, now

@@ -221,3 +221,53 @@ func TestTriplesEndToEnd(t *testing.T) {
 		}
 	})
 }
+
+// TestTriplesMerge: a triple stated again (in any case) gains the new
+// supports instead of a duplicate; one whose supports would pass the bound
+// is rejected and keeps its own.
+func TestTriplesMerge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := &scriptedExtractor{}
+		s := openBubbleStore(t, t.TempDir(), func(o *Options) { o.Extraction.Extractor = ex; o.Extraction.Every = 2 })
+		turn := func(u string) {
+			prepare(t, s, "t", "s", ModeAppend, text("user", u)).Complete(text("assistant", "ok"))
+			synctest.Wait()
+		}
+		ex.replies = []string{"[ADD] Rex chases the ball.\n[TRIPLE] Rex | likes | ball | +1"}
+		turn("Rex and the ball")
+		first := factsOf(t, s)
+		var a string
+		for id := range first {
+			a = id
+		}
+		ex.replies = []string{"[ADD] The ball is Rex's favourite.\n[TRIPLE] rex | LIKES | Ball | +1, " + a}
+		turn("more about the ball")
+		ts, err := s.Triples("t", "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ts) != 1 || len(ts[0].Support) != 2 || !slices.Contains(ts[0].Support, a) || ts[0].Subject != "Rex" {
+			t.Fatalf("merged: %+v", ts)
+		}
+		// Fill the stored support up to its bound, then one more is refused.
+		s.mu.Lock()
+		sess := s.sessions[sessionKey("t", "s")]
+		s.mu.Unlock()
+		sess.mu.Lock()
+		tr := sess.kb.triples[ts[0].ID]
+		for i := len(tr.Support); i < maxStoredSupport; i++ {
+			tr.Support = append(tr.Support, fmt.Sprintf("fact-x-%02d", i))
+		}
+		slices.Sort(tr.Support)
+		sess.mu.Unlock()
+		before := s.Stats().TriplesRejected
+		ex.replies = []string{"[ADD] Rex sleeps after playing.\n[TRIPLE] Rex | likes | ball | +1"}
+		turn("and then he sleeps")
+		if got := s.Stats().TriplesRejected - before; got != 1 {
+			t.Fatalf("rejected %d, want 1", got)
+		}
+		if ts, _ := s.Triples("t", "", 0); len(ts) != 1 || len(ts[0].Support) != maxStoredSupport {
+			t.Fatalf("after the bound: %d triples, %d supports", len(ts), len(ts[0].Support))
+		}
+	})
+}
