@@ -699,6 +699,7 @@ func (sess *session) reset() {
 	sess.uidx, sess.uSeq, sess.uUnitsVer = nil, 0, 0
 	sess.sticky = cachedBlock{}
 	sess.wm.reset()
+	sess.kb = knowledge{}
 	sess.factSeq, sess.episodeSeq = 0, 0
 	sess.sharedN = -1
 	sess.unitsChanged()

@@ -271,3 +271,34 @@ func TestTriplesMerge(t *testing.T) {
 		}
 	})
 }
+
+// TestTriplesSharedLog: triples and an operator's delete reach the other
+// replicas of a fleet through the shared log, as facts do.
+func TestTriplesSharedLog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sh := newMemLog()
+		ex := &scriptedExtractor{replies: []string{"[ADD] Rex chases the ball.\n[TRIPLE] Rex | likes | ball | +1"}}
+		a := openStore(t, t.TempDir(), func(o *Options) { o.SharedLog = sh; o.Extraction.Extractor = ex; o.Extraction.Every = 2 })
+		b := openStore(t, t.TempDir(), func(o *Options) { o.SharedLog = sh })
+		turnOn(t, a, 0)
+		synctest.Wait()
+		ts, err := a.Triples("t1", "", 0)
+		if err != nil || len(ts) != 1 {
+			t.Fatalf("a: %+v %v", ts, err)
+		}
+		turnOn(t, b, 1) // b catches up from the shared log
+		synctest.Wait()
+		if got, _ := b.Triples("t1", "", 0); len(got) != 1 || got[0].ID != ts[0].ID || !slices.Equal(got[0].Support, ts[0].Support) {
+			t.Fatalf("b: %+v", got)
+		}
+		if err := b.DeleteTriple("t1", "", ts[0].ID); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		turnOn(t, a, 2)
+		synctest.Wait()
+		if got, _ := a.Triples("t1", "", 0); len(got) != 0 {
+			t.Fatalf("a after b's delete: %+v", got)
+		}
+	})
+}
