@@ -212,7 +212,16 @@ func (s *Store) UpdateMemory(tenant, sessionID, unitID string, e MemoryEdit) (Un
 		sess.mu.Unlock()
 		return Unit{}, fmt.Errorf("%w: %q is part of the conversation record, not a memory", ErrInvalid, unitID)
 	}
-	now := s.opts.Clock.Now()
+	s.editLocked(sess, u, e, text, s.opts.Clock.Now())
+	out := u.clone()
+	sess.mu.Unlock()
+	s.enqueue(sess)
+	return out, nil
+}
+
+// editLocked applies a checked edit (text already sanitized) to u, a
+// categorized memory of sess. Called with sess.mu held.
+func (s *Store) editLocked(sess *session, u *Unit, e MemoryEdit, text string, now time.Time) {
 	if e.Category != nil && *e.Category != u.Category {
 		c := Category(strings.ToLower(strings.TrimSpace(string(*e.Category))))
 		// The user's index names documents by category: drop the old one.
@@ -238,8 +247,4 @@ func (s *Store) UpdateMemory(tenant, sessionID, unitID string, e MemoryEdit) (Un
 	setReview(u)
 	u.persisted, u.indexed = false, false
 	sess.unitsChanged()
-	out := u.clone()
-	sess.mu.Unlock()
-	s.enqueue(sess)
-	return out, nil
 }

@@ -196,7 +196,7 @@ func (s *Store) recallBlock(ctx context.Context, sess *session, um *userMem, p w
 	}
 	items, mode := s.recallLocked(ctx, sess, um, recallQuery{text: q, focus: sess.hist[cur].text()}, p.now, skip)
 	w.recallMode = mode
-	if len(items) == 0 {
+	if len(items) == 0 && p.toolCtx == "" {
 		return
 	}
 	seen := make(map[uint64]bool, len(sess.hist)-cur+2*len(groups)+len(items))
@@ -212,6 +212,17 @@ func (s *Store) recallBlock(ctx context.Context, sess *session, um *userMem, p w
 	}
 	tk := s.tok
 	left := budget - MessageFraming - tk.Count(p.enc, recallHeader)
+	toolSeg := ""
+	if p.toolCtx != "" {
+		// The previous turn's tool context is fitted first (it is about
+		// this turn) and shown last.
+		toolSeg = toolCtxHeader + p.toolCtx + "\n"
+		if c := tk.Count(p.enc, toolSeg); c <= left {
+			left -= c
+		} else {
+			toolSeg = ""
+		}
+	}
 	kept := make([]*recallItem, 0, len(items))
 	segs := make(map[*recallItem]string, len(items))
 	days := map[string]bool{}
@@ -235,7 +246,7 @@ func (s *Store) recallBlock(ctx context.Context, sess *session, um *userMem, p w
 			segs[it] = seg
 		}
 	}
-	if len(kept) == 0 {
+	if len(kept) == 0 && toolSeg == "" {
 		return
 	}
 	slices.SortFunc(kept, func(a, b *recallItem) int {
@@ -269,6 +280,11 @@ func (s *Store) recallBlock(ctx context.Context, sess *session, um *userMem, p w
 			}
 			sess.accessDirty[u.ID] = true
 		}
+	}
+	if toolSeg != "" {
+		parts = append(parts, toolSeg)
+		w.toolCtx = true
+		s.tcs.injected.Add(1)
 	}
 	w.recall, w.recallTokens = s.assembleBlock(p.enc, parts)
 	w.recalled = len(kept)

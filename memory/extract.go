@@ -15,8 +15,10 @@ type ExtractRequest struct {
 	// Tenant and SessionID name the session; Model is the model of its
 	// latest turn (the call's model unless the Extractor overrides it).
 	Tenant, SessionID, Model string
-	// Kind is "facts" (the reply is fact operations, see ParseFactOps) or
-	// "episode" (the reply is a short summary).
+	// Kind is "facts" (the reply is fact operations, see ParseFactOps),
+	// "episode" (the reply is a short summary), "review" (one round of the
+	// memory reviewer, see ParseReview) or "tool_context" (tool calls and
+	// results condensed, see ParseToolContext).
 	Kind string
 	// Prompt is the whole prompt, sent as one user message.
 	Prompt string
@@ -43,11 +45,18 @@ type jobKind uint8
 const (
 	jobFacts jobKind = iota
 	jobEpisode
+	jobReview  // review.go
+	jobToolCtx // toolctx.go
 )
 
 func (k jobKind) String() string {
-	if k == jobEpisode {
+	switch k {
+	case jobEpisode:
 		return "episode"
+	case jobReview:
+		return "review"
+	case jobToolCtx:
+		return "tool_context"
 	}
 	return "facts"
 }
@@ -68,6 +77,9 @@ type extractJob struct {
 	prompt   string
 	enc      Encoding
 	model    string
+
+	review     *reviewTask // jobReview: the fact and what it was when queued
+	forPrepare uint64      // jobToolCtx: the Prepare the context is for
 }
 
 const (
@@ -228,6 +240,14 @@ func (s *Store) extractWorker() {
 }
 
 func (s *Store) runExtract(job *extractJob) {
+	switch job.kind {
+	case jobReview:
+		s.runReview(job)
+		return
+	case jobToolCtx:
+		s.runToolCtx(job)
+		return
+	}
 	s.stats.extractJobs.Add(1)
 	if job.kind == jobEpisode {
 		s.stats.calls[callEpisode].Add(1)

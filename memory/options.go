@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 
@@ -146,6 +147,12 @@ type Options struct {
 	// Extraction configures the sidecar's own model calls: facts,
 	// episodes, summaries.
 	Extraction ExtractionOptions
+	// Reviewer reviews facts whose importance crossed a threshold with
+	// the Extractor's model (review.go).
+	Reviewer ReviewerOptions
+	// ToolContext condenses a turn's tool calls and results for the next
+	// turn (toolctx.go).
+	ToolContext ToolContextOptions
 	// Pool bounds the tenants' shared pools.
 	Pool PoolOptions
 	// Storage bounds open files, disk use and retention, and what is kept
@@ -552,6 +559,97 @@ func (o *ExtractionOptions) validate() error {
 	return nil
 }
 
+// ReviewerOptions configure the memory reviewer (review.go): a fact whose
+// importance reaches PromoteAt or falls below DemoteBelow is reviewed by
+// the Extractor's model in the background, in up to MaxRounds calls, and
+// promoted to core, kept (importance reset to DemoteBelow) or deleted.
+// Reviews share the extraction queue and workers (Extraction.Queue,
+// Workers, Timeout per call); at most one is in flight per tenant and user.
+type ReviewerOptions struct {
+	// Enabled turns the reviewer on. It needs Extraction.Extractor.
+	Enabled bool
+	// PromoteAt: a fact whose importance reaches it is reviewed for
+	// promotion. Zero: PromoteReviewAt (2.5).
+	PromoteAt float64
+	// DemoteBelow: a fact whose importance falls below it (by decay) is
+	// reviewed; KEEP resets the importance to it. Zero: DecayReviewAt
+	// (0.5).
+	DemoteBelow float64
+	// MaxRounds bounds the model calls of one review: each may ask for a
+	// [SEARCH:keywords] of the scope's memory, the last must decide.
+	// Zero: 3.
+	MaxRounds int
+	// SearchK is how many memories one search shows the model. Zero: 5.
+	SearchK int
+	// LogSize is how many decisions a tenant and user's log keeps (the
+	// newest). Zero: 1000.
+	LogSize int
+}
+
+func (o *ReviewerOptions) ensureDefaults() {
+	if o.PromoteAt == 0 {
+		o.PromoteAt = PromoteReviewAt
+	}
+	if o.DemoteBelow == 0 {
+		o.DemoteBelow = DecayReviewAt
+	}
+	if o.MaxRounds == 0 {
+		o.MaxRounds = 3
+	}
+	if o.SearchK == 0 {
+		o.SearchK = 5
+	}
+	if o.LogSize == 0 {
+		o.LogSize = 1000
+	}
+}
+
+func (o *ReviewerOptions) validate() error {
+	if !(o.DemoteBelow > 0 && o.DemoteBelow < o.PromoteAt) || math.IsInf(o.PromoteAt, 0) {
+		return fmt.Errorf("memory: Reviewer thresholds: want 0 < DemoteBelow (%v) < PromoteAt (%v)", o.DemoteBelow, o.PromoteAt)
+	}
+	if o.MaxRounds < 1 || o.MaxRounds > 10 {
+		return fmt.Errorf("memory: Reviewer.MaxRounds %d not in [1, 10]", o.MaxRounds)
+	}
+	if o.SearchK < 1 || o.SearchK > 50 || o.LogSize < 1 {
+		return errors.New("memory: Reviewer.SearchK must be in [1, 50] and LogSize positive")
+	}
+	return nil
+}
+
+// ToolContextOptions configure tool-result context (toolctx.go): the tool
+// calls and results a request brings are condensed in the background into
+// one or two sentences, shown in the recall block of the session's next
+// turn only (within Recall.Share), never stored. The condensing call shares
+// the extraction queue and workers.
+type ToolContextOptions struct {
+	// Enabled turns it on. It needs Extraction.Extractor and recall
+	// (Recall.Share ≥ 0).
+	Enabled bool
+	// MaxBytes caps the condensed text; a longer answer is rejected, not
+	// cut. Zero: 400.
+	MaxBytes int
+	// PromptBytes bounds the tool calls and results one prompt carries
+	// (each message is cut to a share of it). Zero: 8 KiB.
+	PromptBytes int
+}
+
+func (o *ToolContextOptions) ensureDefaults() {
+	if o.MaxBytes == 0 {
+		o.MaxBytes = 400
+	}
+	if o.PromptBytes == 0 {
+		o.PromptBytes = 8 << 10
+	}
+}
+
+func (o *ToolContextOptions) validate() error {
+	if o.MaxBytes < 16 || o.MaxBytes > 4096 || o.PromptBytes < 256 {
+		return fmt.Errorf("memory: ToolContext.MaxBytes %d not in [16, 4096] or PromptBytes %d below 256", o.MaxBytes, o.PromptBytes)
+	}
+	return nil
+}
+
 // PoolOptions bound the tenants' shared pools.
 type PoolOptions struct {
 	// MaxValueBytes bounds a pool entry's value (JSON). Zero: 1 MiB.
@@ -607,6 +705,8 @@ func (o *Options) EnsureDefaults() *Options {
 	o.Recall.ensureDefaults(o.Clock)
 	o.Decay.ensureDefaults()
 	o.Extraction.ensureDefaults()
+	o.Reviewer.ensureDefaults()
+	o.ToolContext.ensureDefaults()
 	o.Pool.ensureDefaults()
 	o.Storage.setDefaults()
 	return o
@@ -627,7 +727,7 @@ func (o *Options) Validate() error {
 		return errors.New("memory: sizes must not be negative")
 	}
 	return errors.Join(o.Window.validate(o.Recall.share()), o.Recall.validate(), o.Decay.validate(),
-		o.Extraction.validate(), o.Pool.validate(), o.Storage.validate())
+		o.Extraction.validate(), o.Reviewer.validate(), o.ToolContext.validate(), o.Pool.validate(), o.Storage.validate())
 }
 
 // lookupModel finds model in m: exact key first, then the longest key

@@ -204,6 +204,9 @@ type session struct {
 	seqDirty                        bool // factSeq or episodeSeq not yet written
 	decayDirty                      bool // lastDecay not yet written
 
+	rv sessReview  // the memory reviewer's state (review.go)
+	tc sessToolCtx // tool-result context (toolctx.go)
+
 	// sharedN is the length of the shared log (Options.SharedLog) that the
 	// state reflects; -1 when unknown (loaded from disk, or new here).
 	sharedN int64

@@ -100,6 +100,9 @@ type Store struct {
 	// protects the map.
 	users map[string]*userMem
 
+	rev reviewer    // the memory reviewer's decisions logs and counters (review.go)
+	tcs toolCtxStat // tool-result context counters (toolctx.go)
+
 	stats storeStats
 }
 
@@ -213,6 +216,9 @@ type Stats struct {
 	// summaries, window summaries (StrategySummary). Background calls per
 	// client turn = their sum / Completes.
 	FactCalls, EpisodeCalls, SummaryCalls int64
+
+	ReviewStats      // the memory reviewer (review.go)
+	ToolContextStats // tool-result context (toolctx.go)
 }
 
 // Open opens (creating if needed) the store rooted at opts.Dir and starts
@@ -326,7 +332,7 @@ func (s *Store) Shutdown(ctx context.Context) error {
 		}
 		s.saveUser(um, true)
 	}
-	errs = append(errs, s.closePools())
+	errs = append(errs, s.closePools(), s.closeReviewLogs())
 	skipped := 0
 	for _, sess := range loaded {
 		if !lockCtx(ctx, &sess.mu) {
@@ -462,6 +468,7 @@ func (s *Store) Stats() Stats {
 	out.FullNamed, out.FullDetected = st.modes[0][0].Load(), st.modes[0][1].Load()
 	out.AppendNamed, out.AppendDetected = st.modes[1][0].Load(), st.modes[1][1].Load()
 	out.FactCalls, out.EpisodeCalls, out.SummaryCalls = st.calls[callFacts].Load(), st.calls[callEpisode].Load(), st.calls[callSummary].Load()
+	out.ReviewStats, out.ToolContextStats = s.rev.stats(), s.tcs.stats()
 	return out
 }
 

@@ -333,7 +333,8 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	st.User = sess.user
 
 	s.maybeDecayLocked(sess, now)
-	w, err := s.buildWindow(ctx, sess, um, windowParams{enc: enc, limit: limit, tools: req.ToolsTokens, strategy: s.opts.Window.Strategy, now: now})
+	toolCtx := s.toolTurnLocked(sess, p.add)
+	w, err := s.buildWindow(ctx, sess, um, windowParams{enc: enc, limit: limit, tools: req.ToolsTokens, strategy: s.opts.Window.Strategy, now: now, toolCtx: toolCtx})
 	if err != nil {
 		return nil, err
 	}

@@ -36,6 +36,7 @@ type window struct {
 	crossSession int
 	summaries    int
 	recallMode   string
+	toolCtx      bool // the recall block shows the previous turn's tool context
 }
 
 // group is a span of history dropped or kept as a whole: a turn, from a
@@ -56,6 +57,9 @@ type windowParams struct {
 	tools    int
 	strategy Strategy
 	now      time.Time
+	// toolCtx is the condensed tool context to show in the recall block
+	// (toolctx.go), "" for none.
+	toolCtx string
 }
 
 // budget is how the limit is shared out for one window.

@@ -94,6 +94,8 @@ func (s *Store) sync(sess *session) {
 	s.persistLocked(sess, now)
 	s.maybeSummarizeLocked(sess)
 	s.maybeExtractLocked(sess)
+	s.maybeReviewLocked(sess)
+	s.maybeToolCtxLocked(sess)
 	sess.mu.Unlock()
 	s.syncIndex(sess, false)
 	s.syncUser(sess)

@@ -1,0 +1,657 @@
+package memory
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/internal/durable"
+)
+
+// The memory reviewer. A fact whose importance reaches Reviewer.PromoteAt
+// (boosts, an operator's edit) or falls below Reviewer.DemoteBelow (decay)
+// is reviewed by the Extractor's model in the background: up to
+// Reviewer.MaxRounds calls, each answering exactly one line (ParseReview):
+// [SEARCH:keywords] (the reviewer searches the scope's memory, lexically,
+// and shows the hits in the next round), or a verdict — [PROMOTE] (the
+// fact becomes core), [KEEP] (its importance is reset to DemoteBelow) or
+// [DELETE] (deleted through deleteUnitLocked, like every deletion). Anything
+// else ends the review as "malformed", a search in the last round as
+// "undecided", and a verdict about a fact that changed (or was deleted)
+// since the review was queued as "stale": none of them changes anything.
+//
+// Reviews run as extraction jobs (the same queue, workers, timeout and
+// Extractor; Close cancels and waits for them), never on the request path.
+// The worker queues one after a session's sync when a fact crossed a
+// threshold, at most one in flight per tenant and user; a fact is not
+// reviewed twice in the same state (sessReview.seen). Every outcome is
+// appended to the decisions log of the tenant and user,
+// <tenant>/users/<hash>.rev: a store log (framed, checksummed records after
+// a meta record naming the scope), compacted to the newest Reviewer.LogSize
+// decisions when it holds twice as many. Reviews serves it.
+
+// Review decisions.
+const (
+	ReviewPromote   = "promote"   // the fact became core
+	ReviewKeep      = "keep"      // importance reset to Reviewer.DemoteBelow
+	ReviewDelete    = "delete"    // the fact was deleted
+	ReviewMalformed = "malformed" // the model's answer broke the format: nothing changed
+	ReviewUndecided = "undecided" // no verdict within MaxRounds: nothing changed
+	ReviewStale     = "stale"     // the fact changed meanwhile: the verdict was not applied
+)
+
+// Review is one outcome of the memory reviewer, as its decisions log keeps
+// it. Only promote, keep and delete changed the fact.
+type Review struct {
+	FactID  string `json:"fact_id"`
+	Session string `json:"session"`
+	// Decision is one of the Review… constants.
+	Decision string `json:"decision"`
+	// Trigger is "promote" (importance reached PromoteAt) or "demote"
+	// (importance fell below DemoteBelow).
+	Trigger string    `json:"trigger"`
+	Rounds  int       `json:"rounds"`
+	At      time.Time `json:"at"`
+	// Reason is the model's reason, or why nothing was applied.
+	Reason string `json:"reason"`
+}
+
+// ReviewStats count the reviewer's work (Stats embeds them).
+type ReviewStats struct {
+	Reviews          int64 // reviews finished
+	ReviewCalls      int64 // model calls made by reviews (rounds)
+	ReviewsPromoted  int64
+	ReviewsKept      int64
+	ReviewsDeleted   int64
+	ReviewsMalformed int64 // answers that broke the format
+	ReviewsUndecided int64 // reviews out of rounds
+	ReviewsStale     int64 // verdicts not applied: the fact changed meanwhile
+	ReviewErrors     int64 // Extractor calls that failed (nothing changed, not logged)
+	ReviewsDropped   int64 // reviews not queued: the extraction queue was full
+}
+
+// reviewer is the Store's reviewer state.
+type reviewer struct {
+	// mu protects the fields below.
+	mu       sync.Mutex
+	inflight map[string]bool       // scopes (tenant "\x00" user) with a review queued or running
+	logs     map[string]*reviewLog // loaded decisions logs by scope
+	closed   bool
+
+	reviews, calls, errs, dropped atomic.Int64
+	by                            [6]atomic.Int64 // by decision, in reviewDecisions order
+}
+
+var reviewDecisions = [...]string{ReviewPromote, ReviewKeep, ReviewDelete, ReviewMalformed, ReviewUndecided, ReviewStale}
+
+func (r *reviewer) stats() ReviewStats {
+	return ReviewStats{Reviews: r.reviews.Load(), ReviewCalls: r.calls.Load(), ReviewErrors: r.errs.Load(), ReviewsDropped: r.dropped.Load(),
+		ReviewsPromoted: r.by[0].Load(), ReviewsKept: r.by[1].Load(), ReviewsDeleted: r.by[2].Load(),
+		ReviewsMalformed: r.by[3].Load(), ReviewsUndecided: r.by[4].Load(), ReviewsStale: r.by[5].Load()}
+}
+
+// sessReview is a session's reviewer state (in memory only: after a
+// restart a fact still past a threshold is reviewed once more).
+type sessReview struct {
+	// seen maps a fact id to its UpdatedAt when it was last queued: a fact
+	// is reviewed again only once it changed.
+	seen map[string]time.Time
+}
+
+// reviewTask is the fact a review is about, as it was when queued.
+type reviewTask struct {
+	id, trigger string
+	content     string
+	category    Category
+	importance  float64
+	updated     time.Time
+	created     time.Time
+}
+
+func reviewScope(tenant, user string) string { return tenant + "\x00" + user }
+
+// reviewTrigger reports why u is due for review ("" if it is not).
+func (s *Store) reviewTrigger(u *Unit) string {
+	o := &s.opts.Reviewer
+	switch {
+	case u.Category != CategoryFact:
+	case u.Importance >= o.PromoteAt:
+		return "promote"
+	case u.Importance < o.DemoteBelow:
+		return "demote"
+	}
+	return ""
+}
+
+// maybeReviewLocked queues a review of the session's first fact (by id)
+// past a threshold, unless the scope has one in flight. Called with
+// sess.mu held, from the worker.
+func (s *Store) maybeReviewLocked(sess *session) {
+	if !s.opts.Reviewer.Enabled || s.opts.Extraction.Extractor == nil || s.ctx.Err() != nil {
+		return
+	}
+	var task *reviewTask
+	for _, u := range sess.sortedUnits() {
+		tr := s.reviewTrigger(u)
+		if tr == "" {
+			continue
+		}
+		if at, ok := sess.rv.seen[u.ID]; ok && at.Equal(u.UpdatedAt) {
+			continue
+		}
+		task = &reviewTask{id: u.ID, trigger: tr, content: u.Content, category: u.Category, importance: u.Importance,
+			updated: u.UpdatedAt, created: u.CreatedAt}
+		break
+	}
+	if task == nil {
+		return
+	}
+	scope := reviewScope(sess.tenant, sess.user)
+	r := &s.rev
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.inflight[scope] || r.closed {
+		return
+	}
+	select {
+	case s.extractQ <- &extractJob{sess: sess, kind: jobReview, review: task, model: sess.lastModel, enc: sess.lastEnc}:
+		if r.inflight == nil {
+			r.inflight = map[string]bool{}
+		}
+		r.inflight[scope] = true
+		if sess.rv.seen == nil {
+			sess.rv.seen = map[string]time.Time{}
+		}
+		sess.rv.seen[task.id] = task.updated
+	default:
+		r.dropped.Add(1) // the next sync tries again
+	}
+}
+
+// runReview runs one review to its outcome and logs it.
+func (s *Store) runReview(job *extractJob) {
+	sess, task := job.sess, job.review
+	scope := reviewScope(sess.tenant, sess.user)
+	defer func() {
+		s.rev.mu.Lock()
+		delete(s.rev.inflight, scope)
+		s.rev.mu.Unlock()
+		s.enqueue(sess) // the next fact due, if any
+	}()
+	rev := Review{FactID: task.id, Session: sess.id, Trigger: task.trigger}
+	var searches strings.Builder
+	var step ReviewStep
+	for round := 1; ; round++ {
+		rev.Rounds = round
+		s.rev.calls.Add(1)
+		ctx, cancel := context.WithTimeout(s.ctx, s.opts.Extraction.Timeout)
+		out, err := s.opts.Extraction.Extractor.Extract(ctx, ExtractRequest{Tenant: sess.tenant, SessionID: sess.id, Model: job.model,
+			Kind: jobReview.String(), Prompt: s.reviewPrompt(task, round, searches.String())})
+		cancel()
+		if err != nil {
+			s.rev.errs.Add(1)
+			s.opts.Logger.Warn("memory: review", "session", sess.id, "fact", task.id, "err", err)
+			return // nothing decided; the fact is reviewed again once it changes
+		}
+		if step, err = ParseReview(out); err != nil {
+			rev.Decision, rev.Reason = ReviewMalformed, err.Error()
+			break
+		}
+		if step.Kind != ReviewSearch {
+			break
+		}
+		if round >= s.opts.Reviewer.MaxRounds {
+			rev.Decision, rev.Reason = ReviewUndecided, fmt.Sprintf("still searching after %d rounds", round)
+			break
+		}
+		fmt.Fprintf(&searches, "[SEARCH:%s] found:\n%s", step.Keywords, s.reviewSearch(sess, task.id, step.Keywords))
+	}
+	if rev.Decision == "" {
+		rev.Decision, rev.Reason = s.applyReview(sess, task, step)
+	}
+	s.logReview(sess, rev)
+}
+
+// reviewSearch searches the session's and its user's memory for keywords
+// (lexically: the keywords are words, and no embedding call is made).
+func (s *Store) reviewSearch(sess *session, self, keywords string) string {
+	um := s.userFor(sess, "")
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	if sess.gone.Load() || !sess.exists {
+		return "(nothing)\n"
+	}
+	items := s.searchAll(s.ctx, sess, um, recallQuery{text: keywords, focus: keywords}, s.opts.Reviewer.SearchK, index.ModeBM25, map[string]bool{self: true})
+	var b strings.Builder
+	for _, it := range items {
+		role := it.role
+		if role == "" {
+			role = "memory"
+		}
+		fmt.Fprintf(&b, "- %s: %s\n", role, sanitizeText(it.text, maxReviewShownBytes))
+	}
+	if b.Len() == 0 {
+		return "(nothing)\n"
+	}
+	return b.String()
+}
+
+// applyReview applies a verdict unless the fact changed since the review
+// was queued; it returns the decision and its reason.
+func (s *Store) applyReview(sess *session, task *reviewTask, step ReviewStep) (string, string) {
+	sess.mu.Lock()
+	u := sess.units[task.id]
+	if sess.gone.Load() || !sess.exists || u == nil || !u.UpdatedAt.Equal(task.updated) || u.Content != task.content || u.Category != task.category {
+		sess.mu.Unlock()
+		return ReviewStale, fmt.Sprintf("%s not applied: the fact changed or was deleted since the review was queued", step.Kind)
+	}
+	now := s.opts.Clock.Now()
+	switch step.Kind {
+	case ReviewPromote:
+		c := CategoryCore
+		s.editLocked(sess, u, MemoryEdit{Category: &c}, "", now)
+	case ReviewKeep:
+		imp := s.opts.Reviewer.DemoteBelow
+		s.editLocked(sess, u, MemoryEdit{Importance: &imp}, "", now)
+	case ReviewDelete:
+		s.deleteUnitLocked(sess, task.id)
+	}
+	s.persistLocked(sess, now)
+	sess.mu.Unlock()
+	return step.Kind, step.Reason
+}
+
+// reviewPrompt is the prompt of one round.
+func (s *Store) reviewPrompt(task *reviewTask, round int, searches string) string {
+	var b strings.Builder
+	b.WriteString("You review one memory in an assistant's long-term memory about a user.\n\n")
+	fmt.Fprintf(&b, "Memory [%s], importance %.2f, created %s:\n%s\n\n", task.id, task.importance,
+		task.created.UTC().Format(blockTimeLayout), sanitizeText(task.content, maxFactBytes))
+	if task.trigger == "promote" {
+		b.WriteString("It was confirmed often: decide whether it becomes a core memory, shown to the assistant in every conversation.\n")
+	} else {
+		b.WriteString("It has not been used for a long time and is fading: decide whether it is still worth keeping.\n")
+	}
+	if searches != "" {
+		b.WriteString("\nYour searches so far:\n")
+		b.WriteString(searches)
+	}
+	left := s.opts.Reviewer.MaxRounds - round
+	fmt.Fprintf(&b, "\nAnswer with exactly one line, nothing else:\n"+
+		"[PROMOTE] <short reason>   make it a core memory (a lasting, important fact about the user)\n"+
+		"[KEEP] <short reason>      keep it as an ordinary memory\n"+
+		"[DELETE] <short reason>    delete it (wrong, outdated, duplicated or worthless)\n")
+	if left > 0 {
+		fmt.Fprintf(&b, "[SEARCH:<keywords>]        first look up related memories (%d searches left)\n", left)
+	} else {
+		b.WriteString("This is the last round: decide now.\n")
+	}
+	return b.String()
+}
+
+// Review answers: a verdict or a search.
+const (
+	ReviewSearch = "search"
+)
+
+// ReviewStep is one parsed answer of the reviewer's model. Kind is
+// ReviewPromote, ReviewKeep, ReviewDelete (Reason: the model's, possibly
+// empty) or ReviewSearch (Keywords).
+type ReviewStep struct {
+	Kind     string
+	Keywords string
+	Reason   string
+}
+
+// Limits of the review parser.
+const (
+	maxReviewOutput     = 2048 // the whole answer
+	maxReviewReason     = 300
+	maxReviewKeywords   = 200
+	maxReviewShownBytes = 300 // one search hit shown to the model
+)
+
+// ParseReview parses one answer of the reviewer's model strictly: after
+// trimming white space it must be exactly one line, and that line exactly
+// one of "[PROMOTE]", "[KEEP]" or "[DELETE]", each optionally followed by a
+// space and a reason (1–300 bytes, no brackets, no control or format
+// characters), or "[SEARCH:keywords]" with nothing after it (keywords:
+// 1–200 bytes, no brackets, no control or format characters). Anything
+// else — other text, a second line, two tags, a verdict with a search, an
+// unknown or lower-case tag, more than 2 KiB — is an error wrapping
+// ErrInvalid.
+func ParseReview(out string) (ReviewStep, error) {
+	bad := func(format string, a ...any) (ReviewStep, error) {
+		return ReviewStep{}, fmt.Errorf("%w: review: "+format, append([]any{ErrInvalid}, a...)...)
+	}
+	if len(out) > maxReviewOutput {
+		return bad("answer of %d bytes", len(out))
+	}
+	if !utf8.ValidString(out) {
+		return bad("invalid UTF-8")
+	}
+	line := strings.TrimSpace(out)
+	if line == "" {
+		return bad("empty answer")
+	}
+	if strings.ContainsAny(line, "\r\n\u2028\u2029") {
+		return bad("more than one line")
+	}
+	if line[0] != '[' {
+		return bad("does not start with a tag: %q", truncateRunes(line, 80))
+	}
+	end := strings.IndexByte(line, ']')
+	if end < 0 {
+		return bad("unterminated tag")
+	}
+	tag, rest := line[1:end], line[end+1:]
+	if kw, ok := strings.CutPrefix(tag, "SEARCH:"); ok {
+		if rest != "" {
+			return bad("text after a search")
+		}
+		kw = strings.TrimSpace(kw)
+		if err := reviewText(kw, maxReviewKeywords); err != nil {
+			return bad("keywords: %v", err)
+		}
+		return ReviewStep{Kind: ReviewSearch, Keywords: kw}, nil
+	}
+	var st ReviewStep
+	switch tag {
+	case "PROMOTE":
+		st.Kind = ReviewPromote
+	case "KEEP":
+		st.Kind = ReviewKeep
+	case "DELETE":
+		st.Kind = ReviewDelete
+	default:
+		return bad("unknown tag %q", truncateRunes(tag, 40))
+	}
+	if rest != "" {
+		if rest[0] != ' ' {
+			return bad("%s needs a space before its reason", tag)
+		}
+		st.Reason = strings.TrimSpace(rest)
+		if err := reviewText(st.Reason, maxReviewReason); err != nil {
+			return bad("reason: %v", err)
+		}
+	}
+	return st, nil
+}
+
+// reviewText checks keywords or a reason.
+func reviewText(t string, maxBytes int) error {
+	if t == "" {
+		return errors.New("empty")
+	}
+	if len(t) > maxBytes {
+		return fmt.Errorf("%d bytes (max %d)", len(t), maxBytes)
+	}
+	if strings.ContainsAny(t, "[]") {
+		return errors.New("contains a bracket (a second tag?)")
+	}
+	for _, r := range t {
+		if unsafeRune(r) {
+			return fmt.Errorf("control or format character %U", r)
+		}
+	}
+	return nil
+}
+
+// The decisions log.
+
+// reviewLog is one tenant and user's decisions log.
+type reviewLog struct {
+	tenant, user, path string
+
+	loadOnce sync.Once
+	loadErr  error
+
+	// mu protects the fields below.
+	mu      sync.Mutex
+	log     *logFile // nil until the first decision is written
+	entries []Review // oldest first, at most Reviewer.LogSize
+	records int      // decision records in the file
+	closed  bool
+}
+
+type reviewRecord struct {
+	K      string  `json:"k"` // "meta" or "review"
+	V      int     `json:"v,omitempty"`
+	Tenant string  `json:"tenant,omitempty"`
+	User   string  `json:"user,omitempty"`
+	Review *Review `json:"review,omitempty"`
+}
+
+func reviewLogPath(root, tenant, user string) string {
+	h := sha256.Sum256([]byte("review\x00" + tenant + "\x00" + user))
+	return filepath.Join(tenantDir(root, tenant), "users", hex.EncodeToString(h[:16])+".rev")
+}
+
+// reviewLogFor returns the scope's loaded log.
+func (s *Store) reviewLogFor(tenant, user string) (*reviewLog, error) {
+	scope := reviewScope(tenant, user)
+	r := &s.rev
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil, ErrClosed
+	}
+	l := r.logs[scope]
+	if l == nil {
+		if r.logs == nil {
+			r.logs = map[string]*reviewLog{}
+		}
+		l = &reviewLog{tenant: tenant, user: user, path: reviewLogPath(s.opts.Dir, tenant, user)}
+		r.logs[scope] = l
+	}
+	r.mu.Unlock()
+	l.loadOnce.Do(func() { l.loadErr = s.loadReviewLog(l) })
+	if l.loadErr != nil {
+		r.mu.Lock()
+		if r.logs[scope] == l {
+			delete(r.logs, scope)
+		}
+		r.mu.Unlock()
+		return nil, l.loadErr
+	}
+	return l, nil
+}
+
+func (s *Store) loadReviewLog(l *reviewLog) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	first, foreign, rejected := true, false, 0
+	lf, rep, err := s.openLog(l.path, func(b []byte) {
+		isFirst := first
+		first = false
+		var r reviewRecord
+		if foreign || json.Unmarshal(b, &r) != nil {
+			rejected++
+			return
+		}
+		switch {
+		case r.K == "meta":
+			foreign = isFirst && (r.Tenant != l.tenant || r.User != l.user)
+		case r.K == "review" && r.Review != nil:
+			l.add(*r.Review, s.opts.Reviewer.LogSize)
+			l.records++
+		default:
+			rejected++
+		}
+	})
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if rep.Repaired() || rejected > 0 {
+		s.stats.quarantined.Add(1)
+		s.stats.recordsLost.Add(int64(rep.Damaged + rejected))
+		s.opts.Logger.Warn("memory: repaired a damaged review log", "file", filepath.Base(l.path), "damaged", rep.Damaged, "rejected", rejected)
+	}
+	switch {
+	case foreign:
+		lf.close()
+		l.entries, l.records = nil, 0
+		if _, err := durable.Quarantine(l.path, s.quarantine, s.opts.Clock.Now()); err != nil {
+			return fmt.Errorf("memory: quarantine foreign review log: %w", err)
+		}
+		return nil
+	case rep.Records == 0:
+		lf.close()
+		return os.Remove(l.path)
+	}
+	l.log = lf
+	return nil
+}
+
+// add appends a decision, keeping the newest max.
+func (l *reviewLog) add(r Review, max int) {
+	l.entries = append(l.entries, r)
+	if over := len(l.entries) - max; over > 0 {
+		l.entries = append(l.entries[:0], l.entries[over:]...)
+	}
+}
+
+// logReview counts a review's outcome and appends it to its scope's log.
+func (s *Store) logReview(sess *session, rev Review) {
+	rev.At = s.opts.Clock.Now()
+	rev.Reason = sanitizeText(rev.Reason, maxReviewReason)
+	s.rev.reviews.Add(1)
+	for i, d := range reviewDecisions {
+		if d == rev.Decision {
+			s.rev.by[i].Add(1)
+		}
+	}
+	s.opts.Logger.Info("memory: review", "session", sess.id, "fact", rev.FactID, "decision", rev.Decision, "rounds", rev.Rounds, "reason", rev.Reason)
+	l, err := s.reviewLogFor(sess.tenant, sess.user)
+	if err == nil {
+		err = s.writeReview(l, rev)
+	}
+	if err != nil {
+		s.stats.writeErrors.Add(1)
+		s.opts.Logger.Warn("memory: write review decision", "session", sess.id, "err", err)
+	}
+}
+
+func (s *Store) writeReview(l *reviewLog, rev Review) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	b, err := json.Marshal(&reviewRecord{K: "review", Review: &rev})
+	if err != nil {
+		return fmt.Errorf("memory: encode review: %w", err)
+	}
+	if l.log == nil {
+		meta, err := json.Marshal(&reviewRecord{K: "meta", V: 1, Tenant: l.tenant, User: l.user})
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(filepath.Dir(l.path), 0o755); err != nil {
+			return fmt.Errorf("memory: review log folder: %w", err)
+		}
+		if l.log, err = s.createLog(l.path, appendRecord(nil, meta)); err != nil {
+			return err
+		}
+	}
+	if err := l.log.append(appendRecord(nil, b)); err != nil {
+		return err
+	}
+	l.add(rev, s.opts.Reviewer.LogSize)
+	l.records++
+	if l.records > 2*s.opts.Reviewer.LogSize {
+		return s.compactReviewLogLocked(l)
+	}
+	return nil
+}
+
+// compactReviewLogLocked rewrites the log with the decisions kept,
+// atomically; on error the old log stays in use.
+func (s *Store) compactReviewLogLocked(l *reviewLog) error {
+	meta, err := json.Marshal(&reviewRecord{K: "meta", V: 1, Tenant: l.tenant, User: l.user})
+	if err != nil {
+		return err
+	}
+	image := appendRecord(append([]byte(nil), logMagic...), meta)
+	for i := range l.entries {
+		b, err := json.Marshal(&reviewRecord{K: "review", Review: &l.entries[i]})
+		if err != nil {
+			return err
+		}
+		image = appendRecord(image, b)
+	}
+	if err := l.log.close(); err != nil {
+		return err
+	}
+	l.log = nil
+	if err := durable.WriteFile(l.path, image); err != nil {
+		s.opts.Logger.Warn("memory: compact review log", "err", err)
+	}
+	nl, _, err := s.openLog(l.path, func([]byte) {})
+	if err != nil {
+		return err
+	}
+	l.log, l.records = nl, len(l.entries)
+	return nil
+}
+
+// Reviews returns the memory reviewer's decisions about the facts of a
+// tenant's user ("" is the tenant's default user), newest first, at most
+// limit (limit ≤ 0: Reviewer.LogSize). The result is a copy. A scope
+// without decisions has none (no error); a closed store is ErrClosed. It
+// reads this machine's log: in a fleet, each replica reviews the sessions
+// it serves.
+func (s *Store) Reviews(tenant, user string, limit int) ([]Review, error) {
+	if limit <= 0 {
+		limit = s.opts.Reviewer.LogSize
+	}
+	l, err := s.reviewLogFor(tenant, user)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]Review, 0, min(limit, len(l.entries)))
+	for i := len(l.entries) - 1; i >= 0 && len(out) < limit; i-- {
+		out = append(out, l.entries[i])
+	}
+	return out, nil
+}
+
+// closeReviewLogs closes every decisions log (Shutdown, after the
+// extraction workers stopped).
+func (s *Store) closeReviewLogs() error {
+	s.rev.mu.Lock()
+	s.rev.closed = true
+	logs := make([]*reviewLog, 0, len(s.rev.logs))
+	for _, l := range s.rev.logs {
+		logs = append(logs, l)
+	}
+	s.rev.mu.Unlock()
+	var errs []error
+	for _, l := range logs {
+		l.mu.Lock()
+		l.closed = true
+		if l.log != nil {
+			errs = append(errs, l.log.close())
+			l.log = nil
+		}
+		l.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,192 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+)
+
+// Tool-result context. When a request brings tool results (OpenAI "tool"
+// messages, or legacy "function" ones) with the assistant's tool_calls,
+// those calls and results are condensed after the turn completes, in the
+// background, by the Extractor's model ("tool_context" jobs on the
+// extraction queue), into one or two sentences (ParseToolContext:
+// sanitized, at most ToolContext.MaxBytes, else rejected). The sentences
+// are shown in the recall block of the session's next Prepare only —
+// within the block's share of the window, after the recalled memories —
+// and then dropped: never a unit, never indexed, never in the log. When
+// the condensing fails, is malformed or is not back before the next turn
+// is prepared, nothing is shown. The tool messages themselves are recorded
+// and windowed like every message.
+
+// ToolContextStats count tool-result context (Stats embeds them).
+type ToolContextStats struct {
+	ToolContextCalls    int64 // condensing calls made
+	ToolContextInjected int64 // condensed contexts shown in a next turn
+	ToolContextRejected int64 // answers rejected (malformed, too long) or failed calls
+	ToolContextLate     int64 // contexts ready after the next turn was prepared (dropped)
+	ToolContextDropped  int64 // condensing jobs not queued: the extraction queue was full
+}
+
+// toolCtxStat are the Store's counters.
+type toolCtxStat struct {
+	calls, injected, rejected, late, dropped atomic.Int64
+}
+
+func (t *toolCtxStat) stats() ToolContextStats {
+	return ToolContextStats{ToolContextCalls: t.calls.Load(), ToolContextInjected: t.injected.Load(),
+		ToolContextRejected: t.rejected.Load(), ToolContextLate: t.late.Load(), ToolContextDropped: t.dropped.Load()}
+}
+
+// sessToolCtx is a session's tool-result context, in memory only.
+type sessToolCtx struct {
+	prepares   uint64   // Prepare calls since load
+	src        []*entry // the tool calls and results of the Prepare numbered srcPrepare
+	srcPrepare uint64
+	text       string // condensed context for the Prepare numbered forPrepare
+	forPrepare uint64
+}
+
+// toolTurnLocked is called by each Prepare before the window is built: it
+// returns the condensed context to show in this turn (and forgets it), and
+// keeps this request's tool calls and results for condensing. Called with
+// sess.mu held.
+func (s *Store) toolTurnLocked(sess *session, add []*entry) string {
+	tc := &sess.tc
+	show := ""
+	if tc.text != "" && tc.forPrepare == tc.prepares {
+		show = tc.text
+	}
+	tc.text = ""
+	tc.prepares++
+	tc.src = nil
+	if !s.opts.ToolContext.Enabled || s.opts.Extraction.Extractor == nil {
+		return show
+	}
+	results := false
+	var src []*entry
+	for _, e := range add {
+		switch {
+		case e.msg.Role == "tool" || e.msg.Role == "function":
+			results = true
+			src = append(src, e)
+		case e.msg.Role == "assistant" && e.msg.toolText != "":
+			src = append(src, e)
+		}
+	}
+	if results {
+		tc.src, tc.srcPrepare = src, tc.prepares
+	}
+	return show
+}
+
+// maybeToolCtxLocked queues the condensing of the last request's tool
+// calls and results once its turn finished (and no later one started).
+// Called with sess.mu held, from the worker.
+func (s *Store) maybeToolCtxLocked(sess *session) {
+	tc := &sess.tc
+	if tc.src == nil || sess.pending != nil || s.ctx.Err() != nil {
+		return
+	}
+	src := tc.src
+	tc.src = nil
+	if tc.srcPrepare != tc.prepares {
+		return // a later turn already started
+	}
+	job := &extractJob{sess: sess, kind: jobToolCtx, prompt: s.toolCtxPrompt(src), model: sess.lastModel, enc: sess.lastEnc, forPrepare: tc.prepares}
+	select {
+	case s.extractQ <- job:
+	default:
+		s.tcs.dropped.Add(1)
+	}
+}
+
+// toolCtxPrompt is the condensing prompt; each message gets an equal share
+// of ToolContext.PromptBytes.
+func (s *Store) toolCtxPrompt(src []*entry) string {
+	per := max(s.opts.ToolContext.PromptBytes/max(len(src), 1), 64)
+	var b strings.Builder
+	b.WriteString("An assistant called tools for a user. Condense the tool calls and their results below into one or two " +
+		"short sentences of context for the assistant's next reply: which tools were used and what they returned that " +
+		"matters. Reply with the sentences only, or [SKIP] if nothing matters.\n\n")
+	for _, e := range src {
+		if e.msg.Role == "assistant" {
+			b.WriteString("assistant called: ")
+			b.WriteString(sanitizeText(e.msg.toolText, per))
+		} else {
+			b.WriteString("tool result")
+			if n := sanitizeText(e.msg.Name, 64); n != "" {
+				b.WriteString(" (" + n + ")")
+			}
+			b.WriteString(": ")
+			b.WriteString(sanitizeText(e.msg.Content, per))
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// runToolCtx makes one condensing call and keeps its answer for the
+// session's next Prepare.
+func (s *Store) runToolCtx(job *extractJob) {
+	s.tcs.calls.Add(1)
+	sess := job.sess
+	ctx, cancel := context.WithTimeout(s.ctx, s.opts.Extraction.Timeout)
+	out, err := s.opts.Extraction.Extractor.Extract(ctx, ExtractRequest{Tenant: sess.tenant, SessionID: sess.id, Model: job.model,
+		Kind: jobToolCtx.String(), Prompt: job.prompt})
+	cancel()
+	text := ""
+	if err == nil {
+		text, err = ParseToolContext(out, s.opts.ToolContext.MaxBytes)
+	}
+	if err != nil {
+		s.tcs.rejected.Add(1)
+		s.opts.Logger.Warn("memory: tool context", "session", sess.id, "err", err)
+		return
+	}
+	if text == "" {
+		return // [SKIP]
+	}
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	if sess.gone.Load() || sess.tc.prepares != job.forPrepare {
+		s.tcs.late.Add(1)
+		return
+	}
+	sess.tc.text, sess.tc.forPrepare = text, job.forPrepare
+}
+
+// toolCtxMarkers are the tags a condensed context may not contain.
+var toolCtxMarkers = append([]string{"[SEARCH", "[PROMOTE", "[KEEP"}, opMarkers...)
+
+// toolCtxHeader introduces the condensed context in the recall block.
+const toolCtxHeader = "From the tools used in the previous turn: "
+
+// ParseToolContext checks a condensing answer: "[SKIP]" is nothing ("",
+// nil); otherwise the text, sanitized (valid UTF-8, control and format
+// characters and runs of white space folded into one space), must be
+// non-empty, at most maxBytes, and free of memory-operation tags. Anything
+// else is an error wrapping ErrInvalid: the answer is dropped, never cut.
+func ParseToolContext(out string, maxBytes int) (string, error) {
+	if len(out) > 4*maxBytes {
+		return "", fmt.Errorf("%w: tool context: answer of %d bytes (max %d)", ErrInvalid, len(out), maxBytes)
+	}
+	t := sanitizeText(out, 4*maxBytes)
+	if t == "[SKIP]" {
+		return "", nil
+	}
+	if t == "" {
+		return "", fmt.Errorf("%w: tool context: empty answer", ErrInvalid)
+	}
+	if len(t) > maxBytes {
+		return "", fmt.Errorf("%w: tool context: %d bytes (max %d)", ErrInvalid, len(t), maxBytes)
+	}
+	upper := strings.ToUpper(t)
+	for _, m := range toolCtxMarkers {
+		if strings.Contains(upper, m) {
+			return "", fmt.Errorf("%w: tool context: contains a tag %s]", ErrInvalid, m)
+		}
+	}
+	return t, nil
+}
