@@ -528,7 +528,7 @@ func (l *reviewLog) add(r Review, max int) {
 
 // logReview counts a review's outcome and appends it to its scope's log.
 func (s *Store) logReview(sess *session, rev Review) {
-	rev.At = s.opts.Clock.Now()
+	rev.At = s.opts.Clock.Now().UTC().Round(0) // as the log reads it back
 	rev.Reason = sanitizeText(rev.Reason, maxReviewReason)
 	s.rev.reviews.Add(1)
 	for i, d := range reviewDecisions {
