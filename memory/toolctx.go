@@ -23,6 +23,7 @@ import (
 // ToolContextStats count tool-result context (Stats embeds them).
 type ToolContextStats struct {
 	ToolContextCalls    int64 // condensing calls made
+	ToolContextReady    int64 // condensed contexts kept for a next turn
 	ToolContextInjected int64 // condensed contexts shown in a next turn
 	ToolContextRejected int64 // answers rejected (malformed, too long) or failed calls
 	ToolContextLate     int64 // contexts ready after the next turn was prepared (dropped)
@@ -31,11 +32,11 @@ type ToolContextStats struct {
 
 // toolCtxStat are the Store's counters.
 type toolCtxStat struct {
-	calls, injected, rejected, late, dropped atomic.Int64
+	calls, ready, injected, rejected, late, dropped atomic.Int64
 }
 
 func (t *toolCtxStat) stats() ToolContextStats {
-	return ToolContextStats{ToolContextCalls: t.calls.Load(), ToolContextInjected: t.injected.Load(),
+	return ToolContextStats{ToolContextCalls: t.calls.Load(), ToolContextReady: t.ready.Load(), ToolContextInjected: t.injected.Load(),
 		ToolContextRejected: t.rejected.Load(), ToolContextLate: t.late.Load(), ToolContextDropped: t.dropped.Load()}
 }
 
@@ -155,6 +156,7 @@ func (s *Store) runToolCtx(job *extractJob) {
 		return
 	}
 	sess.tc.text, sess.tc.forPrepare = text, job.forPrepare
+	s.tcs.ready.Add(1)
 }
 
 // toolCtxMarkers are the tags a condensed context may not contain.

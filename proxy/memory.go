@@ -71,6 +71,13 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{"quarantine_removed", "Quarantined files deleted (age or disk budget).", st.QuarantineRemoved},
 		{"disk_budget_kv_trims", "Times the KV archive was trimmed to stay under the disk budget.", st.SharedTrims},
 		{"log_reopens", "Idle session logs reopened (open files are bounded).", st.FileReopens},
+		{"reviews", "Memory reviews finished (any decision).", st.Reviews},
+		{"review_errors", "Memory reviews abandoned because a model call failed (nothing changed).", st.ReviewErrors},
+		{"reviews_dropped", "Memory reviews not queued because the background queue was full.", st.ReviewsDropped},
+		{"tool_context_injected", "Condensed tool contexts shown in a session's next turn.", st.ToolContextInjected},
+		{"tool_context_rejected", "Tool-context condensings rejected (malformed, too long) or failed: nothing shown.", st.ToolContextRejected},
+		{"tool_context_late", "Tool contexts ready only after the next turn was prepared (dropped).", st.ToolContextLate},
+		{"tool_context_dropped", "Tool-context condensings not queued because the background queue was full.", st.ToolContextDropped},
 	} {
 		fmt.Fprintf(w, "# HELP sidecar_memory_%s_total %s\n# TYPE sidecar_memory_%s_total counter\nsidecar_memory_%s_total %d\n", c.name, c.help, c.name, c.name, c.v)
 	}
@@ -81,12 +88,20 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 	}{{"full", "header", st.FullNamed}, {"full", "detected", st.FullDetected}, {"append", "header", st.AppendNamed}, {"append", "detected", st.AppendDetected}} {
 		fmt.Fprintf(w, "sidecar_memory_turns_by_mode_total{mode=%q,how=%q} %d\n", c.mode, c.how, c.v)
 	}
+	fmt.Fprintf(w, "# HELP sidecar_memory_reviews_by_decision_total Memory reviews by decision (promote, keep and delete changed the fact; malformed, undecided and stale did not).\n# TYPE sidecar_memory_reviews_by_decision_total counter\n")
+	for _, c := range []struct {
+		decision string
+		v        int64
+	}{{memory.ReviewPromote, st.ReviewsPromoted}, {memory.ReviewKeep, st.ReviewsKept}, {memory.ReviewDelete, st.ReviewsDeleted},
+		{memory.ReviewMalformed, st.ReviewsMalformed}, {memory.ReviewUndecided, st.ReviewsUndecided}, {memory.ReviewStale, st.ReviewsStale}} {
+		fmt.Fprintf(w, "sidecar_memory_reviews_by_decision_total{decision=%q} %d\n", c.decision, c.v)
+	}
 	fmt.Fprintf(w, "# HELP sidecar_memory_background_calls_total The sidecar's own upstream calls for memory, by kind.\n# TYPE sidecar_memory_background_calls_total counter\n")
-	calls := st.FactCalls + st.EpisodeCalls + st.SummaryCalls
+	calls := st.FactCalls + st.EpisodeCalls + st.SummaryCalls + st.ReviewCalls + st.ToolContextCalls
 	for _, c := range []struct {
 		kind string
 		v    int64
-	}{{"facts", st.FactCalls}, {"episode", st.EpisodeCalls}, {"summary", st.SummaryCalls}} {
+	}{{"facts", st.FactCalls}, {"episode", st.EpisodeCalls}, {"summary", st.SummaryCalls}, {"review", st.ReviewCalls}, {"tool_context", st.ToolContextCalls}} {
 		fmt.Fprintf(w, "sidecar_memory_background_calls_total{kind=%q} %d\n", c.kind, c.v)
 	}
 	perTurn := 0.0

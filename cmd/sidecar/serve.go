@@ -58,6 +58,8 @@ type serveConfig struct {
 	device  string
 
 	extract        bool
+	review         bool
+	toolContext    bool
 	memoryModel    string
 	memoryUpstream string
 	pprof          string
@@ -99,6 +101,8 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.DurationVar(&c.sessionTTL, "session-ttl", 0, "delete a session (log and index) once nothing was written to it for this long (0: never)")
 	fs.Int64Var(&c.maxDiskBytes, "max-disk-bytes", 0, "bound on the bytes of sessions and KV archive under --data-dir together; over it the KV archive is trimmed first, then the least recently written sessions are deleted (0: none)")
 	fs.BoolVar(&c.extract, "extract", true, "extract facts and episodes from conversations in the background through the upstream model")
+	fs.BoolVar(&c.review, "review", true, "review facts whose importance crossed 2.5 or fell below 0.5 in the background (promote to core, keep or delete; needs --extract)")
+	fs.BoolVar(&c.toolContext, "tool-context", true, "condense a turn's tool calls and results in the background and show them in the next turn only (needs --extract)")
 	fs.StringVar(&c.memoryModel, "memory-model", "", "model name for the sidecar's own summary and extraction calls (default: the session's model, or the upstream's default)")
 	fs.StringVar(&c.memoryUpstream, "memory-upstream", "", "base URL for the sidecar's own summary and extraction calls (default: --upstream, routed through the engine connector)")
 	fs.StringVar(&c.summaryKey, "summary-api-key", "", "bearer token for the sidecar's own summary calls to the upstream (local servers need none)")
@@ -352,11 +356,13 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	}
 	mem, err := memory.Open(memory.Options{
 		Dir: filepath.Join(dataDir, "sessions"), Fsync: fsyncPolicy, SharedLog: sharedLog,
-		Window:     memory.WindowOptions{Limit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy},
-		Recall:     memory.RecallOptions{Index: idx, Share: share},
-		Extraction: memory.ExtractionOptions{Summarizer: bg, Extractor: extractor},
-		Storage:    memory.StorageOptions{SessionTTL: c.sessionTTL, MaxDiskBytes: c.maxDiskBytes, Shared: kvc.Store()},
-		Logger:     log,
+		Window:      memory.WindowOptions{Limit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy},
+		Recall:      memory.RecallOptions{Index: idx, Share: share},
+		Extraction:  memory.ExtractionOptions{Summarizer: bg, Extractor: extractor},
+		Reviewer:    memory.ReviewerOptions{Enabled: c.review},
+		ToolContext: memory.ToolContextOptions{Enabled: c.toolContext},
+		Storage:     memory.StorageOptions{SessionTTL: c.sessionTTL, MaxDiskBytes: c.maxDiskBytes, Shared: kvc.Store()},
+		Logger:      log,
 	})
 	if err != nil {
 		return fmt.Errorf("open session memory: %w", err)
