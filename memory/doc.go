@@ -94,6 +94,24 @@
 //     records); the session's triples are attached to its index as an
 //     index.EntityGraph, fused in hybrid recall. Store.Triples and
 //     Store.DeleteTriple serve the console per tenant and user.
+//   - The memory reviewer (review.go, Options.Reviewer): a fact whose
+//     importance reaches PromoteAt (2.5) or decays below DemoteBelow (0.5)
+//     is reviewed by the Extractor in the background (an extraction job of
+//     kind "review"; at most one in flight per tenant and user; a fact is
+//     not reviewed twice in the same state), in up to MaxRounds calls each
+//     answering exactly one line: [SEARCH:keywords] (a lexical search of
+//     the scope's memory, shown in the next round) or [PROMOTE] (→ core),
+//     [KEEP] (importance reset to DemoteBelow), [DELETE] (the ordinary
+//     delete path). Malformed answers, running out of rounds, and verdicts
+//     about a fact changed meanwhile change nothing. Every outcome is
+//     appended to the scope's decisions log (<tenant>/users/<hash>.rev,
+//     bounded, durable), which Reviews serves newest first.
+//   - Tool-result context (toolctx.go, Options.ToolContext): a request's
+//     tool calls and results are condensed after its turn by the Extractor
+//     (kind "tool_context") into at most ToolContext.MaxBytes, shown in the
+//     recall block of the session's next Prepare only and then dropped;
+//     never a unit, never indexed, never written. A failed, malformed or
+//     late condensing shows nothing.
 //   - The shared pool (pool.go): per-tenant keyed entries with versions,
 //     creator and updater sessions, metadata, conditional writes
 //     (ErrConflict), prefix listing, in one framed and checksummed log per
@@ -121,9 +139,10 @@
 //     memory unit (tier working, later archive), unless a unit already holds
 //     its text (units are deduplicated by role and text and never empty,
 //     dedupe.go), and stays in the log (only
-//     DeleteMemory, the Extractor's [DELETE:id] on facts and episodes, and
-//     episode expiry delete units; a deleted unit leaves its session's
-//     units, index and working memory at once and is never recreated); a
+//     DeleteMemory, the Extractor's [DELETE:id] on facts and episodes, the
+//     reviewer's [DELETE] and episode expiry delete units; a deleted unit
+//     leaves its session's units, index and working memory at once and is
+//     never recreated); a
 //     history that a full-history client rewrote (edit, branch, regenerate)
 //     moves the replaced messages to archive units.
 //   - Byte stability: the window is the client's system messages, then at
