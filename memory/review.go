@@ -136,28 +136,27 @@ func (s *Store) reviewTrigger(u *Unit) string {
 }
 
 // maybeReviewLocked queues a review of the session's first fact (by id)
-// past a threshold, unless the scope has one in flight. Called with
+// past a threshold and not yet reviewed in its current state, unless the scope has one in flight. Called with
 // sess.mu held, from the worker.
 func (s *Store) maybeReviewLocked(sess *session) {
 	if !s.opts.Reviewer.Enabled || s.opts.Extraction.Extractor == nil || s.ctx.Err() != nil {
 		return
 	}
-	var task *reviewTask
-	for _, u := range sess.sortedUnits() {
-		tr := s.reviewTrigger(u)
-		if tr == "" {
+	var due *Unit // the lowest id due: one pass, no sort
+	for _, u := range sess.units {
+		if (due != nil && u.ID > due.ID) || s.reviewTrigger(u) == "" {
 			continue
 		}
 		if at, ok := sess.rv.seen[u.ID]; ok && at.Equal(u.UpdatedAt) {
 			continue
 		}
-		task = &reviewTask{id: u.ID, trigger: tr, content: u.Content, category: u.Category, importance: u.Importance,
-			updated: u.UpdatedAt, created: u.CreatedAt}
-		break
+		due = u
 	}
-	if task == nil {
+	if due == nil {
 		return
 	}
+	task := &reviewTask{id: due.ID, trigger: s.reviewTrigger(due), content: due.Content, category: due.Category,
+		importance: due.Importance, updated: due.UpdatedAt, created: due.CreatedAt}
 	scope := reviewScope(sess.tenant, sess.user)
 	r := &s.rev
 	r.mu.Lock()

@@ -116,6 +116,31 @@ func TestParseToolContext(t *testing.T) {
 	f("ok [keep] this", "", true)
 }
 
+// FuzzParseToolContext: a condensed context is either dropped with
+// ErrInvalid or short, single-line, safe and tag-free.
+func FuzzParseToolContext(f *testing.F) {
+	for _, s := range []string{"get_weather said sunny.", "[SKIP]", "a\nb", "[DELETE:x]", "\u202e", strings.Repeat("x", 500)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		got, err := ParseToolContext(in, 400)
+		if err != nil {
+			if got != "" || !errors.Is(err, ErrInvalid) {
+				t.Fatalf("%q, %v", got, err)
+			}
+			return
+		}
+		if len(got) > 400 || strings.ContainsAny(got, "\n\r") || strings.Contains(strings.ToUpper(got), "[DELETE") {
+			t.Fatalf("unsafe context %q", got)
+		}
+		for _, r := range got {
+			if unsafeRune(r) {
+				t.Fatalf("unsafe rune %U in %q", r, got)
+			}
+		}
+	})
+}
+
 // reviewExtractor answers review rounds from a script, condenses tool
 // context with toolReply, and skips everything else. With gate set, a
 // review call waits for it.
