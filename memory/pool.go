@@ -180,26 +180,10 @@ func (s *Store) loadPool(p *pool) error {
 	if err != nil {
 		return err
 	}
-	if rep.Repaired() || rejected > 0 {
-		s.stats.quarantined.Add(1)
-		s.stats.recordsLost.Add(int64(rep.Damaged + rejected))
-		s.opts.Logger.Warn("memory: repaired a damaged pool log", "file", filepath.Base(p.path),
-			"records", rep.Records, "damaged", rep.Damaged, "rejected", rejected, "tail_bytes", rep.TailBytes,
-			"bad_magic", rep.BadMagic, "saved", rep.Quarantined)
-	}
-	switch {
-	case foreign:
-		lf.close()
+	if use, err := s.settleLog(lf, rep, rejected, foreign, p.path, "pool"); !use {
 		clear(p.entries)
 		p.rev, p.records = 0, 0
-		if _, err := durable.Quarantine(p.path, s.quarantine, s.opts.Clock.Now()); err != nil {
-			return fmt.Errorf("memory: quarantine foreign pool log: %w", err)
-		}
-		return nil
-	case rep.Records == 0:
-		// Only the magic survived: a creation that was never acknowledged.
-		lf.close()
-		return os.Remove(p.path)
+		return err
 	}
 	p.log = lf
 	if !meta {
@@ -255,19 +239,28 @@ func (s *Store) compactPoolLocked(p *pool) error {
 	if err != nil {
 		return err
 	}
-	if err := p.log.close(); err != nil {
-		return err
-	}
-	p.log = nil
-	if err := durable.WriteFile(p.path, image); err != nil {
-		s.opts.Logger.Warn("memory: compact pool log", "err", err)
-	}
-	nl, _, err := s.openLog(p.path, func([]byte) {})
+	nl, err := s.rewriteLog(p.log, p.path, image)
+	p.log = nl
 	if err != nil {
 		return err
 	}
-	p.log, p.records = nl, len(p.entries)
+	p.records = len(p.entries)
 	return nil
+}
+
+// rewriteLog replaces the log lf at path with image (magic and records),
+// atomically (durable.WriteFile), and returns the log reopened. When the
+// write fails the old file stays and is reopened; when closing lf fails,
+// lf is returned as it is; nil when reopening fails.
+func (s *Store) rewriteLog(lf *logFile, path string, image []byte) (*logFile, error) {
+	if err := lf.close(); err != nil {
+		return lf, err
+	}
+	if err := durable.WriteFile(path, image); err != nil {
+		s.opts.Logger.Warn("memory: compact log", "file", filepath.Base(path), "err", err)
+	}
+	nl, _, err := s.openLog(path, func([]byte) {})
+	return nl, err
 }
 
 func encodePoolRecord(dst []byte, r *poolRecord) ([]byte, error) {
@@ -529,4 +522,32 @@ func (s *Store) syncPoolShared(p *pool) error {
 	ctx, cancel := context.WithTimeout(s.ctx, s.opts.SharedLogTimeout)
 	defer cancel()
 	return s.syncPoolLocked(ctx, p)
+}
+
+// settleLog finishes opening a pool or review log (what names it in
+// messages): it counts and reports what was repaired, and deals with the
+// two cases that leave nothing to use, closing lf: a log of another scope
+// (foreign) is quarantined, a log with no intact record (a creation never
+// acknowledged) removed. It reports whether lf is to be used, and the
+// error of a quarantine or removal that failed.
+func (s *Store) settleLog(lf *logFile, rep durable.Recovery, rejected int, foreign bool, path, what string) (bool, error) {
+	if rep.Repaired() || rejected > 0 {
+		s.stats.quarantined.Add(1)
+		s.stats.recordsLost.Add(int64(rep.Damaged + rejected))
+		s.opts.Logger.Warn("memory: repaired a damaged "+what+" log", "file", filepath.Base(path),
+			"records", rep.Records, "damaged", rep.Damaged, "rejected", rejected, "tail_bytes", rep.TailBytes,
+			"bad_magic", rep.BadMagic, "saved", rep.Quarantined)
+	}
+	switch {
+	case foreign:
+		lf.close()
+		if _, err := durable.Quarantine(path, s.quarantine, s.opts.Clock.Now()); err != nil {
+			return false, fmt.Errorf("memory: quarantine foreign %s log: %w", what, err)
+		}
+		return false, nil
+	case rep.Records == 0:
+		lf.close()
+		return false, os.Remove(path)
+	}
+	return true, nil
 }

@@ -17,7 +17,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/kvsidecar/kvsidecar/index"
-	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
 // The memory reviewer. A fact whose importance reaches Reviewer.PromoteAt
@@ -496,22 +495,9 @@ func (s *Store) loadReviewLog(l *reviewLog) error {
 	if err != nil {
 		return err
 	}
-	if rep.Repaired() || rejected > 0 {
-		s.stats.quarantined.Add(1)
-		s.stats.recordsLost.Add(int64(rep.Damaged + rejected))
-		s.opts.Logger.Warn("memory: repaired a damaged review log", "file", filepath.Base(l.path), "damaged", rep.Damaged, "rejected", rejected)
-	}
-	switch {
-	case foreign:
-		lf.close()
+	if use, err := s.settleLog(lf, rep, rejected, foreign, l.path, "review"); !use {
 		l.entries, l.records = nil, 0
-		if _, err := durable.Quarantine(l.path, s.quarantine, s.opts.Clock.Now()); err != nil {
-			return fmt.Errorf("memory: quarantine foreign review log: %w", err)
-		}
-		return nil
-	case rep.Records == 0:
-		lf.close()
-		return os.Remove(l.path)
+		return err
 	}
 	l.log = lf
 	return nil
@@ -594,18 +580,12 @@ func (s *Store) compactReviewLogLocked(l *reviewLog) error {
 		}
 		image = appendRecord(image, b)
 	}
-	if err := l.log.close(); err != nil {
-		return err
-	}
-	l.log = nil
-	if err := durable.WriteFile(l.path, image); err != nil {
-		s.opts.Logger.Warn("memory: compact review log", "err", err)
-	}
-	nl, _, err := s.openLog(l.path, func([]byte) {})
+	nl, err := s.rewriteLog(l.log, l.path, image)
+	l.log = nl
 	if err != nil {
 		return err
 	}
-	l.log, l.records = nl, len(l.entries)
+	l.records = len(l.entries)
 	return nil
 }
 
