@@ -141,6 +141,13 @@ func (s *Store) maybeReviewLocked(sess *session) {
 	if !s.opts.Reviewer.Enabled || s.opts.Extraction.Extractor == nil || s.ctx.Err() != nil {
 		return
 	}
+	if len(sess.rv.seen) > 2*len(sess.units)+64 {
+		for id := range sess.rv.seen {
+			if sess.units[id] == nil {
+				delete(sess.rv.seen, id) // deleted since
+			}
+		}
+	}
 	var due *Unit // the lowest id due: one pass, no sort
 	for _, u := range sess.units {
 		if (due != nil && u.ID > due.ID) || s.reviewTrigger(u) == "" {
