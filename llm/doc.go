@@ -1,6 +1,8 @@
 // Package llm is the sidecar's own client of the upstream model: the calls
 // it makes on a session's behalf after the response (window summaries, fact
-// and episode extraction), never on a client's request path. Client
+// and episode extraction, the memory reviewer's rounds, tool-context
+// condensing: every memory.ExtractRequest kind is one user message), never
+// on a client's request path. Client
 // implements memory.Summarizer and memory.Extractor, so package memory
 // needs nothing from the proxy.
 //

@@ -524,3 +524,62 @@ func TestReviewLogBoundedAndRepaired(t *testing.T) {
 		t.Fatalf("the foreign log was not set aside: %v", err)
 	}
 }
+
+// TestToolContextCallFails: a failed condensing call shows nothing and the
+// turn after it is unaffected.
+func TestToolContextCallFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := ExtractorFunc(func(_ context.Context, req ExtractRequest) (string, error) {
+			if req.Kind == "tool_context" {
+				return "", errors.New("upstream down")
+			}
+			return "[SKIP]", nil
+		})
+		s := openReviewStore(t, t.TempDir(), ex)
+		hist := toolTurn(t)
+		prepare(t, s, "t", "s", ModeFull, hist...).Complete(text("assistant", "Sunny."))
+		synctest.Wait()
+		hist = append(hist, text("assistant", "Sunny."), text("user", "Umbrella?"))
+		t2 := prepare(t, s, "t", "s", ModeFull, hist...)
+		if strings.Contains(string(t2.Block), toolCtxHeader) {
+			t.Fatalf("a failed context was shown: %s", t2.Block)
+		}
+		if st := s.Stats(); st.ToolContextCalls != 1 || st.ToolContextRejected != 1 || st.ToolContextInjected != 0 {
+			t.Fatalf("stats %+v", st.ToolContextStats)
+		}
+	})
+}
+
+// TestToolContextLate: a context that comes back after the next turn was
+// prepared is dropped, never shown a turn later.
+func TestToolContextLate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{})
+		ex := ExtractorFunc(func(ctx context.Context, req ExtractRequest) (string, error) {
+			if req.Kind == "tool_context" {
+				<-gate
+				return "get_weather reported sunny skies.", nil
+			}
+			return "[SKIP]", nil
+		})
+		s := openReviewStore(t, t.TempDir(), ex)
+		hist := toolTurn(t)
+		prepare(t, s, "t", "s", ModeFull, hist...).Complete(text("assistant", "Sunny."))
+		synctest.Wait() // the condensing call waits at the gate
+		hist = append(hist, text("assistant", "Sunny."), text("user", "Umbrella?"))
+		t2 := prepare(t, s, "t", "s", ModeFull, hist...)
+		close(gate)
+		t2.Complete(text("assistant", "No."))
+		synctest.Wait()
+		hist = append(hist, text("assistant", "No."), text("user", "Thanks."))
+		t3 := prepare(t, s, "t", "s", ModeFull, hist...)
+		for _, b := range []string{string(t2.Block), string(t3.Block)} {
+			if strings.Contains(b, toolCtxHeader) {
+				t.Fatalf("a late context was shown: %s", b)
+			}
+		}
+		if st := s.Stats(); st.ToolContextLate != 1 || st.ToolContextInjected != 0 {
+			t.Fatalf("stats %+v", st.ToolContextStats)
+		}
+	})
+}
