@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvsidecar/kvsidecar/llm"
 	"github.com/kvsidecar/kvsidecar/memory"
@@ -80,7 +81,7 @@ func (u *knowledgeUpstream) locked(f func()) {
 
 // knowledgeSidecar starts a sidecar whose memory makes its own calls to up
 // through package llm, with the reviewer and tool context on.
-func knowledgeSidecar(t *testing.T, up *knowledgeUpstream) (string, *memory.Store) {
+func knowledgeSidecar(t *testing.T, up *knowledgeUpstream, clock memory.Clock) (string, *memory.Store) {
 	t.Helper()
 	bg, err := llm.New(llm.Options{BaseURL: up.URL})
 	if err != nil {
@@ -88,6 +89,7 @@ func knowledgeSidecar(t *testing.T, up *knowledgeUpstream) (string, *memory.Stor
 	}
 	t.Cleanup(func() { _ = bg.Close() })
 	st := openMemory(t, memory.Options{
+		Clock:       clock,
 		Extraction:  memory.ExtractionOptions{Extractor: bg, Every: 2, EpisodeEvery: -1},
 		Reviewer:    memory.ReviewerOptions{Enabled: true},
 		ToolContext: memory.ToolContextOptions{Enabled: true},
@@ -103,7 +105,7 @@ func knowledgeSidecar(t *testing.T, up *knowledgeUpstream) (string, *memory.Stor
 // out. Only the verdicts change a fact; every outcome is in the log.
 func TestReviewerThroughProxy(t *testing.T) {
 	up := newKnowledgeUpstream(t)
-	base, st := knowledgeSidecar(t, up)
+	base, st := knowledgeSidecar(t, up, nil)
 	tenant := tenantOf([]byte("Bearer key-r"))
 	up.locked(func() {
 		up.facts = []string{strings.Join([]string{"[ADD] The user is called Ada.", "[ADD] The user likes jazz.",
@@ -217,7 +219,7 @@ func TestToolContextThroughProxy(t *testing.T) {
 	up := newKnowledgeUpstream(t)
 	const sentence = "The get_weather tool reported 21 C and sunny skies in Paris."
 	up.locked(func() { up.toolCtx = sentence })
-	base, st := knowledgeSidecar(t, up)
+	base, st := knowledgeSidecar(t, up, nil)
 	tenant := tenantOf([]byte("Bearer key-t"))
 	hdr := map[string]string{"Authorization": "Bearer key-t", "X-Session-ID": "tools"}
 	msgs := `{"role":"system","content":"Be brief."},{"role":"user","content":"Weather in Paris?"},` +
@@ -266,5 +268,70 @@ func TestToolContextThroughProxy(t *testing.T) {
 		if strings.Contains(u.Content, "reported 21 C") {
 			t.Fatalf("the tool context became a memory: %+v", u)
 		}
+	}
+}
+
+// stepClock is a clock the test moves.
+type stepClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *stepClock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// TestReviewerAfterDecayThroughProxy: facts that decayed below 0.5 while
+// the session slept are reviewed after its next turn, one after the other.
+func TestReviewerAfterDecayThroughProxy(t *testing.T) {
+	up := newKnowledgeUpstream(t)
+	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	base, st := knowledgeSidecar(t, up, clk)
+	tenant := tenantOf([]byte("Bearer key-d"))
+	up.locked(func() { up.facts = []string{"[ADD] The user owns a kayak.\n[ADD] The user visits Oslo."} })
+	hdr := map[string]string{"Authorization": "Bearer key-d", "X-Session-ID": "decay"}
+	turn := func(text string) {
+		t.Helper()
+		resp, b := post(t, base+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":`+fmt.Sprintf("%q", text)+`}]}`, hdr)
+		if resp.StatusCode != 200 {
+			t.Fatalf("turn: %d %s", resp.StatusCode, b)
+		}
+	}
+	turn("I paddle my kayak when I visit Oslo.")
+	waitFor(t, func() bool {
+		mem, err := st.Memory(tenant, "decay")
+		return err == nil && len(mem.Units) == 2
+	})
+	if n := len(mustReviews(t, st, tenant)); n != 0 {
+		t.Fatalf("%d reviews before any decay", n)
+	}
+	up.locked(func() { up.review = []string{"[DELETE] no longer relevant", "[KEEP] still true"} })
+	clk.add(26 * 24 * time.Hour) // five fact periods: 0.85^5 < 0.5
+	turn("Anything new?")
+	waitFor(t, func() bool { return len(mustReviews(t, st, tenant)) == 2 })
+	rs := mustReviews(t, st, tenant)
+	if rs[1].Decision != memory.ReviewDelete || rs[0].Decision != memory.ReviewKeep || rs[0].Trigger != "demote" || rs[1].Trigger != "demote" {
+		t.Fatalf("decay reviews %+v", rs)
+	}
+	mem, _ := st.Memory(tenant, "decay")
+	facts := 0
+	for _, u := range mem.Units {
+		if u.Category == memory.CategoryFact {
+			facts++
+			if u.ID != rs[0].FactID || u.Importance != 0.5 {
+				t.Fatalf("after the reviews: %+v", u)
+			}
+		}
+	}
+	if facts != 1 {
+		t.Fatalf("%d facts left, want 1", facts)
 	}
 }
