@@ -91,9 +91,7 @@ const (
 type pool struct {
 	tenant string
 	path   string
-
-	loadOnce sync.Once
-	loadErr  error
+	lazyLoad
 
 	// mu protects the fields below.
 	mu      sync.Mutex
@@ -131,23 +129,46 @@ func (s *Store) pool(tenant string) (*pool, error) {
 	if closed {
 		return nil, ErrClosed
 	}
-	s.poolMu.Lock()
-	p := s.pools[tenant]
-	if p == nil {
-		p = &pool{tenant: tenant, path: poolPath(s.opts.Dir, tenant), entries: map[string]*PoolEntry{}, sharedN: -1}
-		s.pools[tenant] = p
-	}
-	s.poolMu.Unlock()
-	p.loadOnce.Do(func() { p.loadErr = s.loadPool(p) })
-	if p.loadErr != nil {
-		s.poolMu.Lock()
-		if s.pools[tenant] == p {
-			delete(s.pools, tenant)
+	return loadedIn(&s.poolMu, &s.pools, tenant, func() *pool {
+		return &pool{tenant: tenant, path: poolPath(s.opts.Dir, tenant), entries: map[string]*PoolEntry{}, sharedN: -1}
+	}, s.loadPool)
+}
+
+// lazyLoad is the load-once state of a value kept in a map (a pool, a
+// review log).
+type lazyLoad struct {
+	once sync.Once
+	err  error
+}
+
+func (l *lazyLoad) lazy() *lazyLoad { return l }
+
+// loadedIn returns (*m)[key], made by mk when missing, after load ran once
+// for it (outside mu, which protects the map). A load that failed takes it
+// out of the map, so that the next call tries again, and returns its error.
+func loadedIn[T interface{ lazy() *lazyLoad }](mu *sync.Mutex, m *map[string]T, key string, mk func() T, load func(T) error) (T, error) {
+	mu.Lock()
+	v, ok := (*m)[key]
+	if !ok {
+		if *m == nil {
+			*m = map[string]T{}
 		}
-		s.poolMu.Unlock()
-		return nil, p.loadErr
+		v = mk()
+		(*m)[key] = v
 	}
-	return p, nil
+	mu.Unlock()
+	l := v.lazy()
+	l.once.Do(func() { l.err = load(v) })
+	if l.err != nil {
+		mu.Lock()
+		if cur, ok := (*m)[key]; ok && cur.lazy() == l {
+			delete(*m, key)
+		}
+		mu.Unlock()
+		var zero T
+		return zero, l.err
+	}
+	return v, nil
 }
 
 func (s *Store) loadPool(p *pool) error {

@@ -419,9 +419,7 @@ func reviewText(t string, maxBytes int) error {
 // reviewLog is one tenant and user's decisions log.
 type reviewLog struct {
 	tenant, user, path string
-
-	loadOnce sync.Once
-	loadErr  error
+	lazyLoad
 
 	// mu protects the fields below.
 	mu      sync.Mutex
@@ -446,32 +444,16 @@ func reviewLogPath(root, tenant, user string) string {
 
 // reviewLogFor returns the scope's loaded log.
 func (s *Store) reviewLogFor(tenant, user string) (*reviewLog, error) {
-	scope := reviewScope(tenant, user)
 	r := &s.rev
 	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
 		return nil, ErrClosed
 	}
-	l := r.logs[scope]
-	if l == nil {
-		if r.logs == nil {
-			r.logs = map[string]*reviewLog{}
-		}
-		l = &reviewLog{tenant: tenant, user: user, path: reviewLogPath(s.opts.Dir, tenant, user)}
-		r.logs[scope] = l
-	}
-	r.mu.Unlock()
-	l.loadOnce.Do(func() { l.loadErr = s.loadReviewLog(l) })
-	if l.loadErr != nil {
-		r.mu.Lock()
-		if r.logs[scope] == l {
-			delete(r.logs, scope)
-		}
-		r.mu.Unlock()
-		return nil, l.loadErr
-	}
-	return l, nil
+	return loadedIn(&r.mu, &r.logs, reviewScope(tenant, user), func() *reviewLog {
+		return &reviewLog{tenant: tenant, user: user, path: reviewLogPath(s.opts.Dir, tenant, user)}
+	}, s.loadReviewLog)
 }
 
 func (s *Store) loadReviewLog(l *reviewLog) error {

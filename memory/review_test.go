@@ -427,21 +427,32 @@ func TestToolContextNextTurnOnly(t *testing.T) {
 // TestToolContextRejected: a malformed (too long) or failed condensing
 // shows nothing.
 func TestToolContextRejected(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		ex := &reviewExtractor{toolRep: strings.Repeat("The tool said many things. ", 40)}
-		s := openReviewStore(t, t.TempDir(), ex)
-		hist := toolTurn(t)
-		prepare(t, s, "t", "s", ModeFull, hist...).Complete(text("assistant", "Sunny."))
-		synctest.Wait()
-		hist = append(hist, text("assistant", "Sunny."), text("user", "Umbrella?"))
-		t2 := prepare(t, s, "t", "s", ModeFull, hist...)
-		if strings.Contains(string(t2.Block), toolCtxHeader) {
-			t.Fatalf("a rejected context was shown: %s", t2.Block)
-		}
-		if st := s.Stats(); st.ToolContextRejected != 1 || st.ToolContextInjected != 0 {
-			t.Fatalf("stats %+v", st.ToolContextStats)
-		}
-	})
+	for name, ex := range map[string]Extractor{
+		"too long": &reviewExtractor{toolRep: strings.Repeat("The tool said many things. ", 40)},
+		"failed": ExtractorFunc(func(_ context.Context, req ExtractRequest) (string, error) {
+			if req.Kind == "tool_context" {
+				return "", errors.New("upstream down")
+			}
+			return "[SKIP]", nil
+		}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := openReviewStore(t, t.TempDir(), ex)
+				hist := toolTurn(t)
+				prepare(t, s, "t", "s", ModeFull, hist...).Complete(text("assistant", "Sunny."))
+				synctest.Wait()
+				hist = append(hist, text("assistant", "Sunny."), text("user", "Umbrella?"))
+				t2 := prepare(t, s, "t", "s", ModeFull, hist...)
+				if strings.Contains(string(t2.Block), toolCtxHeader) {
+					t.Fatalf("a rejected context was shown: %s", t2.Block)
+				}
+				if st := s.Stats(); st.ToolContextCalls != 1 || st.ToolContextRejected != 1 || st.ToolContextInjected != 0 {
+					t.Fatalf("stats %+v", st.ToolContextStats)
+				}
+			})
+		})
+	}
 }
 
 // assertNoFileContains fails if any file under dir holds needle.
@@ -523,31 +534,6 @@ func TestReviewLogBoundedAndRepaired(t *testing.T) {
 	if _, err := os.Stat(reviewLogPath(dir, "t", "v")); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("the foreign log was not set aside: %v", err)
 	}
-}
-
-// TestToolContextCallFails: a failed condensing call shows nothing and the
-// turn after it is unaffected.
-func TestToolContextCallFails(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		ex := ExtractorFunc(func(_ context.Context, req ExtractRequest) (string, error) {
-			if req.Kind == "tool_context" {
-				return "", errors.New("upstream down")
-			}
-			return "[SKIP]", nil
-		})
-		s := openReviewStore(t, t.TempDir(), ex)
-		hist := toolTurn(t)
-		prepare(t, s, "t", "s", ModeFull, hist...).Complete(text("assistant", "Sunny."))
-		synctest.Wait()
-		hist = append(hist, text("assistant", "Sunny."), text("user", "Umbrella?"))
-		t2 := prepare(t, s, "t", "s", ModeFull, hist...)
-		if strings.Contains(string(t2.Block), toolCtxHeader) {
-			t.Fatalf("a failed context was shown: %s", t2.Block)
-		}
-		if st := s.Stats(); st.ToolContextCalls != 1 || st.ToolContextRejected != 1 || st.ToolContextInjected != 0 {
-			t.Fatalf("stats %+v", st.ToolContextStats)
-		}
-	})
 }
 
 // TestToolContextLate: a context that comes back after the next turn was
