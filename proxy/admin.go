@@ -67,11 +67,17 @@ type Triple struct {
 
 // Review is one decision of the memory reviewer about a fact.
 type Review struct {
-	FactID   string    `json:"fact_id"`
-	Decision string    `json:"decision"` // promote, keep or delete
-	Rounds   int       `json:"rounds"`
-	At       time.Time `json:"at"`
-	Reason   string    `json:"reason"`
+	FactID  string `json:"fact_id"`
+	Session string `json:"session"`
+	// Decision is promote, keep or delete when applied; malformed,
+	// undecided or stale when the answer changed nothing.
+	Decision string `json:"decision"`
+	// Trigger is promote (importance reached the promotion threshold) or
+	// demote (it decayed below the demotion threshold).
+	Trigger string    `json:"trigger"`
+	Rounds  int       `json:"rounds"`
+	At      time.Time `json:"at"`
+	Reason  string    `json:"reason"`
 }
 
 // Knowledge is what the console shows of the knowledge base beside the

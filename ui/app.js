@@ -554,7 +554,7 @@
     $("reviews-empty").hidden = r.data.length > 0;
     for (const x of r.data) {
       rb.appendChild(h("tr", {}, h("td", {class: "id"}, x.fact_id), h("td", {}, h("span", {class: "flag " + (x.decision === "promote" ? "promote" : x.decision === "delete" ? "expire" : "")}, x.decision)),
-        h("td", {class: "num"}, x.rounds), h("td", {}, fmtTime(x.at)), h("td", {class: "text"}, x.reason)));
+        h("td", {}, x.trigger === "demote" ? "decayed" : x.trigger === "promote" ? "reached promotion" : ""), h("td", {class: "num"}, x.rounds), h("td", {}, fmtTime(x.at)), h("td", {class: "text"}, x.reason)));
     }
   }
 

@@ -18,10 +18,13 @@ func (k knowledge) Triples(tenant, user string, limit int) ([]proxy.Triple, erro
 	return out, err
 }
 
-// Reviews is empty until the memory reviewer (helper K2's
-// memory.Store.Reviews) lands; then it converts those decisions.
 func (k knowledge) Reviews(tenant, user string, limit int) ([]proxy.Review, error) {
-	return []proxy.Review{}, nil
+	rs, err := k.mem.Reviews(tenant, user, limit)
+	out := make([]proxy.Review, len(rs))
+	for i, r := range rs {
+		out[i] = proxy.Review{FactID: r.FactID, Session: r.Session, Decision: r.Decision, Trigger: r.Trigger, Rounds: r.Rounds, At: r.At, Reason: r.Reason}
+	}
+	return out, err
 }
 
 func (k knowledge) DeleteTriple(tenant, user, id string) error {
