@@ -14,8 +14,8 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/kvsidecar/kvsidecar/bench"
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/internal/bench"
 )
 
 const benchUsage = `usage: sidecar bench [workload] [flags]

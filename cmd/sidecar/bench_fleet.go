@@ -9,7 +9,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/kvsidecar/kvsidecar/bench"
+	"github.com/kvsidecar/kvsidecar/internal/bench"
 )
 
 func benchFleet(args []string) error {

@@ -15,7 +15,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/bench"
+	"github.com/kvsidecar/kvsidecar/internal/bench"
 	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
 	"github.com/kvsidecar/kvsidecar/internal/llamaserver/llamatest"
 	"github.com/kvsidecar/kvsidecar/internal/redisserver"

@@ -9,8 +9,8 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/kvsidecar/kvsidecar/bench"
 	"github.com/kvsidecar/kvsidecar/gpu"
+	"github.com/kvsidecar/kvsidecar/internal/bench"
 )
 
 // deviceFlagUsage documents --device for every command that takes it.

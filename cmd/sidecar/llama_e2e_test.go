@@ -23,7 +23,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/kvsidecar/kvsidecar/bench"
+	"github.com/kvsidecar/kvsidecar/internal/bench"
 	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
 	"github.com/kvsidecar/kvsidecar/internal/llamaserver/llamatest"
 )

@@ -17,11 +17,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/bench"
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/fleet"
 	"github.com/kvsidecar/kvsidecar/gpu"
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/internal/bench"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/llm"
 	"github.com/kvsidecar/kvsidecar/memory"

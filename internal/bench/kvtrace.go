@@ -1,7 +1,7 @@
 package bench
 
 import (
-	"github.com/kvsidecar/kvsidecar/bench/internal/cachesim"
+	"github.com/kvsidecar/kvsidecar/internal/bench/cachesim"
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 

@@ -44,7 +44,7 @@ func TestKVCompression(t *testing.T) {
 }
 
 // BenchmarkRunKVQuick runs the whole KV report in quick mode once and
-// prints it: go test ./bench/ -run '^$' -bench RunKVQuick -benchtime 1x
+// prints it: go test ./internal/bench/ -run '^$' -bench RunKVQuick -benchtime 1x
 // (KVBENCH_JSON=file also writes the JSON report there).
 func BenchmarkRunKVQuick(b *testing.B) {
 	for b.Loop() {

@@ -1,0 +1,18 @@
+// Package bench holds the whole-program workloads behind `sidecar bench`
+// and their reports (tables, JSON, SVG plots): the cost per turn of a
+// session prefix's KV (amortization, with the reference KV computer in
+// refkv.go), tier latency, throughput and hit rate against Belady (kv.go),
+// the GPU probe behind `sidecar gpu` (gpu.go), proxy overhead against nginx
+// (proxy.go), LoCoMo retrieval (recall*.go) and replay through a sidecar
+// (memory.go), sessions on a real llama-server with and without the sidecar
+// (sessions*.go) and a fleet of replicas sharing Redis (fleet*.go).
+//
+// It is internal: only cmd/sidecar uses it (the bench subcommands, `sidecar
+// gpu`'s probe, and `serve --kv-trace`, which records KV accesses through
+// OpenKVTrace for the simulator). No library package imports it, so the
+// serving packages never link its dependencies (gorgonia.org/tensor among
+// them). The hit-ratio replay engine is cachesim; the comparison with
+// otter's W-TinyLFU lives in bench/simulator, a module of its own, and
+// bench/redisclients compares Redis clients in another module, so neither
+// otter nor valkey-go enters this module.
+package bench
