@@ -16,7 +16,7 @@ import (
 	"testing"
 
 	"github.com/kvsidecar/kvsidecar/internal/bench"
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/launch"
 	"github.com/kvsidecar/kvsidecar/internal/llamaserver/llamatest"
 	"github.com/kvsidecar/kvsidecar/internal/redisserver"
 	"github.com/kvsidecar/kvsidecar/internal/redisserver/redistest"
@@ -37,7 +37,7 @@ func TestFleetRealParts(t *testing.T) {
 		"--doc-tokens", "1500", "--kill-after", "3", "--redis-restart-after", "4", "--sidecar-arg=--recall-share=0",
 		"--sidecar-arg=--extract=false", "--json")
 	cmd.Env = append(os.Environ(), "SIDECAR_TEST_MAIN=1")
-	cmd.SysProcAttr = llamaserver.SysProcAttr()
+	cmd.SysProcAttr = launch.SysProcAttr()
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -24,6 +24,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/kvsidecar/kvsidecar/internal/bench"
+	"github.com/kvsidecar/kvsidecar/internal/launch"
 	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
 	"github.com/kvsidecar/kvsidecar/internal/llamaserver/llamatest"
 )
@@ -77,7 +78,7 @@ func (s *realStack) startSidecar() {
 	}
 	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", "127.0.0.1:0"}, s.args...)...)
 	cmd.Env = append(os.Environ(), "SIDECAR_TEST_MAIN=1")
-	cmd.SysProcAttr = llamaserver.SysProcAttr()
+	cmd.SysProcAttr = launch.SysProcAttr()
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -418,7 +419,7 @@ func TestBenchSessionsRuns(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "bench", "sessions", "--sessions", "3", "--rounds", "2", "--slots", "1",
 		"--doc-tokens", "400", "--cache-ram", "-1", "--sidecar-restart-after", "1", "--json", "--plot", plot)
 	cmd.Env = append(os.Environ(), "SIDECAR_TEST_MAIN=1")
-	cmd.SysProcAttr = llamaserver.SysProcAttr()
+	cmd.SysProcAttr = launch.SysProcAttr()
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -22,6 +22,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/internal/launch"
 	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
 )
 
@@ -538,7 +539,7 @@ func (p *sidecarProc) start(ctx context.Context) error {
 	cmd := exec.Command(p.argv[0], p.argv[1:]...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), p.env...)
-	cmd.SysProcAttr = llamaserver.SysProcAttr()
+	cmd.SysProcAttr = launch.SysProcAttr()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("bench: sessions: start sidecar: %w", err)
 	}

@@ -7,16 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/launch"
 )
 
 // Options configure Start. Model is required; every zero value is a
@@ -86,20 +84,12 @@ func (o *Options) validate() error {
 type Server struct {
 	opts Options
 	tmp  string // owned temporary folder ("" when none was needed)
+	log  *os.File
+	proc *launch.Process
 
 	// mu protects the fields below.
 	mu    sync.Mutex
-	port  int
 	model string
-	proc  *proc // the latest process; nil before the first start
-	log   *os.File
-}
-
-// proc is one llama-server process and the goroutine that reaps it.
-type proc struct {
-	cmd  *exec.Cmd
-	done chan struct{} // closed once cmd was reaped
-	err  error         // cmd.Wait's error, readable after done
 }
 
 // Start runs llama-server on a free loopback port and returns once GET
@@ -132,42 +122,40 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("llamaserver: log: %w", err)
 	}
 	s.log = f
-	// A free port can be taken between closing the probe listener and the
-	// server's bind: try a few.
-	for attempt := 0; ; attempt++ {
-		port, err := freePort()
-		if err != nil {
-			s.Close()
-			return nil, err
-		}
-		s.mu.Lock()
-		s.port = port
-		err = s.startLocked(ctx)
-		s.mu.Unlock()
-		if err == nil {
-			return s, nil
-		}
-		if attempt < 3 && strings.Contains(strings.ToLower(s.LogTail(4096)), "bind") {
-			continue
-		}
-		s.Close()
+	s.proc, err = launch.Start(ctx, launch.Options{
+		Name: "llamaserver", Binary: s.opts.Binary, Args: s.args, Env: s.opts.Env,
+		Output: f, LogPath: s.opts.LogFile, Ready: healthy, ReadyName: "healthy",
+		StartTimeout: s.opts.StartTimeout, BindError: "bind",
+	})
+	if err != nil {
+		f.Close()
+		s.removeTmp()
 		return nil, err
 	}
+	return s, nil
 }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// healthy answers nil when GET /health answers 200.
+func healthy(ctx context.Context, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/health", nil)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("llamaserver: free port: %w", err)
+		return err
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("llamaserver: health: HTTP %d", resp.StatusCode)
+	}
+	return nil
 }
 
 // args is the command line for the current model and port.
-func (s *Server) args() []string {
+func (s *Server) args(port int) []string {
 	o := s.opts
-	a := []string{"-m", s.model, "--host", "127.0.0.1", "--port", strconv.Itoa(s.port),
+	a := []string{"-m", s.Model(), "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 		"-c", strconv.Itoa(o.Ctx), "-np", strconv.Itoa(o.Slots), "--slot-save-path", o.SlotDir}
 	switch {
 	case o.CacheRAMMiB > 0:
@@ -182,73 +170,9 @@ func (s *Server) args() []string {
 	return append(a, o.Args...)
 }
 
-// startLocked starts the process and waits for its health. Called with
-// s.mu held and no process running.
-func (s *Server) startLocked(ctx context.Context) error {
-	args := s.args()
-	fmt.Fprintf(s.log, "=== %s llamaserver: %s %s\n", time.Now().Format(time.RFC3339Nano), s.opts.Binary, strings.Join(args, " "))
-	cmd := exec.Command(s.opts.Binary, args...)
-	cmd.Stdout, cmd.Stderr = s.log, s.log
-	cmd.Env = append(os.Environ(), s.opts.Env...)
-	cmd.SysProcAttr = SysProcAttr()
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("llamaserver: start %s: %w", s.opts.Binary, err)
-	}
-	p := &proc{cmd: cmd, done: make(chan struct{})}
-	s.proc = p
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-
-	ctx, cancel := context.WithTimeout(ctx, s.opts.StartTimeout)
-	defer cancel()
-	url := s.urlLocked() + "/health"
-	client := &http.Client{Timeout: time.Second}
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if resp, err := client.Do(req); err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-p.done:
-			return fmt.Errorf("llamaserver: exited before it was healthy (%v); log %s ends:\n%s", p.err, s.opts.LogFile, s.LogTail(2048))
-		case <-ctx.Done():
-			s.killLocked()
-			return fmt.Errorf("llamaserver: not healthy after %v: %w; log %s ends:\n%s", s.opts.StartTimeout, ctx.Err(), s.opts.LogFile, s.LogTail(2048))
-		case <-tick.C:
-		}
-	}
-}
-
-// killLocked sends SIGKILL and waits until the process is reaped. Called
-// with s.mu held; it releases mu while it waits.
-func (s *Server) killLocked() {
-	p := s.proc
-	if p == nil {
-		return
-	}
-	_ = p.cmd.Process.Kill()
-	s.mu.Unlock()
-	<-p.done
-	s.mu.Lock()
-}
-
 // URL is the server's base URL, http://127.0.0.1:PORT (no /v1). It stays
 // the same across restarts.
-func (s *Server) URL() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.urlLocked()
-}
-
-func (s *Server) urlLocked() string { return "http://127.0.0.1:" + strconv.Itoa(s.port) }
+func (s *Server) URL() string { return "http://" + s.proc.Addr() }
 
 // SlotDir is the server's --slot-save-path.
 func (s *Server) SlotDir() string { return s.opts.SlotDir }
@@ -267,50 +191,15 @@ func (s *Server) Model() string {
 func (s *Server) LogPath() string { return s.opts.LogFile }
 
 // Running reports whether the process is alive.
-func (s *Server) Running() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.runningLocked()
-}
-
-func (s *Server) runningLocked() bool {
-	if s.proc == nil {
-		return false
-	}
-	select {
-	case <-s.proc.done:
-		return false
-	default:
-		return true
-	}
-}
+func (s *Server) Running() bool { return s.proc.Running() }
 
 // Kill sends SIGKILL (kill -9) and returns once the process is reaped.
 // Killing a stopped server does nothing.
-func (s *Server) Kill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.killLocked()
-}
+func (s *Server) Kill() { s.proc.Kill() }
 
 // Stop sends SIGTERM and waits up to 10 s for the process to exit, then
 // kills it.
-func (s *Server) Stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.runningLocked() {
-		return
-	}
-	p := s.proc
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	s.mu.Unlock()
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-	}
-	s.mu.Lock()
-	s.killLocked()
-}
+func (s *Server) Stop() { s.proc.Stop() }
 
 // Restart kills the process if it still runs and starts it again on the
 // same port, slot folder and model.
@@ -318,23 +207,19 @@ func (s *Server) Restart(ctx context.Context) error { return s.RestartWithModel(
 
 // RestartWithModel is Restart serving another GGUF file (empty: the same).
 func (s *Server) RestartWithModel(ctx context.Context, model string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.log == nil {
-		return errors.New("llamaserver: restart after Close")
-	}
-	s.killLocked()
 	if model != "" {
+		s.mu.Lock()
 		s.model = model
+		s.mu.Unlock()
 	}
-	return s.startLocked(ctx)
+	return s.proc.Restart(ctx)
 }
 
 // Close kills the process and removes the temporary folder Start made
 // (the slot folder and log when they were not given). Safe to call twice.
 func (s *Server) Close() error {
+	s.proc.Close()
 	s.mu.Lock()
-	s.killLocked()
 	if s.log != nil {
 		s.log.Close()
 		s.log = nil
@@ -351,21 +236,7 @@ func (s *Server) removeTmp() {
 }
 
 // LogTail returns at most the last n bytes of the server's log.
-func (s *Server) LogTail(n int) string {
-	f, err := os.Open(s.opts.LogFile)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	off := max(0, fi.Size()-int64(n))
-	b := make([]byte, fi.Size()-off)
-	nr, _ := f.ReadAt(b, off)
-	return string(b[:nr])
-}
+func (s *Server) LogTail(n int) string { return launch.Tail(s.opts.LogFile, n) }
 
 // Tokenize returns the number of tokens the server's model makes of text
 // (POST /tokenize, no special tokens).

@@ -11,9 +11,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/launch"
 )
 
 // EnvServer names the redis-server binary to run instead of the one on
@@ -88,17 +88,7 @@ func (o *Options) validate() error {
 type Server struct {
 	opts Options
 	tmp  bool // Dir is a temporary folder Close removes
-
-	// mu protects the fields below.
-	mu   sync.Mutex
-	port int
-	proc *proc
-}
-
-type proc struct {
-	cmd  *exec.Cmd
-	done chan struct{} // closed once cmd was reaped
-	err  error         // cmd.Wait's error, readable after done
+	proc *launch.Process
 }
 
 // Start runs redis-server on a free loopback port and returns once it
@@ -117,42 +107,23 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	} else if err := os.MkdirAll(s.opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("redisserver: %w", err)
 	}
-	// A free port can be taken between closing the probe listener and the
-	// server's bind: try a few.
-	for attempt := 0; ; attempt++ {
-		port, err := freePort()
-		if err != nil {
-			s.Close()
-			return nil, err
-		}
-		s.mu.Lock()
-		s.port = port
-		err = s.startLocked(ctx)
-		s.mu.Unlock()
-		if err == nil {
-			return s, nil
-		}
-		if attempt < 3 && strings.Contains(strings.ToLower(s.LogTail(2048)), "address already in use") {
-			continue
-		}
-		s.Close()
+	p, err := launch.Start(ctx, launch.Options{
+		Name: "redisserver", Binary: s.opts.Binary, Args: s.args, LogPath: s.LogPath(),
+		Ready: s.ping, ReadyName: "answering PING", Poll: 10 * time.Millisecond,
+		StartTimeout: s.opts.StartTimeout, BindError: "address already in use",
+	})
+	if err != nil {
+		s.removeTmp()
 		return nil, err
 	}
+	s.proc = p
+	return s, nil
 }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("redisserver: free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-func (s *Server) args() []string {
+func (s *Server) args(port int) []string {
 	o := s.opts
 	a := []string{
-		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", o.Dir,
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", o.Dir,
 		"--appendonly", "yes", "--appendfsync", o.AppendFsync, "--save", "",
 		"--daemonize", "no", "--logfile", s.LogPath(), "--protected-mode", "no",
 	}
@@ -162,43 +133,10 @@ func (s *Server) args() []string {
 	return append(a, o.Args...)
 }
 
-// startLocked starts the process and waits until it answers PING. Called
-// with s.mu held and no process running.
-func (s *Server) startLocked(ctx context.Context) error {
-	cmd := exec.Command(s.opts.Binary, s.args()...)
-	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("redisserver: start %s: %w", s.opts.Binary, err)
-	}
-	p := &proc{cmd: cmd, done: make(chan struct{})}
-	s.proc = p
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	ctx, cancel := context.WithTimeout(ctx, s.opts.StartTimeout)
-	defer cancel()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if s.pingLocked() == nil {
-			return nil
-		}
-		select {
-		case <-p.done:
-			return fmt.Errorf("redisserver: exited before answering (%v); log %s ends:\n%s", p.err, s.LogPath(), s.LogTail(2048))
-		case <-ctx.Done():
-			s.killLocked()
-			return fmt.Errorf("redisserver: no PONG after %v: %w; log %s ends:\n%s", s.opts.StartTimeout, ctx.Err(), s.LogPath(), s.LogTail(2048))
-		case <-tick.C:
-		}
-	}
-}
-
-// pingLocked sends AUTH (when set) and PING on a fresh connection; a
-// server still loading its AOF answers -LOADING, which is an error here.
-func (s *Server) pingLocked() error {
-	c, err := net.DialTimeout("tcp", s.addrLocked(), time.Second)
+// ping sends AUTH (when set) and PING on a fresh connection; a server
+// still loading its AOF answers -LOADING, which is an error here.
+func (s *Server) ping(_ context.Context, addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return err
 	}
@@ -224,27 +162,8 @@ func (s *Server) pingLocked() error {
 	return nil
 }
 
-// killLocked sends SIGKILL and waits until the process is reaped. Called
-// with s.mu held; it releases mu while it waits.
-func (s *Server) killLocked() {
-	p := s.proc
-	if p == nil {
-		return
-	}
-	_ = p.cmd.Process.Kill()
-	s.mu.Unlock()
-	<-p.done
-	s.mu.Lock()
-}
-
 // Addr is host:port. It stays the same across restarts.
-func (s *Server) Addr() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.addrLocked()
-}
-
-func (s *Server) addrLocked() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+func (s *Server) Addr() string { return s.proc.Addr() }
 
 // URL is redis://[:password@]host:port/0.
 func (s *Server) URL() string {
@@ -262,81 +181,33 @@ func (s *Server) Dir() string { return s.opts.Dir }
 func (s *Server) LogPath() string { return filepath.Join(s.opts.Dir, "redis-server.log") }
 
 // Running reports whether the process is alive.
-func (s *Server) Running() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.proc == nil {
-		return false
-	}
-	select {
-	case <-s.proc.done:
-		return false
-	default:
-		return true
-	}
-}
+func (s *Server) Running() bool { return s.proc.Running() }
 
 // Kill sends SIGKILL (kill -9) and returns once the process is reaped.
 // Killing a stopped server does nothing.
-func (s *Server) Kill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.killLocked()
-}
+func (s *Server) Kill() { s.proc.Kill() }
 
 // Stop sends SIGTERM (the server writes its AOF and exits) and waits up to
 // 10 s, then kills it.
-func (s *Server) Stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	p := s.proc
-	if p == nil {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	s.mu.Unlock()
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-	}
-	s.mu.Lock()
-	s.killLocked()
-}
+func (s *Server) Stop() { s.proc.Stop() }
 
 // Restart kills the process if it still runs and starts it again on the
 // same port and folder; it returns once the AOF is loaded.
-func (s *Server) Restart(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.killLocked()
-	return s.startLocked(ctx)
-}
+func (s *Server) Restart(ctx context.Context) error { return s.proc.Restart(ctx) }
 
 // Close kills the process and removes the folder when Start made it. Safe
 // to call twice.
 func (s *Server) Close() error {
-	s.mu.Lock()
-	s.killLocked()
-	s.mu.Unlock()
-	if s.tmp {
-		os.RemoveAll(s.opts.Dir)
-	}
+	s.proc.Close()
+	s.removeTmp()
 	return nil
 }
 
-// LogTail returns at most the last n bytes of the server's log.
-func (s *Server) LogTail(n int) string {
-	f, err := os.Open(s.LogPath())
-	if err != nil {
-		return ""
+func (s *Server) removeTmp() {
+	if s.tmp {
+		os.RemoveAll(s.opts.Dir)
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	off := max(0, fi.Size()-int64(n))
-	b := make([]byte, fi.Size()-off)
-	nr, _ := f.ReadAt(b, off)
-	return string(b[:nr])
 }
+
+// LogTail returns at most the last n bytes of the server's log.
+func (s *Server) LogTail(n int) string { return launch.Tail(s.LogPath(), n) }

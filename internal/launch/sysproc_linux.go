@@ -1,4 +1,4 @@
-package llamaserver
+package launch
 
 import "syscall"
 

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package llamaserver
+package launch
 
 import "syscall"
 
