@@ -116,18 +116,8 @@ func benchAmortization(args []string) error {
 	if err != nil {
 		return err
 	}
-	if *plot != "" {
-		f, err := os.Create(*plot)
-		if err != nil {
-			return err
-		}
-		if err := bench.WriteAmortSVG(f, r); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
-			return err
-		}
+	if err := writePlot(*plot, func(w io.Writer) error { return bench.WriteAmortSVG(w, r) }); err != nil {
+		return err
 	}
 	if *asJSON {
 		return emit(true, map[string]any{"amortization": r}, nil)

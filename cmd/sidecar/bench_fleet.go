@@ -1,13 +1,8 @@
 package main
 
 import (
-	"context"
 	"flag"
-	"fmt"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 
 	"github.com/kvsidecar/kvsidecar/internal/bench"
 )
@@ -28,31 +23,16 @@ func benchFleet(args []string) error {
 	fs.IntVar(&o.KillAfter, "kill-after", 0, "kill -9 replica 1 (sidecar and llama-server) after this round in both fleets (0: never)")
 	fs.IntVar(&o.RedisRestartAfter, "redis-restart-after", 0, "kill -9 redis-server after this round and restart it on its AOF (0: never)")
 	fs.StringVar(&o.AppendFsync, "appendfsync", "always", "redis-server's AOF fsync policy: always or everysec")
-	fs.StringVar(&o.LlamaServer, "llama-server", "", "llama-server binary (default $LLAMA_SERVER, else ../shared/llama/bin/llama-server found upwards)")
 	fs.StringVar(&o.RedisServer, "redis-server", "", "redis-server binary (default $REDIS_SERVER, else redis-server or valkey-server on PATH)")
-	fs.StringVar(&o.Model, "model", "", "GGUF model for every server (default: a tiny random model from ../shared/llama/tiny_gguf.py)")
-	llamaArgs := fs.String("llama-args", "--n-predict 128", "extra arguments for every llama-server, space-separated")
-	var sidecarArgs stringsFlag
-	fs.Var(&sidecarArgs, "sidecar-arg", "extra flag for every sidecar, repeated (e.g. --sidecar-arg=--extract=false)")
-	fs.StringVar(&o.Dir, "dir", "", "folder for the servers' data and logs (default: a temporary folder, removed)")
-	if err := fs.Parse(args); err != nil {
+	var rf realFlags
+	rf.register(fs, "every llama-server")
+	if err := rf.parse(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %q", fs.Args())
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("the sidecar binary to start: %w", err)
-	}
-	o.SidecarCommand = []string{exe, "serve"}
-	o.SidecarArgs = sidecarArgs
-	o.LlamaArgs = strings.Fields(*llamaArgs)
-	if o.LlamaArgs == nil {
-		o.LlamaArgs = []string{}
-	}
+	o.LlamaServer, o.Model, o.Dir = rf.LlamaServer, rf.Model, rf.Dir
+	o.SidecarCommand, o.SidecarArgs, o.LlamaArgs = rf.SidecarCommand, rf.SidecarArgs, rf.LlamaArgs
 	o.Progress = os.Stderr
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := interruptible()
 	defer stop()
 	r, err := bench.RunFleet(ctx, o)
 	if err != nil {

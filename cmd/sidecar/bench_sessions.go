@@ -1,22 +1,12 @@
 package main
 
 import (
-	"context"
 	"flag"
-	"fmt"
+	"io"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 
 	"github.com/kvsidecar/kvsidecar/internal/bench"
 )
-
-// stringsFlag collects a repeated string flag.
-type stringsFlag []string
-
-func (s *stringsFlag) String() string     { return strings.Join(*s, " ") }
-func (s *stringsFlag) Set(v string) error { *s = append(*s, v); return nil }
 
 func benchSessions(args []string) error {
 	fs := flag.NewFlagSet("bench sessions", flag.ContinueOnError)
@@ -33,47 +23,22 @@ func benchSessions(args []string) error {
 	fs.IntVar(&o.Threads, "threads", 0, "each llama-server's -t (default: half the CPUs, as the two run side by side)")
 	fs.IntVar(&o.EngineRestartAfter, "engine-restart-after", 0, "kill -9 and restart both llama-servers after this round (0: never)")
 	fs.IntVar(&o.SidecarRestartAfter, "sidecar-restart-after", 0, "kill -9 and restart the sidecar after this round, once its background queue drained (0: never)")
-	fs.StringVar(&o.LlamaServer, "llama-server", "", "llama-server binary (default $LLAMA_SERVER, else ../shared/llama/bin/llama-server found upwards)")
-	fs.StringVar(&o.Model, "model", "", "GGUF model for both servers (default: a tiny random model from ../shared/llama/tiny_gguf.py)")
-	llamaArgs := fs.String("llama-args", "--n-predict 128", "extra arguments for both llama-servers, space-separated")
-	var sidecarArgs stringsFlag
-	fs.Var(&sidecarArgs, "sidecar-arg", "extra flag for the sidecar under test, repeated (e.g. --sidecar-arg=--extract=false)")
-	fs.StringVar(&o.Dir, "dir", "", "folder for the servers' slots and logs and the sidecar's data (default: a temporary folder, removed)")
-	if err := fs.Parse(args); err != nil {
+	var rf realFlags
+	rf.register(fs, "both llama-servers")
+	if err := rf.parse(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %q", fs.Args())
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("the sidecar binary to start: %w", err)
-	}
-	o.SidecarCommand = []string{exe, "serve"}
-	o.SidecarArgs = sidecarArgs
-	o.LlamaArgs = strings.Fields(*llamaArgs)
-	if o.LlamaArgs == nil {
-		o.LlamaArgs = []string{}
-	}
+	o.LlamaServer, o.Model, o.Dir = rf.LlamaServer, rf.Model, rf.Dir
+	o.SidecarCommand, o.SidecarArgs, o.LlamaArgs = rf.SidecarCommand, rf.SidecarArgs, rf.LlamaArgs
 	o.Progress = os.Stderr
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := interruptible()
 	defer stop()
 	r, err := bench.RunSessions(ctx, o)
 	if err != nil {
 		return err
 	}
-	if *plot != "" {
-		f, err := os.Create(*plot)
-		if err != nil {
-			return err
-		}
-		if err := bench.WriteSessionsSVG(f, r); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
-			return err
-		}
+	if err := writePlot(*plot, func(w io.Writer) error { return bench.WriteSessionsSVG(w, r) }); err != nil {
+		return err
 	}
 	return emit(*asJSON, r, bench.WriteSessionsTable)
 }

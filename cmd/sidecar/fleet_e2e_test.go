@@ -9,14 +9,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/kvsidecar/kvsidecar/internal/bench"
-	"github.com/kvsidecar/kvsidecar/internal/launch"
 	"github.com/kvsidecar/kvsidecar/internal/llamaserver/llamatest"
 	"github.com/kvsidecar/kvsidecar/internal/redisserver"
 	"github.com/kvsidecar/kvsidecar/internal/redisserver/redistest"
@@ -33,22 +30,11 @@ import (
 func TestFleetRealParts(t *testing.T) {
 	redistest.Require(t)
 	llamatest.Require(t)
-	cmd := exec.Command(os.Args[0], "bench", "fleet", "--sessions", "3", "--rounds", "5", "--slots", "1",
-		"--doc-tokens", "1500", "--kill-after", "3", "--redis-restart-after", "4", "--sidecar-arg=--recall-share=0",
-		"--sidecar-arg=--extract=false", "--json")
-	cmd.Env = append(os.Environ(), "SIDECAR_TEST_MAIN=1")
-	cmd.SysProcAttr = launch.SysProcAttr()
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("bench fleet: %v\n%s", err, stderr.String())
-	}
 	var r bench.FleetReport
-	if err := json.Unmarshal(out, &r); err != nil {
-		t.Fatalf("bench fleet --json printed %q: %v", tail(string(out), 300), err)
-	}
-	t.Logf("%s", stderr.String())
+	stderr := runBenchJSON(t, &r, "fleet", "--sessions", "3", "--rounds", "5", "--slots", "1",
+		"--doc-tokens", "1500", "--kill-after", "3", "--redis-restart-after", "4", "--sidecar-arg=--recall-share=0",
+		"--sidecar-arg=--extract=false")
+	t.Logf("%s", stderr)
 	if len(r.RoundStats) != 5 || r.RoundStats[3].Event == "" || r.RoundStats[4].Event != "redis restart" {
 		t.Fatalf("rounds: %+v", r.RoundStats)
 	}

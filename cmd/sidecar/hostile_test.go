@@ -40,83 +40,18 @@ import (
 	"github.com/kvsidecar/kvsidecar/internal/faultup"
 )
 
-// proc is a sidecar process whose stderr is kept in a file.
-type proc struct {
-	pprof   atomic.Pointer[string] // the pprof address, when started with --pprof
-	cmd     *exec.Cmd
-	addr    string
-	logPath string
-	done    chan struct{} // closed when the process exited
-	exited  time.Time
-	err     error
-}
-
-// startProc runs `sidecar serve` on dataDir and waits until it listens.
-func startProc(t *testing.T, dataDir string, args ...string) *proc {
+// startProc runs `sidecar serve` on dataDir, its log kept in a file, and
+// waits until it listens.
+func startProc(t *testing.T, dataDir string, args ...string) *child {
 	t.Helper()
-	logPath := filepath.Join(t.TempDir(), "sidecar.log")
-	lf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	argv := append([]string{os.Args[0], "serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir}, args...)
-	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir}, args...)...)
 	cmd.Env = append(os.Environ(), "SIDECAR_TEST_MAIN=1")
-	pipe, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd, logPath: logPath, done: make(chan struct{})}
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pipe)
-		sc.Buffer(make([]byte, 64<<10), 16<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			_, _ = lf.Write(append(line, '\n'))
-			var l struct{ Msg, Listen, Addr string }
-			if json.Unmarshal(line, &l) == nil {
-				switch l.Msg {
-				case "sidecar listening":
-					addr <- l.Listen
-				case "pprof listening":
-					p.pprof.Store(&l.Addr)
-				}
-			}
-		}
-		_, _ = io.Copy(lf, pipe)
-		p.err = cmd.Wait()
-		p.exited = time.Now()
-		lf.Close()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.done
-	})
-	select {
-	case p.addr = <-addr:
-	case <-p.done:
-		t.Fatalf("sidecar exited before listening: %v\n%s", p.err, p.log())
-	case <-time.After(60 * time.Second):
-		t.Fatal("sidecar did not start listening")
-	}
-	return p
-}
-
-func (p *proc) pid() int { return p.cmd.Process.Pid }
-
-func (p *proc) log() string {
-	b, _ := os.ReadFile(p.logPath)
-	return string(b)
+	return startCmd(t, cmd, filepath.Join(t.TempDir(), "sidecar.log"))
 }
 
 // crashes returns the lines of the child's output that show a panic, a
 // fatal error or a data race.
-func (p *proc) crashes() []string {
+func (p *child) crashes() []string {
 	var out []string
 	for _, l := range strings.Split(p.log(), "\n") {
 		if strings.HasPrefix(l, "panic:") || strings.HasPrefix(l, "fatal error:") || strings.Contains(l, "WARNING: DATA RACE") ||
@@ -136,7 +71,7 @@ type procStats struct {
 	SessionsHeld int   `json:"sessions_loaded"`
 }
 
-func (p *proc) stats(t *testing.T) procStats {
+func (p *child) stats(t *testing.T) procStats {
 	t.Helper()
 	var st procStats
 	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.pid()))
@@ -192,7 +127,7 @@ func scrape(t *testing.T, addr string) map[string]float64 {
 
 // quiesce waits until the sidecar serves nothing but the scrape itself and
 // its goroutine count has settled, then returns its stats.
-func (p *proc) quiesce(t *testing.T) procStats {
+func (p *child) quiesce(t *testing.T) procStats {
 	t.Helper()
 	var last procStats
 	stable := 0
@@ -510,7 +445,7 @@ func tail(s string, n int) string {
 	return s
 }
 
-func stop(t *testing.T, p *proc) {
+func stop(t *testing.T, p *child) {
 	t.Helper()
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
@@ -531,7 +466,7 @@ func writeHostileReport(t *testing.T, rep *hostileReport) {
 }
 
 // runWorkers fires hostile requests from hostileWorkers goroutines for d.
-func runWorkers(t *testing.T, p *proc, run *hostileRun, d time.Duration) {
+func runWorkers(t *testing.T, p *child, run *hostileRun, d time.Duration) {
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(d)
 	for w := 0; w < hostileWorkers; w++ {
@@ -769,7 +704,7 @@ var (
 
 // warmUp sends one chat request for every tenant and session id the
 // workers use, so session logs are open before the baseline is taken.
-func warmUp(t *testing.T, p *proc) {
+func warmUp(t *testing.T, p *child) {
 	t.Helper()
 	var ids []string
 	for _, id := range fuzzSessions {

@@ -8,7 +8,6 @@ package main
 // KVSIDECAR_REQUIRE_LLAMA=1 (as in CI).
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -72,56 +71,16 @@ func newRealStack(t *testing.T, slots int, model string) *realStack {
 func (s *realStack) startSidecar() {
 	t := s.t
 	t.Helper()
-	f, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
 	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", "127.0.0.1:0"}, s.args...)...)
 	cmd.Env = append(os.Environ(), "SIDECAR_TEST_MAIN=1")
 	cmd.SysProcAttr = launch.SysProcAttr()
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &child{cmd: cmd, done: make(chan struct{})}
-	addr := make(chan string, 1)
-	go func() {
-		defer f.Close()
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			f.Write(append(sc.Bytes(), '\n'))
-			var line struct{ Msg, Listen string }
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "sidecar listening" {
-				addr <- line.Listen
-			}
-		}
-		c.err = cmd.Wait()
-		close(c.done)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-c.done
-	})
-	select {
-	case c.addr = <-addr:
-	case <-c.done:
-		t.Fatalf("sidecar exited before listening: %v", c.err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("sidecar did not start listening")
-	}
+	c := startCmd(t, cmd, s.log)
 	s.sc = c
 	s.client = openai.NewClient(option.WithBaseURL("http://"+c.addr+"/v1/"), option.WithAPIKey("sk-real"), option.WithMaxRetries(0))
 }
 
 // killSidecar kills the sidecar with SIGKILL and waits for it.
-func (s *realStack) killSidecar() {
-	_ = s.sc.cmd.Process.Kill()
-	<-s.sc.done
-}
+func (s *realStack) killSidecar() { s.sc.kill() }
 
 // waitIdle waits, as a user pauses between turns, until the sidecar's
 // background engine queue is empty (sidecar_engine_queue_depth, where it
@@ -416,27 +375,16 @@ func TestRealEngineRefusesStateFromAnotherModel(t *testing.T) {
 func TestBenchSessionsRuns(t *testing.T) {
 	llamatest.Require(t)
 	plot := filepath.Join(t.TempDir(), "sessions.svg")
-	cmd := exec.Command(os.Args[0], "bench", "sessions", "--sessions", "3", "--rounds", "2", "--slots", "1",
-		"--doc-tokens", "400", "--cache-ram", "-1", "--sidecar-restart-after", "1", "--json", "--plot", plot)
-	cmd.Env = append(os.Environ(), "SIDECAR_TEST_MAIN=1")
-	cmd.SysProcAttr = launch.SysProcAttr()
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("bench sessions: %v\n%s", err, stderr.String())
-	}
 	var r bench.SessionsReport
-	if err := json.Unmarshal(out, &r); err != nil {
-		t.Fatalf("bench sessions --json printed %q: %v", tail(string(out), 300), err)
-	}
+	stderr := runBenchJSON(t, &r, "sessions", "--sessions", "3", "--rounds", "2", "--slots", "1",
+		"--doc-tokens", "400", "--cache-ram", "-1", "--sidecar-restart-after", "1", "--plot", plot)
 	if len(r.RoundStats) != 2 || r.RoundStats[1].Event != "sidecar restart" || len(r.Notes) == 0 || !strings.Contains(r.Notes[0], "SIGKILL") {
 		t.Fatalf("report: %+v", r)
 	}
 	for _, rs := range r.RoundStats {
 		for _, side := range []bench.SessionsSide{rs.Direct, rs.Sidecar} {
 			if side.Turns != 3 || side.Errors != 0 || side.PromptTokens != side.Reprocessed+side.Cached || side.TTFTP50Ms <= 0 {
-				t.Fatalf("round %d: %+v\n%s", rs.Round, side, stderr.String())
+				t.Fatalf("round %d: %+v\n%s", rs.Round, side, stderr)
 			}
 		}
 	}
@@ -454,4 +402,24 @@ func TestBenchSessionsRuns(t *testing.T) {
 	if err != nil || !strings.Contains(string(svg), "after sidecar restart") {
 		t.Fatalf("plot: %v\n%s", err, svg)
 	}
+}
+
+// runBenchJSON runs `sidecar bench WHAT ARGS --json` as a user does (this
+// test binary as the sidecar), decodes its report into r and returns what
+// it wrote on stderr (its progress lines).
+func runBenchJSON(t *testing.T, r any, what string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append(append([]string{"bench", what}, args...), "--json")...)
+	cmd.Env = append(os.Environ(), "SIDECAR_TEST_MAIN=1")
+	cmd.SysProcAttr = launch.SysProcAttr()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("bench %s: %v\n%s", what, err, stderr.String())
+	}
+	if err := json.Unmarshal(out, r); err != nil {
+		t.Fatalf("bench %s --json printed %q: %v", what, tail(string(out), 300), err)
+	}
+	return stderr.String()
 }

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -31,10 +32,13 @@ func TestMain(m *testing.M) {
 
 // child is a sidecar process started by a test.
 type child struct {
-	cmd  *exec.Cmd
-	addr string
-	done chan struct{} // closed when the process exited; err is then set
-	err  error
+	cmd     *exec.Cmd
+	addr    string
+	pprof   atomic.Pointer[string] // the pprof address, when started with --pprof
+	logPath string                 // where its stderr goes ("" for nowhere)
+	done    chan struct{}          // closed when the process exited; err and exited are then set
+	exited  time.Time
+	err     error
 }
 
 // startChild runs `sidecar serve` with args in a child process and waits
@@ -43,13 +47,22 @@ func startChild(t *testing.T, env []string, args ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", t.TempDir()}, args...)...)
 	cmd.Env = append(append(os.Environ(), "SIDECAR_TEST_MAIN=1"), env...)
-	return startCmd(t, cmd)
+	return startCmd(t, cmd, "")
 }
 
 // startCmd starts a prepared `sidecar serve` command and waits until it
-// listens.
-func startCmd(t *testing.T, cmd *exec.Cmd) *child {
+// listens; its stderr (the JSON log) is appended to logPath when that is
+// not empty. The test's cleanup kills it.
+func startCmd(t *testing.T, cmd *exec.Cmd, logPath string) *child {
 	t.Helper()
+	lf := io.Discard
+	if logPath != "" {
+		f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lf = f
+	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -57,17 +70,30 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *child {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd, done: make(chan struct{})}
+	c := &child{cmd: cmd, logPath: logPath, done: make(chan struct{})}
 	addr := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 16<<20)
 		for sc.Scan() {
-			var line struct{ Msg, Listen string }
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "sidecar listening" {
-				addr <- line.Listen
+			line := sc.Bytes()
+			_, _ = lf.Write(append(line, '\n'))
+			var l struct{ Msg, Listen, Addr string }
+			if json.Unmarshal(line, &l) == nil {
+				switch l.Msg {
+				case "sidecar listening":
+					addr <- l.Listen
+				case "pprof listening":
+					c.pprof.Store(&l.Addr)
+				}
 			}
 		}
+		_, _ = io.Copy(lf, stderr) // past a line too long to scan
 		c.err = cmd.Wait()
+		c.exited = time.Now()
+		if f, ok := lf.(*os.File); ok {
+			f.Close()
+		}
 		close(c.done)
 	}()
 	t.Cleanup(func() {
@@ -77,11 +103,28 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *child {
 	select {
 	case c.addr = <-addr:
 	case <-c.done:
-		t.Fatalf("sidecar exited before listening: %v", c.err)
-	case <-time.After(20 * time.Second):
+		t.Fatalf("sidecar exited before listening: %v\n%s", c.err, tail(c.log(), 4000))
+	case <-time.After(60 * time.Second):
 		t.Fatal("sidecar did not start listening")
 	}
 	return c
+}
+
+// kill sends SIGKILL and waits until the process is reaped.
+func (c *child) kill() {
+	_ = c.cmd.Process.Kill()
+	<-c.done
+}
+
+func (c *child) pid() int { return c.cmd.Process.Pid }
+
+// log is what the child wrote to its log so far ("" when it keeps none).
+func (c *child) log() string {
+	if c.logPath == "" {
+		return ""
+	}
+	b, _ := os.ReadFile(c.logPath)
+	return string(b)
 }
 
 // scriptedUpstream is an OpenAI-compatible server on loopback with canned

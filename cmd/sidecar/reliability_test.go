@@ -89,7 +89,7 @@ func TestSessionsUnderUlimit1024(t *testing.T) {
 	cmd := exec.Command("sh", "-c", `ulimit -n 1024 && exec "$0" "$@"`, os.Args[0], "serve", "--listen", "127.0.0.1:0",
 		"--data-dir", dataDir, "--upstream", up.URL, "--extract=false")
 	cmd.Env = append(os.Environ(), "SIDECAR_TEST_MAIN=1")
-	sc := startCmd(t, cmd)
+	sc := startCmd(t, cmd, "")
 	const sessions, workers = 2000, 16
 	var mu sync.Mutex
 	codes := map[int]int{}

@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -264,27 +263,16 @@ func RunFleet(ctx context.Context, o FleetOptions) (FleetReport, error) {
 	if err := o.validate(); err != nil {
 		return FleetReport{}, err
 	}
-	dir := o.Dir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "kvsidecar-bench-fleet-*")
-		if err != nil {
-			return FleetReport{}, err
-		}
-		defer os.RemoveAll(d)
-		dir = d
+	dir, cleanup, err := scratchDir(o.Dir, "kvsidecar-bench-fleet-*")
+	if err != nil {
+		return FleetReport{}, err
 	}
-	if o.Model == "" {
-		p, err := llamaserver.Find()
-		if err != nil {
-			return FleetReport{}, fmt.Errorf("bench: fleet: no --model given and none can be generated: %w", err)
-		}
-		if o.LlamaServer == "" {
-			o.LlamaServer = p.Server
-		}
-		if o.Model, err = llamaserver.TinyModel(p, ""); err != nil {
-			return FleetReport{}, err
-		}
+	defer cleanup()
+	eng := llamaSetup{Server: o.LlamaServer, Model: o.Model, Slots: o.Slots, CacheRAMMiB: o.CacheRAMMiB, Threads: o.Threads, Args: o.LlamaArgs}
+	if err := eng.resolveModel("fleet"); err != nil {
+		return FleetReport{}, err
 	}
+	o.LlamaServer, o.Model = eng.Server, eng.Model
 	r := FleetReport{Replicas: o.Replicas, Sessions: o.Sessions, Rounds: o.Rounds, Slots: o.Slots, DocTokens: o.DocTokens,
 		CacheRAMMiB: o.CacheRAMMiB, MaxTokens: o.MaxTokens, Threads: o.Threads, KillAfter: o.KillAfter,
 		RedisRestartAfter: o.RedisRestartAfter, AppendFsync: o.AppendFsync, Model: o.Model, SidecarArgs: append([]string{}, o.SidecarArgs...)}
@@ -309,24 +297,13 @@ func RunFleet(ctx context.Context, o FleetOptions) (FleetReport, error) {
 		}
 		for k := range n {
 			name := fmt.Sprintf("%s-%d", f.name, k)
-			l, err := llamaserver.Start(ctx, llamaserver.Options{
-				Binary: o.LlamaServer, Model: o.Model, Slots: o.Slots, CacheRAMMiB: o.CacheRAMMiB, Threads: o.Threads, Args: o.LlamaArgs,
-				SlotDir: filepath.Join(dir, name, "slots"), LogFile: filepath.Join(dir, name, "llama-server.log"),
-			})
-			if err != nil {
-				return r, err
-			}
-			f.llamas = append(f.llamas, l)
-			args := append([]string{}, o.SidecarArgs...)
+			redisURL := ""
 			if f == shared {
-				args = append(args, "--remote", redis.URL(), "--remote-lease-ttl", "3s")
+				redisURL = redis.URL()
 			}
-			sc, err := startSidecar(ctx, SessionsOptions{SidecarCommand: o.SidecarCommand, SidecarArgs: args}, l, filepath.Join(dir, name))
-			if err != nil {
+			if _, err := f.addReplica(ctx, o, redisURL, filepath.Join(dir, name)); err != nil {
 				return r, err
 			}
-			f.scs = append(f.scs, sc)
-			f.alive = append(f.alive, true)
 		}
 	}
 	fmt.Fprintf(o.Progress, "redis %s; %d replicas per fleet; logs in %s\n", redis.Addr(), o.Replicas, dir)
@@ -474,7 +451,7 @@ func RunFleet(ctx context.Context, o FleetOptions) (FleetReport, error) {
 	// the Redis restart, if any), serves one more turn of every session:
 	// history and KV come from the store alone. Then every acknowledged
 	// turn must be in its view of the sessions.
-	joiner, err := joinFleet(ctx, o, shared, redis.URL(), filepath.Join(dir, "shared-joiner"))
+	joiner, err := shared.addReplica(ctx, o, redis.URL(), filepath.Join(dir, "shared-joiner"))
 	if err != nil {
 		return r, err
 	}
@@ -533,19 +510,21 @@ func joinEvent(a, b string) string {
 	return a + ", " + b
 }
 
-// joinFleet starts one more replica of the shared fleet (its own
-// llama-server, a sidecar with an empty data folder) and adds it to f.
-func joinFleet(ctx context.Context, o FleetOptions, f *fleet, redisURL, dir string) (*sidecarProc, error) {
-	l, err := llamaserver.Start(ctx, llamaserver.Options{
-		Binary: o.LlamaServer, Model: o.Model, Slots: o.Slots, CacheRAMMiB: o.CacheRAMMiB, Threads: o.Threads, Args: o.LlamaArgs,
-		SlotDir: filepath.Join(dir, "slots"), LogFile: filepath.Join(dir, "llama-server.log"),
-	})
+// addReplica starts one more replica of f (its own llama-server, a sidecar
+// with its data under dir; sharing the store at redisURL when not empty)
+// and adds it to f.
+func (f *fleet) addReplica(ctx context.Context, o FleetOptions, redisURL, dir string) (*sidecarProc, error) {
+	eng := llamaSetup{Server: o.LlamaServer, Model: o.Model, Slots: o.Slots, CacheRAMMiB: o.CacheRAMMiB, Threads: o.Threads, Args: o.LlamaArgs}
+	l, err := eng.start(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
 	f.llamas = append(f.llamas, l)
-	args := append(append([]string{}, o.SidecarArgs...), "--remote", redisURL, "--remote-lease-ttl", "3s")
-	sc, err := startSidecar(ctx, SessionsOptions{SidecarCommand: o.SidecarCommand, SidecarArgs: args}, l, dir)
+	args := append([]string{}, o.SidecarArgs...)
+	if redisURL != "" {
+		args = append(args, "--remote", redisURL, "--remote-lease-ttl", "3s")
+	}
+	sc, err := startSidecar(ctx, sidecarSetup{Command: o.SidecarCommand, Args: args}, l, dir)
 	if err != nil {
 		return nil, err
 	}

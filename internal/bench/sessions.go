@@ -12,17 +12,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/launch"
 	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
 )
 
@@ -244,49 +239,31 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 	if err := o.validate(); err != nil {
 		return SessionsReport{}, err
 	}
-	dir := o.Dir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "kvsidecar-bench-sessions-*")
-		if err != nil {
-			return SessionsReport{}, err
-		}
-		defer os.RemoveAll(d)
-		dir = d
+	dir, cleanup, err := scratchDir(o.Dir, "kvsidecar-bench-sessions-*")
+	if err != nil {
+		return SessionsReport{}, err
 	}
-	if o.Model == "" {
-		p, err := llamaserver.Find()
-		if err != nil {
-			return SessionsReport{}, fmt.Errorf("bench: sessions: no --model given and none can be generated: %w", err)
-		}
-		if o.LlamaServer == "" {
-			o.LlamaServer = p.Server
-		}
-		if o.Model, err = llamaserver.TinyModel(p, ""); err != nil {
-			return SessionsReport{}, err
-		}
+	defer cleanup()
+	eng := llamaSetup{Server: o.LlamaServer, Model: o.Model, Slots: o.Slots, CacheRAMMiB: o.CacheRAMMiB, Threads: o.Threads, Args: o.LlamaArgs}
+	if err := eng.resolveModel("sessions"); err != nil {
+		return SessionsReport{}, err
 	}
+	o.LlamaServer, o.Model = eng.Server, eng.Model
 	r := SessionsReport{Sessions: o.Sessions, Rounds: o.Rounds, Slots: o.Slots, DocTokens: o.DocTokens, CacheRAMMiB: o.CacheRAMMiB,
 		MaxTokens: o.MaxTokens, SharedUser: o.SharedUser, Threads: o.Threads, EngineRestartAfter: o.EngineRestartAfter, SidecarRestartAfter: o.SidecarRestartAfter,
 		Model: o.Model, LlamaArgs: o.LlamaArgs, SidecarArgs: append([]string{}, o.SidecarArgs...)}
 
-	startLlama := func(name string) (*llamaserver.Server, error) {
-		return llamaserver.Start(ctx, llamaserver.Options{
-			Binary: o.LlamaServer, Model: o.Model, Slots: o.Slots, CacheRAMMiB: o.CacheRAMMiB, Threads: o.Threads, Args: o.LlamaArgs,
-			SlotDir: filepath.Join(dir, name, "slots"), LogFile: filepath.Join(dir, name, "llama-server.log"),
-		})
-	}
 	direct := &side{name: "direct"}
 	via := &side{name: "sidecar"}
-	var err error
-	if direct.llama, err = startLlama("direct"); err != nil {
+	if direct.llama, err = eng.start(ctx, filepath.Join(dir, "direct")); err != nil {
 		return r, err
 	}
 	defer direct.llama.Close()
-	if via.llama, err = startLlama("sidecar"); err != nil {
+	if via.llama, err = eng.start(ctx, filepath.Join(dir, "sidecar")); err != nil {
 		return r, err
 	}
 	defer via.llama.Close()
-	sc, err := startSidecar(ctx, o, via.llama, filepath.Join(dir, "sidecar"))
+	sc, err := startSidecar(ctx, sidecarSetup{Command: o.SidecarCommand, Args: o.SidecarArgs, Env: o.SidecarEnv}, via.llama, filepath.Join(dir, "sidecar"))
 	if err != nil {
 		return r, err
 	}
@@ -468,144 +445,4 @@ func fillEngineFigures(st *SessionsSide, before, after Metrics) {
 		return 1000 * (ta - tb) / (na - nb)
 	}
 	st.RestoreMeanMs, st.SaveMeanMs = mean("restore"), mean("save")
-}
-
-// makeDocs returns n distinct documents of about tokens tokens each on
-// srv's tokenizer.
-func makeDocs(ctx context.Context, srv *llamaserver.Server, n, tokens int) ([]string, error) {
-	// Calibrate words per token on a sample, then check each document.
-	sample := sessionDoc(1_000_000, 400)
-	st, err := srv.Tokenize(ctx, sample)
-	if err != nil {
-		return nil, err
-	}
-	perWord := float64(st) / 400
-	docs := make([]string, n)
-	for i := range docs {
-		words := max(1, int(float64(tokens)/perWord))
-		for try := 0; ; try++ {
-			docs[i] = sessionDoc(uint64(i+1), words)
-			got, err := srv.Tokenize(ctx, docs[i])
-			if err != nil {
-				return nil, err
-			}
-			if try == 3 || got == 0 || (got >= tokens*95/100 && got <= tokens*105/100) {
-				break
-			}
-			words = max(1, int(float64(words)*float64(tokens)/float64(got)))
-		}
-	}
-	return docs, nil
-}
-
-// sidecarProc is the sidecar run as a child process, restartable with
-// the same flags (port, data folder).
-type sidecarProc struct {
-	argv []string
-	env  []string
-	log  string
-	addr string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func startSidecar(ctx context.Context, o SessionsOptions, up *llamaserver.Server, dir string) (*sidecarProc, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	argv := append(append([]string(nil), o.SidecarCommand...),
-		"--listen", addr, "--upstream", up.URL(), "--data-dir", filepath.Join(dir, "data"),
-		"--engine", "llamacpp", "--llamacpp-slot-dir", up.SlotDir(), "--llamacpp-slots", strconv.Itoa(up.Slots()),
-		"--log-format", "json")
-	argv = append(argv, o.SidecarArgs...)
-	p := &sidecarProc{argv: argv, env: o.SidecarEnv, log: filepath.Join(dir, "sidecar.log"), addr: addr}
-	return p, p.start(ctx)
-}
-
-func (p *sidecarProc) url() string { return "http://" + p.addr }
-
-func (p *sidecarProc) start(ctx context.Context) error {
-	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer f.Close() // the child has its own descriptor
-	cmd := exec.Command(p.argv[0], p.argv[1:]...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = append(os.Environ(), p.env...)
-	cmd.SysProcAttr = launch.SysProcAttr()
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("bench: sessions: start sidecar: %w", err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	p.cmd, p.done = cmd, done
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.url()+"/healthz", nil)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-done:
-			return fmt.Errorf("bench: sessions: the sidecar exited at start; see %s", p.log)
-		case <-ctx.Done():
-			p.kill()
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			p.kill()
-			return fmt.Errorf("bench: sessions: the sidecar did not answer /healthz within 60 s; see %s", p.log)
-		}
-	}
-}
-
-func (p *sidecarProc) kill() {
-	if p.cmd == nil {
-		return
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
-func (p *sidecarProc) restart(ctx context.Context) error {
-	p.kill()
-	return p.start(ctx)
-}
-
-func (p *sidecarProc) close() { p.kill() }
-
-// drain waits (up to 30 s) until the sidecar's background engine queue is
-// empty, as between users' turns, and says when the kill came.
-func (p *sidecarProc) drain(ctx context.Context) string {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		m, err := ScrapeMetrics(ctx, p.url()+"/metrics")
-		if err != nil {
-			time.Sleep(time.Second)
-			return "1 s after the round (the sidecar's /metrics failed: " + err.Error() + ")"
-		}
-		d, ok := m.queueDepth()
-		if !ok {
-			time.Sleep(time.Second)
-			return "1 s after the round (the sidecar exports no sidecar_engine_queue_depth)"
-		}
-		if d == 0 {
-			return "after the sidecar's background queue drained, as between users' turns"
-		}
-		if time.Now().After(deadline) {
-			return fmt.Sprintf("with %g jobs still in the sidecar's background queue after 30 s", d)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

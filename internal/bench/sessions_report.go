@@ -10,10 +10,7 @@ import (
 
 // WriteSessionsTable writes r as a table for people.
 func WriteSessionsTable(w io.Writer, r SessionsReport) error {
-	cache := fmt.Sprintf("--cache-ram %d MiB", r.CacheRAMMiB)
-	if r.CacheRAMMiB < 0 {
-		cache = "--cache-ram 0 (off)"
-	}
+	cache := cacheRAMText(r.CacheRAMMiB)
 	fmt.Fprintf(w, "Sessions on a real llama.cpp server, direct vs through the sidecar: %d sessions × %d rounds over %d slots, %d-token documents, %s, -t %d, model %s\n",
 		r.Sessions, r.Rounds, r.Slots, r.DocTokens, cache, r.Threads, filepath.Base(r.Model))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
