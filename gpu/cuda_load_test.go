@@ -93,18 +93,7 @@ func TestStubDriver(t *testing.T) {
 	defer c.Close()
 	rng := rand.New(rand.NewPCG(8, 9))
 	for _, n := range []int{1, 100_000, 3 << 20} {
-		b, err := c.Alloc(n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		src := randomBytes(rng, n)
-		got := make([]byte, n)
-		if err := c.CopyIn(b, src); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.CopyOut(got, b); err != nil || !bytes.Equal(got, src) {
-			t.Fatalf("%d bytes staged: %v, equal %v", n, err, bytes.Equal(got, src))
-		}
+		b, src := stagedRoundTrip(t, c, rng, n)
 		pin, err := c.AllocHost(n)
 		if err != nil {
 			t.Fatal(err)

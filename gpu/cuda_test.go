@@ -57,23 +57,32 @@ func TestCUDADevices(t *testing.T) {
 	}
 }
 
+// stagedRoundTrip allocates n bytes on c and copies n random bytes in and
+// out through pageable memory (staged both ways), failing t unless they
+// come back equal. It returns the buffer and the bytes it holds.
+func stagedRoundTrip(t *testing.T, c *CUDA, rng *rand.Rand, n int) (Buffer, []byte) {
+	t.Helper()
+	b, err := c.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := randomBytes(rng, n)
+	got := make([]byte, n)
+	if err := c.CopyIn(b, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CopyOut(got, b); err != nil || !bytes.Equal(got, src) {
+		t.Fatalf("%d bytes pageable: %v, equal %v", n, err, bytes.Equal(got, src))
+	}
+	return b, src
+}
+
 func TestCUDARoundTrip(t *testing.T) {
 	c := openCUDA(t, CUDAOptions{})
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, n := range []int{1, 4097, 1 << 20, 16<<20 + 13, 64 << 20} {
-		b, err := c.Alloc(n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		src := randomBytes(rng, n)
+		b, src := stagedRoundTrip(t, c, rng, n)
 		got := make([]byte, n)
-		// Pageable: staged both ways.
-		if err := c.CopyIn(b, src); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.CopyOut(got, b); err != nil || !bytes.Equal(got, src) {
-			t.Fatalf("%d bytes pageable: %v, equal %v", n, err, bytes.Equal(got, src))
-		}
 		// Pinned: one DMA each way, checked against the plain driver copy.
 		pin, err := c.AllocHost(n)
 		if err != nil {
