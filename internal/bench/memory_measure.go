@@ -1,0 +1,124 @@
+package bench
+
+import (
+	"bytes"
+	"slices"
+	"strings"
+)
+
+// What RunMemory measures of the prompts the upstream receives: how much
+// of each session's previous prompt the next one shares (prefixAcc), and
+// how much of each question's evidence reaches the prompt (recallAcc).
+
+// prefixAcc accumulates PrefixReport.
+type prefixAcc struct {
+	rep          PrefixReport
+	shared, prev float64
+	shares       []float64
+	prevPrompt   *promptInfo
+}
+
+func (a *prefixAcc) add(cur promptInfo) {
+	prev := a.prevPrompt
+	a.prevPrompt = &cur
+	if prev == nil {
+		return
+	}
+	a.rep.Turns++
+	// Nothing left the window when the previous prompt, its recall block
+	// aside, leads the new one message for message.
+	j := 0
+	stable := true
+	for i, raw := range prev.raws {
+		if i == prev.block {
+			continue
+		}
+		if j >= len(cur.raws) || !bytes.Equal(raw, cur.raws[j]) {
+			stable = false
+			break
+		}
+		j++
+	}
+	if !stable {
+		a.rep.Evictions++
+		return
+	}
+	a.rep.Stable++
+	shared, total := 0, 0
+	for i, raw := range prev.raws {
+		total += prev.tokens[i]
+		if i == shared && i < len(cur.raws) && bytes.Equal(raw, cur.raws[i]) {
+			shared++
+		}
+	}
+	sharedTok := 0
+	for _, t := range prev.tokens[:shared] {
+		sharedTok += t
+	}
+	a.shared += float64(sharedTok)
+	a.prev += float64(total)
+	a.shares = append(a.shares, 100*float64(sharedTok)/float64(max(total, 1)))
+}
+
+func (a *prefixAcc) report() PrefixReport {
+	rep := a.rep
+	if len(a.shares) > 0 {
+		rep.SharedPct = recallRound1(100 * a.shared / a.prev)
+		s := slices.Clone(a.shares)
+		slices.Sort(s)
+		sum := 0.0
+		for _, v := range s {
+			sum += v
+		}
+		rep.MeanPct = recallRound1(sum / float64(len(s)))
+		rep.P10Pct = recallRound1(s[len(s)/10])
+		rep.MinPct = recallRound1(s[0])
+		rep.SharedTokens = recallRound1(a.shared / float64(len(s)))
+		rep.PromptTokens = recallRound1(a.prev / float64(len(s)))
+	}
+	return rep
+}
+
+// recallAcc accumulates one client's context recall.
+type recallAcc struct {
+	n, all int
+	sum    float64
+	tokens float64
+	byCat  map[string][2]float64 // Σ recall, n
+}
+
+func newRecallAcc() *recallAcc { return &recallAcc{byCat: map[string][2]float64{}} }
+
+func (a *recallAcc) add(q LocomoQA, evidence map[string]string, prompt promptInfo) {
+	found := 0
+	for _, id := range q.Evidence {
+		if t, ok := evidence[id]; ok && strings.Contains(prompt.text, t) {
+			found++
+		}
+	}
+	f := float64(found) / float64(len(q.Evidence))
+	a.n++
+	a.sum += f
+	if found == len(q.Evidence) {
+		a.all++
+	}
+	for _, t := range prompt.tokens {
+		a.tokens += float64(t)
+	}
+	cat := LocomoCategoryName(q.Category)
+	c := a.byCat[cat]
+	a.byCat[cat] = [2]float64{c[0] + f, c[1] + 1}
+}
+
+func (a *recallAcc) client(name string) MemoryClient {
+	mc := MemoryClient{Name: name, Questions: a.n, ByCategory: map[string]float64{}}
+	if a.n > 0 {
+		mc.ContextRecall = recallRound1(100 * a.sum / float64(a.n))
+		mc.AllEvidence = recallRound1(100 * float64(a.all) / float64(a.n))
+		mc.PromptTokens = recallRound1(a.tokens / float64(a.n))
+	}
+	for cat, c := range a.byCat {
+		mc.ByCategory[cat] = recallRound1(100 * c[0] / c[1])
+	}
+	return mc
+}
