@@ -5,7 +5,9 @@
 // the GPU probe behind `sidecar gpu` (gpu.go), proxy overhead against nginx
 // (proxy.go), LoCoMo retrieval (recall*.go) and replay through a sidecar
 // (memory.go), sessions on a real llama-server with and without the sidecar
-// (sessions*.go) and a fleet of replicas sharing Redis (fleet*.go).
+// (sessions*.go) and a fleet of replicas sharing Redis (fleet*.go); those
+// two start their llama-servers and sidecars the same way (realstack.go,
+// on internal/launch).
 //
 // It is internal: only cmd/sidecar uses it (the bench subcommands, `sidecar
 // gpu`'s probe, and `serve --kv-trace`, which records KV accesses through

@@ -47,16 +47,7 @@ func WriteFleetTable(w io.Writer, r FleetReport) error {
 	}
 	fmt.Fprintf(w, "shared fleet's memory after the run, read from that replica: %d of %d acknowledged turns kept in order (%d sessions)\n",
 		r.History.Kept, r.History.Turns, r.History.Sessions)
-	for _, g := range r.Goals {
-		mark := "met"
-		if !g.Met {
-			mark = "NOT met"
-		}
-		fmt.Fprintf(w, "- %s: %.3f (goal ≤ %.2f) %s\n", g.Name, g.Value, g.Limit, mark)
-	}
-	for _, n := range r.Notes {
-		fmt.Fprintf(w, "note: %s\n", n)
-	}
+	writeGoalsAndNotes(w, r.Goals, r.Notes)
 	fmt.Fprintf(w, "note: \"reprocessed\" is the sum of llama.cpp's timings.prompt_n over the turns served by another replica than the session's previous turn; \"new tokens\" is what those turns added to their sessions' previous prompts (what even a perfect cache reprocesses)\n")
 	_, err := fmt.Fprintf(w, "(%.1f s)\n", r.Seconds)
 	return err

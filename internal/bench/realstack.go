@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,6 +16,22 @@ import (
 	"github.com/kvsidecar/kvsidecar/internal/launch"
 	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
 )
+
+// realDefaults sets the defaults SessionsOptions and FleetOptions share:
+// --n-predict 128 for the llama-servers (it bounds the sidecar's own
+// background calls: a random-weight model never ends an answer), 2 minutes
+// a turn, no progress lines.
+func realDefaults(llamaArgs *[]string, turnTimeout *time.Duration, progress *io.Writer) {
+	if *llamaArgs == nil {
+		*llamaArgs = []string{"--n-predict", "128"}
+	}
+	if *turnTimeout == 0 {
+		*turnTimeout = 2 * time.Minute
+	}
+	if *progress == nil {
+		*progress = io.Discard
+	}
+}
 
 // llamaSetup is how a benchmark runs each llama-server: the fields of
 // SessionsOptions and FleetOptions of the same names.
@@ -128,32 +143,13 @@ func startSidecar(ctx context.Context, s sidecarSetup, up *llamaserver.Server, d
 	}
 	p, err := launch.Start(ctx, launch.Options{
 		Name: "bench: sidecar", Binary: s.Command[0], Args: args, Env: s.Env, Output: f, LogPath: logPath,
-		Ready: httpOK("/healthz"), ReadyName: "answering /healthz", BindError: "address already in use",
+		Ready: launch.HTTPReady("/healthz"), ReadyName: "answering /healthz", BindError: "address already in use",
 	})
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
 	return &sidecarProc{proc: p, log: f}, nil
-}
-
-// httpOK is a launch.Options.Ready that asks for 200 from GET path.
-func httpOK(path string) func(ctx context.Context, addr string) error {
-	return func(ctx context.Context, addr string) error {
-		ctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("GET %s: HTTP %d", path, resp.StatusCode)
-		}
-		return nil
-	}
 }
 
 func (p *sidecarProc) url() string { return "http://" + p.proc.Addr() }

@@ -112,15 +112,7 @@ func (o *SessionsOptions) validate() error {
 	case len(o.SidecarCommand) == 0:
 		return errors.New("bench: sessions: no SidecarCommand")
 	}
-	if o.LlamaArgs == nil {
-		o.LlamaArgs = []string{"--n-predict", "128"}
-	}
-	if o.TurnTimeout == 0 {
-		o.TurnTimeout = 2 * time.Minute
-	}
-	if o.Progress == nil {
-		o.Progress = io.Discard
-	}
+	realDefaults(&o.LlamaArgs, &o.TurnTimeout, &o.Progress)
 	return nil
 }
 

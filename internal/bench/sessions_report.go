@@ -8,6 +8,21 @@ import (
 	"text/tabwriter"
 )
 
+// writeGoalsAndNotes writes a report's goals, each met or not, and its
+// notes, a line each.
+func writeGoalsAndNotes(w io.Writer, goals []SessionsGoal, notes []string) {
+	for _, g := range goals {
+		mark := "met"
+		if !g.Met {
+			mark = "NOT met"
+		}
+		fmt.Fprintf(w, "- %s: %.3f (goal ≤ %.2f) %s\n", g.Name, g.Value, g.Limit, mark)
+	}
+	for _, n := range notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+}
+
 // WriteSessionsTable writes r as a table for people.
 func WriteSessionsTable(w io.Writer, r SessionsReport) error {
 	cache := cacheRAMText(r.CacheRAMMiB)
@@ -43,16 +58,7 @@ func WriteSessionsTable(w io.Writer, r SessionsReport) error {
 	} else {
 		fmt.Fprintf(w, "TTFT of restored / recomputed turns: n/a (%d restored sidecar turns, %d recomputed direct turns after round 1)\n", t.RestoredTurns, t.RecomputedTurns)
 	}
-	for _, g := range r.Goals {
-		mark := "met"
-		if !g.Met {
-			mark = "NOT met"
-		}
-		fmt.Fprintf(w, "- %s: %.3f (goal ≤ %.2f) %s\n", g.Name, g.Value, g.Limit, mark)
-	}
-	for _, n := range r.Notes {
-		fmt.Fprintf(w, "note: %s\n", n)
-	}
+	writeGoalsAndNotes(w, r.Goals, r.Notes)
 	fmt.Fprintf(w, "note: \"reprocessed\" is the sum of llama.cpp's timings.prompt_n over the client's turns; \"floor\" is the ratio a perfect cache would reach (the tokens the turns added, over the direct client's reprocessed); \"engine tokens\" is the server's own llamacpp:prompt_tokens_total, which behind the sidecar also counts its background calls\n")
 	_, err := fmt.Fprintf(w, "(%.1f s)\n", r.Seconds)
 	return err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -251,6 +252,29 @@ func (p *Process) Close() {
 	defer p.mu.Unlock()
 	p.closed = true
 	p.killLocked()
+}
+
+// HTTPReady is an Options.Ready that asks for 200 from GET path (such as
+// "/health"), each try bounded by a second.
+func HTTPReady(path string) func(ctx context.Context, addr string) error {
+	return func(ctx context.Context, addr string) error {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: HTTP %d", path, resp.StatusCode)
+		}
+		return nil
+	}
 }
 
 // LogTail returns at most the last n bytes of the log at Options.LogPath.

@@ -3,6 +3,8 @@ package launch_test
 import (
 	"context"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -105,5 +107,21 @@ func TestStartFailsWithTheLog(t *testing.T) {
 	}
 	if _, err := launch.Start(context.Background(), launch.Options{Name: "x"}); err == nil {
 		t.Fatal("options without Binary, Args and Ready accepted")
+	}
+}
+
+func TestHTTPReady(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/health" {
+			http.Error(w, "loading", http.StatusServiceUnavailable)
+		}
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	if err := launch.HTTPReady("/health")(context.Background(), addr); err != nil {
+		t.Fatalf("200: %v", err)
+	}
+	if err := launch.HTTPReady("/other")(context.Background(), addr); err == nil || !strings.Contains(err.Error(), "HTTP 503") {
+		t.Fatalf("503: %v", err)
 	}
 }

@@ -124,7 +124,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	s.log = f
 	s.proc, err = launch.Start(ctx, launch.Options{
 		Name: "llamaserver", Binary: s.opts.Binary, Args: s.args, Env: s.opts.Env,
-		Output: f, LogPath: s.opts.LogFile, Ready: healthy, ReadyName: "healthy",
+		Output: f, LogPath: s.opts.LogFile, Ready: launch.HTTPReady("/health"), ReadyName: "healthy",
 		StartTimeout: s.opts.StartTimeout, BindError: "bind",
 	})
 	if err != nil {
@@ -133,23 +133,6 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		return nil, err
 	}
 	return s, nil
-}
-
-// healthy answers nil when GET /health answers 200.
-func healthy(ctx context.Context, addr string) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/health", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("llamaserver: health: HTTP %d", resp.StatusCode)
-	}
-	return nil
 }
 
 // args is the command line for the current model and port.
