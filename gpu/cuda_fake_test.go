@@ -138,11 +138,8 @@ func newFakeGPU(capacity uint64) (*fakeGPU, *driver) {
 		return cuSuccess
 	}
 	d.memcpyHtoDAsync = func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) cuResult {
-		if r := f.need("cuMemcpyHtoDAsync_v2"); r != cuSuccess {
+		if r := f.needStream("cuMemcpyHtoDAsync_v2", s); r != cuSuccess {
 			return r
-		}
-		if !f.isStream(s) {
-			return cuErrInvalidHandle
 		}
 		return f.copyIn(dst, unsafe.Slice((*byte)(src), n))
 	}
@@ -153,11 +150,8 @@ func newFakeGPU(capacity uint64) (*fakeGPU, *driver) {
 		return f.copyIn(dst, unsafe.Slice((*byte)(src), n))
 	}
 	d.memcpyDtoHAsync = func(dst unsafe.Pointer, src uint64, n uint64, s uintptr) cuResult {
-		if r := f.need("cuMemcpyDtoHAsync_v2"); r != cuSuccess {
+		if r := f.needStream("cuMemcpyDtoHAsync_v2", s); r != cuSuccess {
 			return r
-		}
-		if !f.isStream(s) {
-			return cuErrInvalidHandle
 		}
 		return f.copyOut(unsafe.Slice((*byte)(dst), n), src)
 	}
@@ -185,11 +179,8 @@ func newFakeGPU(capacity uint64) (*fakeGPU, *driver) {
 		return cuSuccess
 	}
 	d.streamSynchronize = func(s uintptr) cuResult {
-		if r := f.need("cuStreamSynchronize"); r != cuSuccess {
+		if r := f.needStream("cuStreamSynchronize", s); r != cuSuccess {
 			return r
-		}
-		if !f.isStream(s) {
-			return cuErrInvalidHandle
 		}
 		return cuSuccess
 	}
@@ -296,6 +287,17 @@ func (f *fakeGPU) failNext(op string, r cuResult) {
 	f.mu.Lock()
 	f.fail[op] = r
 	f.mu.Unlock()
+}
+
+// needStream is need for a call on stream s, which must exist.
+func (f *fakeGPU) needStream(op string, s uintptr) cuResult {
+	if r := f.need(op); r != cuSuccess {
+		return r
+	}
+	if !f.isStream(s) {
+		return cuErrInvalidHandle
+	}
+	return cuSuccess
 }
 
 func (f *fakeGPU) isStream(s uintptr) bool {

@@ -58,21 +58,8 @@ func TestCUDAFakeRoundTrip(t *testing.T) {
 	// Sizes around the 16 KiB staging chunk: one byte, a partial chunk,
 	// exactly one, many with a tail.
 	for _, n := range []int{1, 4095, 16 << 10, 3*(16<<10) + 7, 300_001} {
-		b, err := c.Alloc(n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		src := randomBytes(rng, n)
-		if err := c.CopyIn(b, src); err != nil {
-			t.Fatal(err)
-		}
+		b, src := stagedRoundTrip(t, c, rng, n)
 		got := make([]byte, n)
-		if err := c.CopyOut(got, b); err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, src) {
-			t.Fatalf("%d bytes: staged round trip differs", n)
-		}
 		// Pinned memory takes the direct path.
 		pin, err := c.AllocHost(n)
 		if err != nil {
