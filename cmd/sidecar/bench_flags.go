@@ -9,6 +9,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/kvsidecar/kvsidecar/internal/bench"
 )
 
 // stringsFlag collects a repeated string flag.
@@ -18,28 +20,34 @@ func (s *stringsFlag) String() string     { return strings.Join(*s, " ") }
 func (s *stringsFlag) Set(v string) error { *s = append(*s, v); return nil }
 
 // realFlags are the flags of the benchmarks that start real llama-servers
-// and sidecars (bench sessions, bench fleet).
+// and sidecars (bench sessions, bench fleet), parsed into the
+// bench.RealParts their options embed. Sessions, rounds and threads, whose
+// defaults differ, each benchmark registers itself.
 type realFlags struct {
-	LlamaServer, Model, Dir string
-	llamaArgs               string
-	sidecarArgs             stringsFlag
-	// After parse: the sidecar to start (this binary's serve), the extra
-	// flags for each sidecar and for each llama-server.
-	SidecarCommand, SidecarArgs, LlamaArgs []string
+	p           *bench.RealParts
+	llamaArgs   string
+	sidecarArgs stringsFlag
 }
 
-// register adds the flags to fs; servers names the llama-servers in the
-// help ("both llama-servers", "every llama-server").
-func (r *realFlags) register(fs *flag.FlagSet, servers string) {
-	fs.StringVar(&r.LlamaServer, "llama-server", "", "llama-server binary (default $LLAMA_SERVER, else ../shared/llama/bin/llama-server found upwards)")
-	fs.StringVar(&r.Model, "model", "", "GGUF model for "+servers+" (default: a tiny random model from ../shared/llama/tiny_gguf.py)")
+// newRealFlags registers the shared flags on fs; servers names the
+// llama-servers in the help ("both llama-servers", "every llama-server").
+func newRealFlags(fs *flag.FlagSet, p *bench.RealParts, servers string) *realFlags {
+	r := &realFlags{p: p}
+	fs.IntVar(&p.Slots, "slots", 2, "each llama-server's -np (and its sidecar's --llamacpp-slots)")
+	fs.IntVar(&p.DocTokens, "doc-tokens", 1500, "tokens of each session's document (its system message)")
+	fs.IntVar(&p.CacheRAMMiB, "cache-ram", 8, "each llama-server's --cache-ram in MiB (its own RAM prompt cache; -1: off)")
+	fs.IntVar(&p.MaxTokens, "max-tokens", 8, "max_tokens of each reply")
+	fs.StringVar(&p.LlamaServer, "llama-server", "", "llama-server binary (default $LLAMA_SERVER, else ../shared/llama/bin/llama-server found upwards)")
+	fs.StringVar(&p.Model, "model", "", "GGUF model for "+servers+" (default: a tiny random model from ../shared/llama/tiny_gguf.py)")
 	fs.StringVar(&r.llamaArgs, "llama-args", "--n-predict 128", "extra arguments for "+servers+", space-separated")
 	fs.Var(&r.sidecarArgs, "sidecar-arg", "extra flag for each sidecar, repeated (e.g. --sidecar-arg=--extract=false)")
-	fs.StringVar(&r.Dir, "dir", "", "folder for the servers' slots, data and logs (default: a temporary folder, removed)")
+	fs.StringVar(&p.Dir, "dir", "", "folder for the servers' slots, data and logs (default: a temporary folder, removed)")
+	return r
 }
 
 // parse parses args into fs, refuses positional arguments and fills in
-// the sidecar command and the extra arguments.
+// the sidecar command (this binary's serve), the extra arguments and the
+// progress output (stderr).
 func (r *realFlags) parse(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -51,12 +59,13 @@ func (r *realFlags) parse(fs *flag.FlagSet, args []string) error {
 	if err != nil {
 		return fmt.Errorf("the sidecar binary to start: %w", err)
 	}
-	r.SidecarCommand = []string{exe, "serve"}
-	r.SidecarArgs = r.sidecarArgs
-	r.LlamaArgs = strings.Fields(r.llamaArgs)
-	if r.LlamaArgs == nil {
-		r.LlamaArgs = []string{}
+	r.p.SidecarCommand = []string{exe, "serve"}
+	r.p.SidecarArgs = r.sidecarArgs
+	r.p.LlamaArgs = strings.Fields(r.llamaArgs)
+	if r.p.LlamaArgs == nil {
+		r.p.LlamaArgs = []string{}
 	}
+	r.p.Progress = os.Stderr
 	return nil
 }
 

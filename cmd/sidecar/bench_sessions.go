@@ -3,7 +3,6 @@ package main
 import (
 	"flag"
 	"io"
-	"os"
 
 	"github.com/kvsidecar/kvsidecar/internal/bench"
 )
@@ -15,22 +14,13 @@ func benchSessions(args []string) error {
 	plot := fs.String("plot", "", "also write an SVG bar chart of tokens reprocessed per round to this file")
 	fs.IntVar(&o.Sessions, "sessions", 8, "conversations, each with its own document")
 	fs.IntVar(&o.Rounds, "rounds", 4, "turns per session, round-robin")
-	fs.IntVar(&o.Slots, "slots", 2, "each llama-server's -np (and the sidecar's --llamacpp-slots)")
-	fs.IntVar(&o.DocTokens, "doc-tokens", 1500, "tokens of each session's document (its system message)")
-	fs.IntVar(&o.CacheRAMMiB, "cache-ram", 8, "each llama-server's --cache-ram in MiB (its own RAM prompt cache; -1: off)")
-	fs.IntVar(&o.MaxTokens, "max-tokens", 8, "max_tokens of each reply")
 	fs.BoolVar(&o.SharedUser, "shared-user", false, "send every session as one end user (no OpenAI user field): sessions then recall one another's turns")
 	fs.IntVar(&o.Threads, "threads", 0, "each llama-server's -t (default: half the CPUs, as the two run side by side)")
 	fs.IntVar(&o.EngineRestartAfter, "engine-restart-after", 0, "kill -9 and restart both llama-servers after this round (0: never)")
 	fs.IntVar(&o.SidecarRestartAfter, "sidecar-restart-after", 0, "kill -9 and restart the sidecar after this round, once its background queue drained (0: never)")
-	var rf realFlags
-	rf.register(fs, "both llama-servers")
-	if err := rf.parse(fs, args); err != nil {
+	if err := newRealFlags(fs, &o.RealParts, "both llama-servers").parse(fs, args); err != nil {
 		return err
 	}
-	o.LlamaServer, o.Model, o.Dir = rf.LlamaServer, rf.Model, rf.Dir
-	o.SidecarCommand, o.SidecarArgs, o.LlamaArgs = rf.SidecarCommand, rf.SidecarArgs, rf.LlamaArgs
-	o.Progress = os.Stderr
 	ctx, stop := interruptible()
 	defer stop()
 	r, err := bench.RunSessions(ctx, o)

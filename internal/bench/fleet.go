@@ -13,7 +13,6 @@ package bench
 import (
 	"errors"
 	"fmt"
-	"io"
 	"time"
 )
 
@@ -22,18 +21,9 @@ import (
 type FleetOptions struct {
 	// Replicas per fleet. Zero: 2.
 	Replicas int
-	// Sessions and Rounds (turns per session). Zero: 4 and 6.
-	Sessions, Rounds int
-	// Slots is each llama-server's -np. Zero: 2.
-	Slots int
-	// DocTokens is each session's document (its system message). Zero:
-	// 1,500.
-	DocTokens int
-	// CacheRAMMiB is each llama-server's --cache-ram. Zero: 8 (as in
-	// sidecar bench sessions); negative: off.
-	CacheRAMMiB int
-	// MaxTokens of each reply. Zero: 8.
-	MaxTokens int
+	// RealParts: Sessions 4, Rounds 6, Threads 1 (2·Replicas servers share
+	// the machine). SidecarArgs are added to every replica's flags.
+	RealParts
 	// KillAfter, when positive, kills replica 1 (its sidecar and its
 	// llama-server, SIGKILL) in both fleets after that round; its sessions
 	// go on on the others.
@@ -43,58 +33,30 @@ type FleetOptions struct {
 	RedisRestartAfter int
 	// AppendFsync is the Redis AOF policy. Empty: "always".
 	AppendFsync string
-	// LlamaServer, Model, Threads, LlamaArgs: as in SessionsOptions
-	// (Threads defaults to 1: 2·Replicas servers share the machine).
-	LlamaServer string
-	Model       string
-	Threads     int
-	LlamaArgs   []string
 	// RedisServer is the redis-server binary. Empty: redisserver.Find.
 	RedisServer string
-	// SidecarCommand runs the sidecar, e.g. {os.Executable(), "serve"}.
-	// Required. SidecarArgs are added to every replica's flags.
-	SidecarCommand []string
-	SidecarArgs    []string
-	// Dir holds everything. Empty: a temporary folder, removed.
-	Dir string
-	// Progress receives one line per round and event (and per turn when
-	// Verbose). Nil: none.
-	Progress io.Writer
-	Verbose  bool
-	// TurnTimeout bounds one chat request. Zero: 2 minutes.
-	TurnTimeout time.Duration
+	// Verbose adds a progress line per turn.
+	Verbose bool
 }
 
 func (o *FleetOptions) validate() error {
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
+	if o.Replicas == 0 {
+		o.Replicas = 2
 	}
-	def(&o.Replicas, 2)
-	def(&o.Sessions, 4)
-	def(&o.Rounds, 6)
-	def(&o.Slots, 2)
-	def(&o.DocTokens, 1500)
-	def(&o.CacheRAMMiB, 8)
-	def(&o.MaxTokens, 8)
-	def(&o.Threads, 1)
-	switch {
-	case o.Replicas < 2 || o.Replicas > 8:
-		return fmt.Errorf("bench: fleet: %d replicas (2 to 8)", o.Replicas)
-	case o.Sessions < 1 || o.Sessions > 1000 || o.Rounds < 2 || o.Rounds > 1000:
-		return fmt.Errorf("bench: fleet: %d sessions × %d rounds", o.Sessions, o.Rounds)
-	case o.Slots < 1 || o.DocTokens < 16 || o.MaxTokens < 1 || o.Threads < 1 || o.KillAfter < 0 || o.RedisRestartAfter < 0 || o.TurnTimeout < 0:
-		return errors.New("bench: fleet: negative or zero option")
-	case o.KillAfter >= o.Rounds:
-		return fmt.Errorf("bench: fleet: kill after round %d of %d", o.KillAfter, o.Rounds)
-	case len(o.SidecarCommand) == 0:
-		return errors.New("bench: fleet: no SidecarCommand")
-	}
+	o.setDefaults(4, 6, 1)
 	if o.AppendFsync == "" {
 		o.AppendFsync = "always"
 	}
-	realDefaults(&o.LlamaArgs, &o.TurnTimeout, &o.Progress)
+	switch err := o.check("fleet", 2); {
+	case err != nil:
+		return err
+	case o.Replicas < 2 || o.Replicas > 8:
+		return fmt.Errorf("bench: fleet: %d replicas (2 to 8)", o.Replicas)
+	case o.KillAfter < 0 || o.RedisRestartAfter < 0:
+		return errors.New("bench: fleet: negative kill round")
+	case o.KillAfter >= o.Rounds:
+		return fmt.Errorf("bench: fleet: kill after round %d of %d", o.KillAfter, o.Rounds)
+	}
 	return nil
 }
 

@@ -65,11 +65,9 @@ func RunFleet(ctx context.Context, o FleetOptions) (FleetReport, error) {
 		return FleetReport{}, err
 	}
 	defer cleanup()
-	eng := llamaSetup{Server: o.LlamaServer, Model: o.Model, Slots: o.Slots, CacheRAMMiB: o.CacheRAMMiB, Threads: o.Threads, Args: o.LlamaArgs}
-	if err := eng.resolveModel("fleet"); err != nil {
+	if err := o.resolveModel("fleet"); err != nil {
 		return FleetReport{}, err
 	}
-	o.LlamaServer, o.Model = eng.Server, eng.Model
 	r := FleetReport{Replicas: o.Replicas, Sessions: o.Sessions, Rounds: o.Rounds, Slots: o.Slots, DocTokens: o.DocTokens,
 		CacheRAMMiB: o.CacheRAMMiB, MaxTokens: o.MaxTokens, Threads: o.Threads, KillAfter: o.KillAfter,
 		RedisRestartAfter: o.RedisRestartAfter, AppendFsync: o.AppendFsync, Model: o.Model, SidecarArgs: append([]string{}, o.SidecarArgs...)}
@@ -311,8 +309,7 @@ func joinEvent(a, b string) string {
 // with its data under dir; sharing the store at redisURL when not empty)
 // and adds it to f.
 func (f *fleet) addReplica(ctx context.Context, o FleetOptions, redisURL, dir string) (*sidecarProc, error) {
-	eng := llamaSetup{Server: o.LlamaServer, Model: o.Model, Slots: o.Slots, CacheRAMMiB: o.CacheRAMMiB, Threads: o.Threads, Args: o.LlamaArgs}
-	l, err := eng.start(ctx, dir)
+	l, err := o.startLlama(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -321,7 +318,7 @@ func (f *fleet) addReplica(ctx context.Context, o FleetOptions, redisURL, dir st
 	if redisURL != "" {
 		args = append(args, "--remote", redisURL, "--remote-lease-ttl", "3s")
 	}
-	sc, err := startSidecar(ctx, sidecarSetup{Command: o.SidecarCommand, Args: args}, l, dir)
+	sc, err := startSidecar(ctx, o.SidecarCommand, args, nil, l, dir)
 	if err != nil {
 		return nil, err
 	}

@@ -17,52 +17,122 @@ import (
 	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
 )
 
-// realDefaults sets the defaults SessionsOptions and FleetOptions share:
-// --n-predict 128 for the llama-servers (it bounds the sidecar's own
-// background calls: a random-weight model never ends an answer), 2 minutes
-// a turn, no progress lines.
-func realDefaults(llamaArgs *[]string, turnTimeout *time.Duration, progress *io.Writer) {
-	if *llamaArgs == nil {
-		*llamaArgs = []string{"--n-predict", "128"}
+// RealParts is what the benchmarks on real parts (sessions, fleet) share:
+// the workload, how each llama-server and the sidecar run, and the output.
+// Each benchmark's options embed it and name the defaults that differ
+// (Sessions, Rounds, Threads).
+type RealParts struct {
+	// Sessions is the number of conversations, Rounds the turns of each.
+	Sessions, Rounds int
+	// Slots is each llama-server's -np. Zero: 2.
+	Slots int
+	// DocTokens is the length of each session's document (its system
+	// message), in the model's tokens. Zero: 1,500.
+	DocTokens int
+	// CacheRAMMiB is each llama-server's --cache-ram: the RAM prompt cache
+	// a client without the sidecar benefits from. Zero: 8 (about two
+	// 1,500-token sessions of the tiny model: the ratio of the server's
+	// default 8 GiB to 8K-token Llama-3-8B conversations); negative: off.
+	CacheRAMMiB int
+	// MaxTokens of each reply. Zero: 8.
+	MaxTokens int
+	// LlamaServer is the llama-server binary. Empty: the one
+	// llamaserver.Find finds.
+	LlamaServer string
+	// Model is the GGUF every server runs. Empty: the tiny model of
+	// ../shared/llama/tiny_gguf.py with its default dimensions.
+	Model string
+	// Threads is each llama-server's -t.
+	Threads int
+	// LlamaArgs are added to every llama-server's command line. Nil:
+	// --n-predict 128, which bounds the sidecar's own background calls (a
+	// random-weight model never ends an answer; the client's turns set
+	// max_tokens anyway).
+	LlamaArgs []string
+	// SidecarCommand runs the sidecar: the binary and the arguments before
+	// its flags, e.g. {os.Executable(), "serve"}. Required.
+	SidecarCommand []string
+	// SidecarArgs are added after the flags the benchmark sets (--listen,
+	// --upstream, --data-dir, --engine llamacpp, --llamacpp-slot-dir,
+	// --llamacpp-slots, --log-format json).
+	SidecarArgs []string
+	// Dir holds the servers' slot folders and logs and the sidecars' data.
+	// Empty: a temporary folder, removed afterwards.
+	Dir string
+	// Progress receives one line per round and event. Nil: none.
+	Progress io.Writer
+	// TurnTimeout bounds one chat request. Zero: 2 minutes.
+	TurnTimeout time.Duration
+}
+
+// setDefaults fills in the zero values, with the benchmark's own
+// defaults for Sessions, Rounds and Threads.
+func (p *RealParts) setDefaults(sessions, rounds, threads int) {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
 	}
-	if *turnTimeout == 0 {
-		*turnTimeout = 2 * time.Minute
+	def(&p.Sessions, sessions)
+	def(&p.Rounds, rounds)
+	def(&p.Slots, 2)
+	def(&p.DocTokens, 1500)
+	def(&p.CacheRAMMiB, 8)
+	def(&p.MaxTokens, 8)
+	def(&p.Threads, threads)
+	if p.LlamaArgs == nil {
+		p.LlamaArgs = []string{"--n-predict", "128"}
 	}
-	if *progress == nil {
-		*progress = io.Discard
+	if p.TurnTimeout == 0 {
+		p.TurnTimeout = 2 * time.Minute
+	}
+	if p.Progress == nil {
+		p.Progress = io.Discard
 	}
 }
 
-// llamaSetup is how a benchmark runs each llama-server: the fields of
-// SessionsOptions and FleetOptions of the same names.
-type llamaSetup struct {
-	Server, Model               string
-	Slots, CacheRAMMiB, Threads int
-	Args                        []string
+// check refuses what no run can do; the benchmark needs at least
+// minRounds rounds.
+func (p *RealParts) check(bench string, minRounds int) error {
+	switch {
+	case p.Sessions < 1 || p.Sessions > 1000:
+		return fmt.Errorf("bench: %s: %d sessions (1 to 1000)", bench, p.Sessions)
+	case p.Rounds < minRounds || p.Rounds > 1000:
+		return fmt.Errorf("bench: %s: %d rounds (%d to 1000)", bench, p.Rounds, minRounds)
+	case p.Slots < 1 || p.Slots > 64:
+		return fmt.Errorf("bench: %s: %d slots (1 to 64)", bench, p.Slots)
+	case p.DocTokens < 16 || p.DocTokens > 1<<20:
+		return fmt.Errorf("bench: %s: %d document tokens (16 to 2^20)", bench, p.DocTokens)
+	case p.MaxTokens < 1 || p.Threads < 1 || p.TurnTimeout < 0:
+		return fmt.Errorf("bench: %s: negative or zero option", bench)
+	case len(p.SidecarCommand) == 0:
+		return fmt.Errorf("bench: %s: no SidecarCommand", bench)
+	}
+	return nil
 }
 
 // resolveModel sets Model, when empty, to the tiny model of
-// ../shared/llama/tiny_gguf.py (and Server, when empty, to the llama-server
-// found beside it).
-func (e *llamaSetup) resolveModel(bench string) error {
-	if e.Model != "" {
+// ../shared/llama/tiny_gguf.py (and LlamaServer, when empty, to the
+// llama-server found beside it).
+func (p *RealParts) resolveModel(bench string) error {
+	if p.Model != "" {
 		return nil
 	}
-	p, err := llamaserver.Find()
+	tools, err := llamaserver.Find()
 	if err != nil {
 		return fmt.Errorf("bench: %s: no --model given and none can be generated: %w", bench, err)
 	}
-	if e.Server == "" {
-		e.Server = p.Server
+	if p.LlamaServer == "" {
+		p.LlamaServer = tools.Server
 	}
-	e.Model, err = llamaserver.TinyModel(p, "")
+	p.Model, err = llamaserver.TinyModel(tools, "")
 	return err
 }
 
-// start runs a llama-server with its slot folder and log under dir.
-func (e llamaSetup) start(ctx context.Context, dir string) (*llamaserver.Server, error) {
+// startLlama runs a llama-server with its slot folder and log under dir.
+func (p *RealParts) startLlama(ctx context.Context, dir string) (*llamaserver.Server, error) {
 	return llamaserver.Start(ctx, llamaserver.Options{
-		Binary: e.Server, Model: e.Model, Slots: e.Slots, CacheRAMMiB: e.CacheRAMMiB, Threads: e.Threads, Args: e.Args,
+		Binary: p.LlamaServer, Model: p.Model, Slots: p.Slots, CacheRAMMiB: p.CacheRAMMiB, Threads: p.Threads, Args: p.LlamaArgs,
 		SlotDir: filepath.Join(dir, "slots"), LogFile: filepath.Join(dir, "llama-server.log"),
 	})
 }
@@ -103,19 +173,6 @@ func makeDocs(ctx context.Context, srv *llamaserver.Server, n, tokens int) ([]st
 	return docs, nil
 }
 
-// sidecarSetup is how a benchmark runs the sidecar.
-type sidecarSetup struct {
-	// Command is the binary and the arguments before its flags, e.g.
-	// {os.Executable(), "serve"}.
-	Command []string
-	// Args are added after the flags the benchmark sets (--listen,
-	// --upstream, --data-dir, --engine llamacpp, --llamacpp-slot-dir,
-	// --llamacpp-slots, --log-format json).
-	Args []string
-	// Env is added to the sidecar's environment.
-	Env []string
-}
-
 // sidecarProc is the sidecar run as a child process in front of a
 // llama-server, restartable with the same flags (port, data folder).
 type sidecarProc struct {
@@ -123,9 +180,10 @@ type sidecarProc struct {
 	log  *os.File
 }
 
-// startSidecar runs the sidecar before up with its data and log under dir
-// and returns once GET /healthz answers 200.
-func startSidecar(ctx context.Context, s sidecarSetup, up *llamaserver.Server, dir string) (*sidecarProc, error) {
+// startSidecar runs the sidecar (command, then the flags that put it before
+// up with its data under dir, then args; env added to its environment),
+// its log under dir, and returns once GET /healthz answers 200.
+func startSidecar(ctx context.Context, command, args, env []string, up *llamaserver.Server, dir string) (*sidecarProc, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -134,15 +192,15 @@ func startSidecar(ctx context.Context, s sidecarSetup, up *llamaserver.Server, d
 	if err != nil {
 		return nil, err
 	}
-	args := func(port int) []string {
-		a := append(append([]string(nil), s.Command[1:]...),
+	argv := func(port int) []string {
+		a := append(append([]string(nil), command[1:]...),
 			"--listen", "127.0.0.1:"+strconv.Itoa(port), "--upstream", up.URL(), "--data-dir", filepath.Join(dir, "data"),
 			"--engine", "llamacpp", "--llamacpp-slot-dir", up.SlotDir(), "--llamacpp-slots", strconv.Itoa(up.Slots()),
 			"--log-format", "json")
-		return append(a, s.Args...)
+		return append(a, args...)
 	}
 	p, err := launch.Start(ctx, launch.Options{
-		Name: "bench: sidecar", Binary: s.Command[0], Args: args, Env: s.Env, Output: f, LogPath: logPath,
+		Name: "bench: sidecar", Binary: command[0], Args: argv, Env: env, Output: f, LogPath: logPath,
 		Ready: launch.HTTPReady("/healthz"), ReadyName: "answering /healthz", BindError: "address already in use",
 	})
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"path/filepath"
 	"runtime"
@@ -24,23 +23,10 @@ import (
 // SessionsOptions configure RunSessions. SidecarCommand is required; every
 // zero value is a documented default.
 type SessionsOptions struct {
-	// Sessions is the number of conversations. Zero: 8.
-	Sessions int
-	// Rounds is the number of turns per session, taken round-robin. Zero: 4.
-	Rounds int
-	// Slots is each llama-server's -np (and the sidecar's
-	// --llamacpp-slots). Zero: 2.
-	Slots int
-	// DocTokens is the length of each session's document (its system
-	// message), in the model's tokens. Zero: 1,500.
-	DocTokens int
-	// CacheRAMMiB is each llama-server's --cache-ram: the RAM prompt cache
-	// the direct client benefits from. Zero: 8 (about two 1,500-token
-	// sessions of the tiny model: the ratio of the server's default 8 GiB
-	// to 8K-token Llama-3-8B conversations); negative: off.
-	CacheRAMMiB int
-	// MaxTokens of each reply. Zero: 8.
-	MaxTokens int
+	// RealParts: Sessions 8, Rounds 4 (taken round-robin), Threads half the
+	// CPUs (at least one), so the two servers side by side do not
+	// oversubscribe them. Slots is also the sidecar's --llamacpp-slots.
+	RealParts
 	// SharedUser sends every session as one end user (no OpenAI "user"
 	// field, so the sidecar's user scope is the API key's), which lets
 	// sessions recall one another's turns. The default names each session
@@ -54,65 +40,18 @@ type SessionsOptions struct {
 	// after that round, once its background queue drained, and starts it
 	// again on the same data folder.
 	SidecarRestartAfter int
-	// LlamaServer is the llama-server binary. Empty: llamaserver.FindServer.
-	LlamaServer string
-	// Model is the GGUF both servers run. Empty: the tiny model of
-	// ../shared/llama/tiny_gguf.py with its default dimensions.
-	Model string
-	// Threads is each llama-server's -t. Zero: half the CPUs (at least
-	// one), so the two servers side by side do not oversubscribe them.
-	Threads int
-	// LlamaArgs are added to both llama-servers' command lines. Nil:
-	// --n-predict 128, which bounds the sidecar's own background calls (a
-	// random-weight model never ends an answer; the client's turns set
-	// max_tokens anyway).
-	LlamaArgs []string
-	// SidecarCommand runs the sidecar: the binary and the arguments before
-	// its flags, e.g. {os.Executable(), "serve"}. Required.
-	SidecarCommand []string
-	// SidecarArgs are added after the flags the benchmark sets (--listen,
-	// --upstream, --data-dir, --engine llamacpp, --llamacpp-slot-dir,
-	// --llamacpp-slots, --log-format json).
-	SidecarArgs []string
 	// SidecarEnv is added to the sidecar's environment.
 	SidecarEnv []string
-	// Dir holds the servers' slot folders and logs and the sidecar's data.
-	// Empty: a temporary folder, removed afterwards.
-	Dir string
-	// Progress receives one line per round and event. Nil: none.
-	Progress io.Writer
-	// TurnTimeout bounds one chat request. Zero: 2 minutes.
-	TurnTimeout time.Duration
 }
 
 func (o *SessionsOptions) validate() error {
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
+	o.setDefaults(8, 4, max(1, runtime.NumCPU()/2))
+	if err := o.check("sessions", 1); err != nil {
+		return err
 	}
-	def(&o.Sessions, 8)
-	def(&o.Rounds, 4)
-	def(&o.Slots, 2)
-	def(&o.DocTokens, 1500)
-	def(&o.CacheRAMMiB, 8)
-	def(&o.MaxTokens, 8)
-	def(&o.Threads, max(1, runtime.NumCPU()/2))
-	switch {
-	case o.Sessions < 1 || o.Sessions > 1000:
-		return fmt.Errorf("bench: sessions: %d sessions", o.Sessions)
-	case o.Rounds < 1 || o.Rounds > 1000:
-		return fmt.Errorf("bench: sessions: %d rounds", o.Rounds)
-	case o.Slots < 1 || o.Slots > 64:
-		return fmt.Errorf("bench: sessions: %d slots", o.Slots)
-	case o.DocTokens < 16 || o.DocTokens > 1<<20:
-		return fmt.Errorf("bench: sessions: %d document tokens", o.DocTokens)
-	case o.MaxTokens < 1 || o.Threads < 1 || o.EngineRestartAfter < 0 || o.SidecarRestartAfter < 0 || o.TurnTimeout < 0:
-		return errors.New("bench: sessions: negative or zero option")
-	case len(o.SidecarCommand) == 0:
-		return errors.New("bench: sessions: no SidecarCommand")
+	if o.EngineRestartAfter < 0 || o.SidecarRestartAfter < 0 {
+		return errors.New("bench: sessions: negative restart round")
 	}
-	realDefaults(&o.LlamaArgs, &o.TurnTimeout, &o.Progress)
 	return nil
 }
 
@@ -236,26 +175,24 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 		return SessionsReport{}, err
 	}
 	defer cleanup()
-	eng := llamaSetup{Server: o.LlamaServer, Model: o.Model, Slots: o.Slots, CacheRAMMiB: o.CacheRAMMiB, Threads: o.Threads, Args: o.LlamaArgs}
-	if err := eng.resolveModel("sessions"); err != nil {
+	if err := o.resolveModel("sessions"); err != nil {
 		return SessionsReport{}, err
 	}
-	o.LlamaServer, o.Model = eng.Server, eng.Model
 	r := SessionsReport{Sessions: o.Sessions, Rounds: o.Rounds, Slots: o.Slots, DocTokens: o.DocTokens, CacheRAMMiB: o.CacheRAMMiB,
 		MaxTokens: o.MaxTokens, SharedUser: o.SharedUser, Threads: o.Threads, EngineRestartAfter: o.EngineRestartAfter, SidecarRestartAfter: o.SidecarRestartAfter,
 		Model: o.Model, LlamaArgs: o.LlamaArgs, SidecarArgs: append([]string{}, o.SidecarArgs...)}
 
 	direct := &side{name: "direct"}
 	via := &side{name: "sidecar"}
-	if direct.llama, err = eng.start(ctx, filepath.Join(dir, "direct")); err != nil {
+	if direct.llama, err = o.startLlama(ctx, filepath.Join(dir, "direct")); err != nil {
 		return r, err
 	}
 	defer direct.llama.Close()
-	if via.llama, err = eng.start(ctx, filepath.Join(dir, "sidecar")); err != nil {
+	if via.llama, err = o.startLlama(ctx, filepath.Join(dir, "sidecar")); err != nil {
 		return r, err
 	}
 	defer via.llama.Close()
-	sc, err := startSidecar(ctx, sidecarSetup{Command: o.SidecarCommand, Args: o.SidecarArgs, Env: o.SidecarEnv}, via.llama, filepath.Join(dir, "sidecar"))
+	sc, err := startSidecar(ctx, o.SidecarCommand, o.SidecarArgs, o.SidecarEnv, via.llama, filepath.Join(dir, "sidecar"))
 	if err != nil {
 		return r, err
 	}
