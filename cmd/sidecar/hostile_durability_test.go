@@ -8,7 +8,6 @@ import (
 	"io"
 	"io/fs"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -145,15 +144,9 @@ func TestHostileAckedTurnsSurviveKill9(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the binary through kill -9 and restarts")
 	}
-	up := faultup.New(faultup.Options{})
-	uln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = up.Serve(uln) }()
-	t.Cleanup(func() { _ = up.Close() })
+	_, upstream := startFaultUpstream(t, faultup.Options{})
 	dataDir := t.TempDir()
-	args := []string{"--upstream", "http://" + uln.Addr().String()}
+	args := []string{"--upstream", upstream}
 	rounds := 3
 	var turns []ackedTurn
 	var blobs []ackedBlob

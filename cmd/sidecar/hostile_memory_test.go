@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -28,14 +27,7 @@ func TestHostileMemoryRows(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the binary")
 	}
-	up := faultup.New(faultup.Options{LongWordBytes: 100 << 10})
-	uln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = up.Serve(uln) }()
-	t.Cleanup(func() { _ = up.Close() })
-	upstream := "http://" + uln.Addr().String()
+	up, upstream := startFaultUpstream(t, faultup.Options{LongWordBytes: 100 << 10})
 	chat := func(t *testing.T, addr string, hdr [][2]string, body string, timeout time.Duration) *rawResp {
 		t.Helper()
 		t0 := time.Now()

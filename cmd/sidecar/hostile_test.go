@@ -39,6 +39,20 @@ import (
 	"github.com/kvsidecar/kvsidecar/internal/faultup"
 )
 
+// startFaultUpstream serves a fault-injecting upstream on loopback until
+// the test ends and returns it with its base URL.
+func startFaultUpstream(t *testing.T, o faultup.Options) (*faultup.Server, string) {
+	t.Helper()
+	up := faultup.New(o)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = up.Serve(ln) }()
+	t.Cleanup(func() { _ = up.Close() })
+	return up, "http://" + ln.Addr().String()
+}
+
 // startProc runs `sidecar serve` on dataDir, its log kept in a file, and
 // waits until it listens.
 func startProc(t *testing.T, dataDir string, args ...string) *child {
@@ -286,14 +300,7 @@ func TestHostile(t *testing.T) {
 	dur := envDuration("SIDECAR_HOSTILE_DURATION", 6*time.Second)
 	tStart := time.Now()
 	defer func() { t.Logf("harness wall time %s", time.Since(tStart).Round(time.Millisecond)) }()
-	up := faultup.New(faultup.Options{StallFor: 4 * time.Second, HugeBytes: 3 << 20, SlowGap: 30 * time.Millisecond})
-	uln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = up.Serve(uln) }()
-	t.Cleanup(func() { _ = up.Close() })
-	upstream := "http://" + uln.Addr().String()
+	up, upstream := startFaultUpstream(t, faultup.Options{StallFor: 4 * time.Second, HugeBytes: 3 << 20, SlowGap: 30 * time.Millisecond})
 
 	dataDir := t.TempDir()
 	args := []string{"--upstream", upstream, "--pprof", "127.0.0.1:0",
