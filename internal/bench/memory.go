@@ -221,6 +221,15 @@ func (r *memRun) chat(session, user string, msgs []memMsg, reply string) ([]byte
 	return p, nil
 }
 
+// ask is chat, then parsePrompt of the prompt the upstream received.
+func (r *memRun) ask(session, user string, msgs []memMsg, reply string) (promptInfo, error) {
+	p, err := r.chat(session, user, msgs, reply)
+	if err != nil {
+		return promptInfo{}, err
+	}
+	return r.parsePrompt(p)
+}
+
 // promptInfo decodes a prompt: its messages' raw bytes, texts, and tokens.
 type promptInfo struct {
 	raws   []json.RawMessage
@@ -340,11 +349,7 @@ func RunMemory(o MemoryOptions) (MemoryReport, error) {
 				}
 			}
 			for _, q := range batch {
-				p, err := r.chat(session, session, []memMsg{sys, {"user", q.Question}}, answer)
-				if err != nil {
-					return rep, err
-				}
-				info, err := r.parsePrompt(p)
+				info, err := r.ask(session, session, []memMsg{sys, {"user", q.Question}}, answer)
 				if err != nil {
 					return rep, err
 				}
@@ -379,11 +384,7 @@ func RunMemory(o MemoryOptions) (MemoryReport, error) {
 					return rep, err
 				}
 				accs["trimming"].add(q, evidence, info)
-				p, err := r.chat(session, session, hist, answer)
-				if err != nil {
-					return rep, err
-				}
-				if info, err = r.parsePrompt(p); err != nil {
+				if info, err = r.ask(session, session, hist, answer); err != nil {
 					return rep, err
 				}
 				accs["full-history"].add(q, evidence, info)
@@ -402,11 +403,7 @@ func RunMemory(o MemoryOptions) (MemoryReport, error) {
 		}
 		time.Sleep(o.Settle)
 		for i, q := range qs {
-			p, err := r.chat(fmt.Sprintf("%s/cross/q%d", c.ID, i), user, []memMsg{sys, {"user", q.Question}}, answer)
-			if err != nil {
-				return rep, err
-			}
-			info, err := r.parsePrompt(p)
+			info, err := r.ask(fmt.Sprintf("%s/cross/q%d", c.ID, i), user, []memMsg{sys, {"user", q.Question}}, answer)
 			if err != nil {
 				return rep, err
 			}
