@@ -16,7 +16,7 @@
 # out/ holds, stripped:
 #   gpu.test     gpu package tests; the CUDA ones run on a GPU
 #   tiers.test   tiers tests (Focus tier on a device that runs out of memory)
-#   bench.test   bench tests; TestRunGPUOnCUDA logs the GPU benchmark tables
+#   bench.test   internal/bench tests; TestRunGPUOnCUDA logs the GPU benchmark tables
 #                (KVSIDECAR_BENCH_FULL=1 for the full run)
 #   sidecar.gz   the sidecar binary, gzipped: the four must fit the 64 MiB a
 #                device machine's `carry` takes (about 57 MiB together)
@@ -27,7 +27,7 @@
 # then the same command, or by hand:
 #
 #   (cd gpu   && ../out/gpu.test   -test.v -test.run CUDA)
-#   (cd bench && ../out/bench.test -test.v -test.run TestRunGPUOnCUDA)
+#   (cd internal/bench && ../../out/bench.test -test.v -test.run TestRunGPUOnCUDA)
 #   gunzip -k out/sidecar.gz && ./out/sidecar gpu --device cuda
 #   ./out/sidecar bench gpu --device cuda --full --json
 #   CUDA_VISIBLE_DEVICES=1 ./out/sidecar gpu    # another GPU
@@ -45,9 +45,9 @@ build() {
 	mkdir -p "$OUT"
 	export CGO_ENABLED=0
 	local p
-	for p in gpu tiers bench; do
-		echo "build $OUT/$p.test"
-		go test -c -trimpath -ldflags='-s -w' -o "$OUT/$p.test" "./$p/"
+	for p in gpu tiers internal/bench; do
+		echo "build $OUT/${p##*/}.test"
+		go test -c -trimpath -ldflags='-s -w' -o "$OUT/${p##*/}.test" "./$p/"
 	done
 	echo "build $OUT/sidecar.gz"
 	go build -trimpath -ldflags='-s -w' -o "$OUT/sidecar" ./cmd/sidecar/
@@ -83,7 +83,7 @@ run() {
 	(cd gpu && "$out/gpu.test" -test.count=1)
 	(cd tiers && "$out/tiers.test" -test.count=1)
 	echo "== bench: GPU benchmark"
-	(cd bench && "$out/bench.test" -test.v -test.count=1 -test.run GPU)
+	(cd internal/bench && "$out/bench.test" -test.v -test.count=1 -test.run GPU)
 	echo "== sidecar gpu"
 	"$tmp/sidecar" gpu --device cuda || echo "(sidecar gpu failed or is not wired into main.go yet)"
 	echo "== sidecar bench gpu $*"
