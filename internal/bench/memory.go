@@ -297,6 +297,20 @@ func RunMemory(o MemoryOptions) (MemoryReport, error) {
 		accs[n] = newRecallAcc()
 	}
 	prefixes := map[string]*prefixAcc{"drop-in": {}, "full-history": {}}
+	// replay sends one replayed turn of client's replay b; the first replay
+	// of a conversation also measures its prompt's prefix sharing.
+	replay := func(b int, client, session string, msgs []memMsg, reply string) error {
+		if b > 0 {
+			_, err := r.chat(session, session, msgs, reply)
+			return err
+		}
+		info, err := r.ask(session, session, msgs, reply)
+		if err != nil {
+			return err
+		}
+		prefixes[client].add(info)
+		return nil
+	}
 	sys := memMsg{"system", memorySystem}
 	progress := func(format string, args ...any) {
 		if o.Progress != nil {
@@ -336,16 +350,8 @@ func RunMemory(o MemoryOptions) (MemoryReport, error) {
 			// Drop-in: system + newest message, no mode header.
 			session := fmt.Sprintf("%s/drop-in/%d", c.ID, b)
 			for _, t := range turns {
-				p, err := r.chat(session, session, []memMsg{sys, {"user", t.user}}, t.reply)
-				if err != nil {
+				if err := replay(b, "drop-in", session, []memMsg{sys, {"user", t.user}}, t.reply); err != nil {
 					return rep, err
-				}
-				if b == 0 {
-					info, err := r.parsePrompt(p)
-					if err != nil {
-						return rep, err
-					}
-					prefixes["drop-in"].add(info)
 				}
 			}
 			for _, q := range batch {
@@ -362,16 +368,8 @@ func RunMemory(o MemoryOptions) (MemoryReport, error) {
 			hist := []memMsg{sys}
 			for _, t := range turns {
 				hist = append(hist, memMsg{"user", t.user})
-				p, err := r.chat(session, session, hist, t.reply)
-				if err != nil {
+				if err := replay(b, "full-history", session, hist, t.reply); err != nil {
 					return rep, err
-				}
-				if b == 0 {
-					info, err := r.parsePrompt(p)
-					if err != nil {
-						return rep, err
-					}
-					prefixes["full-history"].add(info)
 				}
 				hist = append(hist, memMsg{"assistant", t.reply})
 			}
