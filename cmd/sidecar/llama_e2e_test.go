@@ -66,6 +66,18 @@ func newRealStack(t *testing.T, slots int, model string) *realStack {
 	return s
 }
 
+// convos starts n conversations named name-0.. name-(n-1), each on a
+// 1,000-token document of its own (seeds seed, seed+1, …).
+func (s *realStack) convos(name string, n, seed int) []*convo {
+	s.t.Helper()
+	cs := make([]*convo, n)
+	for i := range cs {
+		doc, _ := realDoc(s.t, s.llama, seed+i, 1000)
+		cs[i] = newConvo(fmt.Sprintf("%s-%d", name, i), doc)
+	}
+	return cs
+}
+
 // startSidecar runs the sidecar binary (this test binary) with s.args,
 // appending its log to s.log.
 func (s *realStack) startSidecar() {
@@ -223,11 +235,7 @@ func realDoc(t *testing.T, s *llamaserver.Server, seed, tokens int) (string, int
 // slot went to another comes back and reprocesses only its new tokens.
 func TestRealEngineRestoresAfterEviction(t *testing.T) {
 	s := newRealStack(t, 2, llamatest.Model(t))
-	var cs []*convo
-	for i := range 4 {
-		doc, _ := realDoc(t, s.llama, i+1, 1000)
-		cs = append(cs, newConvo(fmt.Sprintf("evict-%d", i), doc))
-	}
+	cs := s.convos("evict", 4, 1)
 	for _, c := range cs {
 		s.say(c, "What is the first item?")
 	}
@@ -240,11 +248,7 @@ func TestRealEngineRestoresAfterEviction(t *testing.T) {
 // the sessions' KV comes back from the sidecar.
 func TestRealEngineRestoresAfterLlamaServerKill9(t *testing.T) {
 	s := newRealStack(t, 2, llamatest.Model(t))
-	var cs []*convo
-	for i := range 2 {
-		doc, _ := realDoc(t, s.llama, 10+i, 1000)
-		cs = append(cs, newConvo(fmt.Sprintf("enginekill-%d", i), doc))
-	}
+	cs := s.convos("enginekill", 2, 10)
 	for _, c := range cs {
 		s.say(c, "What is the first item?")
 	}
@@ -263,11 +267,7 @@ func TestRealEngineRestoresAfterLlamaServerKill9(t *testing.T) {
 // sidecar's tiers.
 func TestRealEngineRestoresAfterSidecarKill9(t *testing.T) {
 	s := newRealStack(t, 2, llamatest.Model(t))
-	var cs []*convo
-	for i := range 4 {
-		doc, _ := realDoc(t, s.llama, 20+i, 1000)
-		cs = append(cs, newConvo(fmt.Sprintf("sidecarkill-%d", i), doc))
-	}
+	cs := s.convos("sidecarkill", 4, 20)
 	for _, c := range cs[:2] {
 		s.say(c, "What is the first item?")
 	}
@@ -306,11 +306,7 @@ func TestRealEngineReusesSharedPrefixAcrossSessions(t *testing.T) {
 // sessions as slots, every returning turn reuses its KV.
 func TestRealEngineBackgroundCallsEvictNoOne(t *testing.T) {
 	s := newRealStack(t, 2, llamatest.Model(t))
-	var cs []*convo
-	for i := range 2 {
-		doc, _ := realDoc(t, s.llama, 40+i, 1000)
-		cs = append(cs, newConvo(fmt.Sprintf("background-%d", i), doc))
-	}
+	cs := s.convos("background", 2, 40)
 	background := func() int64 { return s.serverPromptTokens() - s.clientPromptN }
 	for round := 1; round <= 4; round++ {
 		for _, c := range cs {
