@@ -178,12 +178,7 @@ func newFakeGPU(capacity uint64) (*fakeGPU, *driver) {
 		delete(f.streams, s)
 		return cuSuccess
 	}
-	d.streamSynchronize = func(s uintptr) cuResult {
-		if r := f.needStream("cuStreamSynchronize", s); r != cuSuccess {
-			return r
-		}
-		return cuSuccess
-	}
+	d.streamSynchronize = func(s uintptr) cuResult { return f.needStream("cuStreamSynchronize", s) }
 	d.eventCreate = func(e *uintptr, _ uint32) cuResult {
 		if r := f.need("cuEventCreate"); r != cuSuccess {
 			return r
