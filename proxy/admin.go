@@ -265,7 +265,7 @@ func (a *adminReq) only(matched bool, methods ...string) *adminReq {
 }
 
 func (a *adminReq) memory() *adminReq {
-	if a.s.opts.Memory == nil {
+	if a.s.admin == nil {
 		a.fail(fasthttp.StatusNotFound, typeNotFound, "memory_disabled", "session memory is disabled on this sidecar")
 	}
 	return a
@@ -372,7 +372,7 @@ func (a *adminReq) tenants() {
 	if a.done {
 		return
 	}
-	ts, err := a.s.opts.Memory.Tenants()
+	ts, err := a.s.admin.Tenants()
 	if err != nil {
 		a.storeErr(err, "")
 		return
@@ -394,7 +394,7 @@ func (a *adminReq) sessions() {
 	if !ok {
 		return
 	}
-	ss, err := a.s.opts.Memory.Sessions(a.tenantV, user, adminMaxList)
+	ss, err := a.s.admin.Sessions(a.tenantV, user, adminMaxList)
 	if err != nil {
 		a.storeErr(err, "")
 		return
@@ -402,7 +402,7 @@ func (a *adminReq) sessions() {
 	// The users of the tenant, from all its sessions when filtered.
 	all := ss
 	if user != nil {
-		if all, err = a.s.opts.Memory.Sessions(a.tenantV, nil, adminMaxList); err != nil {
+		if all, err = a.s.admin.Sessions(a.tenantV, nil, adminMaxList); err != nil {
 			a.storeErr(err, "")
 			return
 		}
@@ -439,7 +439,7 @@ func (a *adminReq) sessionByID(id string) {
 		return
 	}
 	a.session = id
-	st := a.s.opts.Memory
+	st := a.s.admin
 	if a.ctx.IsDelete() {
 		if err := st.Delete(a.tenantV, id); err != nil {
 			a.storeErr(err, id)
@@ -514,7 +514,7 @@ func decayOf(u *memory.Unit) *decayInfo {
 // scopeMemories returns the categorized memories of ?session= or of every
 // session of ?user= (at most adminMaxSessions, newest first).
 func (a *adminReq) scopeMemories() ([]memoryRow, bool) {
-	st := a.s.opts.Memory
+	st := a.s.admin
 	var ids []string
 	if id := string(a.q.Peek("session")); id != "" {
 		if a.sessionParam(); a.done {
@@ -620,7 +620,7 @@ func (a *adminReq) addMemory() {
 			return
 		}
 	}
-	u, err := a.s.opts.Memory.AddMemory(a.tenantV, a.session, c, *w.Text, imp)
+	u, err := a.s.admin.AddMemory(a.tenantV, a.session, c, *w.Text, imp)
 	if err != nil {
 		a.storeErr(err, a.session)
 		return
@@ -633,7 +633,7 @@ func (a *adminReq) memoryUnit(id string) {
 	if a.done {
 		return
 	}
-	st := a.s.opts.Memory
+	st := a.s.admin
 	if a.ctx.IsDelete() {
 		if err := st.DeleteMemory(a.tenantV, a.session, id); err != nil {
 			a.storeErr(err, a.session)
@@ -674,7 +674,7 @@ func (a *adminReq) boost(id string) {
 	if a.done {
 		return
 	}
-	imp, err := a.s.opts.Memory.Boost(a.tenantV, a.session, id)
+	imp, err := a.s.admin.Boost(a.tenantV, a.session, id)
 	if err != nil {
 		a.storeErr(err, a.session)
 		return
@@ -705,7 +705,7 @@ func (a *adminReq) batchDelete() {
 		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_ids", fmt.Sprintf(`body must be {"ids": [1..%d memory ids]}`, adminMaxBatch))
 		return
 	}
-	st := a.s.opts.Memory
+	st := a.s.admin
 	mv, err := st.Memory(a.tenantV, a.session)
 	if err != nil {
 		a.storeErr(err, a.session)
@@ -978,7 +978,7 @@ func (a *adminReq) kv() {
 		st := e.Stats()
 		v.Engine = &st
 	}
-	if m := a.s.opts.Memory; m != nil {
+	if m := a.s.admin; m != nil {
 		st := m.Stats()
 		v.Memory = &st
 	}

@@ -541,3 +541,20 @@ func TestWindowCacheBound(t *testing.T) {
 		t.Fatal("another tenant's key matched")
 	}
 }
+
+// chatOnlyMemory is a Memory without the console's methods.
+type chatOnlyMemory struct{ chatMemory }
+
+type chatMemory = Memory
+
+// TestConsoleNeedsAdminMemory: the console refuses a Memory that cannot
+// list or edit, at construction rather than on the first call.
+func TestConsoleNeedsAdminMemory(t *testing.T) {
+	st := openMemory(t, memory.Options{})
+	if _, err := New(Options{Upstream: "http://127.0.0.1:1", Memory: chatOnlyMemory{st}, AdminToken: testAdminToken}); err == nil || !strings.Contains(err.Error(), "AdminMemory") {
+		t.Fatalf("New with a chat-only memory and a console: %v, want an AdminMemory error", err)
+	}
+	if _, err := New(Options{Upstream: "http://127.0.0.1:1", Memory: chatOnlyMemory{st}}); err != nil {
+		t.Fatalf("New with a chat-only memory, no console: %v", err)
+	}
+}

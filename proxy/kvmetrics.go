@@ -5,12 +5,11 @@ import (
 	"io"
 
 	"github.com/kvsidecar/kvsidecar/engine"
-	"github.com/kvsidecar/kvsidecar/kv"
 )
 
 // writeKVMetrics writes the KV cache's hit, miss, tier and amortization
 // figures in the Prometheus text format.
-func writeKVMetrics(w io.Writer, c *kv.Cache) {
+func writeKVMetrics(w io.Writer, c KV) {
 	st := c.Stats()
 	fmt.Fprintf(w, "# HELP sidecar_kv_hits_total KV cache lookups served from a tier.\n# TYPE sidecar_kv_hits_total counter\nsidecar_kv_hits_total %d\n", st.Hits)
 	fmt.Fprintf(w, "# HELP sidecar_kv_misses_total KV cache lookups that had to compute.\n# TYPE sidecar_kv_misses_total counter\nsidecar_kv_misses_total %d\n", st.Misses)

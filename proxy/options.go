@@ -62,14 +62,15 @@ type Options struct {
 	Logger *slog.Logger
 
 	// Memory keeps session history and builds each chat request's window
-	// (sessions named by X-Session-ID or prompt_cache_key). Nil: every
-	// request is a stateless passthrough and /v1/sessions answers 404.
-	// The Server does not close it.
-	Memory *memory.Store
+	// (sessions named by X-Session-ID or prompt_cache_key), usually a
+	// *memory.Store. Nil: every request is a stateless passthrough and
+	// /v1/sessions answers 404. With AdminToken set it must also be an
+	// AdminMemory. The Server does not close it.
+	Memory Memory
 
-	// KV serves PUT|GET|HEAD|DELETE /v1/kv/{namespace}/{key}. Nil: 404
-	// there. The Server does not close it.
-	KV *kv.Cache
+	// KV serves PUT|GET|HEAD|DELETE /v1/kv/{namespace}/{key}, usually a
+	// *kv.Cache. Nil: 404 there. The Server does not close it.
+	KV KV
 
 	// MaxKVBytes bounds a KV API body (413 beyond); the server reads bodies
 	// up to max(MaxBodyBytes, MaxKVBytes) and checks per route. Default
@@ -201,6 +202,9 @@ func (o *Options) validate() (*url.URL, error) {
 		return nil, errors.New("proxy: size limits must not be negative")
 	}
 	if o.AdminToken != "" {
+		if _, ok := o.Memory.(AdminMemory); o.Memory != nil && !ok {
+			return nil, fmt.Errorf("proxy: the console needs a Memory that is also an AdminMemory, got %T", o.Memory)
+		}
 		if len(o.AdminToken) < minAdminTokenLen {
 			return nil, fmt.Errorf("proxy: the admin token must be at least %d bytes long, got %d", minAdminTokenLen, len(o.AdminToken))
 		}
@@ -223,3 +227,52 @@ type Fleet interface {
 	// the lease stayed elsewhere: the request is answered 503.
 	Acquire(ctx context.Context, tenant, session string) (release func(), err error)
 }
+
+// Memory is what the chat path, the sessions API and the pool need of
+// session memory (package memory's Store).
+type Memory interface {
+	// Prepare builds a chat turn's window; the turn is then completed or
+	// aborted exactly once.
+	Prepare(ctx context.Context, req memory.TurnRequest) (*memory.Turn, error)
+	CountTokensContext(ctx context.Context, model, text string) (int, error)
+	// MaxReplyBytes bounds the reply text recorded for one turn.
+	MaxReplyBytes() int
+	Stats() memory.Stats
+
+	Session(tenant, sessionID string) (memory.SessionView, error)
+	Memory(tenant, sessionID string) (memory.MemoryView, error)
+	Delete(tenant, sessionID string) error
+
+	PoolGet(tenant, key string) (memory.PoolEntry, error)
+	PoolPut(tenant, key string, w memory.PoolWrite) (memory.PoolEntry, error)
+	PoolDelete(tenant, key string, expectedVersion uint64) error
+	PoolList(tenant, prefix string, limit int) ([]memory.PoolEntry, error)
+}
+
+// AdminMemory is what the console's API needs beyond Memory: listing
+// tenants and sessions, and editing one session's memories.
+type AdminMemory interface {
+	Memory
+	Tenants() ([]memory.TenantInfo, error)
+	Sessions(tenant string, user *string, limit int) ([]memory.SessionInfo, error)
+	AddMemory(tenant, sessionID string, c memory.Category, text string, importance float64) (memory.Unit, error)
+	UpdateMemory(tenant, sessionID, unitID string, e memory.MemoryEdit) (memory.Unit, error)
+	DeleteMemory(tenant, sessionID, unitID string) error
+	Boost(tenant, sessionID, unitID string) (float64, error)
+}
+
+// KV is what the KV API, the metrics and the console need of the KV cache
+// (package kv's Cache).
+type KV interface {
+	PutBlob(ns, key string, meta kv.BlobMeta, data []byte) error
+	GetBlob(ns, key string) (kv.BlobMeta, []byte, kv.Tier, error)
+	StatBlob(ns, key string) (kv.BlobMeta, kv.Tier, error)
+	DeleteBlob(ns, key string) error
+	Stats() kv.Stats
+	AmortizationStats() kv.AmortizationStats
+}
+
+var (
+	_ AdminMemory = (*memory.Store)(nil)
+	_ KV          = (*kv.Cache)(nil)
+)

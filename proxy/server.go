@@ -50,7 +50,10 @@ type Server struct {
 	// The console (Options.AdminToken): the token's hash, the KV time
 	// series and its sampler (started by Serve, waited for by Shutdown),
 	// and the last window of recent sessions.
-	adminHash   [32]byte
+	adminHash [32]byte
+	// admin is Options.Memory as the console's API sees it; nil without
+	// memory.
+	admin       AdminMemory
 	series      *kvSeries
 	windows     *windowCache
 	samplerOnce sync.Once
@@ -83,6 +86,7 @@ func New(opts Options) (*Server, error) {
 		s.series = newKVSeries(opts.ConsoleSamples)
 		s.windows = newWindowCache(consoleWindows)
 	}
+	s.admin, _ = opts.Memory.(AdminMemory)
 	if opts.Memory != nil {
 		s.metrics.AddCollector(func(w io.Writer) { s.mem.write(w, opts.Memory.Stats()) })
 	}
