@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/internal/clock"
 	"github.com/kvsidecar/kvsidecar/kv"
 )
 
@@ -82,7 +83,7 @@ type LlamaCPPOptions struct {
 	// Logger receives the warnings. Nil means slog.Default().
 	Logger *slog.Logger
 	// Clock tells time. Nil means the system clock.
-	Clock kv.Clock
+	Clock clock.Clock
 	// Shared, when set, is the fleet's shared store of states: saved
 	// states are written through to it, restores look there too (see
 	// SharedStates). Nil: states stay on this machine.
@@ -149,15 +150,10 @@ func (o *LlamaCPPOptions) validate() error {
 		o.Logger = slog.Default()
 	}
 	if o.Clock == nil {
-		o.Clock = sysClock{}
+		o.Clock = clock.System
 	}
 	return nil
 }
-
-type sysClock struct{}
-
-func (sysClock) Now() time.Time                         { return time.Now() }
-func (sysClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 // Probe states.
 const (

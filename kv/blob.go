@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/internal/durable"
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
@@ -264,7 +265,7 @@ func (c *Cache) DeleteBlob(ns, key string) error {
 // else "kv: <op> blob ns/key: <cause>".
 func blobError(op, ns, key string, err error) error {
 	switch {
-	case errors.Is(err, tiers.ErrCorrupt):
+	case errors.Is(err, durable.ErrCorrupt):
 		return fmt.Errorf("%w: blob %s/%s: %w", ErrNotFound, ns, key, err)
 	case errors.Is(err, tiers.ErrNotFound):
 		return fmt.Errorf("%w: blob %s/%s", ErrNotFound, ns, key)

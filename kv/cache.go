@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/internal/clock"
+	"github.com/kvsidecar/kvsidecar/internal/durable"
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
@@ -26,19 +28,6 @@ var (
 
 // Tier says which tier served a value.
 type Tier = tiers.Tier
-
-// Clock tells time and makes timers. Tests inject one or run in a
-// testing/synctest bubble; the zero Options use the system clock.
-type Clock interface {
-	Now() time.Time
-	// After is time.After on this clock.
-	After(d time.Duration) <-chan time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time                         { return time.Now() }
-func (systemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 // Options configure a Cache. The zero value is a memory-only cache with the
 // tiers' default budgets and strategy and a one-day TTL.
@@ -59,7 +48,7 @@ type Options struct {
 	// MaxBlobBytes caps one blob. Zero means 256 MiB.
 	MaxBlobBytes int64
 	// Clock tells time. Nil means the system clock.
-	Clock Clock
+	Clock clock.Clock
 }
 
 func (o *Options) validate() error {
@@ -76,7 +65,7 @@ func (o *Options) validate() error {
 		o.MaxBlobBytes = 256 << 20
 	}
 	if o.Clock == nil {
-		o.Clock = systemClock{}
+		o.Clock = clock.System
 	}
 	if o.Store.Clock == nil {
 		o.Store.Clock = o.Clock
@@ -286,7 +275,7 @@ func (c *Cache) get(key string) (*Block, Tier, time.Duration, error) {
 	}
 	v, t, err := c.store.Get(key)
 	switch {
-	case errors.Is(err, tiers.ErrCorrupt):
+	case errors.Is(err, durable.ErrCorrupt):
 		return nil, tiers.TierNone, 0, fmt.Errorf("%w: %w", ErrNotFound, err)
 	case errors.Is(err, tiers.ErrNotFound):
 		return nil, tiers.TierNone, 0, ErrNotFound

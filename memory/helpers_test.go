@@ -34,6 +34,9 @@ func (c *fakeClock) Now() time.Time {
 	return c.t
 }
 
+// After never fires: the store starts no timers on its clock.
+func (c *fakeClock) After(time.Duration) <-chan time.Time { return nil }
+
 func openStore(t testing.TB, dir string, mod func(*Options)) *Store {
 	t.Helper()
 	o := Options{Dir: dir, Fsync: FsyncNever, Clock: &fakeClock{t: time.Unix(1_700_000_000, 0)}}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/internal/clock"
 	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
@@ -27,10 +28,11 @@ var (
 	ErrContextTooLarge = errors.New("memory: context too large for the window")
 	// ErrClosed: the Store was closed.
 	ErrClosed = errors.New("memory: store closed")
-	// ErrCorrupt marks a log record that failed its checks. It matches
-	// durable.ErrCorrupt.
-	ErrCorrupt = durable.NewCorrupt("memory: corrupt record")
 )
+
+// errCorrupt marks a log record that failed its checks; callers match
+// durable.ErrCorrupt.
+var errCorrupt = durable.NewCorrupt("memory: corrupt record")
 
 // FsyncPolicy says when a session log is fsynced.
 type FsyncPolicy uint8
@@ -111,14 +113,6 @@ func ParseStrategy(s string) (Strategy, error) {
 	return 0, fmt.Errorf("memory: unknown strategy %q (want importance|tail|summary)", s)
 }
 
-// Clock is the time source; tests inject a fake one. It must be safe for
-// concurrent use (the worker reads it too).
-type Clock interface{ Now() time.Time }
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
-
 // Options configure a Store. The zero value of every field is a documented
 // default; only Dir is required. Fields are grouped by concern, as nested
 // option structs, each with its own defaults and validation (Open applies
@@ -181,7 +175,7 @@ type Options struct {
 	SharedLogTimeout time.Duration
 
 	// Clock is the time source. Nil: the system clock.
-	Clock Clock
+	Clock clock.Clock
 	// Logger receives warnings (quarantined log tails, summarizer errors).
 	// Nil: discarded.
 	Logger *slog.Logger
@@ -351,7 +345,7 @@ type RecallOptions struct {
 	LinkHalfLife time.Duration
 }
 
-func (o *RecallOptions) ensureDefaults(clock Clock) {
+func (o *RecallOptions) ensureDefaults(clk clock.Clock) {
 	if o.Share == 0 {
 		o.Share = 0.08
 	}
@@ -383,7 +377,7 @@ func (o *RecallOptions) ensureDefaults(clock Clock) {
 		o.Index.Rerank = index.DefaultRerank
 	}
 	if o.Index.Now == nil {
-		o.Index.Now = clock.Now
+		o.Index.Now = clk.Now
 	}
 	if o.ActiveSetSize == 0 {
 		o.ActiveSetSize = 7
@@ -696,7 +690,7 @@ func (o *Options) EnsureDefaults() *Options {
 		o.SharedLogTimeout = 10 * time.Second
 	}
 	if o.Clock == nil {
-		o.Clock = realClock{}
+		o.Clock = clock.System
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/clock"
 )
 
 // fakeShared is a shared store of the disk budget (the KV archive's role).
@@ -45,7 +47,7 @@ func exists(s *Store, id string) bool {
 // not, log and index alike.
 func TestSessionTTL(t *testing.T) {
 	dir := t.TempDir()
-	mod := func(o *Options) { o.Clock = realClock{}; o.Storage.SessionTTL = time.Hour }
+	mod := func(o *Options) { o.Clock = clock.System; o.Storage.SessionTTL = time.Hour }
 	s := openStore(t, dir, mod)
 	for _, id := range []string{"old-loaded", "old-unloaded", "fresh"} {
 		prepare(t, s, "t", id, ModeAppend, text("user", "hello "+id)).Complete(text("assistant", "hi"))
@@ -88,7 +90,7 @@ func TestMaxDiskBytes(t *testing.T) {
 	shared := &fakeShared{bytes: 1 << 20}
 	var budget int64
 	s := openStore(t, dir, func(o *Options) {
-		o.Clock = realClock{}
+		o.Clock = clock.System
 		o.Storage.Shared = shared
 		o.Storage.MaxDiskBytes = 1 << 40 // set below once sizes are known
 	})
@@ -136,7 +138,7 @@ func TestMaxDiskBytes(t *testing.T) {
 
 func TestSweepCleansTempsOrphansAndOldQuarantine(t *testing.T) {
 	dir := t.TempDir()
-	s := openStore(t, dir, func(o *Options) { o.Clock = realClock{}; o.Storage.QuarantineTTL = 24 * time.Hour })
+	s := openStore(t, dir, func(o *Options) { o.Clock = clock.System; o.Storage.QuarantineTTL = 24 * time.Hour })
 	prepare(t, s, "t", "s", ModeAppend, text("user", "x")).Abort()
 	log := sessionPath(dir, "t", "s")
 	shard := filepath.Dir(log)

@@ -304,7 +304,7 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 	switch r.K {
 	case "meta":
 		if r.Tenant != s.tenant || r.Session != s.id {
-			return fmt.Errorf("memory: log %s belongs to another session: %w", filepath.Base(s.path), ErrCorrupt)
+			return fmt.Errorf("memory: log %s belongs to another session: %w", filepath.Base(s.path), errCorrupt)
 		}
 		s.created = at
 		s.user = r.User
@@ -328,7 +328,7 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 		s.hist = append(s.hist, e)
 	case "trunc":
 		if r.Keep == nil || *r.Keep < 0 || *r.Keep > len(s.hist) {
-			return fmt.Errorf("memory: bad trunc record: %w", ErrCorrupt)
+			return fmt.Errorf("memory: bad trunc record: %w", errCorrupt)
 		}
 		for _, e := range s.hist[*r.Keep:] {
 			if s.deleted[msgUnitID(e.seq)] {
@@ -351,7 +351,7 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 		s.unitsChanged()
 	case "unit":
 		if r.Unit == nil || r.Unit.ID == "" {
-			return fmt.Errorf("memory: bad unit record: %w", ErrCorrupt)
+			return fmt.Errorf("memory: bad unit record: %w", errCorrupt)
 		}
 		u := *r.Unit
 		normalizeUnit(&u)

@@ -146,7 +146,7 @@ func (s *Store) applySharedLocked(sess *session, payloads [][]byte) error {
 	for _, p := range payloads {
 		var r record
 		if err := json.Unmarshal(p, &r); err != nil {
-			return fmt.Errorf("memory: shared log record: %w", errors.Join(err, ErrCorrupt))
+			return fmt.Errorf("memory: shared log record: %w", errors.Join(err, errCorrupt))
 		}
 		if r.K == "meta" {
 			continue
@@ -171,7 +171,7 @@ func (s *Store) rebuildLocked(sess *session, payloads [][]byte) error {
 	var first record
 	if len(payloads) == 0 || json.Unmarshal(payloads[0], &first) != nil || first.K != "meta" ||
 		first.Tenant != sess.tenant || first.Session != sess.id {
-		return fmt.Errorf("memory: shared log of %q does not start with its meta record: %w", sess.id, ErrCorrupt)
+		return fmt.Errorf("memory: shared log of %q does not start with its meta record: %w", sess.id, errCorrupt)
 	}
 	if sess.log != nil {
 		sess.log.close()
@@ -338,7 +338,7 @@ func (s *Store) syncPoolLocked(ctx context.Context, p *pool) error {
 				continue
 			}
 			if r.K == "meta" && r.Tenant != p.tenant {
-				return fmt.Errorf("memory: shared pool log of another tenant: %w", ErrCorrupt)
+				return fmt.Errorf("memory: shared pool log of another tenant: %w", errCorrupt)
 			}
 			applyPoolRecord(p, &r)
 			image = appendRecord(image, b)

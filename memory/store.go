@@ -671,7 +671,7 @@ func (s *Store) rewriteMeta(sess *session) (*logFile, error) {
 	}
 	data, err := os.ReadFile(sess.path)
 	if err != nil || !bytes.HasPrefix(data, logMagic) {
-		return nil, fmt.Errorf("memory: reread repaired log: %w", errors.Join(err, ErrCorrupt))
+		return nil, fmt.Errorf("memory: reread repaired log: %w", errors.Join(err, errCorrupt))
 	}
 	image := appendRecord(append([]byte(nil), logMagic...), meta)
 	image = append(image, data[len(logMagic):]...)

@@ -283,7 +283,7 @@ func readLogMeta(path string, maxPayload int) (record, error) {
 		return rec, err
 	}
 	if len(head) < len(logMagic) {
-		return rec, ErrCorrupt
+		return rec, errCorrupt
 	}
 	var first []byte
 	switch magic, body := head[:len(logMagic)], head[len(logMagic):]; {
@@ -299,7 +299,7 @@ func readLogMeta(path string, maxPayload int) (record, error) {
 		}
 	}
 	if first == nil {
-		return rec, ErrCorrupt
+		return rec, errCorrupt
 	}
 	err = json.Unmarshal(first, &rec)
 	return rec, err

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/clock"
 )
 
 // ask sends one drop-in request for a user and returns its turn (aborted).
@@ -150,7 +152,7 @@ func TestUserMemorySurvivesRestartAndRebuilds(t *testing.T) {
 // the user index file for a stray session index.
 func TestRetentionForgetsUserMemory(t *testing.T) {
 	dir := t.TempDir()
-	mod := func(o *Options) { o.Clock = realClock{}; o.Storage.SessionTTL = time.Hour }
+	mod := func(o *Options) { o.Clock = clock.System; o.Storage.SessionTTL = time.Hour }
 	s := openStore(t, dir, mod)
 	talk(t, s, "t", "old", "ada", "My bike is a green Bianchi", "Nice bike.")
 	talk(t, s, "t", "fresh", "ada", "I live in Ghent", "Lovely city.")

@@ -61,7 +61,7 @@ func (m *manifest) encode() []byte {
 
 func parseManifest(b []byte) (*manifest, error) {
 	const head = 4 + 1 + 8 + 8 + 4 + 4 + 4
-	bad := func(why string) error { return fmt.Errorf("%w: manifest: %s", ErrCorrupt, why) }
+	bad := func(why string) error { return fmt.Errorf("%w: manifest: %s", errCorrupt, why) }
 	if len(b) < head+4 || string(b[:4]) != manifestMagic || b[4] != manifestVersion {
 		return nil, bad("bad header")
 	}
@@ -213,7 +213,7 @@ func (s *Store) StatBlob(ctx context.Context, tenant, id string) (BlobInfo, erro
 }
 
 // GetBlob returns the blob's bytes and metadata. Every chunk is checked
-// against its CRC32C; a mismatch is ErrCorrupt, never served.
+// against its CRC32C; a mismatch matches durable.ErrCorrupt, never served.
 func (s *Store) GetBlob(ctx context.Context, tenant, id string) ([]byte, BlobInfo, error) {
 	var buf []byte
 	info, err := s.readBlob(ctx, tenant, id, func(m *manifest) { buf = make([]byte, 0, m.size) },
@@ -226,7 +226,7 @@ func (s *Store) GetBlob(ctx context.Context, tenant, id string) ([]byte, BlobInf
 
 // WriteBlobTo copies the blob to w a few chunks at a time (memory stays
 // near four chunks whatever the blob's size) and returns its metadata.
-// Each chunk is checked before it is written to w; on ErrCorrupt or any
+// Each chunk is checked before it is written to w; on corruption (durable.ErrCorrupt) or any
 // other error w may have received a prefix of the blob.
 func (s *Store) WriteBlobTo(ctx context.Context, tenant, id string, w io.Writer) (BlobInfo, error) {
 	return s.readBlob(ctx, tenant, id, func(*manifest) {}, func(c []byte) error {
@@ -292,7 +292,7 @@ func (s *Store) readChunks(ctx context.Context, mkey string, m *manifest, emit f
 			}
 			want := min(int64(m.chunk), m.size-got)
 			if int64(len(c)) != want || crc32.Checksum(c, castagnoli) != m.crcs[i] {
-				return emitted, fmt.Errorf("%w: chunk %d of %d bytes fails its checksum or size", ErrCorrupt, i, len(c))
+				return emitted, fmt.Errorf("%w: chunk %d of %d bytes fails its checksum or size", errCorrupt, i, len(c))
 			}
 			if err := emit(c); err != nil {
 				return true, err

@@ -6,7 +6,7 @@
 //
 //   - blobs (engine states, MBs to GBs) in chunks of Options.ChunkBytes,
 //     each with a CRC32C, behind a manifest written last: a half-written
-//     blob is never served, a damaged one fails with ErrCorrupt;
+//     blob is never served, a damaged one fails with an error matching durable.ErrCorrupt;
 //   - per-session record lists with idempotent, positioned appends (a retry
 //     never duplicates, two writers never fork the list) that can be fenced
 //     by the session's lease;

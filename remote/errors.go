@@ -3,16 +3,21 @@ package remote
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
-// Sentinel errors; classify with errors.Is.
+// errCorrupt marks a blob whose manifest or chunk fails its checksum or
+// size, or a value whose version does not parse; callers match
+// durable.ErrCorrupt. Such a blob is never served.
+var errCorrupt = durable.NewCorrupt("remote: corrupt")
+
+// Sentinel errors; classify with errors.Is. Corruption matches
+// durable.ErrCorrupt.
 var (
 	// ErrNotFound: no such blob, record range, value or index entry (never
 	// written, deleted, or expired by its TTL).
 	ErrNotFound = errors.New("remote: not found")
-	// ErrCorrupt: a blob whose manifest or chunk fails its checksum or
-	// size. It is never served.
-	ErrCorrupt = errors.New("remote: corrupt")
 	// ErrConflict: a compare-and-set lost (a value at another version, a
 	// record sequence number that holds different bytes).
 	ErrConflict = errors.New("remote: conflict")

@@ -22,7 +22,7 @@ func TestManifestRoundTrip(t *testing.T) {
 	}
 	// A size that disagrees with the chunk count is refused even with a
 	// valid checksum.
-	if _, err := parseManifest((&manifest{gen: 1, size: 5000, chunk: 1024, crcs: []uint32{1}}).encode()); !errors.Is(err, ErrCorrupt) {
+	if _, err := parseManifest((&manifest{gen: 1, size: 5000, chunk: 1024, crcs: []uint32{1}}).encode()); !errors.Is(err, errCorrupt) {
 		t.Fatalf("inconsistent manifest: %v", err)
 	}
 }
@@ -35,7 +35,7 @@ func FuzzParseManifest(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := parseManifest(b)
 		if err != nil {
-			if !errors.Is(err, ErrCorrupt) {
+			if !errors.Is(err, errCorrupt) {
 				t.Fatalf("error not marked corrupt: %v", err)
 			}
 			return

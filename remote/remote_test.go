@@ -10,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kvsidecar/kvsidecar/internal/durable"
 	"github.com/kvsidecar/kvsidecar/internal/redisserver"
 	"github.com/kvsidecar/kvsidecar/internal/redisserver/redistest"
 	"github.com/kvsidecar/kvsidecar/remote"
-	"github.com/redis/go-redis/v9"
 )
 
 var ctx = context.Background()
@@ -203,18 +205,18 @@ func TestBlobDamageNeverServed(t *testing.T) {
 	b, _ := r.Get(ctx, k).Bytes()
 	b[10] ^= 1
 	r.Set(ctx, k, b, 0)
-	if _, _, err := s.GetBlob(ctx, "t1", "d"); !errors.Is(err, remote.ErrCorrupt) {
+	if _, _, err := s.GetBlob(ctx, "t1", "d"); !errors.Is(err, durable.ErrCorrupt) {
 		t.Fatalf("flipped chunk byte: %v", err)
 	}
 	var w bytes.Buffer
-	if _, err := s.WriteBlobTo(ctx, "t1", "d", &w); !errors.Is(err, remote.ErrCorrupt) || w.Len() > 2*1024 {
+	if _, err := s.WriteBlobTo(ctx, "t1", "d", &w); !errors.Is(err, durable.ErrCorrupt) || w.Len() > 2*1024 {
 		t.Fatalf("WriteBlobTo of a damaged blob: %v after %d bytes", err, w.Len())
 	}
 	// A truncated chunk.
 	put()
 	k = chunk(1)
 	r.Set(ctx, k, b[:100], 0)
-	if _, _, err := s.GetBlob(ctx, "t1", "d"); !errors.Is(err, remote.ErrCorrupt) {
+	if _, _, err := s.GetBlob(ctx, "t1", "d"); !errors.Is(err, durable.ErrCorrupt) {
 		t.Fatalf("truncated chunk: %v", err)
 	}
 	// A missing chunk.
@@ -230,15 +232,15 @@ func TestBlobDamageNeverServed(t *testing.T) {
 		mm := bytes.Clone(m)
 		mm[pos] ^= 0x40
 		r.Set(ctx, "kvs:b:{t1:d}", mm, 0)
-		if _, _, err := s.GetBlob(ctx, "t1", "d"); !errors.Is(err, remote.ErrCorrupt) {
+		if _, _, err := s.GetBlob(ctx, "t1", "d"); !errors.Is(err, durable.ErrCorrupt) {
 			t.Fatalf("manifest byte %d flipped: %v", pos, err)
 		}
-		if _, err := s.StatBlob(ctx, "t1", "d"); !errors.Is(err, remote.ErrCorrupt) {
+		if _, err := s.StatBlob(ctx, "t1", "d"); !errors.Is(err, durable.ErrCorrupt) {
 			t.Fatalf("stat, manifest byte %d flipped: %v", pos, err)
 		}
 	}
 	r.Set(ctx, "kvs:b:{t1:d}", m[:20], 0)
-	if _, _, err := s.GetBlob(ctx, "t1", "d"); !errors.Is(err, remote.ErrCorrupt) {
+	if _, _, err := s.GetBlob(ctx, "t1", "d"); !errors.Is(err, durable.ErrCorrupt) {
 		t.Fatalf("short manifest: %v", err)
 	}
 }

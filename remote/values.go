@@ -103,7 +103,7 @@ func valueOf(key string, vals []any) (Value, error) {
 	d, _ := vals[1].(string)
 	var ver int64
 	if _, err := fmt.Sscan(vs, &ver); err != nil {
-		return Value{}, fmt.Errorf("remote: value %q: %w: version %q", key, ErrCorrupt, vs)
+		return Value{}, fmt.Errorf("remote: value %q: %w: version %q", key, errCorrupt, vs)
 	}
 	return Value{Key: key, Data: []byte(d), Version: ver}, nil
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/kvsidecar/kvsidecar/internal/clock"
 	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
@@ -46,7 +47,7 @@ type ArchiveOptions struct {
 	// means one minute.
 	HotHalfLife time.Duration
 	// Clock tells time for hot scores. Nil means the system clock.
-	Clock Clock
+	Clock clock.Clock
 }
 
 func (o *ArchiveOptions) validate() error {
@@ -75,7 +76,7 @@ func (o *ArchiveOptions) validate() error {
 		o.HotHalfLife = time.Minute
 	}
 	if o.Clock == nil {
-		o.Clock = SystemClock
+		o.Clock = clock.System
 	}
 	return nil
 }
@@ -493,7 +494,7 @@ func (a *Archive) evictWhile(over func() bool, skip string) {
 
 // Get reads key's block, checking its CRC before returning a byte, and
 // returns its hot score after this access. A file that fails its checks is
-// quarantined and reported; the error then matches both ErrCorrupt and
+// quarantined and reported; the error then matches both durable.ErrCorrupt and
 // ErrNotFound.
 func (a *Archive) Get(key string) (Value, float64, error) {
 	v, hot, _, err := a.get(key)
@@ -549,7 +550,7 @@ func (a *Archive) get(key string) (Value, float64, uint64, error) {
 		}
 		a.quarantine(e.name, err.Error())
 		mu.Unlock()
-		return Value{}, 0, 0, alsoNotFound{fmt.Errorf("%w: %s quarantined: %v", ErrCorrupt, path.Base(e.name), err)}
+		return Value{}, 0, 0, alsoNotFound{fmt.Errorf("%w: %s quarantined: %v", errCorrupt, path.Base(e.name), err)}
 	}
 }
 

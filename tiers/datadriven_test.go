@@ -162,6 +162,9 @@ type fakeClock struct{ now time.Time }
 
 func (c *fakeClock) Now() time.Time { return c.now }
 
+// After never fires: the tiers start no timers.
+func (c *fakeClock) After(time.Duration) <-chan time.Time { return nil }
+
 // value makes deterministic bytes for key of size n.
 func value(key string, n int) []byte {
 	b := make([]byte, n)

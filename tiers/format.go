@@ -50,7 +50,7 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// errFormat marks a file that does not parse; it is wrapped with ErrCorrupt.
+// errFormat marks a file that does not parse; it is wrapped with errCorrupt.
 var errFormat = errors.New("bad archive file")
 
 type fileHeader struct {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/gpu"
+	"github.com/kvsidecar/kvsidecar/internal/clock"
 )
 
 // Options configure a Store. The zero value is a store with Focus on a CPU
@@ -37,7 +38,7 @@ type Options struct {
 	// HotHalfLife is the half-life of hot scores. Zero means one minute.
 	HotHalfLife time.Duration
 	// Clock tells time. Nil means the system clock.
-	Clock Clock
+	Clock clock.Clock
 	// ArchiveLevel, MaxBlockBytes and VerifyOnOpen are passed to the
 	// Archive; see ArchiveOptions.
 	ArchiveLevel  int
@@ -101,7 +102,7 @@ func (o *Options) validate() error {
 		o.HotHalfLife = time.Minute
 	}
 	if o.Clock == nil {
-		o.Clock = SystemClock
+		o.Clock = clock.System
 	}
 	return nil
 }
@@ -389,7 +390,7 @@ func (s *Store) put(key string, v Value, o PutOptions) error {
 
 // Get returns key's value and the tier that served it. The value is shared:
 // do not modify it. A corrupt archive block is never served: the error then
-// matches ErrCorrupt as well as ErrNotFound.
+// matches durable.ErrCorrupt as well as ErrNotFound.
 func (s *Store) Get(key string) (Value, Tier, error) {
 	v, t, err := s.get(key)
 	if s.opts.Trace != nil {
@@ -429,7 +430,7 @@ func (s *Store) get(key string) (Value, Tier, error) {
 				}
 				return v, TierArchive, nil
 			}
-			if errors.Is(err, ErrCorrupt) {
+			if errors.Is(err, errCorrupt) {
 				return Value{}, TierNone, err // "tiers: corrupt block: …", also ErrNotFound
 			}
 			if !errors.Is(err, ErrNotFound) {

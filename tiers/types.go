@@ -9,15 +9,15 @@ import (
 	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
+// errCorrupt marks an archive file that failed its checks; callers match
+// durable.ErrCorrupt. The file was moved to quarantine and is never served;
+// errors carrying this mark also carry ErrNotFound.
+var errCorrupt = durable.NewCorrupt("tiers: corrupt block")
+
 // Errors returned by the tiers. Classify them with errors.Is.
 var (
 	// ErrNotFound means no tier holds the key.
 	ErrNotFound = errors.New("tiers: not found")
-	// ErrCorrupt marks an archive file that failed its checks. The file was
-	// moved to quarantine and is never served; errors carrying this mark
-	// also carry ErrNotFound.
-	// It matches durable.ErrCorrupt.
-	ErrCorrupt = durable.NewCorrupt("tiers: corrupt block")
 	// ErrTooLarge means a value does not fit a tier's hard budget even when
 	// the tier is empty, or exceeds the archive's block limit.
 	ErrTooLarge = errors.New("tiers: value too large")
@@ -192,18 +192,6 @@ func clamp01(x float64) float64 {
 	}
 	return x
 }
-
-// Clock tells time. Tests inject one; the zero Options use the system clock.
-type Clock interface {
-	Now() time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
-// SystemClock is the Clock backed by time.Now.
-var SystemClock Clock = systemClock{}
 
 // Budget bounds a tier. A tier above Soft of a limit is trimmed in the
 // background; a Put that would take it above Hard makes room inline first.

@@ -17,8 +17,11 @@
 //   - Files: a bound on the file descriptors the logs keep open, derived
 //     from the process's RLIMIT_NOFILE; idle logs are closed (least
 //     recently used first) and reopened on their next append.
-//   - ErrCorrupt: the one corruption mark. Other packages' corruption
-//     sentinels are made with NewCorrupt and match it with errors.Is.
+//   - ErrCorrupt: the one corruption error callers match, in every
+//     package (tiers, memory, remote, index). Packages keep their own
+//     message through an unexported mark made with NewCorrupt, which
+//     matches ErrCorrupt with errors.Is; they export no corruption
+//     sentinel of their own.
 //   - FS / OSFS: the small file-system interface the KV archive works
 //     through, so tests can inject faults.
 //
