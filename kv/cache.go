@@ -94,6 +94,10 @@ type Cache struct {
 	expHeap  expiryHeap
 	gens     map[string]uint64 // memory id → invalidations, to drop stale computes
 	flights  map[string]*flight
+	// landed counts finished flights (incremented under mu, after the
+	// value was stored), so a caller whose lookup missed can tell that a
+	// flight ended before it took mu and look again.
+	landed atomic.Uint64
 
 	kick   chan struct{}
 	done   chan struct{}
@@ -406,6 +410,7 @@ func getOrCompute[T any](c *Cache, ctx context.Context, key, memoryID string,
 ) (T, Outcome, error) {
 	var zero T
 	for {
+		landed := c.landed.Load()
 		v, t, d, err := lookup()
 		if err == nil {
 			c.hits.Add(1)
@@ -433,6 +438,12 @@ func getOrCompute[T any](c *Cache, ctx context.Context, key, memoryID string,
 			c.amort.shared()
 			return f.val.(T), Outcome{Shared: true}, nil
 		}
+		if c.landed.Load() != landed {
+			// A flight ended between the lookup and the lock, after
+			// storing its value: look again rather than compute twice.
+			c.mu.Unlock()
+			continue
+		}
 		f := &flight{done: make(chan struct{})}
 		c.flights[key] = f
 		gen := c.gens[memoryID]
@@ -453,6 +464,7 @@ func getOrCompute[T any](c *Cache, ctx context.Context, key, memoryID string,
 		f.val, f.err = val, err
 		c.mu.Lock()
 		delete(c.flights, key)
+		c.landed.Add(1)
 		c.mu.Unlock()
 		close(f.done)
 		if err != nil {
