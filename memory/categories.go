@@ -255,7 +255,7 @@ func (s *Store) AddMemory(tenant, sessionID string, c Category, text string, imp
 	if c == CategoryEpisode {
 		typ = UnitEpisode
 	}
-	u := &Unit{ID: memUnitID(sess.nextSeq), Type: typ, Tier: TierWorking, Role: string(c), Content: text,
+	u := &Unit{ID: memUnitID(sess.nextSeq), Type: typ, Tier: PlaceWorking, Role: string(c), Content: text,
 		Importance: importance, Tokens: s.tok.Count(sess.lastEnc, text), CreatedAt: now, UpdatedAt: now,
 		LastAccess: now, Category: c}
 	sess.nextSeq++

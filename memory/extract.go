@@ -298,7 +298,7 @@ func (s *Store) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
 	}
 	id := episodeUnitID(job.to)
 	if sess.units[id] == nil && !sess.deleted[id] {
-		u := &Unit{ID: id, Type: UnitEpisode, Tier: TierWorking, Role: "episode", Content: text,
+		u := &Unit{ID: id, Type: UnitEpisode, Tier: PlaceWorking, Role: "episode", Content: text,
 			Importance: 1, Tokens: s.tok.Count(job.enc, text), CreatedAt: now, UpdatedAt: now, LastAccess: now,
 			FromSeq: job.from, ToSeq: job.to, Category: CategoryEpisode}
 		touch(u, now)
@@ -370,7 +370,7 @@ func (s *Store) applyFactOpLocked(job *extractJob, op FactOp, now time.Time, nex
 			id = factUnitID(job.to, *next)
 		}
 		*next++
-		nu := &Unit{ID: id, Type: UnitFact, Tier: TierWorking, Role: "fact", Content: op.Text, Importance: 1,
+		nu := &Unit{ID: id, Type: UnitFact, Tier: PlaceWorking, Role: "fact", Content: op.Text, Importance: 1,
 			Tokens: s.tok.Count(job.enc, op.Text), CreatedAt: now, UpdatedAt: now, LastAccess: now,
 			FromSeq: job.from, ToSeq: job.to, Category: CategoryFact}
 		touch(nu, now)

@@ -55,7 +55,7 @@ func TestModeDetection(t *testing.T) {
 			}
 			var got, want []string
 			for _, m := range v.Messages {
-				if !m.System && m.Tier != TierArchive {
+				if !m.System && m.Tier != PlaceArchive {
 					got = append(got, m.Role+":"+m.Content)
 				}
 			}

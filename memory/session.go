@@ -121,7 +121,7 @@ type accessRecord struct {
 	ID    string `json:"id"`
 	Count int    `json:"n"`
 	Last  int64  `json:"t"`
-	Tier  Tier   `json:"tier,omitempty"`
+	Tier  Place  `json:"tier,omitempty"`
 }
 
 const logVersion = 1
@@ -230,7 +230,7 @@ func (s *session) refreshIndex() {
 			s.sums = append(s.sums, u)
 		case u.Category.pinned():
 			s.pinned = append(s.pinned, u)
-		case u.Tier == TierWorking:
+		case u.Tier == PlaceWorking:
 			s.cands = append(s.cands, u)
 		}
 	}
@@ -343,7 +343,7 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 				u.persisted = true // derived from this record on every replay
 				s.putUnit(u)
 			}
-			u.Tier = TierArchive
+			u.Tier = PlaceArchive
 			u.UpdatedAt = at
 		}
 		clear(s.hist[*r.Keep:])
@@ -431,7 +431,7 @@ func unitFromEntry(e *entry, tk *Tokenizer, enc Encoding, importance float64, no
 		typ = UnitTask
 	}
 	return &Unit{
-		ID: msgUnitID(e.seq), Type: typ, Tier: TierWorking, Role: e.msg.Role,
+		ID: msgUnitID(e.seq), Type: typ, Tier: PlaceWorking, Role: e.msg.Role,
 		Content: e.text(), Importance: importance, Tokens: e.cost(tk, enc),
 		CreatedAt: now, UpdatedAt: now, LastAccess: e.at, At: e.at,
 		FromSeq: e.seq, ToSeq: e.seq,

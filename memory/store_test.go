@@ -99,7 +99,7 @@ func TestDivergedHistoryArchivesCutMessages(t *testing.T) {
 	}
 	var archived []string
 	for _, u := range mem.Units {
-		if u.Tier == TierArchive {
+		if u.Tier == PlaceArchive {
 			archived = append(archived, u.Content)
 		}
 	}
@@ -310,7 +310,7 @@ func TestEvictedTurnsBecomeUnitsAndSurviveRestart(t *testing.T) {
 	if len(v.Messages) != 61 {
 		t.Fatalf("after restart %d messages, want 61", len(v.Messages))
 	}
-	if v.Messages[1].Tier == TierFocus {
+	if v.Messages[1].Tier == PlaceFocus {
 		t.Fatalf("evicted message reported in focus after restart")
 	}
 }

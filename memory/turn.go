@@ -528,7 +528,7 @@ func (t *Turn) recordLocked(m *Message, partial bool) error {
 		}
 		u := unitFromEntry(e, s.tok, t.enc, 0, now)
 		u.ID = orphanUnitID(e.seq)
-		u.Tier = TierArchive
+		u.Tier = PlaceArchive
 		sess.putUnit(u)
 		s.stats.orphan.Add(1)
 		return nil

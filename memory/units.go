@@ -8,15 +8,16 @@ import (
 	"time"
 )
 
-// Tier says where a message or unit lives. Messages in the window are
-// focus; what left it is working, then archive. Text tiers here are labels
-// for the text memory; the KV tensors have their own tiers (package tiers).
-type Tier string
+// Place says where a message or unit lives. Messages in the window are
+// focus; what left it is working, then archive. These are labels of the
+// text memory (the JSON field that carries them is "tier"); the KV tensors'
+// tiers are package tiers' Tier, unrelated.
+type Place string
 
 const (
-	TierFocus   Tier = "focus"
-	TierWorking Tier = "working"
-	TierArchive Tier = "archive"
+	PlaceFocus   Place = "focus"
+	PlaceWorking Place = "working"
+	PlaceArchive Place = "archive"
 )
 
 // UnitType classifies a memory unit.
@@ -42,7 +43,7 @@ const (
 type Unit struct {
 	ID          string    `json:"id"`
 	Type        UnitType  `json:"type"`
-	Tier        Tier      `json:"tier"`
+	Tier        Place     `json:"tier"`
 	Role        string    `json:"role,omitempty"`
 	Content     string    `json:"content"`
 	Importance  float64   `json:"importance"`
@@ -134,7 +135,7 @@ func (KeywordRecaller) Recall(_ context.Context, query string, units []*Unit, k 
 	var hits []RecallHit
 	for _, u := range units {
 		s := cosine(q, u.words())
-		if u.Tier == TierArchive {
+		if u.Tier == PlaceArchive {
 			s *= 0.9
 		}
 		if s > 0 {

@@ -31,7 +31,7 @@ type MessageView struct {
 	Tokens  int    `json:"tokens"`
 	// Tier is focus while the message is in the window, else its unit's
 	// tier (working or archive).
-	Tier      Tier            `json:"tier"`
+	Tier      Place           `json:"tier"`
 	System    bool            `json:"system,omitempty"`
 	Partial   bool            `json:"partial,omitempty"`
 	CreatedAt time.Time       `json:"created_at"`
@@ -73,9 +73,9 @@ func (s *Store) Session(tenant, sessionID string) (SessionView, error) {
 	}
 	add := func(e *entry, system bool) {
 		c := e.cost(s.tok, enc)
-		tier := TierFocus
+		tier := PlaceFocus
 		if e.dropped {
-			tier = TierWorking
+			tier = PlaceWorking
 			if u := sess.units[msgUnitID(e.seq)]; u != nil {
 				tier = u.Tier
 			}
@@ -114,9 +114,9 @@ func (s *Store) Memory(tenant, sessionID string) (MemoryView, error) {
 	for _, u := range sess.sortedUnits() {
 		v.Units = append(v.Units, u.clone())
 		switch u.Tier {
-		case TierWorking:
+		case PlaceWorking:
 			v.Working++
-		case TierArchive:
+		case PlaceArchive:
 			v.Archive++
 		}
 	}

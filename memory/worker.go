@@ -118,7 +118,7 @@ func (s *Store) syncUser(sess *session) {
 func (s *Store) demoteLocked(sess *session, now time.Time) {
 	var working []*Unit
 	for _, u := range sess.units {
-		if u.Tier != TierWorking {
+		if u.Tier != PlaceWorking {
 			continue
 		}
 		last := u.LastAccess
@@ -126,7 +126,7 @@ func (s *Store) demoteLocked(sess *session, now time.Time) {
 			last = u.CreatedAt
 		}
 		if now.Sub(last) >= s.opts.Decay.ArchiveAfter {
-			u.Tier, u.UpdatedAt, u.persisted = TierArchive, now, false
+			u.Tier, u.UpdatedAt, u.persisted = PlaceArchive, now, false
 			sess.unitsChanged()
 			continue
 		}
@@ -143,7 +143,7 @@ func (s *Store) demoteLocked(sess *session, now time.Time) {
 			return 1
 		})
 		for _, u := range working[:over] {
-			u.Tier, u.UpdatedAt, u.persisted = TierArchive, now, false
+			u.Tier, u.UpdatedAt, u.persisted = PlaceArchive, now, false
 		}
 		sess.unitsChanged()
 	}
@@ -294,7 +294,7 @@ func (s *Store) summarize(sess *session, req SummaryRequest, from, to uint64, en
 		return
 	}
 	now := s.opts.Clock.Now()
-	u := &Unit{ID: sumUnitID(to), Type: UnitSummary, Tier: TierWorking, Role: "system", Content: sum.Text,
+	u := &Unit{ID: sumUnitID(to), Type: UnitSummary, Tier: PlaceWorking, Role: "system", Content: sum.Text,
 		Tokens: s.tok.Count(enc, sum.Text), CreatedAt: now, UpdatedAt: now, LastAccess: now, FromSeq: from, ToSeq: to, Importance: 1}
 	sess.units[u.ID] = u
 	sess.noteUnit(u)
@@ -303,7 +303,7 @@ func (s *Store) summarize(sess *session, req SummaryRequest, from, to uint64, en
 		if f == "" {
 			continue
 		}
-		fu := &Unit{ID: factUnitID(to, i), Type: UnitFact, Tier: TierWorking, Role: "fact", Content: f,
+		fu := &Unit{ID: factUnitID(to, i), Type: UnitFact, Tier: PlaceWorking, Role: "fact", Content: f,
 			Tokens: s.tok.Count(enc, f), CreatedAt: now, UpdatedAt: now, LastAccess: now, FromSeq: from, ToSeq: to, Importance: 0.8}
 		sess.units[fu.ID] = fu
 	}
