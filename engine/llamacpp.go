@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/internal/clock"
 	"github.com/kvsidecar/kvsidecar/kv"
+	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
 // LlamaCPPOptions configure a LlamaCPP connector. BaseURL, SlotDir and
@@ -278,7 +279,7 @@ func NewLlamaCPP(opts LlamaCPPOptions) (*LlamaCPP, error) {
 	for i := range c.lastTask {
 		c.lastTask[i] = -1
 	}
-	opts.Cache.RangeBlobs(opts.Namespace, func(key string, m kv.BlobMeta, _ kv.Tier) bool {
+	opts.Cache.RangeBlobs(opts.Namespace, func(key string, m kv.BlobMeta, _ tiers.Tier) bool {
 		sm, err := parseStateMeta(m.Aux)
 		if err != nil {
 			c.log.Warn("llamacpp: a stored state has unreadable metadata; dropped", "key", key, "err", err)

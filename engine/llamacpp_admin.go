@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/kv"
+	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
 // ensureProbe reports whether the connector is enabled, probing the slot
@@ -258,12 +259,12 @@ func (c *LlamaCPP) Stats() Stats {
 			if s.RestoredFrom == nil {
 				s.RestoredFrom = map[string]int64{}
 			}
-			s.RestoredFrom[kv.Tier(t).String()] = n
+			s.RestoredFrom[tiers.Tier(t).String()] = n
 		}
 	}
 	s.States, s.StateBytes = c.cat.size()
 	s.StatesByTier, s.StateBytesByTier = map[string]int{}, map[string]int64{}
-	c.opts.Cache.RangeBlobs(c.opts.Namespace, func(key string, _ kv.BlobMeta, t kv.Tier) bool {
+	c.opts.Cache.RangeBlobs(c.opts.Namespace, func(key string, _ kv.BlobMeta, t tiers.Tier) bool {
 		s.StatesByTier[t.String()]++
 		s.StateBytesByTier[t.String()] += c.cat.sizeOf(key)
 		return true

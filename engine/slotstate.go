@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/kvsidecar/kvsidecar/kv"
+	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
 // GGMLType is a ggml tensor type id as llama.cpp writes it in a state file.
@@ -19,14 +20,14 @@ const (
 	GGMLTypeBF16 GGMLType = 30
 )
 
-func (t GGMLType) dtype() (kv.DType, bool) {
+func (t GGMLType) dtype() (tiers.DType, bool) {
 	switch t {
 	case GGMLTypeF32:
-		return kv.DTypeF32, true
+		return tiers.DTypeF32, true
 	case GGMLTypeF16:
-		return kv.DTypeF16, true
+		return tiers.DTypeF16, true
 	case GGMLTypeBF16:
-		return kv.DTypeBF16, true
+		return tiers.DTypeBF16, true
 	}
 	return 0, false
 }
@@ -356,7 +357,7 @@ func (s *SlotState) Block(modelID string) (*kv.Block, error) {
 		return nil, fmt.Errorf("%w: no KV cells", ErrSlotState)
 	}
 	var (
-		dt    kv.DType
+		dt    tiers.DType
 		width int
 		first = true
 	)

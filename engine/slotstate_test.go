@@ -20,12 +20,12 @@ func toks(n int) []int32 {
 }
 
 // elemAt reads element j of row c of a [.., cells, width] tensor.
-func elemAt(b []byte, d kv.DType, width, c, j int) float32 {
+func elemAt(b []byte, d tiers.DType, width, c, j int) float32 {
 	i := c*width + j
 	switch d {
-	case kv.DTypeF32:
+	case tiers.DTypeF32:
 		return math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-	case kv.DTypeF16:
+	case tiers.DTypeF16:
 		return tiers.F16ToF32(binary.LittleEndian.Uint16(b[2*i:]))
 	}
 	return float32(math.NaN())
@@ -107,7 +107,7 @@ func TestSlotStateBlock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if b.Layers() != layers || b.Tokens != len(tk) || b.HeadDim != width || b.KVHeads != 1 || b.DType != kv.DTypeF16 {
+		if b.Layers() != layers || b.Tokens != len(tk) || b.HeadDim != width || b.KVHeads != 1 || b.DType != tiers.DTypeF16 {
 			t.Fatalf("v_trans %t: block %d layers [%d %d %d] %s", vt, b.Layers(), b.KVHeads, b.Tokens, b.HeadDim, b.DType)
 		}
 		for l := range layers {
@@ -144,7 +144,7 @@ func TestSlotStateBlock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.Tokens != 5 || b.DType != kv.DTypeF32 {
+	if b.Tokens != 5 || b.DType != tiers.DTypeF32 {
 		t.Fatalf("multi-stream block [%d %d %d] %s", b.KVHeads, b.Tokens, b.HeadDim, b.DType)
 	}
 	if got, want := elemAt(b.V[1], b.DType, 4, 3, 2), genVal(2, 1, 0, 2, false); got != want { // stream 2's cell 0

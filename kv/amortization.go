@@ -19,7 +19,7 @@ type amortization struct {
 	loadNs    [tiers.TierArchive + 1]int64
 }
 
-func (a *amortization) load(t Tier, d time.Duration) {
+func (a *amortization) load(t tiers.Tier, d time.Duration) {
 	a.mu.Lock()
 	a.turns++
 	a.saved++
@@ -83,7 +83,7 @@ type AmortizationStats struct {
 
 // CostPerTurn returns (C_compute + (T−1)·C_load)/T from the measured means,
 // with C_load of the given tier (TierNone: over all tiers).
-func (s AmortizationStats) CostPerTurn(turns int, tier Tier) time.Duration {
+func (s AmortizationStats) CostPerTurn(turns int, tier tiers.Tier) time.Duration {
 	if turns < 1 {
 		return 0
 	}
@@ -116,7 +116,7 @@ func (c *Cache) AmortizationStats() AmortizationStats {
 	var loads, loadNs int64
 	for t := range a.loads {
 		if a.loads[t] > 0 {
-			s.MeanLoadCost[Tier(t).String()] = time.Duration(a.loadNs[t] / a.loads[t])
+			s.MeanLoadCost[tiers.Tier(t).String()] = time.Duration(a.loadNs[t] / a.loads[t])
 			loads += a.loads[t]
 			loadNs += a.loadNs[t]
 		}

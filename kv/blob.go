@@ -23,7 +23,7 @@ const (
 // and X-KV-Shape, and the size in bytes.
 type BlobMeta struct {
 	// DType is the element type; zero when the client gave none.
-	DType DType
+	DType tiers.DType
 	// Shape is the dimensions; nil when the client gave none.
 	Shape []int64
 	// Size is the blob's length in bytes (set by the cache).
@@ -128,7 +128,7 @@ func (c *Cache) putBlob(ns, key string, meta BlobMeta, data []byte, durable bool
 // (focus, working or archive). The bytes are shared with the cache: do not
 // modify them. A missing blob, or one whose file failed its checks, is
 // ErrNotFound.
-func (c *Cache) GetBlob(ns, key string) (BlobMeta, []byte, Tier, error) {
+func (c *Cache) GetBlob(ns, key string) (BlobMeta, []byte, tiers.Tier, error) {
 	if c.closed.Load() {
 		return BlobMeta{}, nil, tiers.TierNone, ErrClosed
 	}
@@ -148,7 +148,7 @@ func (c *Cache) GetBlob(ns, key string) (BlobMeta, []byte, Tier, error) {
 // in Stats and as a load from its tier, with the time it took, in
 // AmortizationStats. A blob not found counts nothing (the compute that
 // follows counts the miss, through GetOrComputeBlob).
-func (c *Cache) LoadBlob(ns, key string) (BlobMeta, []byte, Tier, error) {
+func (c *Cache) LoadBlob(ns, key string) (BlobMeta, []byte, tiers.Tier, error) {
 	start := time.Now()
 	m, data, t, err := c.GetBlob(ns, key)
 	if err == nil {
@@ -175,7 +175,7 @@ func (c *Cache) GetOrComputeBlob(ctx context.Context, ns, key string, compute fu
 		data []byte
 	}
 	b, out, err := getOrCompute(c, ctx, k, "",
-		func() (blob, Tier, time.Duration, error) {
+		func() (blob, tiers.Tier, time.Duration, error) {
 			m, t, err := c.StatBlob(ns, key)
 			return blob{meta: m}, t, 0, err
 		},
@@ -199,7 +199,7 @@ func (c *Cache) GetOrComputeBlob(ctx context.Context, ns, key string, compute fu
 // RangeBlobs calls fn with the key, metadata (Aux included) and fastest
 // tier of every blob of namespace ns, without reading their bytes, until
 // fn returns false. Blobs put or deleted meanwhile may or may not be seen.
-func (c *Cache) RangeBlobs(ns string, fn func(key string, m BlobMeta, t Tier) bool) {
+func (c *Cache) RangeBlobs(ns string, fn func(key string, m BlobMeta, t tiers.Tier) bool) {
 	if c.closed.Load() {
 		return
 	}
@@ -221,7 +221,7 @@ func (c *Cache) RangeBlobs(ns string, fn func(key string, m BlobMeta, t Tier) bo
 // held only by the Archive is read and checked as GetBlob would, so the
 // two always agree: a file that fails its checks is quarantined and is
 // ErrNotFound to both.
-func (c *Cache) StatBlob(ns, key string) (BlobMeta, Tier, error) {
+func (c *Cache) StatBlob(ns, key string) (BlobMeta, tiers.Tier, error) {
 	if c.closed.Load() {
 		return BlobMeta{}, tiers.TierNone, ErrClosed
 	}

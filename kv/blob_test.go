@@ -63,7 +63,7 @@ func TestBlobShapeOverflowIsInvalid(t *testing.T) {
 		{1 << 20, 1 << 20, 1 << 20, 1 << 20},
 		{3, 1 << 40, 1 << 40, 5},
 	} {
-		for _, dt := range []DType{0, DTypeF16} {
+		for _, dt := range []tiers.DType{0, tiers.DTypeF16} {
 			err := c.PutBlobCached("ns", "k", BlobMeta{DType: dt, Shape: shape}, nil)
 			if !errors.Is(err, ErrInvalid) {
 				t.Errorf("shape %v dtype %v with an empty body: %v, want ErrInvalid", shape, dt, err)
@@ -72,10 +72,10 @@ func TestBlobShapeOverflowIsInvalid(t *testing.T) {
 	}
 	// A large but sane shape still needs a matching body, and zero
 	// dimensions describe an empty tensor.
-	if err := c.PutBlobCached("ns", "k", BlobMeta{DType: DTypeF16, Shape: []int64{4, 0}}, nil); err != nil {
+	if err := c.PutBlobCached("ns", "k", BlobMeta{DType: tiers.DTypeF16, Shape: []int64{4, 0}}, nil); err != nil {
 		t.Fatalf("empty tensor: %v", err)
 	}
-	if err := c.PutBlobCached("ns", "k", BlobMeta{DType: DTypeF16, Shape: []int64{2, 2}}, make([]byte, 8)); err != nil {
+	if err := c.PutBlobCached("ns", "k", BlobMeta{DType: tiers.DTypeF16, Shape: []int64{2, 2}}, make([]byte, 8)); err != nil {
 		t.Fatalf("2x2 f16: %v", err)
 	}
 }
@@ -90,7 +90,7 @@ func TestStatAndGetAgreeOnCorruptArchiveBlob(t *testing.T) {
 		t.Fatal(err)
 	}
 	data := blobData(3)
-	if err := c.PutBlob("ns", "k", BlobMeta{DType: DTypeF16}, data); err != nil {
+	if err := c.PutBlob("ns", "k", BlobMeta{DType: tiers.DTypeF16}, data); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.PutBlob("ns", "good", BlobMeta{}, data[:100]); err != nil {
@@ -201,14 +201,14 @@ func TestGetOrComputeBlob(t *testing.T) {
 	}
 	c2 := openCache(t, Options{Store: tiers.Options{Dir: dir}})
 	var keys []string
-	c2.RangeBlobs("ns", func(key string, m BlobMeta, _ Tier) bool {
+	c2.RangeBlobs("ns", func(key string, m BlobMeta, _ tiers.Tier) bool {
 		if string(m.Aux) != "meta" {
 			t.Errorf("aux %q", m.Aux)
 		}
 		keys = append(keys, key)
 		return true
 	})
-	c2.RangeBlobs("other", func(key string, _ BlobMeta, _ Tier) bool {
+	c2.RangeBlobs("other", func(key string, _ BlobMeta, _ tiers.Tier) bool {
 		t.Errorf("namespace other lists %q", key)
 		return true
 	})

@@ -9,20 +9,6 @@ import (
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
-// DType is the element type of K and V tensors.
-type DType = tiers.DType
-
-// Element types of a Block.
-const (
-	DTypeF16  = tiers.DTypeF16
-	DTypeBF16 = tiers.DTypeBF16
-	DTypeF32  = tiers.DTypeF32
-	DTypeQ8   = tiers.DTypeQ8
-)
-
-// ParseDType parses "f16", "bf16", "f32", "q8" or "" (no type).
-func ParseDType(s string) (DType, error) { return tiers.ParseDType(s) }
-
 // Limits of a Block, checked by Validate and Decode.
 const (
 	MaxLayers     = 4096
@@ -42,7 +28,7 @@ var ErrInvalid = errors.New("kv: invalid")
 // memory with it: treat it as read-only.
 type Block struct {
 	ModelID string
-	DType   DType
+	DType   tiers.DType
 	KVHeads int
 	Tokens  int
 	HeadDim int
@@ -139,7 +125,7 @@ func Decode(data []byte) (*Block, error) {
 	if got, want := crc32.Checksum(data[:end], castagnoli), binary.LittleEndian.Uint32(data[end:]); got != want {
 		return nil, fmt.Errorf("%w: block crc %08x, want %08x", ErrInvalid, got, want)
 	}
-	b := &Block{DType: DType(data[6])}
+	b := &Block{DType: tiers.DType(data[6])}
 	if data[7] != 0 {
 		return nil, fmt.Errorf("%w: block flags %#x", ErrInvalid, data[7])
 	}

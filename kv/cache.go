@@ -26,9 +26,6 @@ var (
 	ErrClosed = errors.New("kv: closed")
 )
 
-// Tier says which tier served a value.
-type Tier = tiers.Tier
-
 // Options configure a Cache. The zero value is a memory-only cache with the
 // tiers' default budgets and strategy and a one-day TTL.
 type Options struct {
@@ -259,7 +256,7 @@ func (c *Cache) expired(key string, now time.Time) bool {
 
 // Get returns the block cached for memoryID and query and the tier that
 // served it, or ErrNotFound. The block shares memory with the cache.
-func (c *Cache) Get(memoryID, query string) (*Block, Tier, error) {
+func (c *Cache) Get(memoryID, query string) (*Block, tiers.Tier, error) {
 	b, t, _, err := c.get(cacheKey(memoryID, QueryHash(query)))
 	if err != nil {
 		c.misses.Add(1)
@@ -269,7 +266,7 @@ func (c *Cache) Get(memoryID, query string) (*Block, Tier, error) {
 	return b, t, nil
 }
 
-func (c *Cache) get(key string) (*Block, Tier, time.Duration, error) {
+func (c *Cache) get(key string) (*Block, tiers.Tier, time.Duration, error) {
 	if c.closed.Load() {
 		return nil, tiers.TierNone, 0, ErrClosed
 	}
@@ -303,20 +300,16 @@ func (c *Cache) Contains(memoryID, query string) bool {
 // Put caches b for memoryID and query, replacing any older block, until
 // the TTL passes. The cache copies b's tensors; b stays the caller's.
 func (c *Cache) Put(memoryID, query string, b *Block) error {
-	return c.put(memoryID, QueryHash(query), b, Hint{})
+	return c.put(memoryID, QueryHash(query), b, tiers.Hint{})
 }
-
-// Hint carries a block's importance (the weighted strategy's α) and its
-// semantic relevance (the hybrid strategy's γ term), both in [0, 1].
-type Hint = tiers.Hint
 
 // PutWithHint is Put with the scores the weighted and hybrid strategies
 // rank by; Put leaves both at zero.
-func (c *Cache) PutWithHint(memoryID, query string, b *Block, hint Hint) error {
+func (c *Cache) PutWithHint(memoryID, query string, b *Block, hint tiers.Hint) error {
 	return c.put(memoryID, QueryHash(query), b, hint)
 }
 
-func (c *Cache) put(id string, h uint64, b *Block, hint Hint) error {
+func (c *Cache) put(id string, h uint64, b *Block, hint tiers.Hint) error {
 	if c.closed.Load() {
 		return ErrClosed
 	}
@@ -366,7 +359,7 @@ func (c *Cache) Invalidate(memoryID string) error {
 // Outcome says how GetOrCompute produced its block.
 type Outcome struct {
 	// Tier served the block; TierNone when it was computed.
-	Tier Tier
+	Tier tiers.Tier
 	// Computed is true when this call ran compute.
 	Computed bool
 	// Shared is true when another call's compute produced the block.
@@ -389,12 +382,12 @@ func (c *Cache) GetOrCompute(ctx context.Context, memoryID, query string, comput
 	h := QueryHash(query)
 	key := cacheKey(memoryID, h)
 	return getOrCompute(c, ctx, key, memoryID,
-		func() (*Block, Tier, time.Duration, error) { return c.get(key) },
+		func() (*Block, tiers.Tier, time.Duration, error) { return c.get(key) },
 		func(ctx context.Context) (*Block, time.Duration, error) {
 			b, err := runCompute(ctx, compute)
 			return b, 0, err
 		},
-		func(b *Block) error { return c.put(memoryID, h, b, Hint{}) })
+		func(b *Block) error { return c.put(memoryID, h, b, tiers.Hint{}) })
 }
 
 // getOrCompute is the get-or-compute protocol over one store key, shared by
@@ -404,7 +397,7 @@ func (c *Cache) GetOrCompute(ctx context.Context, memoryID, query string, comput
 // reports (work done outside this call, such as an engine's prefill) is
 // what AmortizationStats count as C_compute.
 func getOrCompute[T any](c *Cache, ctx context.Context, key, memoryID string,
-	lookup func() (T, Tier, time.Duration, error),
+	lookup func() (T, tiers.Tier, time.Duration, error),
 	compute func(context.Context) (T, time.Duration, error),
 	store func(T) error,
 ) (T, Outcome, error) {

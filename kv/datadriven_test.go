@@ -125,7 +125,7 @@ func (s *cacheScript) run(t *testing.T, d *datadriven.TestData) string {
 		s.name(session, query)
 		var err error
 		if d.HasArg("imp") || d.HasArg("sem") {
-			var h Hint
+			var h tiers.Hint
 			d.MaybeScanArgs(t, "imp", &h.Importance)
 			d.MaybeScanArgs(t, "sem", &h.Semantic)
 			err = s.c.PutWithHint(session, query, s.block(), h)

@@ -20,7 +20,7 @@ import (
 
 func testBlock(layers, heads, tokens, dim int, seed uint64) *Block {
 	r := rand.New(rand.NewPCG(seed, 7))
-	b := &Block{ModelID: "llama-3-8b", DType: DTypeF16, KVHeads: heads, Tokens: tokens, HeadDim: dim}
+	b := &Block{ModelID: "llama-3-8b", DType: tiers.DTypeF16, KVHeads: heads, Tokens: tokens, HeadDim: dim}
 	n := heads * tokens * dim
 	for range layers {
 		k, v := make([]byte, 2*n), make([]byte, 2*n)
@@ -67,10 +67,10 @@ func TestCodec(t *testing.T) {
 		}
 	}
 	invalid := []*Block{
-		{DType: DTypeF16, KVHeads: 1, Tokens: 1, HeadDim: 1},                                     // no layers
-		{DType: 0, KVHeads: 1, Tokens: 1, HeadDim: 1, K: [][]byte{{0}}, V: [][]byte{{0}}},        // no dtype
-		{DType: DTypeF16, KVHeads: 1, Tokens: 1, HeadDim: 1, K: [][]byte{{0}}, V: [][]byte{{0}}}, // short layer
-		{DType: DTypeQ8, KVHeads: 1, Tokens: 1, HeadDim: 1, K: [][]byte{{0}}, V: nil},            // V missing
+		{DType: tiers.DTypeF16, KVHeads: 1, Tokens: 1, HeadDim: 1},                                     // no layers
+		{DType: 0, KVHeads: 1, Tokens: 1, HeadDim: 1, K: [][]byte{{0}}, V: [][]byte{{0}}},              // no dtype
+		{DType: tiers.DTypeF16, KVHeads: 1, Tokens: 1, HeadDim: 1, K: [][]byte{{0}}, V: [][]byte{{0}}}, // short layer
+		{DType: tiers.DTypeQ8, KVHeads: 1, Tokens: 1, HeadDim: 1, K: [][]byte{{0}}, V: nil},            // V missing
 	}
 	for i, b := range invalid {
 		if _, err := b.AppendEncode(nil); !errors.Is(err, ErrInvalid) {
@@ -263,14 +263,14 @@ func TestBlobs(t *testing.T) {
 	dir := t.TempDir()
 	c := openCache(t, Options{Store: tiers.Options{Dir: dir}, MaxBlobBytes: 1 << 20})
 	data := []byte("0123456789ab")
-	meta := BlobMeta{DType: DTypeF16, Shape: []int64{2, 3}}
+	meta := BlobMeta{DType: tiers.DTypeF16, Shape: []int64{2, 3}}
 	ns, key := "engine/a", "../../etc/passwd\x00"
 	if err := c.PutBlob(ns, key, meta, data); err != nil {
 		t.Fatal(err)
 	}
 	data[0] = 'X' // the cache copied
 	m, got, tier, err := c.GetBlob(ns, key)
-	if err != nil || string(got) != "0123456789ab" || tier != tiers.TierFocus || m.Size != 12 || m.DType != DTypeF16 || len(m.Shape) != 2 {
+	if err != nil || string(got) != "0123456789ab" || tier != tiers.TierFocus || m.Size != 12 || m.DType != tiers.DTypeF16 || len(m.Shape) != 2 {
 		t.Fatalf("GetBlob: %+v %q %s %v", m, got, tier, err)
 	}
 	if m, tier, err := c.StatBlob(ns, key); err != nil || m.Size != 12 || tier != tiers.TierFocus {
@@ -285,7 +285,7 @@ func TestBlobs(t *testing.T) {
 		{"", "k", BlobMeta{}, 1, ErrInvalid},
 		{"n", "", BlobMeta{}, 1, ErrInvalid},
 		{strings.Repeat("n", MaxNamespaceLen+1), "k", BlobMeta{}, 1, ErrInvalid},
-		{"n", "k", BlobMeta{DType: DTypeF32, Shape: []int64{3}}, 8, ErrInvalid},
+		{"n", "k", BlobMeta{DType: tiers.DTypeF32, Shape: []int64{3}}, 8, ErrInvalid},
 		{"n", "k", BlobMeta{Shape: []int64{-1}}, 8, ErrInvalid},
 		{"n", "k", BlobMeta{}, 2 << 20, ErrTooLarge},
 	}

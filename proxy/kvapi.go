@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvsidecar/kvsidecar/kv"
+	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
 // handleKV serves the KV API for engine-side connectors:
@@ -82,7 +83,7 @@ func (s *Server) handleKV(ctx *fasthttp.RequestCtx, tail []byte) {
 
 func kvMetaFromHeaders(ctx *fasthttp.RequestCtx) (kv.BlobMeta, error) {
 	var meta kv.BlobMeta
-	dt, err := kv.ParseDType(string(ctx.Request.Header.Peek("X-KV-Dtype")))
+	dt, err := tiers.ParseDType(string(ctx.Request.Header.Peek("X-KV-Dtype")))
 	if err != nil {
 		return meta, fmt.Errorf("X-KV-Dtype: want f16, bf16, f32 or q8")
 	}
@@ -99,7 +100,7 @@ func kvMetaFromHeaders(ctx *fasthttp.RequestCtx) (kv.BlobMeta, error) {
 	return meta, nil
 }
 
-func setKVHeaders(ctx *fasthttp.RequestCtx, meta kv.BlobMeta, tier kv.Tier) {
+func setKVHeaders(ctx *fasthttp.RequestCtx, meta kv.BlobMeta, tier tiers.Tier) {
 	ctx.SetContentType("application/octet-stream")
 	if s := meta.DType.String(); s != "" {
 		ctx.Response.Header.Set("X-KV-Dtype", s)

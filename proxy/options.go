@@ -12,6 +12,7 @@ import (
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
+	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
 // Options configures a Server. The zero value of every field but Upstream is
@@ -265,8 +266,8 @@ type AdminMemory interface {
 // (package kv's Cache).
 type KV interface {
 	PutBlob(ns, key string, meta kv.BlobMeta, data []byte) error
-	GetBlob(ns, key string) (kv.BlobMeta, []byte, kv.Tier, error)
-	StatBlob(ns, key string) (kv.BlobMeta, kv.Tier, error)
+	GetBlob(ns, key string) (kv.BlobMeta, []byte, tiers.Tier, error)
+	StatBlob(ns, key string) (kv.BlobMeta, tiers.Tier, error)
 	DeleteBlob(ns, key string) error
 	Stats() kv.Stats
 	AmortizationStats() kv.AmortizationStats

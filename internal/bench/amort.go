@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/gpu"
 	"github.com/kvsidecar/kvsidecar/kv"
+	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
 // AmortOptions configure RunAmortization. The zero value runs the full
@@ -203,8 +204,8 @@ func RunAmortization(opts AmortOptions) (AmortReport, error) {
 		}
 	}
 	r := AmortReport{
-		Preset: p, DType: kv.DTypeF16.String(), Device: "cpu", PrefixTokens: opts.PrefixTokens,
-		BlockBytes: int64(opts.PrefixTokens) * int64(p.KVBytesPerToken(kv.DTypeF16)),
+		Preset: p, DType: tiers.DTypeF16.String(), Device: "cpu", PrefixTokens: opts.PrefixTokens,
+		BlockBytes: int64(opts.PrefixTokens) * int64(p.KVBytesPerToken(tiers.DTypeF16)),
 		LoadMs:     map[string]float64{}, StoreMs: map[string]float64{}, Sessions: opts.Sessions, Quick: opts.Quick,
 	}
 	if opts.Device != nil {

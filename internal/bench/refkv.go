@@ -77,7 +77,7 @@ func (p Preset) Scaled(scale int) Preset {
 }
 
 // KVBytesPerToken is the size of one token's K and V over all layers.
-func (p Preset) KVBytesPerToken(d kv.DType) int {
+func (p Preset) KVBytesPerToken(d tiers.DType) int {
 	return 2 * p.Layers * p.KVHeads * p.HeadDim * d.ElemSize()
 }
 
@@ -89,9 +89,9 @@ type RefKVOptions struct {
 	// Scale divides the preset's layers and hidden size. Zero means the
 	// preset's default; 1 is the full model.
 	Scale int
-	// DType of the output: kv.DTypeF16 or kv.DTypeF32. Zero (DTypeNone)
+	// DType of the output: tiers.DTypeF16 or tiers.DTypeF32. Zero (DTypeNone)
 	// means f16.
-	DType kv.DType
+	DType tiers.DType
 	// Seed fixes weights and embeddings. Zero means 1.
 	Seed uint64
 	// ModelID is the blocks' model id. Empty means "ref-<preset>-s<scale>".
@@ -112,8 +112,8 @@ func (o *RefKVOptions) validate() (Preset, error) {
 	p = p.Scaled(o.Scale)
 	switch o.DType {
 	case tiers.DTypeNone:
-		o.DType = kv.DTypeF16
-	case kv.DTypeF16, kv.DTypeF32:
+		o.DType = tiers.DTypeF16
+	case tiers.DTypeF16, tiers.DTypeF32:
 	default:
 		return p, fmt.Errorf("engine: refkv: dtype %s (want f16 or f32)", o.DType)
 	}

@@ -7,7 +7,6 @@ import (
 	"math"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
@@ -25,11 +24,11 @@ func TestRefKV(t *testing.T) {
 	if err := b.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if b.Layers() != p.Layers || b.KVHeads != p.KVHeads || b.HeadDim != p.HeadDim || b.Tokens != len(tokens) || b.DType != kv.DTypeF16 {
+	if b.Layers() != p.Layers || b.KVHeads != p.KVHeads || b.HeadDim != p.HeadDim || b.Tokens != len(tokens) || b.DType != tiers.DTypeF16 {
 		t.Fatalf("block %d layers [%d %d %d] %s", b.Layers(), b.KVHeads, b.Tokens, b.HeadDim, b.DType)
 	}
-	if b.SizeBytes() != len(tokens)*p.KVBytesPerToken(kv.DTypeF16) {
-		t.Fatalf("%d bytes, want %d", b.SizeBytes(), len(tokens)*p.KVBytesPerToken(kv.DTypeF16))
+	if b.SizeBytes() != len(tokens)*p.KVBytesPerToken(tiers.DTypeF16) {
+		t.Fatalf("%d bytes, want %d", b.SizeBytes(), len(tokens)*p.KVBytesPerToken(tiers.DTypeF16))
 	}
 	// Deterministic for a seed, different for another.
 	b2, _ := r.Compute(context.Background(), tokens)
@@ -40,7 +39,7 @@ func TestRefKV(t *testing.T) {
 	}
 	// "the" appears at positions 0 and 6: same V (no RoPE), K rotated
 	// differently; the rotation keeps each head's pair norms.
-	f32, _ := NewRefKV(RefKVOptions{Preset: "tiny", DType: kv.DTypeF32})
+	f32, _ := NewRefKV(RefKVOptions{Preset: "tiny", DType: tiers.DTypeF32})
 	bf, _ := f32.Compute(context.Background(), tokens)
 	row := func(buf []byte, h, tok int) []float32 {
 		out := make([]float32, p.HeadDim)
@@ -83,7 +82,7 @@ func TestRefKV(t *testing.T) {
 }
 
 func TestRefKVOptions(t *testing.T) {
-	for _, o := range []RefKVOptions{{Preset: "nope"}, {Scale: -1}, {DType: kv.DTypeQ8}} {
+	for _, o := range []RefKVOptions{{Preset: "nope"}, {Scale: -1}, {DType: tiers.DTypeQ8}} {
 		if _, err := NewRefKV(o); err == nil {
 			t.Errorf("%+v accepted", o)
 		}
@@ -96,7 +95,7 @@ func TestRefKVOptions(t *testing.T) {
 	if s.Layers != 4 || s.DModel != 512 || s.KVHeads != 8 || s.HeadDim != 128 {
 		t.Fatalf("scaled %+v", s)
 	}
-	if full := p.KVBytesPerToken(kv.DTypeF16); full != 128<<10 {
+	if full := p.KVBytesPerToken(tiers.DTypeF16); full != 128<<10 {
 		t.Fatalf("llama3-8b KV per token %d, want 128 KiB", full)
 	}
 	if got := HashTokens("a b  a", 10); len(got) != 3 || got[0] != got[2] || got[0] < 0 || got[0] >= 10 {
