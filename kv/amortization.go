@@ -37,7 +37,9 @@ func (a *amortization) shared() {
 	a.mu.Unlock()
 }
 
-func (a *amortization) compute(d time.Duration, _ bool) {
+// compute records one compute of duration d, failed ones included (see
+// AmortizationStats.Computes).
+func (a *amortization) compute(d time.Duration) {
 	a.mu.Lock()
 	a.turns++
 	a.computes++
@@ -79,19 +81,6 @@ type AmortizationStats struct {
 	TurnsPerCompute float64 `json:"turns_per_compute"`
 	// AmortizedCostPerTurn is (C_compute + (T−1)·C_load)/T for that T.
 	AmortizedCostPerTurn time.Duration `json:"amortized_cost_per_turn_ns"`
-}
-
-// CostPerTurn returns (C_compute + (T−1)·C_load)/T from the measured means,
-// with C_load of the given tier (TierNone: over all tiers).
-func (s AmortizationStats) CostPerTurn(turns int, tier tiers.Tier) time.Duration {
-	if turns < 1 {
-		return 0
-	}
-	load := s.MeanLoadCostAll
-	if tier != tiers.TierNone {
-		load = s.MeanLoadCost[tier.String()]
-	}
-	return (s.MeanComputeCost + time.Duration(turns-1)*load) / time.Duration(turns)
 }
 
 // AmortizationStats returns the measured amortization of GetOrCompute.

@@ -85,19 +85,6 @@ func (m *BlobMeta) validate(size int) error {
 // it. Errors: ErrInvalid (bad name or metadata; shape and dtype, when both
 // given, must match len(data)), ErrTooLarge, or an I/O error.
 func (c *Cache) PutBlob(ns, key string, meta BlobMeta, data []byte) error {
-	return c.putBlob(ns, key, meta, data, true)
-}
-
-// PutBlobCached is PutBlob without waiting for the Archive: the blob lands
-// in the fastest tier with room and reaches the Archive when it is demoted
-// or when the Cache closes, so a crash may lose it. It is for copies of
-// state that can be recomputed, such as an engine's saved slot files, and
-// works on a memory-only cache too. Errors are those of PutBlob.
-func (c *Cache) PutBlobCached(ns, key string, meta BlobMeta, data []byte) error {
-	return c.putBlob(ns, key, meta, data, false)
-}
-
-func (c *Cache) putBlob(ns, key string, meta BlobMeta, data []byte, durable bool) error {
 	if c.closed.Load() {
 		return ErrClosed
 	}
@@ -115,7 +102,7 @@ func (c *Cache) putBlob(ns, key string, meta BlobMeta, data []byte, durable bool
 		Meta: tiers.Meta{DType: meta.DType, Shape: append([]int64(nil), meta.Shape...), Aux: append([]byte(nil), meta.Aux...)},
 		Data: append([]byte(nil), data...),
 	}
-	if err := c.store.Put(k, v, tiers.PutOptions{Durable: durable}); err != nil {
+	if err := c.store.Put(k, v, tiers.PutOptions{Durable: true}); err != nil {
 		if errors.Is(err, tiers.ErrTooLarge) {
 			return fmt.Errorf("kv: put blob: %w: %w", ErrTooLarge, err)
 		}

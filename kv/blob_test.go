@@ -15,9 +15,9 @@ import (
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
-// PutBlobCached works on a memory-only cache, serves like PutBlob and
-// replaces an older blob.
-func TestPutBlobCached(t *testing.T) {
+// PutBlob on a memory-only cache fails: it has no Archive to make the blob
+// durable in.
+func TestPutBlobNeedsArchive(t *testing.T) {
 	c, err := Open(Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -26,33 +26,12 @@ func TestPutBlobCached(t *testing.T) {
 	if err := c.PutBlob("ns", "k", BlobMeta{}, []byte("x")); err == nil {
 		t.Fatal("durable PutBlob on a memory-only cache succeeded")
 	}
-	data := []byte("slot state")
-	if err := c.PutBlobCached("ns", "k", BlobMeta{}, data); err != nil {
-		t.Fatal(err)
-	}
-	data[0] = 'X' // the cache copied
-	_, got, tier, err := c.GetBlob("ns", "k")
-	if err != nil || string(got) != "slot state" || tier.String() == "" {
-		t.Fatalf("%q %s %v", got, tier, err)
-	}
-	if err := c.PutBlobCached("ns", "k", BlobMeta{}, []byte("newer")); err != nil {
-		t.Fatal(err)
-	}
-	if _, got, _, _ := c.GetBlob("ns", "k"); string(got) != "newer" {
-		t.Fatalf("%q", got)
-	}
-	if err := c.PutBlobCached("", "k", BlobMeta{}, nil); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("empty namespace: %v", err)
-	}
-	if err := c.DeleteBlob("ns", "k"); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // Issue 12 row 8: a shape whose element count overflows uint64
 // (2^40 × 2^24 wraps to 0) matched an empty body and was accepted.
 func TestBlobShapeOverflowIsInvalid(t *testing.T) {
-	c, err := Open(Options{})
+	c, err := Open(Options{Store: tiers.Options{Dir: t.TempDir()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +43,7 @@ func TestBlobShapeOverflowIsInvalid(t *testing.T) {
 		{3, 1 << 40, 1 << 40, 5},
 	} {
 		for _, dt := range []tiers.DType{0, tiers.DTypeF16} {
-			err := c.PutBlobCached("ns", "k", BlobMeta{DType: dt, Shape: shape}, nil)
+			err := c.PutBlob("ns", "k", BlobMeta{DType: dt, Shape: shape}, nil)
 			if !errors.Is(err, ErrInvalid) {
 				t.Errorf("shape %v dtype %v with an empty body: %v, want ErrInvalid", shape, dt, err)
 			}
@@ -72,10 +51,10 @@ func TestBlobShapeOverflowIsInvalid(t *testing.T) {
 	}
 	// A large but sane shape still needs a matching body, and zero
 	// dimensions describe an empty tensor.
-	if err := c.PutBlobCached("ns", "k", BlobMeta{DType: tiers.DTypeF16, Shape: []int64{4, 0}}, nil); err != nil {
+	if err := c.PutBlob("ns", "k", BlobMeta{DType: tiers.DTypeF16, Shape: []int64{4, 0}}, nil); err != nil {
 		t.Fatalf("empty tensor: %v", err)
 	}
-	if err := c.PutBlobCached("ns", "k", BlobMeta{DType: tiers.DTypeF16, Shape: []int64{2, 2}}, make([]byte, 8)); err != nil {
+	if err := c.PutBlob("ns", "k", BlobMeta{DType: tiers.DTypeF16, Shape: []int64{2, 2}}, make([]byte, 8)); err != nil {
 		t.Fatalf("2x2 f16: %v", err)
 	}
 }

@@ -303,12 +303,6 @@ func (c *Cache) Put(memoryID, query string, b *Block) error {
 	return c.put(memoryID, QueryHash(query), b, tiers.Hint{})
 }
 
-// PutWithHint is Put with the scores the weighted and hybrid strategies
-// rank by; Put leaves both at zero.
-func (c *Cache) PutWithHint(memoryID, query string, b *Block, hint tiers.Hint) error {
-	return c.put(memoryID, QueryHash(query), b, hint)
-}
-
 func (c *Cache) put(id string, h uint64, b *Block, hint tiers.Hint) error {
 	if c.closed.Load() {
 		return ErrClosed
@@ -445,7 +439,7 @@ func getOrCompute[T any](c *Cache, ctx context.Context, key, memoryID string,
 
 		start := time.Now()
 		val, extra, err := compute(ctx)
-		c.amort.compute(time.Since(start)+extra, err == nil)
+		c.amort.compute(time.Since(start) + extra)
 		if err == nil {
 			c.mu.Lock()
 			stale := c.gens[memoryID] != gen

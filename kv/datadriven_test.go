@@ -26,7 +26,7 @@ import (
 // Commands (a block is 64 KiB: 2 layers, 2 heads, 64 tokens, 64 dims):
 //
 //	open [ttl=D] [strategy=S] [focus=BLOCKS|off] [working=BLOCKS]
-//	put SESSION QUERY [imp=X] [sem=Y]   Put, or PutWithHint with a score
+//	put SESSION QUERY [imp=X] [sem=Y]   Put, or put with a tiers.Hint
 //	get SESSION QUERY                   the serving tier, or miss
 //	compute SESSION QUERY               GetOrCompute: computed, or the tier
 //	invalidate SESSION
@@ -128,7 +128,7 @@ func (s *cacheScript) run(t *testing.T, d *datadriven.TestData) string {
 			var h tiers.Hint
 			d.MaybeScanArgs(t, "imp", &h.Importance)
 			d.MaybeScanArgs(t, "sem", &h.Semantic)
-			err = s.c.PutWithHint(session, query, s.block(), h)
+			err = s.c.put(session, QueryHash(query), s.block(), h)
 		} else {
 			err = s.c.Put(session, query, s.block())
 		}

@@ -1,8 +1,8 @@
 // Package kv owns KV tensors and the session KV cache.
 //
 // A Block is the K and V tensors of a span of tokens for every layer of a
-// model, with a versioned binary codec (magic, version, CRC32C) whose
-// decoder accepts untrusted bytes. A Cache keys blocks by a memory id (a
+// model (element types are package tiers' DType; a block is stored as a
+// tiers.Value, whose archive format carries the checksums). A Cache keys blocks by a memory id (a
 // session) and the 64-bit hash of the whole query (the stable prefix) they
 // were computed for, keeps them in the fastest tier of a tiers.Store that
 // holds them, and computes a missing block once however many callers ask

@@ -8,28 +8,6 @@ import (
 // A 1 MiB block: 4 layers × 2 heads × 256 tokens × 128 dims of fp16, K and V.
 func benchBlock() *Block { return testBlock(4, 2, 256, 128, 1) }
 
-func BenchmarkEncode1MiB(b *testing.B) {
-	blk := benchBlock()
-	buf := make([]byte, 0, blk.SizeBytes()+128)
-	b.ReportAllocs()
-	b.SetBytes(int64(blk.SizeBytes()))
-	for b.Loop() {
-		buf, _ = blk.AppendEncode(buf[:0])
-	}
-}
-
-func BenchmarkDecode1MiB(b *testing.B) {
-	blk := benchBlock()
-	enc, _ := blk.AppendEncode(nil)
-	b.ReportAllocs()
-	b.SetBytes(int64(blk.SizeBytes()))
-	for b.Loop() {
-		if _, err := Decode(enc); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 func BenchmarkGetOrComputeHit(b *testing.B) {
 	c, err := Open(Options{})
 	if err != nil {

@@ -46,25 +46,10 @@ func sameBlock(a, b *Block) bool {
 	return true
 }
 
-func TestCodec(t *testing.T) {
-	b := testBlock(3, 2, 5, 8, 1)
-	enc, err := b.AppendEncode([]byte("prefix"))
-	if err != nil {
+// TestValidate: malformed blocks are ErrInvalid.
+func TestValidate(t *testing.T) {
+	if err := testBlock(3, 2, 5, 8, 1).Validate(); err != nil {
 		t.Fatal(err)
-	}
-	got, err := Decode(enc[len("prefix"):])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !sameBlock(got, b) {
-		t.Fatal("round trip changed the block")
-	}
-	for i := range enc[len("prefix"):] {
-		bad := append([]byte(nil), enc[len("prefix"):]...)
-		bad[i] ^= 0x10
-		if _, err := Decode(bad); !errors.Is(err, ErrInvalid) {
-			t.Fatalf("flip at %d: %v", i, err)
-		}
 	}
 	invalid := []*Block{
 		{DType: tiers.DTypeF16, KVHeads: 1, Tokens: 1, HeadDim: 1},                                     // no layers
@@ -73,32 +58,10 @@ func TestCodec(t *testing.T) {
 		{DType: tiers.DTypeQ8, KVHeads: 1, Tokens: 1, HeadDim: 1, K: [][]byte{{0}}, V: nil},            // V missing
 	}
 	for i, b := range invalid {
-		if _, err := b.AppendEncode(nil); !errors.Is(err, ErrInvalid) {
+		if err := b.Validate(); !errors.Is(err, ErrInvalid) {
 			t.Errorf("case %d: %v", i, err)
 		}
 	}
-}
-
-func FuzzDecode(f *testing.F) {
-	for _, b := range []*Block{testBlock(1, 1, 2, 4, 1), testBlock(2, 2, 3, 2, 2)} {
-		enc, _ := b.AppendEncode(nil)
-		f.Add(enc)
-	}
-	f.Add([]byte("KVBK"))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		b, err := Decode(data)
-		if err != nil {
-			return
-		}
-		// Whatever decodes is valid and encodes back to the same bytes.
-		enc, err := b.AppendEncode(nil)
-		if err != nil {
-			t.Fatalf("decoded block does not validate: %v", err)
-		}
-		if !bytes.Equal(enc, data) {
-			t.Fatal("decode then encode changed the bytes")
-		}
-	})
 }
 
 func openCache(t *testing.T, o Options) *Cache {
@@ -209,7 +172,7 @@ func TestGetOrComputeOnce(t *testing.T) {
 	if a.TotalTurns != n+1 || a.Computes != 1 || a.ComputeSaved != n || a.AvgReuseCount != n {
 		t.Fatalf("amortization %+v", a)
 	}
-	if a.AmortizationRatio != float64(n)/float64(n+1) || a.CostPerTurn(1, tiers.TierNone) != a.MeanComputeCost {
+	if a.AmortizationRatio != float64(n)/float64(n+1) {
 		t.Fatalf("amortization %+v", a)
 	}
 }
