@@ -126,3 +126,11 @@ func simpleFile(tokens []int32, layers, width int, vtrans bool) genFile {
 	return genFile{magic: SlotStateMagic, version: SlotStateVersion, tokens: tokens, header: true,
 		streams: []genStream{{cells: len(tokens), vtrans: vtrans, layers: layers, width: width, ktype: GGMLTypeF16}}}
 }
+
+// Some ggml types of K and V tensors the generator writes (every type
+// parses, quantised ones such as q8_0 too).
+const (
+	GGMLTypeF32  GGMLType = 0
+	GGMLTypeF16  GGMLType = 1
+	GGMLTypeBF16 GGMLType = 30
+)

@@ -6,31 +6,10 @@ import (
 	"fmt"
 
 	"github.com/kvsidecar/kvsidecar/kv"
-	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
 // GGMLType is a ggml tensor type id as llama.cpp writes it in a state file.
 type GGMLType int32
-
-// The ggml types a slot state converts to a kv.Block. Other types
-// (quantised KV caches such as q8_0) parse but do not convert.
-const (
-	GGMLTypeF32  GGMLType = 0
-	GGMLTypeF16  GGMLType = 1
-	GGMLTypeBF16 GGMLType = 30
-)
-
-func (t GGMLType) dtype() (tiers.DType, bool) {
-	switch t {
-	case GGMLTypeF32:
-		return tiers.DTypeF32, true
-	case GGMLTypeF16:
-		return tiers.DTypeF16, true
-	case GGMLTypeBF16:
-		return tiers.DTypeBF16, true
-	}
-	return 0, false
-}
 
 // Header values of a llama.cpp sequence state file ("ggsq", version 2).
 const (
@@ -52,9 +31,6 @@ var (
 	// layout: wrong magic or version, a wrong layer count, truncated or
 	// trailing data, or values out of range.
 	ErrSlotState = errors.New("engine: invalid slot state")
-	// ErrUnsupported marks a valid slot state that does not convert to a
-	// kv.Block (a quantised KV type, or K and V of different widths).
-	ErrUnsupported = errors.New("engine: unsupported")
 )
 
 // SlotState is a parsed llama.cpp slot (sequence) state file. Its byte
@@ -342,108 +318,4 @@ func (r *slotReader) rows(n, rowBytes uint64, what string, layer int) []byte {
 		return nil
 	}
 	return r.take(int(n * rowBytes))
-}
-
-// Block converts the KV of the non-empty streams to a kv.Block: K[l] and
-// V[l] as [1, cells, width] tensors, width being n_embd_k_gqa (KV heads ×
-// head dim; a state file does not record the split). Cells of several
-// streams are concatenated in stream order. K of a single stream aliases
-// s; transposed V (v_trans 1) is copied into rows. Errors: ErrUnsupported
-// for quantised types, mixed types, or K and V of different widths;
-// ErrSlotState when there are no cells.
-func (s *SlotState) Block(modelID string) (*kv.Block, error) {
-	cells := s.Cells()
-	if cells == 0 {
-		return nil, fmt.Errorf("%w: no KV cells", ErrSlotState)
-	}
-	var (
-		dt    tiers.DType
-		width int
-		first = true
-	)
-	for si := range s.Streams {
-		st := &s.Streams[si]
-		for l := range st.Layers {
-			ly := &st.Layers[l]
-			kd, ok := ly.KType.dtype()
-			vd, vok := ly.VType.dtype()
-			if !ok || !vok || kd != vd {
-				return nil, fmt.Errorf("%w: layer %d has K type %d and V type %d", ErrUnsupported, l, ly.KType, ly.VType)
-			}
-			es := uint64(kd.ElemSize())
-			kw := ly.KRowBytes / es
-			vw := ly.VRowBytes / es
-			if st.VTrans {
-				vw = uint64(ly.VEmbd)
-				if uint64(ly.VElemSize) != es {
-					return nil, fmt.Errorf("%w: layer %d: V element of %d bytes for type %d", ErrUnsupported, l, ly.VElemSize, ly.VType)
-				}
-			} else if ly.VRowBytes%es != 0 {
-				return nil, fmt.Errorf("%w: layer %d: V row of %d bytes", ErrUnsupported, l, ly.VRowBytes)
-			}
-			if ly.KRowBytes%es != 0 || kw != vw || kw > kv.MaxDim {
-				return nil, fmt.Errorf("%w: layer %d: K width %d, V width %d", ErrUnsupported, l, kw, vw)
-			}
-			if first {
-				dt, width, first = kd, int(kw), false
-			} else if kd != dt || int(kw) != width {
-				return nil, fmt.Errorf("%w: layers of different types or widths", ErrUnsupported)
-			}
-		}
-	}
-	layers := s.Layers()
-	b := &kv.Block{ModelID: modelID, DType: dt, KVHeads: 1, Tokens: cells, HeadDim: width,
-		K: make([][]byte, layers), V: make([][]byte, layers)}
-	es := dt.ElemSize()
-	rowBytes := width * es
-	single := -1
-	nonEmpty := 0
-	for si := range s.Streams {
-		if len(s.Streams[si].Cells) > 0 {
-			single = si
-			nonEmpty++
-		}
-	}
-	for l := range layers {
-		if nonEmpty == 1 {
-			b.K[l] = s.Streams[single].Layers[l].K
-			if !s.Streams[single].VTrans {
-				b.V[l] = s.Streams[single].Layers[l].V
-				continue
-			}
-		} else {
-			b.K[l] = make([]byte, 0, cells*rowBytes)
-			for si := range s.Streams {
-				if len(s.Streams[si].Cells) > 0 {
-					b.K[l] = append(b.K[l], s.Streams[si].Layers[l].K...)
-				}
-			}
-		}
-		v := make([]byte, cells*rowBytes)
-		base := 0 // first cell of the stream in the block
-		for si := range s.Streams {
-			st := &s.Streams[si]
-			n := len(st.Cells)
-			if n == 0 {
-				continue
-			}
-			src := st.Layers[l].V
-			if !st.VTrans {
-				copy(v[base*rowBytes:], src)
-			} else {
-				// src is [width, n]; write [n, width].
-				for j := range width {
-					for c := range n {
-						copy(v[(base+c)*rowBytes+j*es:(base+c)*rowBytes+(j+1)*es], src[(j*n+c)*es:(j*n+c+1)*es])
-					}
-				}
-			}
-			base += n
-		}
-		b.V[l] = v
-	}
-	if err := b.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrUnsupported, err)
-	}
-	return b, nil
 }

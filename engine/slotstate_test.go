@@ -4,11 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"math"
 	"testing"
-
-	"github.com/kvsidecar/kvsidecar/kv"
-	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
 func toks(n int) []int32 {
@@ -17,18 +13,6 @@ func toks(n int) []int32 {
 		t[i] = int32(1000 + 7*i)
 	}
 	return t
-}
-
-// elemAt reads element j of row c of a [.., cells, width] tensor.
-func elemAt(b []byte, d tiers.DType, width, c, j int) float32 {
-	i := c*width + j
-	switch d {
-	case tiers.DTypeF32:
-		return math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-	case tiers.DTypeF16:
-		return tiers.F16ToF32(binary.LittleEndian.Uint16(b[2*i:]))
-	}
-	return float32(math.NaN())
 }
 
 func TestParseSlotStateValid(t *testing.T) {
@@ -90,81 +74,6 @@ func slicesEqual(a, b []int32) bool {
 		}
 	}
 	return true
-}
-
-// Both V layouts convert to the same block, with each element where the
-// generator put it.
-func TestSlotStateBlock(t *testing.T) {
-	const layers, width = 3, 8
-	tk := toks(5)
-	var blocks []*kv.Block
-	for _, vt := range []bool{false, true} {
-		st, err := ParseSlotState(simpleFile(tk, layers, width, vt).bytes(), layers)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := st.Block("m")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if b.Layers() != layers || b.Tokens != len(tk) || b.HeadDim != width || b.KVHeads != 1 || b.DType != tiers.DTypeF16 {
-			t.Fatalf("v_trans %t: block %d layers [%d %d %d] %s", vt, b.Layers(), b.KVHeads, b.Tokens, b.HeadDim, b.DType)
-		}
-		for l := range layers {
-			for c := range len(tk) {
-				for j := range width {
-					if got, want := elemAt(b.K[l], b.DType, width, c, j), tiers.F16ToF32(tiers.F32ToF16(genVal(0, l, c, j, true))); got != want {
-						t.Fatalf("v_trans %t: K[%d][%d][%d] = %v, want %v", vt, l, c, j, got, want)
-					}
-					if got, want := elemAt(b.V[l], b.DType, width, c, j), tiers.F16ToF32(tiers.F32ToF16(genVal(0, l, c, j, false))); got != want {
-						t.Fatalf("v_trans %t: V[%d][%d][%d] = %v, want %v", vt, l, c, j, got, want)
-					}
-				}
-			}
-		}
-		blocks = append(blocks, b)
-	}
-	for l := range layers {
-		if !bytes.Equal(blocks[0].K[l], blocks[1].K[l]) || !bytes.Equal(blocks[0].V[l], blocks[1].V[l]) {
-			t.Fatalf("layer %d differs between v_trans 0 and 1", l)
-		}
-	}
-
-	// Several streams concatenate their cells in stream order.
-	multi := genFile{magic: SlotStateMagic, version: SlotStateVersion, tokens: toks(5), header: true, streams: []genStream{
-		{cells: 3, vtrans: true, layers: 2, width: 4, ktype: GGMLTypeF32},
-		{cells: 0},
-		{cells: 2, vtrans: true, layers: 2, width: 4, ktype: GGMLTypeF32, seq: 2},
-	}}
-	st, err := ParseSlotState(multi.bytes(), 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := st.Block("m")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b.Tokens != 5 || b.DType != tiers.DTypeF32 {
-		t.Fatalf("multi-stream block [%d %d %d] %s", b.KVHeads, b.Tokens, b.HeadDim, b.DType)
-	}
-	if got, want := elemAt(b.V[1], b.DType, 4, 3, 2), genVal(2, 1, 0, 2, false); got != want { // stream 2's cell 0
-		t.Fatalf("V[1] cell 3 = %v, want %v", got, want)
-	}
-
-	// Quantised KV parses but does not convert.
-	q := simpleFile(toks(4), 2, 34, false)
-	q.streams[0].ktype = 8 // q8_0
-	st, err = ParseSlotState(q.bytes(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Block("m"); !errors.Is(err, ErrUnsupported) {
-		t.Fatalf("q8_0 block: %v, want ErrUnsupported", err)
-	}
-	empty, _ := ParseSlotState(genFile{magic: SlotStateMagic, version: SlotStateVersion, header: true, streams: []genStream{{}}}.bytes(), 0)
-	if _, err := empty.Block("m"); !errors.Is(err, ErrSlotState) {
-		t.Fatalf("empty block: %v", err)
-	}
 }
 
 func TestParseSlotStateErrors(t *testing.T) {
@@ -253,13 +162,6 @@ func FuzzParseSlotState(f *testing.F) {
 		}
 		if n > len(data) {
 			t.Fatalf("%d tensor bytes from %d input bytes", n, len(data))
-		}
-		if b, err := st.Block("m"); err == nil {
-			if err := b.Validate(); err != nil {
-				t.Fatal(err)
-			}
-		} else if !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrSlotState) {
-			t.Fatal(err)
 		}
 	})
 }
