@@ -392,9 +392,6 @@ func lockCtx(ctx context.Context, mu *sync.Mutex) bool {
 	}
 }
 
-// Tokenizer returns the store's token counter (shared cache).
-func (s *Store) Tokenizer() *Tokenizer { return s.tok }
-
 // Encoding returns the encoding used for model.
 func (s *Store) Encoding(model string) Encoding {
 	if s.opts.Window.Encoding != "" {

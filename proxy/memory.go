@@ -212,17 +212,12 @@ func userOf(ctx *fasthttp.RequestCtx, info requestInfo) (string, error) {
 	return user, nil
 }
 
-// record finishes a turn off the request path, for replies no client
-// waits on (cut short, partial). raw is the assistant's reply as a message
-// object; partial marks a reply cut short. A turn without any reply is
-// aborted.
-func (s *Server) record(turn *memory.Turn, raw []byte, partial bool) {
-	s.bg.run(func() { s.recordTurn(turn, raw, partial) })
-}
-
-// recordTurn is record in the caller's goroutine: once it returns the reply
-// is in the session's log (fsynced per the store's policy). The proxy calls
-// it before the client sees the end of a complete answer.
+// recordTurn finishes a turn in the caller's goroutine: once it returns the
+// reply is in the session's log (fsynced per the store's policy). raw is the
+// assistant's reply as a message object; partial marks a reply cut short; a
+// turn without any reply is aborted. The proxy calls it before the client
+// sees the end of a complete answer, and for partial replies off the
+// request path.
 func (s *Server) recordTurn(turn *memory.Turn, raw []byte, partial bool) {
 	if len(raw) == 0 {
 		turn.Abort()

@@ -144,9 +144,9 @@ func (m *Metrics) countUpstreamError(kind string) {
 	v.(*atomic.Uint64).Add(1)
 }
 
-// RequestCount returns how many requests of route name ended with code; for
+// requestCount returns how many requests of route name ended with code; for
 // tests and reports.
-func (m *Metrics) RequestCount(routeName string, code int) uint64 {
+func (m *Metrics) requestCount(routeName string, code int) uint64 {
 	for r := route(0); r < numRoutes; r++ {
 		if r.String() == routeName {
 			if v, ok := m.requests.Load(routeCode{r, code}); ok {

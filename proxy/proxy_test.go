@@ -265,7 +265,7 @@ func TestProxyUpstreamUnreachableIs502(t *testing.T) {
 	b, _ = io.ReadAll(r2.Body)
 	r2.Body.Close()
 	wantOpenAIError(t, r2, b, 503, "upstream_not_ready")
-	if n := s.Metrics().RequestCount("chat_completions", 502); n != 1 {
+	if n := s.Metrics().requestCount("chat_completions", 502); n != 1 {
 		t.Fatalf("metrics count %d 502s, want 1", n)
 	}
 }

@@ -163,11 +163,6 @@ func jsonSyntaxError(body []byte) string {
 // jsonSpace is the whitespace JSON allows between tokens.
 const jsonSpace = " \t\r\n"
 
-func isJSONArray(raw json.RawMessage) bool {
-	raw = bytes.Trim(raw, jsonSpace)
-	return len(raw) > 0 && raw[0] == '['
-}
-
 // replaceValue returns body with the value of its top-level key replaced by
 // val, every other byte unchanged. body must be a valid JSON object holding
 // key.

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"testing"
@@ -90,4 +91,9 @@ func TestReplaceValue(t *testing.T) {
 	if _, err := replaceValue([]byte(`{"a":1}`), "messages", []byte(`[]`)); err == nil {
 		t.Error("missing key accepted")
 	}
+}
+
+func isJSONArray(raw json.RawMessage) bool {
+	raw = bytes.Trim(raw, jsonSpace)
+	return len(raw) > 0 && raw[0] == '['
 }

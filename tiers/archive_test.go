@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io/fs"
 	"math"
 	"math/rand/v2"
@@ -465,3 +466,5 @@ func FuzzDecodeFile(f *testing.F) {
 		}
 	})
 }
+
+func crcOf(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }

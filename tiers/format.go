@@ -361,8 +361,6 @@ func putBuf(b []byte) {
 	bufPool.Put(&b)
 }
 
-func crcOf(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
-
 // StoredSize returns how many payload bytes the Archive would store for
 // data of dtype d (lossy: with q8 allowed), for reports of compression.
 func StoredSize(data []byte, d DType, lossy bool) int {
