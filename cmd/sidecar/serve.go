@@ -203,8 +203,15 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		ps := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = ps.Serve(ln) }()
-		onClose("pprof", ps.Close)
+		served := make(chan error, 1)
+		go func() { served <- ps.Serve(ln) }()
+		onClose("pprof", func() error {
+			err := ps.Close()
+			if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
+				err = errors.Join(err, serr)
+			}
+			return err
+		})
 		log.Info("pprof listening", "addr", ln.Addr().String())
 	}
 
