@@ -224,11 +224,13 @@ func TestRetryOnceOnlyWhenItMayHelp(t *testing.T) {
 	}
 	// A cancelled call is not retried.
 	started := make(chan struct{}, 4)
+	hold := make(chan struct{})
 	up := newUpstream(t, func(_ int64, w http.ResponseWriter, _ []byte) {
 		started <- struct{}{}
-		time.Sleep(200 * time.Millisecond)
+		<-hold // answers only once the test is over
 		answer(w, "late")
 	})
+	t.Cleanup(func() { close(hold) }) // before the upstream closes: cleanups run last first
 	c := newClient(t, Options{BaseURL: up.URL})
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { <-started; cancel() }()

@@ -356,16 +356,24 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions",
 				strings.NewReader(`{"messages":[],"stream":true}`))
 			errc := make(chan error, 1)
+			headers := make(chan struct{})
 			go func() {
 				resp, err := noPoolClient.Do(req)
 				if err == nil {
+					close(headers)
 					_, err = io.ReadAll(resp.Body)
 					resp.Body.Close()
 				}
 				errc <- err
 			}()
 			<-started
-			time.Sleep(20 * time.Millisecond) // let the response headers reach the client in the stream case
+			if stream { // cancel after the response headers reached the client
+				select {
+				case <-headers:
+				case err := <-errc:
+					t.Fatalf("stream failed before its headers: %v", err)
+				}
+			}
 			cancel()
 			select {
 			case <-cancelled:
