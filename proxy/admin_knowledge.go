@@ -1,0 +1,130 @@
+package proxy
+
+// The knowledge base as the console sees it: Triple, Review and the
+// Knowledge interface a Server is given, then the routes.
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvsidecar/kvsidecar/memory"
+)
+
+// Triple is one (subject, predicate, object) of the knowledge base, with
+// the ids of the memories that support it.
+type Triple struct {
+	ID        string    `json:"id"`
+	Subject   string    `json:"subject"`
+	Predicate string    `json:"predicate"`
+	Object    string    `json:"object"`
+	Support   []string  `json:"support"`
+	At        time.Time `json:"at"`
+}
+
+// Review is one decision of the memory reviewer about a fact.
+type Review struct {
+	FactID  string `json:"fact_id"`
+	Session string `json:"session"`
+	// Decision is promote, keep or delete when applied; malformed,
+	// undecided or stale when the answer changed nothing.
+	Decision string `json:"decision"`
+	// Trigger is promote (importance reached the promotion threshold) or
+	// demote (it decayed below the demotion threshold).
+	Trigger string    `json:"trigger"`
+	Rounds  int       `json:"rounds"`
+	At      time.Time `json:"at"`
+	Reason  string    `json:"reason"`
+}
+
+// Knowledge is what the console shows of the knowledge base beside the
+// memories, per tenant and user ("" is the tenant's default user). Results
+// are copies, newest first, at most limit. Its methods mirror the memory
+// store's Triples, Reviews and DeleteTriple; an unknown triple is an error
+// matching memory.ErrNotFound.
+type Knowledge interface {
+	Triples(tenant, user string, limit int) ([]Triple, error)
+	Reviews(tenant, user string, limit int) ([]Review, error)
+	DeleteTriple(tenant, user, id string) error
+}
+
+// The console's knowledge routes: /admin/v1/triples and /admin/v1/reviews
+// through Options.Knowledge.
+
+func (a *adminReq) knowledgeUser() (string, bool) {
+	u, ok := a.user()
+	if !ok {
+		return "", false
+	}
+	if u == nil {
+		return "", true
+	}
+	return *u, true
+}
+
+func (a *adminReq) triples() {
+	if a.done {
+		return
+	}
+	user, ok := a.knowledgeUser()
+	if !ok {
+		return
+	}
+	out := []Triple{}
+	if k := a.s.opts.Knowledge; k != nil {
+		ts, err := k.Triples(a.tenantV, user, adminMaxList)
+		if err != nil {
+			a.storeErr(err, "")
+			return
+		}
+		out = append(out, ts...)
+	}
+	a.ok(fasthttp.StatusOK, map[string]any{"object": "list", "data": out, "available": a.s.opts.Knowledge != nil})
+}
+
+func (a *adminReq) reviews() {
+	if a.done {
+		return
+	}
+	user, ok := a.knowledgeUser()
+	if !ok {
+		return
+	}
+	out := []Review{}
+	if k := a.s.opts.Knowledge; k != nil {
+		rs, err := k.Reviews(a.tenantV, user, adminMaxList)
+		if err != nil {
+			a.storeErr(err, "")
+			return
+		}
+		out = append(out, rs...)
+	}
+	a.ok(fasthttp.StatusOK, map[string]any{"object": "list", "data": out, "available": a.s.opts.Knowledge != nil})
+}
+
+func (a *adminReq) deleteTriple(id string) {
+	if a.done {
+		return
+	}
+	user, ok := a.knowledgeUser()
+	if !ok {
+		return
+	}
+	k := a.s.opts.Knowledge
+	if k == nil {
+		a.fail(fasthttp.StatusNotFound, typeNotFound, "knowledge_disabled", "this sidecar keeps no triples")
+		return
+	}
+	if err := k.DeleteTriple(a.tenantV, user, id); err != nil {
+		if errors.Is(err, memory.ErrNotFound) {
+			a.fail(fasthttp.StatusNotFound, typeNotFound, "triple_not_found", fmt.Sprintf("no triple %q for this tenant and user", id))
+			return
+		}
+		a.storeErr(err, "")
+		return
+	}
+	a.s.log.Info("admin: triple deleted", "tenant", a.tenantV, "user", user, "id", id)
+	a.ok(fasthttp.StatusOK, map[string]any{"id": id, "object": "triple.deleted", "deleted": true})
+}
