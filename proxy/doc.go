@@ -3,6 +3,14 @@
 // pooled upstream client, SSE relaying, OpenAI-shaped errors, the ops endpoints
 // (/healthz, /readyz, /metrics) and the metrics themselves.
 //
+// It depends on session memory and the KV cache only through interfaces it
+// owns, each as small as its callers (options.go): Memory for the chat path,
+// the sessions API and the pool; AdminMemory, a Memory that can also list
+// and edit, for the console; KV for /v1/kv, the KV metrics and the console.
+// Files: server.go (lifecycle, routing), forward.go (one /v1 request
+// upstream and the work after it), relay.go and stream.go (SSE),
+// memory.go (windows and recording), admin*.go and console.go (the console).
+//
 // Invariants:
 //   - Every error a client sees is OpenAI-shaped JSON
 //     ({"error":{"message","type","code"}}) with the right status; never a stack
