@@ -347,7 +347,7 @@ func TestAdminMemories(t *testing.T) {
 func TestAdminSessionDetail(t *testing.T) {
 	up := newRecordingUpstream(t)
 	st := openMemory(t, memory.Options{})
-	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st; o.AdminToken = testAdminToken })
+	base, srv := startSidecar(t, up.URL, func(o *Options) { o.Memory = st; o.AdminToken = testAdminToken })
 	chatTurn(t, base, "key-a", "s", "", "hello there")
 	ta := tenantOf([]byte("Bearer key-a"))
 	adminJSON(t, base, "POST", "/admin/v1/memories?tenant="+ta+"&session=s", `{"category":"core","text":"The user is called Ada."}`, 201, nil)
@@ -363,7 +363,7 @@ func TestAdminSessionDetail(t *testing.T) {
 			StableBlock string `json:"stable_block"`
 		} `json:"last_window"`
 	}
-	waitFor(t, func() bool {
+	waitFor(t, srv, func() bool {
 		adminJSON(t, base, "GET", "/admin/v1/sessions/s?tenant="+ta, "", 200, &d)
 		return len(d.Messages) == 4
 	})

@@ -50,13 +50,13 @@ func (f *fakeConnector) Forget(_ context.Context, tenant, session string) error 
 func TestEngineHooksWrapEachRequest(t *testing.T) {
 	up := newRecordingUpstream(t)
 	fc := &fakeConnector{}
-	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Engine = fc })
+	base, srv := startSidecar(t, up.URL, func(o *Options) { o.Engine = fc })
 
 	post(t, base+"/v1/chat/completions", chatBody, map[string]string{"X-Session-ID": "s1", "Authorization": "Bearer k"})
 	post(t, base+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hey"}]}`, map[string]string{"X-Session-ID": "s1", "Authorization": "Bearer k"})
 	post(t, base+"/v1/chat/completions", chatBody, nil)                                     // stateless
 	post(t, base+"/v1/chat/completions", chatBody, map[string]string{"X-Session-ID": "s1"}) // anonymous: stateless too
-	waitFor(t, func() bool { fc.mu.Lock(); defer fc.mu.Unlock(); return len(fc.after) == 4 })
+	waitFor(t, srv, func() bool { fc.mu.Lock(); defer fc.mu.Unlock(); return len(fc.after) == 4 })
 
 	up.mu.Lock()
 	bodies := up.bodies
@@ -96,9 +96,9 @@ func TestSessionDeleteForgetsEngineKV(t *testing.T) {
 	up := newRecordingUpstream(t)
 	fc := &fakeConnector{}
 	st := openMemory(t, memory.Options{})
-	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Engine, o.Memory = fc, st })
+	base, srv := startSidecar(t, up.URL, func(o *Options) { o.Engine, o.Memory = fc, st })
 	post(t, base+"/v1/chat/completions", chatBody, map[string]string{"X-Session-ID": "s1", "Authorization": "Bearer k"})
-	waitFor(t, func() bool { fc.mu.Lock(); defer fc.mu.Unlock(); return len(fc.after) == 1 })
+	waitFor(t, srv, func() bool { fc.mu.Lock(); defer fc.mu.Unlock(); return len(fc.after) == 1 })
 	for _, key := range []string{"other", "k"} {
 		req, _ := http.NewRequest(http.MethodDelete, base+"/v1/sessions/s1", nil)
 		req.Header.Set("Authorization", "Bearer "+key)

@@ -71,15 +71,15 @@ func TestFleetLeaseCoversTheTurn(t *testing.T) {
 	st := openMemory(t, memory.Options{})
 	fl := &fakeFleet{ev: ev, mem: st}
 	fc := &orderConnector{ev: ev}
-	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Engine, o.Memory, o.Fleet = fc, st, fl })
+	base, srv := startSidecar(t, up.URL, func(o *Options) { o.Engine, o.Memory, o.Fleet = fc, st, fl })
 	key := map[string]string{"X-Session-ID": "s1", "Authorization": "Bearer k"}
 
 	post(t, base+"/v1/chat/completions", chatBody, key)
-	waitFor(t, func() bool { return len(ev.list()) == 4 })
+	waitFor(t, srv, func() bool { return len(ev.list()) == 4 })
 	post(t, base+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hey"}]}`, key)
-	waitFor(t, func() bool { return len(ev.list()) == 8 })
+	waitFor(t, srv, func() bool { return len(ev.list()) == 8 })
 	post(t, base+"/v1/chat/completions", chatBody, nil) // stateless: no lease, no settle
-	waitFor(t, func() bool { return len(ev.list()) == 9 })
+	waitFor(t, srv, func() bool { return len(ev.list()) == 9 })
 	// The first turn leaves 2 messages recorded (question, answer), the
 	// second 4 (an append of its own question and answer).
 	want := "acquire s1, after, settle, release s1 mm, acquire s1, after, settle, release s1 mmmm, after"

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -241,6 +242,10 @@ type bgTasks struct {
 	mu     sync.Mutex
 	closed bool
 	wg     sync.WaitGroup
+	// running counts tasks not yet done; quiet (when set) is poked as
+	// each ends.
+	running atomic.Int64
+	quiet   *quietSignal
 }
 
 func (b *bgTasks) run(f func()) {
@@ -251,11 +256,46 @@ func (b *bgTasks) run(f func()) {
 		return
 	}
 	b.wg.Add(1)
+	b.running.Add(1)
 	b.mu.Unlock()
 	go func() {
 		defer b.wg.Done()
 		f()
+		b.running.Add(-1)
+		b.quiet.poke()
 	}()
+}
+
+// quietSignal lets a waiter sleep until a condition on counters that other
+// goroutines decrement holds (see Server.waitIdle in the tests): poke costs
+// one atomic load while nobody waits. A nil *quietSignal ignores pokes;
+// cond.L must be &mu before the first wait.
+type quietSignal struct {
+	waiting atomic.Int32
+	// mu orders a waiter's check of its condition before its Wait against
+	// a poke's Broadcast.
+	mu   sync.Mutex
+	cond sync.Cond
+}
+
+func (q *quietSignal) poke() {
+	if q == nil || q.waiting.Load() == 0 {
+		return
+	}
+	q.mu.Lock()
+	q.cond.Broadcast()
+	q.mu.Unlock()
+}
+
+// wait returns once done() is true; done is re-checked after every poke.
+func (q *quietSignal) wait(done func() bool) {
+	q.waiting.Add(1)
+	defer q.waiting.Add(-1)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for !done() {
+		q.cond.Wait()
+	}
 }
 
 func (b *bgTasks) closeAndWait() {

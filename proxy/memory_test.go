@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
@@ -111,7 +112,7 @@ type sessionView struct {
 func TestSessionMemoryWindowRecordsAndAdmin(t *testing.T) {
 	up := newRecordingUpstream(t)
 	st := openMemory(t, memory.Options{})
-	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
+	base, srv := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
 	hdr := map[string]string{"Authorization": "Bearer key-a", "X-Session-ID": "chat/1 é", "Accept-Encoding": "gzip"}
 
 	// A full-history client: turn 2 repeats turn 1 and the reply.
@@ -119,7 +120,7 @@ func TestSessionMemoryWindowRecordsAndAdmin(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(string(b), "echo: my cat is Tom") {
 		t.Fatalf("turn 1: %d %s", resp.StatusCode, b)
 	}
-	waitFor(t, func() bool {
+	waitFor(t, srv, func() bool {
 		var v sessionView
 		return getJSON(t, base+"/v1/sessions/chat%2F1%20%C3%A9", "key-a", &v) == 200 && len(v.Messages) == 3
 	})
@@ -132,7 +133,7 @@ func TestSessionMemoryWindowRecordsAndAdmin(t *testing.T) {
 	}
 	// The streamed reply is recorded once the stream ends.
 	var v sessionView
-	waitFor(t, func() bool {
+	waitFor(t, srv, func() bool {
 		return getJSON(t, base+"/v1/sessions/chat%2F1%20%C3%A9", "key-a", &v) == 200 && len(v.Messages) == 5
 	})
 	if m := v.Messages[4]; m.Role != "assistant" || m.Content != "echo: his name?" || m.Partial {
@@ -184,7 +185,7 @@ func TestSessionMemoryErrorsAreOpenAIShaped(t *testing.T) {
 func TestDropInClientAndUserScope(t *testing.T) {
 	up := newRecordingUpstream(t)
 	st := openMemory(t, memory.Options{})
-	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
+	base, srv := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
 	send := func(session, user, bodyUser, text string) {
 		t.Helper()
 		hdr := map[string]string{"Authorization": "Bearer k", "X-Session-ID": session}
@@ -201,7 +202,7 @@ func TestDropInClientAndUserScope(t *testing.T) {
 		}
 	}
 	send("s1", "ada", "", "my boat is called Petrel")
-	waitFor(t, func() bool {
+	waitFor(t, srv, func() bool {
 		var v sessionView
 		return getJSON(t, base+"/v1/sessions/s1", "k", &v) == 200 && len(v.Messages) == 3
 	})
@@ -209,15 +210,23 @@ func TestDropInClientAndUserScope(t *testing.T) {
 	if got := up.last(); !strings.Contains(got, "my boat is called Petrel") || !strings.Contains(got, "echo: my boat is called Petrel") {
 		t.Fatalf("second drop-in request lost the conversation: %s", got)
 	}
-	waitFor(t, func() bool {
+	waitFor(t, srv, func() bool {
 		var v sessionView
 		return getJSON(t, base+"/v1/sessions/s1", "k", &v) == 200 && len(v.Messages) == 5
 	})
-	// The worker indexes a finished turn for the user's other sessions.
-	waitFor(t, func() bool {
+	// The worker indexes a finished turn for the user's other sessions: it
+	// is memory's own goroutine, with no hook outside package memory, so
+	// this one waits by asking again (bounded).
+	for i := 0; ; i++ {
 		send("s2-probe", "", "ada", "what is my boat called?")
-		return strings.Contains(up.last(), "Petrel")
-	})
+		if strings.Contains(up.last(), "Petrel") {
+			break
+		}
+		if i == 500 {
+			t.Fatal("the user's other session never recalled the boat")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if got := up.last(); !strings.Contains(got, "another session") {
 		t.Fatalf("body user: not recalled across sessions: %s", got)
 	}
@@ -264,7 +273,7 @@ func TestStreamCutShortIsRecordedAsPartial(t *testing.T) {
 	defer up.Close()
 	defer close(release)
 	st := openMemory(t, memory.Options{})
-	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
+	base, srv := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
 
 	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
 		strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"tell me"}]}`))
@@ -281,7 +290,7 @@ func TestStreamCutShortIsRecordedAsPartial(t *testing.T) {
 	resp.Body.Close() // the client walks away mid-stream
 
 	var v sessionView
-	waitFor(t, func() bool {
+	waitFor(t, srv, func() bool {
 		return getJSON(t, base+"/v1/sessions/cut", "k", &v) == 200 && len(v.Messages) == 2
 	})
 	if m := v.Messages[1]; m.Role != "assistant" || m.Content != "half an ans" || !m.Partial {
@@ -446,7 +455,7 @@ func TestStreamEndDecidesTheRecordedTurn(t *testing.T) {
 			up := streamUpstream(t, c.events, nil, nil)
 			defer up.Close()
 			st := openMemory(t, memory.Options{})
-			base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
+			base, srv := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
 			hdr := map[string]string{"Authorization": "Bearer k", "X-Session-ID": "s"}
 			resp, err := func() (*http.Response, error) {
 				req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"count"}]}`))
@@ -469,7 +478,7 @@ func TestStreamEndDecidesTheRecordedTurn(t *testing.T) {
 			}
 			var v sessionView
 			if c.partial {
-				waitFor(t, func() bool { return getJSON(t, base+"/v1/sessions/s", "k", &v) == 200 && len(v.Messages) == 2 })
+				waitFor(t, srv, func() bool { return getJSON(t, base+"/v1/sessions/s", "k", &v) == 200 && len(v.Messages) == 2 })
 			} else if getJSON(t, base+"/v1/sessions/s", "k", &v) != 200 || len(v.Messages) != 2 {
 				// No waiting: the reply was recorded before [DONE] went out.
 				t.Fatalf("reply not recorded when the client had [DONE]: %+v", v)

@@ -383,20 +383,28 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 			if err := <-errc; err == nil {
 				t.Fatal("client request should have failed after cancel")
 			}
-			waitFor(t, func() bool { return s.metrics.disconnects.Load() >= 1 })
+			waitFor(t, s, func() bool { return s.metrics.disconnects.Load() >= 1 })
 		})
 	}
 }
 
-// waitFor polls cond for up to 5 s; for effects that land after a response.
-func waitFor(t *testing.T, cond func() bool) {
+// waitFor checks cond once s is idle (waitIdle): for effects that land
+// after a response, such as a partial reply recorded or the engine's
+// after-hook.
+func waitFor(t *testing.T, s *Server, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return
-		}
+	s.waitIdle()
+	if !cond() {
+		t.Fatal("condition not met once the server was idle")
 	}
-	t.Fatal("condition not met within 5s")
+}
+
+// waitIdle returns once no request is in flight and no after-response work
+// (recording a partial reply, the engine's after-hook and settle, a fleet
+// lease's release) runs: the explicit hook tests wait on instead of
+// polling.
+func (s *Server) waitIdle() {
+	s.quiet.wait(func() bool { return s.metrics.inFlight.Load() == 0 && s.bg.running.Load() == 0 })
 }
 
 // readEvent reads one SSE event (up to its blank line) from br.

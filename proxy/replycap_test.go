@@ -33,7 +33,7 @@ func TestHugeRepliesAreRecordedCapped(t *testing.T) {
 	}))
 	defer up.Close()
 	st := openMemory(t, memory.Options{Window: memory.WindowOptions{Limit: 32768}, Storage: memory.StorageOptions{MaxReplyBytes: maxReply}})
-	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
+	base, srv := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
 	for _, stream := range []bool{false, true} {
 		id := fmt.Sprintf("huge-%v", stream)
 		resp, body := post(t, base+"/v1/chat/completions",
@@ -43,7 +43,7 @@ func TestHugeRepliesAreRecordedCapped(t *testing.T) {
 			t.Fatalf("stream=%v: status %d, %d bytes to the client", stream, resp.StatusCode, len(body))
 		}
 		var v sessionView
-		waitFor(t, func() bool {
+		waitFor(t, srv, func() bool {
 			return getJSON(t, base+"/v1/sessions/"+id, "k", &v) == 200 && len(v.Messages) == 2
 		})
 		if m := v.Messages[1]; m.Role != "assistant" || len(m.Content) > maxReply || len(m.Content) < maxReply/2 ||

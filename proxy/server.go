@@ -35,6 +35,8 @@ type Server struct {
 	// bg runs reply recording and engine after-hooks once responses are
 	// out; Shutdown waits for it.
 	bg bgTasks
+	// quiet is poked when a request finishes or a bg task ends.
+	quiet quietSignal
 	// anonWarned is set once the first anonymous session request was logged.
 	anonWarned atomic.Bool
 	// stopping is cancelled when Shutdown begins; memory work on the
@@ -77,6 +79,8 @@ func New(opts Options) (*Server, error) {
 		up:      newUpClient(base, &opts),
 	}
 	s.stopping, s.stop = context.WithCancel(context.Background())
+	s.quiet.cond.L = &s.quiet.mu
+	s.bg.quiet = &s.quiet
 	s.series = newKVSeries(0)
 	if s.consoleOn() {
 		s.adminHash = sha256.Sum256([]byte(opts.AdminToken))
@@ -288,6 +292,7 @@ func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, limit int) bool {
 func (s *Server) finish(r route, status int, start time.Time) {
 	s.metrics.inFlight.Add(-1)
 	s.metrics.countRequest(r, status, time.Since(start))
+	s.quiet.poke()
 }
 
 // handleReady answers /readyz: 200 when the upstream answered a probe

@@ -213,7 +213,7 @@ func TestStreamBrokenUpstreamAbortsClient(t *testing.T) {
 			if err == nil {
 				t.Fatalf("stream ended cleanly after an upstream failure; rest %q", rest)
 			}
-			waitFor(t, func() bool {
+			waitFor(t, s, func() bool {
 				v, ok := s.metrics.upErrors.Load(c.kind)
 				return ok && v.(interface{ Load() uint64 }).Load() == 1
 			})
