@@ -63,6 +63,10 @@ type fakeLlama struct {
 	corruptSave   atomic.Bool
 	ignoreRestore atomic.Bool // restores "succeed" but leave the slot empty
 	restoreDelay  time.Duration
+	// restoreCost, when clock is set, advances clock on each restore: a
+	// restore that costs that much without real time passing.
+	restoreCost time.Duration
+	clock       *stepClock
 
 	mu       sync.Mutex
 	model    int // model seed: its fingerprint
@@ -182,6 +186,9 @@ func (f *fakeLlama) slotAction(w http.ResponseWriter, id int, action, name strin
 		fmt.Fprintf(w, `{"id_slot":%d,"filename":%q,"n_saved":%d,"n_written":%d,"timings":{"save_ms":1.5}}`, id, name, len(f.slots[id]), len(data))
 	case "restore":
 		time.Sleep(f.restoreDelay)
+		if f.clock != nil {
+			f.clock.advance(f.restoreCost)
+		}
 		data, err := os.ReadFile(filepath.Join(f.dir, name))
 		if err != nil || !validName(name) {
 			fakeError(w, 400, "failed to restore slot: file not found")
@@ -508,3 +515,24 @@ func (h *harness) sessionTokens(session string) int {
 	}
 	return l[len(l)-1].tokens
 }
+
+// stepClock is a clock.Clock that moves only when advanced.
+type stepClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *stepClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// After is real time: the connector's timers are not what tests step.
+func (c *stepClock) After(d time.Duration) <-chan time.Time { return time.After(d) }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/kvsidecar/kvsidecar/kv"
 )
@@ -60,7 +59,7 @@ func (c *LlamaCPP) restoreBest(ctx context.Context, req *Request, sl *slotInfo, 
 			c.refused.Add(1)
 			return
 		}
-		start := time.Now()
+		start := c.opts.Clock.Now()
 		_, raw, tier, err := c.opts.Cache.LoadBlob(c.opts.Namespace, m.id)
 		if errors.Is(err, kv.ErrNotFound) {
 			c.cat.remove(m.id)
@@ -89,7 +88,7 @@ func (c *LlamaCPP) restoreBest(ctx context.Context, req *Request, sl *slotInfo, 
 			c.mu.Unlock()
 			return
 		}
-		d := time.Since(start)
+		d := c.opts.Clock.Now().Sub(start)
 		c.restores.Add(1)
 		c.restoredB.Add(int64(len(raw)))
 		c.restoreNs.Add(int64(d))

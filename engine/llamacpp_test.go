@@ -423,8 +423,9 @@ func TestLlamaCPPUnusedRestoresStop(t *testing.T) {
 // A restore that costs more than the prefill it saves is skipped once both
 // are measured.
 func TestLlamaCPPRestoreOnlyWhenItPays(t *testing.T) {
-	h := newHarness(t, 1, nil)
-	h.fake.restoreDelay = 500 * time.Millisecond // against fakePrefillMs per token of prefill
+	clk := &stepClock{now: time.Unix(1_700_000_000, 0)}
+	h := newHarness(t, 1, func(o *LlamaCPPOptions) { o.Clock = clk })
+	h.fake.clock, h.fake.restoreCost = clk, 500*time.Millisecond // against fakePrefillMs per token of prefill
 	h.do("A", 1)
 	h.do("B", 1)
 	h.do("A", 2) // restored: nothing measured yet
