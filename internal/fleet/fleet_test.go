@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/engine"
-	"github.com/kvsidecar/kvsidecar/fleet"
+	"github.com/kvsidecar/kvsidecar/internal/fleet"
 	"github.com/kvsidecar/kvsidecar/internal/redisserver"
 	"github.com/kvsidecar/kvsidecar/internal/redisserver/redistest"
 	"github.com/kvsidecar/kvsidecar/memory"
