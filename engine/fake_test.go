@@ -516,23 +516,12 @@ func (h *harness) sessionTokens(session string) int {
 	return l[len(l)-1].tokens
 }
 
-// stepClock is a clock.Clock that moves only when advanced.
-type stepClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+// stepClock is a clock.Clock that moves only when advanced; its zero value
+// reads the Unix epoch.
+type stepClock struct{ ns atomic.Int64 }
 
-func (c *stepClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *stepClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+func (c *stepClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *stepClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 // After is real time: the connector's timers are not what tests step.
 func (c *stepClock) After(d time.Duration) <-chan time.Time { return time.After(d) }

@@ -423,7 +423,7 @@ func TestLlamaCPPUnusedRestoresStop(t *testing.T) {
 // A restore that costs more than the prefill it saves is skipped once both
 // are measured.
 func TestLlamaCPPRestoreOnlyWhenItPays(t *testing.T) {
-	clk := &stepClock{now: time.Unix(1_700_000_000, 0)}
+	clk := &stepClock{}
 	h := newHarness(t, 1, func(o *LlamaCPPOptions) { o.Clock = clk })
 	h.fake.clock, h.fake.restoreCost = clk, 500*time.Millisecond // against fakePrefillMs per token of prefill
 	h.do("A", 1)
