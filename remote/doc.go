@@ -10,8 +10,6 @@
 //   - per-session record lists with idempotent, positioned appends (a retry
 //     never duplicates, two writers never fork the list) that can be fenced
 //     by the session's lease;
-//   - small keyed values with versions for compare-and-set, listed by
-//     prefix (pool entries, facts, a user's scope);
 //   - a prefix-hash index (hash → state id) for longest-prefix lookups in
 //     one MGET;
 //   - session leases (SET NX PX with the owner's address; renew and release
@@ -39,7 +37,7 @@
 // # Invariants
 //
 // A Store owns one goroutine (the lease renewer), stopped and waited for by
-// Close. Client-chosen strings (session ids, value keys) are hashed into
+// Close. Client-chosen strings (session ids) are hashed into
 // keys, never interpreted; other names must be plain tokens
 // ([A-Za-z0-9_.=-], at most 200 bytes). Operations are bounded by
 // Options.Timeout (blob transfers by Timeout plus a second per chunk).

@@ -15,11 +15,11 @@ var errCorrupt = durable.NewCorrupt("remote: corrupt")
 // Sentinel errors; classify with errors.Is. Corruption matches
 // durable.ErrCorrupt.
 var (
-	// ErrNotFound: no such blob, record range, value or index entry (never
+	// ErrNotFound: no such blob, record range or index entry (never
 	// written, deleted, or expired by its TTL).
 	ErrNotFound = errors.New("remote: not found")
-	// ErrConflict: a compare-and-set lost (a value at another version, a
-	// record sequence number that holds different bytes).
+	// ErrConflict: a positioned append lost (a record sequence number
+	// that holds different bytes).
 	ErrConflict = errors.New("remote: conflict")
 	// ErrGap: an append whose first sequence number lies past the end of
 	// the list (records in between were never written).

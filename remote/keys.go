@@ -9,19 +9,17 @@ import (
 // Key layout. Every key starts with Options.Prefix and carries the tenant
 // inside a hash tag ({…}), so in a Redis Cluster the keys one operation
 // touches together (a session's log and its lease, a blob's manifest and
-// chunks, a namespace's values and their listing, one index space) live in
+// chunks, one index space) live in
 // one slot:
 //
 //	P:log:{T:S}            list     a session's records (S = hash of the id)
 //	P:lease:{T:S}          string   the session's lease: "owner token"
 //	P:b:{T:I}              string   a blob's manifest (I = the blob id)
 //	P:b:{T:I}:G:N          string   chunk N of generation G of that blob
-//	P:v:{T:NS}:K           hash     a value: v (version), d (data), k (key)
-//	P:vk:{T:NS}            zset     the keys of NS's values, for listing
 //	P:i:{T:SP}:H           string   index: prefix hash H → state id
 //
-// Client-chosen strings (session ids, value keys) are hashed; tenants,
-// blob ids, namespaces, index spaces and hashes must be plain tokens.
+// Client-chosen strings (session ids) are hashed; tenants, blob ids, index
+// spaces and hashes must be plain tokens.
 
 // hashID hashes a client-chosen string into 32 hex digits.
 func hashID(s string) string {
@@ -57,14 +55,6 @@ func (s *Store) manifestKey(tenant, id string) string {
 
 func chunkKey(manifestKey string, gen uint64, i int) string {
 	return fmt.Sprintf("%s:%016x:%d", manifestKey, gen, i)
-}
-
-func (s *Store) valueKey(tenant, ns, key string) string {
-	return s.opts.Prefix + ":v:{" + tenant + ":" + ns + "}:" + hashID(key)
-}
-
-func (s *Store) valueListKey(tenant, ns string) string {
-	return s.opts.Prefix + ":vk:{" + tenant + ":" + ns + "}"
 }
 
 func (s *Store) indexKey(tenant, space, hash string) string {

@@ -256,9 +256,6 @@ func TestKill9RestartLosesNothingAcknowledged(t *testing.T) {
 				if _, err := s.Append(ctx, "t1", "s", nil, int64(i), []byte(fmt.Sprint("rec ", i))); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := s.PutValue(ctx, "t1", "pool", fmt.Sprint("k", i), []byte(fmt.Sprint("v", i)), remote.AnyVersion); err != nil {
-					t.Fatal(err)
-				}
 				if err := s.IndexPut(ctx, "t1", "fp", []string{fmt.Sprint("h", i)}, fmt.Sprint("b", i)); err != nil {
 					t.Fatal(err)
 				}
@@ -274,10 +271,6 @@ func TestKill9RestartLosesNothingAcknowledged(t *testing.T) {
 				got, info, err := s.GetBlob(ctx, "t1", fmt.Sprint("b", i))
 				if err != nil || !bytes.Equal(got, blobs[i]) || !bytes.Equal(info.Aux, []byte{byte(i)}) {
 					t.Fatalf("blob %d after restart: %v", i, err)
-				}
-				v, err := s.GetValue(ctx, "t1", "pool", fmt.Sprint("k", i))
-				if err != nil || string(v.Data) != fmt.Sprint("v", i) {
-					t.Fatalf("value %d after restart: %v", i, err)
 				}
 			}
 			recs, err := s.Records(ctx, "t1", "s", 0, 0)
