@@ -57,7 +57,8 @@ func WriteFile(path string, data []byte) error {
 // when the error comes from the final folder fsync (the error says so and
 // matches ErrUnsyncedRename), in which case a crash may still bring the old
 // file back. A temporary file may be left behind if removing it failed too;
-// its owner deletes such files (IsTemp, RemoveTemps) when it starts.
+// its owner deletes such files (IsTemp) when it starts, as the archive's
+// scan and memory's retention sweep do.
 //
 // The folder must exist; a folder created just before needs its own entry
 // made durable (MkdirAll does that).
@@ -148,25 +149,6 @@ func MkdirAll(dir string, perm fs.FileMode) error {
 		return fmt.Errorf("durable: mkdir: %w", err)
 	}
 	return SyncDir(parent)
-}
-
-// RemoveTemps deletes the temporary files (IsTemp) directly in dir and
-// fsyncs dir if it removed any. It returns how many it removed.
-func RemoveTemps(dir string) (int, error) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return 0, fmt.Errorf("durable: remove temporary files: %w", err)
-	}
-	n := 0
-	for _, e := range ents {
-		if !e.IsDir() && IsTemp(e.Name()) && os.Remove(filepath.Join(dir, e.Name())) == nil {
-			n++
-		}
-	}
-	if n > 0 {
-		return n, SyncDir(dir)
-	}
-	return 0, nil
 }
 
 // Quarantine moves the file at path into folder qdir (created if needed)

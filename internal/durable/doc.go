@@ -30,8 +30,7 @@
 //   - After WriteAtomic returns nil: the file holds exactly the new bytes,
 //     across kill -9 and power loss. After it returns an error: the file
 //     holds its old bytes or the new ones, never a mix; a temporary file
-//     (IsTemp) may be left behind for the owner's start-up sweep
-//     (RemoveTemps).
+//     (IsTemp) may be left behind for the owner's start-up sweep.
 //   - After Log.Append(…, true) returns nil: the records are on stable
 //     storage. After Log.Append(…, false) returns nil: they survive kill -9
 //     (they are in the kernel's page cache) but not power loss until the
