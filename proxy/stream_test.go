@@ -89,8 +89,8 @@ func TestCheckEvent(t *testing.T) {
 }
 
 // streamUpstream sends the given events, waiting for a value on step before
-// each one after the first.
-func streamUpstream(t *testing.T, events []string, step <-chan struct{}, after func(w http.ResponseWriter)) *httptest.Server {
+// each one after the first, then runs after.
+func streamUpstream(t *testing.T, events []string, step <-chan struct{}, after func(w http.ResponseWriter, r *http.Request)) *httptest.Server {
 	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -107,7 +107,7 @@ func streamUpstream(t *testing.T, events []string, step <-chan struct{}, after f
 			w.(http.Flusher).Flush()
 		}
 		if after != nil {
-			after(w)
+			after(w, r)
 		}
 	}))
 }
@@ -163,13 +163,13 @@ func TestStreamBrokenUpstreamAbortsClient(t *testing.T) {
 	first := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"
 	cases := map[string]struct {
 		events []string
-		after  func(w http.ResponseWriter)
+		after  func(w http.ResponseWriter, r *http.Request)
 		opts   func(*Options)
 		code   string
 		kind   string
 		skip   int // events passed after the first, before the error
 	}{
-		"reset": {events: []string{first}, after: func(w http.ResponseWriter) {
+		"reset": {events: []string{first}, after: func(w http.ResponseWriter, _ *http.Request) {
 			conn, _, err := w.(http.Hijacker).Hijack()
 			if err == nil {
 				conn.(*net.TCPConn).SetLinger(0)
@@ -186,7 +186,7 @@ func TestStreamBrokenUpstreamAbortsClient(t *testing.T) {
 		"one of two choices unfinished": {events: []string{first,
 			"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"},{\"index\":1,\"delta\":{\"content\":\"b\"}}]}\n\n"},
 			code: "upstream_stream_incomplete", kind: upErrIncomplete, skip: 1},
-		"idle timeout": {events: []string{first}, after: func(http.ResponseWriter) { time.Sleep(2 * time.Second) },
+		"idle timeout": {events: []string{first}, after: func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }, // silent until the sidecar gives up
 			opts: func(o *Options) { o.StreamIdleTimeout = 200 * time.Millisecond }, code: "upstream_timeout", kind: upErrTimeout},
 	}
 	for name, c := range cases {
