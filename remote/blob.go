@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"math/rand/v2"
 	"time"
 
@@ -222,17 +221,6 @@ func (s *Store) GetBlob(ctx context.Context, tenant, id string) ([]byte, BlobInf
 		return nil, BlobInfo{}, err
 	}
 	return buf, info, nil
-}
-
-// WriteBlobTo copies the blob to w a few chunks at a time (memory stays
-// near four chunks whatever the blob's size) and returns its metadata.
-// Each chunk is checked before it is written to w; on corruption (durable.ErrCorrupt) or any
-// other error w may have received a prefix of the blob.
-func (s *Store) WriteBlobTo(ctx context.Context, tenant, id string, w io.Writer) (BlobInfo, error) {
-	return s.readBlob(ctx, tenant, id, func(*manifest) {}, func(c []byte) error {
-		_, err := w.Write(c)
-		return err
-	})
 }
 
 // chunksPerRead is how many chunks one pipelined read fetches.

@@ -79,33 +79,6 @@ func (s *Store) IndexGet(ctx context.Context, tenant, space string, hashes []str
 	return out, nil
 }
 
-// IndexDelete removes the entries of hashes that still name id (an entry
-// since pointed at a newer state is kept).
-func (s *Store) IndexDelete(ctx context.Context, tenant, space string, hashes []string, id string) error {
-	if err := checkToken("tenant", tenant); err != nil {
-		return err
-	}
-	if err := checkToken("index space", space); err != nil {
-		return err
-	}
-	ctx, cancel := s.opCtx(ctx)
-	defer cancel()
-	p := s.c.Pipeline()
-	for _, h := range hashes {
-		if err := checkToken("prefix hash", h); err != nil {
-			return err
-		}
-		compareDelete.Eval(ctx, p, []string{s.indexKey(tenant, space, h)}, id)
-	}
-	if p.Len() == 0 {
-		return nil
-	}
-	if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("remote: index delete: %w", err)
-	}
-	return nil
-}
-
 // compareDelete deletes KEYS[1] when it holds ARGV[1]; 1 if deleted.
 var compareDelete = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end

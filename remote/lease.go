@@ -113,24 +113,6 @@ func (s *Store) Acquire(ctx context.Context, tenant, session string) (*Lease, er
 	}
 }
 
-// Holder returns the address of the session lease's holder, "" when none.
-func (s *Store) Holder(ctx context.Context, tenant, session string) (string, error) {
-	if err := checkToken("tenant", tenant); err != nil {
-		return "", err
-	}
-	ctx, cancel := s.opCtx(ctx)
-	defer cancel()
-	v, err := s.c.Get(ctx, s.leaseKey(tenant, session)).Result()
-	if errors.Is(err, redis.Nil) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("remote: lease holder: %w", err)
-	}
-	owner, _, _ := strings.Cut(v, " ")
-	return owner, nil
-}
-
 // Renew extends the lease to a full LeaseTTL now; ErrNotOwner (and Lost)
 // when it is no longer held.
 func (l *Lease) Renew(ctx context.Context) error {

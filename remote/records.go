@@ -157,17 +157,3 @@ func (s *Store) ReplaceRecords(ctx context.Context, tenant, session string, recs
 	}
 	return nil
 }
-
-// DeleteSession removes the session's records. Its lease, if any, is left
-// to its holder.
-func (s *Store) DeleteSession(ctx context.Context, tenant, session string) error {
-	if err := checkToken("tenant", tenant); err != nil {
-		return err
-	}
-	ctx, cancel := s.opCtx(ctx)
-	defer cancel()
-	if err := s.c.Del(ctx, s.logKey(tenant, session)).Err(); err != nil {
-		return fmt.Errorf("remote: delete session: %w", err)
-	}
-	return nil
-}
