@@ -413,12 +413,9 @@ func (s *Store) Limit(model string) int {
 	return s.opts.Window.Limit
 }
 
-// CountTokens counts text with model's encoding, e.g. the raw JSON of a
-// request's tools/functions to pass to Prepare.
-func (s *Store) CountTokens(model, text string) int { return s.tok.Count(s.Encoding(model), text) }
-
-// CountTokensContext is CountTokens for what goes into a window (a
-// request's tools): it stops when ctx is done or the store closes, and once
+// CountTokensContext counts text with model's encoding for what goes into
+// a window (the raw JSON of a request's tools/functions to pass to
+// Prepare): it stops when ctx is done or the store closes, and once
 // the count passes model's window limit, returning a lower bound above the
 // limit that Prepare refuses (so huge tools cost about a window's worth of
 // counting).

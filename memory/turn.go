@@ -94,7 +94,7 @@ type TurnRequest struct {
 	// Messages are the request's messages; they are retained by the store.
 	Messages []Message
 	// ToolsTokens is the token cost of the request's tools/functions (see
-	// CountTokens), charged against the limit.
+	// CountTokensContext), charged against the limit.
 	ToolsTokens int
 }
 
