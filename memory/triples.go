@@ -220,7 +220,7 @@ func (s *session) applyTripleRecord(r *record) error {
 		return nil
 	}
 	if r.Triple == nil || r.Triple.ID == "" {
-		return fmt.Errorf("memory: bad triple record: %w", ErrCorrupt)
+		return fmt.Errorf("memory: bad triple record: %w", errCorrupt)
 	}
 	if s.kb.deleted[r.Triple.ID] {
 		return nil

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
@@ -214,19 +213,11 @@ func TestDropInClientAndUserScope(t *testing.T) {
 		var v sessionView
 		return getJSON(t, base+"/v1/sessions/s1", "k", &v) == 200 && len(v.Messages) == 5
 	})
-	// The worker indexes a finished turn for the user's other sessions: it
-	// is memory's own goroutine, with no hook outside package memory, so
-	// this one waits by asking again (bounded).
-	for i := 0; ; i++ {
+	// The worker indexes a finished turn for the user's other sessions.
+	eventually(t, func() bool {
 		send("s2-probe", "", "ada", "what is my boat called?")
-		if strings.Contains(up.last(), "Petrel") {
-			break
-		}
-		if i == 500 {
-			t.Fatal("the user's other session never recalled the boat")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return strings.Contains(up.last(), "Petrel")
+	})
 	if got := up.last(); !strings.Contains(got, "another session") {
 		t.Fatalf("body user: not recalled across sessions: %s", got)
 	}

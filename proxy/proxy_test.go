@@ -399,6 +399,19 @@ func waitFor(t *testing.T, s *Server, cond func() bool) {
 	}
 }
 
+// eventually polls cond for up to 10 s: only for package memory's own
+// background work (extraction, the reviewer, cross-session indexing),
+// which has no hook outside package memory. The proxy's own after-response
+// work is waited for with waitFor.
+func eventually(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+	}
+}
+
 // waitIdle returns once no request is in flight and no after-response work
 // (recording a partial reply, the engine's after-hook and settle, a fleet
 // lease's release) runs: the explicit hook tests wait on instead of

@@ -11,7 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/llm"
+	"github.com/kvsidecar/kvsidecar/internal/clock"
+	"github.com/kvsidecar/kvsidecar/internal/llm"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
@@ -81,7 +82,7 @@ func (u *knowledgeUpstream) locked(f func()) {
 
 // knowledgeSidecar starts a sidecar whose memory makes its own calls to up
 // through package llm, with the reviewer and tool context on.
-func knowledgeSidecar(t *testing.T, up *knowledgeUpstream, clock memory.Clock) (string, *memory.Store) {
+func knowledgeSidecar(t *testing.T, up *knowledgeUpstream, clk clock.Clock) (string, *memory.Store) {
 	t.Helper()
 	bg, err := llm.New(llm.Options{BaseURL: up.URL})
 	if err != nil {
@@ -89,7 +90,7 @@ func knowledgeSidecar(t *testing.T, up *knowledgeUpstream, clock memory.Clock) (
 	}
 	t.Cleanup(func() { _ = bg.Close() })
 	st := openMemory(t, memory.Options{
-		Clock:       clock,
+		Clock:       clk,
 		Extraction:  memory.ExtractionOptions{Extractor: bg, Every: 2, EpisodeEvery: -1},
 		Reviewer:    memory.ReviewerOptions{Enabled: true},
 		ToolContext: memory.ToolContextOptions{Enabled: true},
@@ -118,7 +119,7 @@ func TestReviewerThroughProxy(t *testing.T) {
 		t.Fatalf("turn: %d %s", resp.StatusCode, b)
 	}
 	facts := map[string]string{} // text → id
-	waitFor(t, func() bool {
+	eventually(t, func() bool {
 		mem, err := st.Memory(tenant, "rev")
 		if err != nil {
 			return false
@@ -151,7 +152,7 @@ func TestReviewerThroughProxy(t *testing.T) {
 		if _, err := st.UpdateMemory(tenant, "rev", id, memory.MemoryEdit{Importance: &three}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, func() bool { return len(mustReviews(t, st, tenant)) == n+1 })
+		eventually(t, func() bool { return len(mustReviews(t, st, tenant)) == n+1 })
 		r := mustReviews(t, st, tenant)[0]
 		if r.FactID != id || r.Session != "rev" {
 			t.Fatalf("review of %s logged as %+v", id, r)
@@ -185,7 +186,7 @@ func TestReviewerThroughProxy(t *testing.T) {
 		t.Fatalf("too many rounds: %+v, %+v", r, u)
 	}
 	var metrics string
-	waitFor(t, func() bool {
+	eventually(t, func() bool {
 		resp, err := noPoolClient.Get(base + "/metrics")
 		if err != nil {
 			return false
@@ -248,7 +249,7 @@ func TestToolContextThroughProxy(t *testing.T) {
 	if first := send(""); strings.Contains(first, sentence) {
 		t.Fatal("the first turn already shows the context")
 	}
-	waitFor(t, func() bool { return st.Stats().ToolContextReady == 1 })
+	eventually(t, func() bool { return st.Stats().ToolContextReady == 1 })
 	up.locked(func() {
 		if len(up.tools) != 1 || !strings.Contains(up.tools[0], "get_weather") || !strings.Contains(up.tools[0], "sunny") {
 			t.Fatalf("condensing prompts %q", up.tools)
@@ -289,6 +290,9 @@ func (c *stepClock) add(d time.Duration) {
 	c.mu.Unlock()
 }
 
+// After never fires: the store starts no timers on its clock.
+func (c *stepClock) After(time.Duration) <-chan time.Time { return nil }
+
 // TestReviewerAfterDecayThroughProxy: facts that decayed below 0.5 while
 // the session slept are reviewed after its next turn, one after the other.
 func TestReviewerAfterDecayThroughProxy(t *testing.T) {
@@ -306,7 +310,7 @@ func TestReviewerAfterDecayThroughProxy(t *testing.T) {
 		}
 	}
 	turn("I paddle my kayak when I visit Oslo.")
-	waitFor(t, func() bool {
+	eventually(t, func() bool {
 		mem, err := st.Memory(tenant, "decay")
 		return err == nil && len(mem.Units) == 2
 	})
@@ -316,7 +320,7 @@ func TestReviewerAfterDecayThroughProxy(t *testing.T) {
 	up.locked(func() { up.review = []string{"[DELETE] no longer relevant", "[KEEP] still true"} })
 	clk.add(26 * 24 * time.Hour) // five fact periods: 0.85^5 < 0.5
 	turn("Anything new?")
-	waitFor(t, func() bool { return len(mustReviews(t, st, tenant)) == 2 })
+	eventually(t, func() bool { return len(mustReviews(t, st, tenant)) == 2 })
 	rs := mustReviews(t, st, tenant)
 	if rs[1].Decision != memory.ReviewDelete || rs[0].Decision != memory.ReviewKeep || rs[0].Trigger != "demote" || rs[1].Trigger != "demote" {
 		t.Fatalf("decay reviews %+v", rs)
