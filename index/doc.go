@@ -42,7 +42,7 @@
 //     zero embeddings are not stored (such documents are found by BM25 only).
 //   - A persisted file is used whole or not at all: Load verifies the
 //     CRC-32C and every length before building anything, and reports
-//     ErrCorrupt, never a partial index; the caller rebuilds with Rebuild.
+//     durable.ErrCorrupt, never a partial index; the caller rebuilds with Rebuild.
 //   - An attached EntityGraph is immutable and names documents by ID: it
 //     survives compaction, and documents it names that the index does not
 //     hold (or keep rejects) are never returned through it.

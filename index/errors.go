@@ -6,15 +6,17 @@ import (
 	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
+// errCorrupt marks a persisted index that cannot be used: missing,
+// truncated, failing its checksum, malformed, or written with another
+// embedder or dimension; callers match durable.ErrCorrupt. The caller
+// rebuilds from its documents (Index.Rebuild); the file is never partially
+// trusted.
+var errCorrupt = durable.NewCorrupt("index: persisted index missing or corrupt")
+
 // Sentinel errors. Classify with errors.Is; the returned errors wrap them with
-// context and the "index:" prefix.
+// context and the "index:" prefix. A persisted index that cannot be used
+// matches durable.ErrCorrupt.
 var (
-	// ErrCorrupt marks a persisted index that cannot be used: missing,
-	// truncated, failing its checksum, malformed, or written with another
-	// embedder or dimension. The caller rebuilds from its documents
-	// (Index.Rebuild); the file is never partially trusted. It matches
-	// durable.ErrCorrupt.
-	ErrCorrupt = durable.NewCorrupt("index: persisted index missing or corrupt")
 	// ErrNotFound: no document with that ID.
 	ErrNotFound = errors.New("index: not found")
 	// ErrDuplicate: Add of an ID that is already indexed (use Upsert).

@@ -401,7 +401,7 @@ func (x *Index) UpdateMeta(id string, m Meta) error {
 }
 
 // Rebuild replaces the whole contents with docs (embedding those without a
-// vector), for example after Load reported ErrCorrupt. On error the index is
+// vector), for example after Load reported durable.ErrCorrupt. On error the index is
 // unchanged.
 func (x *Index) Rebuild(ctx context.Context, docs []Doc) error {
 	entries, err := x.prepare(ctx, docs, true)

@@ -69,7 +69,7 @@ func (x *Index) Save(path string) (err error) {
 
 // Load reads an index saved by Save, with opts as for New. A missing,
 // unreadable, truncated or corrupt file, or one written with another
-// embedder (name or dimension), returns an error matching ErrCorrupt (and
+// embedder (name or dimension), returns an error matching errCorrupt (and
 // fs.ErrNotExist when missing): the caller then builds a new index with New
 // and Rebuild from its own documents. Load never returns a partly loaded
 // index.
@@ -80,7 +80,7 @@ func Load(path string, opts Options) (*Index, error) {
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("index: load %s: %w: %w", path, ErrCorrupt, err)
+		return nil, fmt.Errorf("index: load %s: %w: %w", path, errCorrupt, err)
 	}
 	name, dim, docs, err := decodeIndex(data)
 	if err != nil {
@@ -88,7 +88,7 @@ func Load(path string, opts Options) (*Index, error) {
 	}
 	if name != x.emb.Name() || (x.emb.Dim() > 0 && dim != 0 && dim != x.emb.Dim()) {
 		return nil, fmt.Errorf("index: load %s: written by embedder %s (dimension %d), have %s: %w",
-			path, name, dim, x.emb.Name(), ErrCorrupt)
+			path, name, dim, x.emb.Name(), errCorrupt)
 	}
 	// Documents saved without a vector had a zero embedding: they are not
 	// re-embedded.
@@ -96,7 +96,7 @@ func Load(path string, opts Options) (*Index, error) {
 	seen := make(map[string]struct{}, len(docs))
 	for i, d := range docs {
 		if _, dup := seen[d.ID]; dup {
-			return nil, fmt.Errorf("index: load %s: id %q repeated: %w", path, d.ID, ErrCorrupt)
+			return nil, fmt.Errorf("index: load %s: id %q repeated: %w", path, d.ID, errCorrupt)
 		}
 		seen[d.ID] = struct{}{}
 		entries[i] = newEntry(d)
@@ -107,7 +107,7 @@ func Load(path string, opts Options) (*Index, error) {
 		x.dim = dim
 	}
 	if err := x.checkDim(entries); err != nil {
-		return nil, fmt.Errorf("index: load %s: %w: %w", path, ErrCorrupt, err)
+		return nil, fmt.Errorf("index: load %s: %w: %w", path, errCorrupt, err)
 	}
 	x.load(entries)
 	return x, nil
@@ -173,10 +173,10 @@ func encodeIndex(w io.Writer, name string, dim int, docs []*entry) error {
 
 // decodeIndex parses a whole file. Every length is checked against the bytes
 // left, so hostile input cannot make it allocate more than the file's size
-// or read out of bounds; every failure wraps ErrCorrupt.
+// or read out of bounds; every failure wraps errCorrupt.
 func decodeIndex(data []byte) (name string, dim int, docs []Doc, err error) {
 	corrupt := func(what string) error {
-		return fmt.Errorf("%s: %w", what, ErrCorrupt)
+		return fmt.Errorf("%s: %w", what, errCorrupt)
 	}
 	if len(data) < len(fileMagic)+4+4 {
 		return "", 0, nil, corrupt("short file")
@@ -198,7 +198,7 @@ func decodeBody(b []byte) (name string, dim int, docs []Doc, err error) {
 		if d.err != nil {
 			return "", 0, nil, d.err
 		}
-		return "", 0, nil, fmt.Errorf("version %d: %w", v, ErrCorrupt)
+		return "", 0, nil, fmt.Errorf("version %d: %w", v, errCorrupt)
 	}
 	name = d.str()
 	dim = int(d.u32())
@@ -208,10 +208,10 @@ func decodeBody(b []byte) (name string, dim int, docs []Doc, err error) {
 	}
 	const minDoc = 4 + 4 + 8 + 8 + 8 + 4
 	if n > uint64(len(d.b)/minDoc) {
-		return "", 0, nil, fmt.Errorf("%d documents in %d bytes: %w", n, len(d.b), ErrCorrupt)
+		return "", 0, nil, fmt.Errorf("%d documents in %d bytes: %w", n, len(d.b), errCorrupt)
 	}
 	if dim > len(d.b)/4+1 {
-		return "", 0, nil, fmt.Errorf("dimension %d: %w", dim, ErrCorrupt)
+		return "", 0, nil, fmt.Errorf("dimension %d: %w", dim, errCorrupt)
 	}
 	docs = make([]Doc, 0, n)
 	for i := uint64(0); i < n && d.err == nil; i++ {
@@ -228,23 +228,23 @@ func decodeBody(b []byte) (name string, dim int, docs []Doc, err error) {
 			break
 		}
 		if vl != 0 && int(vl) != dim {
-			return "", 0, nil, fmt.Errorf("document %d: vector length %d, dimension %d: %w", i, vl, dim, ErrCorrupt)
+			return "", 0, nil, fmt.Errorf("document %d: vector length %d, dimension %d: %w", i, vl, dim, errCorrupt)
 		}
 		if uint64(vl)*4 > uint64(len(d.b)) {
-			return "", 0, nil, fmt.Errorf("document %d: truncated vector: %w", i, ErrCorrupt)
+			return "", 0, nil, fmt.Errorf("document %d: truncated vector: %w", i, errCorrupt)
 		}
 		if vl > 0 {
 			doc.Vector = make([]float32, vl)
 			for j := range doc.Vector {
 				f := math.Float32frombits(d.u32())
 				if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
-					return "", 0, nil, fmt.Errorf("document %d: non-finite vector: %w", i, ErrCorrupt)
+					return "", 0, nil, fmt.Errorf("document %d: non-finite vector: %w", i, errCorrupt)
 				}
 				doc.Vector[j] = f
 			}
 		}
 		if doc.ID == "" {
-			return "", 0, nil, fmt.Errorf("document %d: empty id: %w", i, ErrCorrupt)
+			return "", 0, nil, fmt.Errorf("document %d: empty id: %w", i, errCorrupt)
 		}
 		docs = append(docs, doc)
 	}
@@ -252,7 +252,7 @@ func decodeBody(b []byte) (name string, dim int, docs []Doc, err error) {
 		return "", 0, nil, d.err
 	}
 	if len(d.b) != 0 {
-		return "", 0, nil, fmt.Errorf("%d trailing bytes: %w", len(d.b), ErrCorrupt)
+		return "", 0, nil, fmt.Errorf("%d trailing bytes: %w", len(d.b), errCorrupt)
 	}
 	return name, dim, docs, nil
 }
@@ -264,7 +264,7 @@ type decoder struct {
 	err error
 }
 
-var errTruncated = fmt.Errorf("truncated: %w", ErrCorrupt)
+var errTruncated = fmt.Errorf("truncated: %w", errCorrupt)
 
 func (d *decoder) take(n uint64) []byte {
 	if d.err != nil {

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
 func savedIndex(t *testing.T) (*Index, string) {
@@ -84,16 +86,16 @@ func TestLoadFailuresAreErrCorrupt(t *testing.T) {
 		"garbage":     write([]byte("not an index at all, just text")),
 	}
 	for name, p := range cases {
-		if _, err := Load(p, Options{}); !errors.Is(err, ErrCorrupt) {
-			t.Errorf("%s: %v, want ErrCorrupt", name, err)
+		if _, err := Load(p, Options{}); !errors.Is(err, durable.ErrCorrupt) {
+			t.Errorf("%s: %v, want durable.ErrCorrupt", name, err)
 		}
 	}
 	_, err = Load(filepath.Join(t.TempDir(), "missing.bin"), Options{})
-	if !errors.Is(err, ErrCorrupt) || !errors.Is(err, fs.ErrNotExist) {
+	if !errors.Is(err, durable.ErrCorrupt) || !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("missing: %v", err)
 	}
 	_, err = Load(path, Options{Embedder: NewHashEmbedder(HashOptions{Dim: 256})})
-	if !errors.Is(err, ErrCorrupt) {
+	if !errors.Is(err, durable.ErrCorrupt) {
 		t.Errorf("other embedder: %v", err)
 	}
 }
@@ -102,7 +104,7 @@ func TestRebuildAfterCorruption(t *testing.T) {
 	x, path := savedIndex(t)
 	os.WriteFile(path, []byte("junk"), 0o600)
 	y, err := Load(path, Options{})
-	if !errors.Is(err, ErrCorrupt) || y != nil {
+	if !errors.Is(err, durable.ErrCorrupt) || y != nil {
 		t.Fatalf("Load: %v", err)
 	}
 	y, err = New(Options{})
