@@ -155,7 +155,14 @@ func TestShutdownGivesUpAtItsDeadline(t *testing.T) {
 	prepare(t, s, "t", "s", ModeAppend, text("user", "hello")).Abort()
 	sess, _ := s.session("t", "s", false)
 	sess.mu.Lock() // a stuck holder
-	defer sess.mu.Unlock()
+	defer func() {
+		// Free the holder, then let the work Shutdown gave up on finish
+		// before the folder is removed.
+		sess.mu.Unlock()
+		for _, wg := range []*sync.WaitGroup{&s.retentionWG, &s.workerWG, &s.sumWG, &s.extractWG} {
+			wg.Wait()
+		}
+	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	done := make(chan error, 1)
