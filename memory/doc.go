@@ -27,6 +27,8 @@
 //     locked, and stops with the request's context or Close. A turn that
 //     cannot fit the window is refused after counting about the window's
 //     worth (tokens.go).
+//   - Counters (stats.go, Store.Stats); deleting a session (delete.go);
+//     the prompt prefix shared by consecutive windows (prefix.go).
 //   - Open files and disk (storage.go, retention.go): log descriptors are
 //     bounded (durable.Files, a quarter of RLIMIT_NOFILE by default); a
 //     retention goroutine deletes sessions past Storage.SessionTTL and keeps
@@ -94,7 +96,8 @@
 //     records); the session's triples are attached to its index as an
 //     index.EntityGraph, fused in hybrid recall. Store.Triples and
 //     Store.DeleteTriple serve the console per tenant and user.
-//   - The memory reviewer (review.go, Options.Reviewer): a fact whose
+//   - The memory reviewer (review.go, its decisions log review_log.go,
+//     Options.Reviewer): a fact whose
 //     importance reaches PromoteAt (2.5) or decays below DemoteBelow (0.5)
 //     is reviewed by the Extractor in the background (an extraction job of
 //     kind "review"; at most one in flight per tenant and user; a fact is
@@ -164,7 +167,7 @@
 //
 // # Client styles
 //
-// ModeAuto (no X-Session-Mode header) detects the style per request: a
+// (mode.go: Mode, matchRequest.) ModeAuto (no X-Session-Mode header) detects the style per request: a
 // request whose non-system messages extend the stored history is a full
 // history; one without any assistant message that does not extend it is
 // new input from a client that sends only its newest message (an append);

@@ -61,7 +61,7 @@ func TestPromptPrefixStableAndRecallPerTurn(t *testing.T) {
 					stable = append(stable, m)
 				}
 			}
-			if p := CommonPrefix(stable, cur); p.Messages != len(stable) {
+			if p := commonPrefix(stable, cur); p.Messages != len(stable) {
 				t.Fatalf("turn %d: no eviction, but only %d of the previous prompt's %d messages (recall block aside) lead the new one",
 					n, p.Messages, len(stable))
 			}

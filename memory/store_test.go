@@ -510,11 +510,11 @@ func TestCommonPrefixMatchesSerializedBytes(t *testing.T) {
 		for _, c := range cur {
 			b = append(b, json.RawMessage(c))
 		}
-		got := CommonPrefix(a, b).Bytes
+		got := commonPrefix(a, b).Bytes
 		sa, sb := AppendMessagesJSON(nil, a), AppendMessagesJSON(nil, b)
 		want := commonBytes(sa, sb)
 		if got != want {
-			t.Errorf("CommonPrefix(%q, %q).Bytes = %d, want %d", prev, cur, got, want)
+			t.Errorf("commonPrefix(%q, %q).Bytes = %d, want %d", prev, cur, got, want)
 		}
 	}
 	f([]string{`{"a":1}`}, []string{`{"a":1}`})

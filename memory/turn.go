@@ -1,11 +1,9 @@
 package memory
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -361,89 +359,6 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	return t, nil
 }
 
-func sameMessages(msgs []Message, es []*entry) bool {
-	if len(msgs) != len(es) {
-		return false
-	}
-	for i := range msgs {
-		if msgs[i].matchKey() != es[i].key {
-			return false
-		}
-	}
-	return true
-}
-
-// matchRequest relates a request's non-system messages to the stored
-// history. It returns the mode taken, how many stored messages to keep,
-// the request's messages to append, and the kind of match.
-//
-// ModeAppend appends everything. Otherwise, in this order:
-//   - no stored history: "new", everything is appended;
-//   - the request extends the stored history: "extend";
-//   - (ModeAuto only) the request holds no assistant message: new input
-//     from a client that sends only its newest message: "append";
-//   - the request starts inside the stored history and runs to its end
-//     (the client trimmed its oldest turns): "trimmed";
-//   - the request shares a start with the stored history, or starts inside
-//     it and then differs (edit, regenerate, branch): "diverged", the
-//     stored history is cut after the shared part (the cut messages become
-//     archive units, nothing is lost);
-//   - nothing shared: "diverged" at the start (a reused session id).
-func matchRequest(sess *session, req []Message, mode Mode) (Mode, int, []Message, string) {
-	hist := sess.hist
-	if mode == ModeAppend {
-		return ModeAppend, len(hist), req, "append"
-	}
-	if len(hist) == 0 && len(sess.sys) == 0 {
-		return ModeFull, 0, req, "new"
-	}
-	// Equal raw bytes imply equal keys; hash only what differs (typically
-	// assistant messages the client re-serialized).
-	same := func(e *entry, m *Message) bool {
-		return bytes.Equal(e.msg.Raw, m.Raw) || e.key == m.matchKey()
-	}
-	k := 0
-	for k < len(hist) && k < len(req) && same(hist[k], &req[k]) {
-		k++
-	}
-	if k == len(hist) {
-		return ModeFull, k, req[k:], "extend"
-	}
-	if mode == ModeAuto && !slices.ContainsFunc(req, func(m Message) bool { return m.Role == "assistant" }) {
-		return ModeAppend, len(hist), req, "append"
-	}
-	if k > 0 {
-		return ModeFull, k, req[k:], "diverged"
-	}
-	if len(req) == 0 {
-		return ModeFull, 0, req, "diverged"
-	}
-	// The request starts inside the stored history: a trimmed client when
-	// it runs to the end from some alignment of its first message, else an
-	// edit after the longest (latest on ties) alignment.
-	k0 := req[0].matchKey()
-	bestP, bestJ := 0, 0
-	for p := 1; p < len(hist); p++ {
-		if hist[p].key != k0 {
-			continue
-		}
-		j := 1
-		for p+j < len(hist) && j < len(req) && same(hist[p+j], &req[j]) {
-			j++
-		}
-		if p+j == len(hist) {
-			return ModeFull, len(hist), req[j:], "trimmed"
-		}
-		if j >= bestJ {
-			bestP, bestJ = p, j
-		}
-	}
-	if bestJ > 0 {
-		return ModeFull, bestP + bestJ, req[bestJ:], "diverged"
-	}
-	return ModeFull, 0, req, "diverged"
-}
-
 // Complete records the assistant's reply after the response was sent
 // (streamed or not) and queues the background writes (units, summaries).
 // Build a streamed reply with NewMessage("assistant", text). If the history
@@ -547,60 +462,4 @@ func (t *Turn) recordLocked(m *Message, partial bool) error {
 	s.stats.appended.Add(1)
 	s.stats.completes.Add(1)
 	return nil
-}
-
-// PrefixStats is how much of a window equals the previous window of the
-// same session, from the start.
-type PrefixStats struct {
-	// Messages are whole messages shared.
-	Messages int
-	// Bytes is the common byte prefix of the two windows serialized as
-	// JSON arrays (AppendMessagesJSON).
-	Bytes int
-	// Tokens is the cost of the whole shared messages.
-	Tokens int
-}
-
-// CommonPrefix compares two windows (Turn.Messages of consecutive turns).
-// Tokens is left 0; Turn.Stats.Prefix has it.
-func CommonPrefix(prev, cur []json.RawMessage) PrefixStats {
-	return prefixStats(prev, cur, nil)
-}
-
-func prefixStats(prev, cur []json.RawMessage, costs []int) PrefixStats {
-	var p PrefixStats
-	if len(prev) == 0 || len(cur) == 0 {
-		return p
-	}
-	p.Bytes = 1 // '['
-	i := 0
-	for ; i < len(prev) && i < len(cur); i++ {
-		if i > 0 {
-			p.Bytes++ // ','
-		}
-		a, b := prev[i], cur[i]
-		n := commonBytes(a, b)
-		p.Bytes += n
-		if n < len(a) || n < len(b) {
-			return p
-		}
-		p.Messages++
-		if i < len(costs) {
-			p.Tokens += costs[i]
-		}
-	}
-	if len(prev) == len(cur) {
-		p.Bytes++ // ']'
-	}
-	return p
-}
-
-func commonBytes(a, b []byte) int {
-	n := min(len(a), len(b))
-	for i := 0; i < n; i++ {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return n
 }

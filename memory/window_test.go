@@ -244,7 +244,7 @@ func TestWindowEvictionIsStickyBetweenOverflows(t *testing.T) {
 			evictions++
 		} else if prev != nil {
 			// No eviction: the previous window is a prefix of this one.
-			p := CommonPrefix(prev, tr.Messages)
+			p := commonPrefix(prev, tr.Messages)
 			if p.Messages != len(prev) {
 				t.Fatalf("turn %d: no eviction but only %d of %d messages shared", i, p.Messages, len(prev))
 			}

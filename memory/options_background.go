@@ -1,0 +1,182 @@
+package memory
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// ExtractionOptions configure the sidecar's own model calls (fact and
+// episode extraction, summaries). They run in goroutines the Store owns,
+// never on the request path, and are coalesced per session: at most one
+// extraction job and one summary in flight per session, each started only
+// after a client turn completed, each covering every message that waited
+// (so upstream calls per client turn stay bounded whatever the message
+// count).
+type ExtractionOptions struct {
+	// Extractor runs fact extraction and episodic summaries. Nil:
+	// extraction off.
+	Extractor Extractor
+	// Every: facts are extracted once this many new messages accumulated
+	// in a session. Zero: 6; negative: no fact extraction.
+	Every int
+	// EpisodeEvery: an episodic summary is made once this many messages
+	// accumulated since the last one. Zero: 30; negative: no episodes.
+	EpisodeEvery int
+	// PromptBytes bounds the messages one job's prompt carries (the newest
+	// that fit; older waiting ones are marked done, they stay in the
+	// log). Zero: 24 KiB.
+	PromptBytes int
+	// Queue bounds queued extraction jobs; a full queue drops the job
+	// (Stats.ExtractDropped) and the session retries after its next
+	// turn. Zero: 64.
+	Queue int
+	// Workers is the number of extraction goroutines. Zero: 1.
+	Workers int
+	// Timeout bounds one Extractor call. Zero: 2m.
+	Timeout time.Duration
+	// MaxFacts bounds a session's categorized memories; ADD beyond it is
+	// rejected. Zero: 1000.
+	MaxFacts int
+
+	// Summarizer makes summaries for StrategySummary. Nil: no summaries;
+	// StrategySummary then behaves as StrategyImportance.
+	Summarizer Summarizer
+	// SummaryTimeout bounds one Summarize call. Zero: 2m.
+	SummaryTimeout time.Duration
+	// MaxConcurrentSummaries bounds summarizer calls in flight over all
+	// sessions. Zero: 2.
+	MaxConcurrentSummaries int
+}
+
+func (o *ExtractionOptions) ensureDefaults() {
+	if o.Every == 0 {
+		o.Every = 6
+	}
+	if o.EpisodeEvery == 0 {
+		o.EpisodeEvery = 30
+	}
+	if o.PromptBytes == 0 {
+		o.PromptBytes = 24 << 10
+	}
+	if o.Queue == 0 {
+		o.Queue = 64
+	}
+	if o.Workers == 0 {
+		o.Workers = 1
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 2 * time.Minute
+	}
+	if o.MaxFacts == 0 {
+		o.MaxFacts = 1000
+	}
+	if o.SummaryTimeout == 0 {
+		o.SummaryTimeout = 2 * time.Minute
+	}
+	if o.MaxConcurrentSummaries == 0 {
+		o.MaxConcurrentSummaries = 2
+	}
+}
+
+func (o *ExtractionOptions) validate() error {
+	if o.Timeout < 0 || o.SummaryTimeout < 0 {
+		return errors.New("memory: Extraction durations must not be negative")
+	}
+	if o.Queue < 0 || o.Workers < 0 || o.MaxFacts < 0 || o.MaxConcurrentSummaries < 0 || o.PromptBytes < 0 {
+		return errors.New("memory: Extraction sizes must not be negative")
+	}
+	return nil
+}
+
+// ReviewerOptions configure the memory reviewer (review.go): a fact whose
+// importance reaches PromoteAt or falls below DemoteBelow is reviewed by
+// the Extractor's model in the background, in up to MaxRounds calls, and
+// promoted to core, kept (importance reset to DemoteBelow) or deleted.
+// Reviews share the extraction queue and workers (Extraction.Queue,
+// Workers, Timeout per call); at most one is in flight per tenant and user.
+type ReviewerOptions struct {
+	// Enabled turns the reviewer on. It needs Extraction.Extractor.
+	Enabled bool
+	// PromoteAt: a fact whose importance reaches it is reviewed for
+	// promotion. Zero: PromoteReviewAt (2.5).
+	PromoteAt float64
+	// DemoteBelow: a fact whose importance falls below it (by decay) is
+	// reviewed; KEEP resets the importance to it. Zero: DecayReviewAt
+	// (0.5).
+	DemoteBelow float64
+	// MaxRounds bounds the model calls of one review: each may ask for a
+	// [SEARCH:keywords] of the scope's memory, the last must decide.
+	// Zero: 3.
+	MaxRounds int
+	// SearchK is how many memories one search shows the model. Zero: 5.
+	SearchK int
+	// LogSize is how many decisions a tenant and user's log keeps (the
+	// newest). Zero: 1000.
+	LogSize int
+}
+
+func (o *ReviewerOptions) ensureDefaults() {
+	if o.PromoteAt == 0 {
+		o.PromoteAt = PromoteReviewAt
+	}
+	if o.DemoteBelow == 0 {
+		o.DemoteBelow = DecayReviewAt
+	}
+	if o.MaxRounds == 0 {
+		o.MaxRounds = 3
+	}
+	if o.SearchK == 0 {
+		o.SearchK = 5
+	}
+	if o.LogSize == 0 {
+		o.LogSize = 1000
+	}
+}
+
+func (o *ReviewerOptions) validate() error {
+	if !(o.DemoteBelow > 0 && o.DemoteBelow < o.PromoteAt) || math.IsInf(o.PromoteAt, 0) {
+		return fmt.Errorf("memory: Reviewer thresholds: want 0 < DemoteBelow (%v) < PromoteAt (%v)", o.DemoteBelow, o.PromoteAt)
+	}
+	if o.MaxRounds < 1 || o.MaxRounds > 10 {
+		return fmt.Errorf("memory: Reviewer.MaxRounds %d not in [1, 10]", o.MaxRounds)
+	}
+	if o.SearchK < 1 || o.SearchK > 50 || o.LogSize < 1 {
+		return errors.New("memory: Reviewer.SearchK must be in [1, 50] and LogSize positive")
+	}
+	return nil
+}
+
+// ToolContextOptions configure tool-result context (toolctx.go): the tool
+// calls and results a request brings are condensed in the background into
+// one or two sentences, shown in the recall block of the session's next
+// turn only (within Recall.Share), never stored. The condensing call shares
+// the extraction queue and workers.
+type ToolContextOptions struct {
+	// Enabled turns it on. It needs Extraction.Extractor and recall
+	// (Recall.Share ≥ 0).
+	Enabled bool
+	// MaxBytes caps the condensed text; a longer answer is rejected, not
+	// cut. Zero: 400.
+	MaxBytes int
+	// PromptBytes bounds the tool calls and results one prompt carries
+	// (each message is cut to a share of it). Zero: 8 KiB.
+	PromptBytes int
+}
+
+func (o *ToolContextOptions) ensureDefaults() {
+	if o.MaxBytes == 0 {
+		o.MaxBytes = 400
+	}
+	if o.PromptBytes == 0 {
+		o.PromptBytes = 8 << 10
+	}
+}
+
+func (o *ToolContextOptions) validate() error {
+	if o.MaxBytes < 16 || o.MaxBytes > 4096 || o.PromptBytes < 256 {
+		return fmt.Errorf("memory: ToolContext.MaxBytes %d not in [16, 4096] or PromptBytes %d below 256", o.MaxBytes, o.PromptBytes)
+	}
+	return nil
+}

@@ -1,0 +1,155 @@
+package memory
+
+import "sync/atomic"
+
+type storeStats struct {
+	prepares, appended, appendBytes, evicted    atomic.Int64
+	summaries, summaryErrors, queueFull         atomic.Int64
+	quarantined, writeErrors, completes, orphan atomic.Int64
+	recordsLost, repliesCut                     atomic.Int64
+	sessionsExpired, sessionsEvicted            atomic.Int64
+	quarantineRemoved, sharedTrims              atomic.Int64
+	diskBytes, sharedBytes                      atomic.Int64
+
+	fullRecalls, probeReuses                 atomic.Int64
+	indexRebuilds, indexErrors, indexSaves   atomic.Int64
+	decayed, expired, boosts, boostsLimited  atomic.Int64
+	extractJobs, extractDropped, extractErrs atomic.Int64
+	factOps, factOpsRejected, episodes       atomic.Int64
+	triples, triplesRejected                 atomic.Int64
+	poolWrites, poolConflicts                atomic.Int64
+	logPushed, logPulled, logRebuilds        atomic.Int64
+	logUploads, logConflicts                 atomic.Int64
+
+	// modes counts prepared turns by mode taken (full, append) and by
+	// whether it was detected (ModeAuto) or named by the client.
+	modes [2][2]atomic.Int64
+	// calls counts the sidecar's own model calls by kind (callFacts,
+	// callEpisode, callSummary).
+	calls [3]atomic.Int64
+}
+
+func (st *storeStats) countMode(m Mode, detected bool) {
+	i, j := 0, 0
+	if m == ModeAppend {
+		i = 1
+	}
+	if detected {
+		j = 1
+	}
+	st.modes[i][j].Add(1)
+}
+
+// Stats are cumulative counters for metrics.
+type Stats struct {
+	Sessions      int   // sessions loaded in memory
+	Prepares      int64 // Prepare calls that returned a window
+	Appended      int64 // messages appended to logs
+	AppendBytes   int64 // framed bytes appended on the request path
+	Evicted       int64 // messages that left the window
+	Completes     int64 // turns completed with a reply
+	Orphans       int64 // replies that arrived after the history moved on (kept as units)
+	Summaries     int64 // summaries made
+	SummaryErrors int64
+	QueueFull     int64 // background syncs deferred because the queue was full
+	Quarantined   int64 // logs repaired or quarantined on open (damage skipped, torn tail cut)
+	RecordsLost   int64 // damaged log records skipped on open (every intact one is kept)
+	RepliesCut    int64 // replies recorded cut to Storage.MaxReplyBytes
+
+	// Disk and files (see StorageOptions). DiskBytes and SharedDiskBytes
+	// are as of the last retention sweep.
+	DiskBytes         int64 // bytes under Options.Dir
+	SharedDiskBytes   int64 // bytes of Storage.Shared (the KV archive)
+	MaxDiskBytes      int64 // Storage.MaxDiskBytes (0: no bound)
+	SessionsExpired   int64 // sessions deleted by Storage.SessionTTL
+	SessionsEvicted   int64 // sessions deleted to stay under MaxDiskBytes
+	QuarantineRemoved int64 // quarantined files deleted (age or budget)
+	SharedTrims       int64 // times the shared store was trimmed for the budget
+	OpenFiles         int   // log files open now
+	MaxOpenFiles      int   // Storage.MaxOpenFiles in effect
+	FileReopens       int64 // idle logs reopened by a write
+	WriteErrors       int64 // background writes that failed
+
+	// Recall through the working memory: FullRecalls ran a full top-k
+	// recall, ProbeReuses kept the recalled set because the light probe
+	// found the same topic. FullRecallRate = FullRecalls / (FullRecalls +
+	// ProbeReuses), 0 before any recall.
+	FullRecalls    int64
+	ProbeReuses    int64
+	FullRecallRate float64
+	IndexRebuilds  int64 // session indexes rebuilt from units (file missing or corrupt)
+	IndexErrors    int64 // index updates, searches or saves that failed
+	IndexSaves     int64 // index files written
+
+	Decayed       int64 // decay periods applied to memories
+	Expired       int64 // episodes deleted by decay
+	Boosts        int64 // boosts applied
+	BoostsLimited int64 // boosts refused by the cooldown or the daily cap
+
+	ExtractJobs     int64 // extraction jobs run (facts and episodes)
+	ExtractDropped  int64 // jobs dropped because the extraction queue was full
+	ExtractErrors   int64 // Extractor calls that failed
+	FactOps         int64 // fact operations applied
+	FactOpsRejected int64 // fact operations or lines rejected (malformed, hostile, unknown id, limits)
+	Triples         int64 // triples extracted (new ones; merged supports not counted)
+	TriplesRejected int64 // triple lines rejected (malformed, hostile, unresolved support, limits)
+	Episodes        int64 // episodic summaries made
+
+	PoolWrites    int64 // pool puts and deletes written
+	PoolConflicts int64 // pool writes refused with ErrConflict
+
+	// The shared log of a fleet (Options.SharedLog): records written to
+	// it, records taken from it (other replicas'), sessions rebuilt from
+	// it, sessions uploaded to it, and writes that found it moved on.
+	SharedLogPushed, SharedLogPulled, SharedLogRebuilds int64
+	SharedLogUploads, SharedLogConflicts                int64
+
+	// Turns by the mode taken: Full and Append, each split into those the
+	// client named (X-Session-Mode) and those detected (ModeAuto).
+	FullNamed, FullDetected, AppendNamed, AppendDetected int64
+
+	// The sidecar's own model calls, by kind: fact extraction, episodic
+	// summaries, window summaries (StrategySummary). Background calls per
+	// client turn = their sum / Completes.
+	FactCalls, EpisodeCalls, SummaryCalls int64
+
+	ReviewStats      // the memory reviewer (review.go)
+	ToolContextStats // tool-result context (toolctx.go)
+}
+
+// Stats returns cumulative counters.
+func (s *Store) Stats() Stats {
+	s.mu.Lock()
+	n := len(s.sessions)
+	s.mu.Unlock()
+	st := &s.stats
+	out := Stats{
+		Sessions: n, Prepares: st.prepares.Load(), Appended: st.appended.Load(),
+		AppendBytes: st.appendBytes.Load(), Evicted: st.evicted.Load(), Completes: st.completes.Load(),
+		Orphans: st.orphan.Load(), Summaries: st.summaries.Load(), SummaryErrors: st.summaryErrors.Load(),
+		QueueFull: st.queueFull.Load(), Quarantined: st.quarantined.Load(), WriteErrors: st.writeErrors.Load(),
+		RecordsLost: st.recordsLost.Load(), RepliesCut: st.repliesCut.Load(),
+		DiskBytes: st.diskBytes.Load(), SharedDiskBytes: st.sharedBytes.Load(), MaxDiskBytes: s.opts.Storage.MaxDiskBytes,
+		SessionsExpired: st.sessionsExpired.Load(), SessionsEvicted: st.sessionsEvicted.Load(),
+		QuarantineRemoved: st.quarantineRemoved.Load(), SharedTrims: st.sharedTrims.Load(),
+	}
+	fst := s.files.Stats()
+	out.OpenFiles, out.MaxOpenFiles, out.FileReopens = fst.Open, fst.Max, fst.Reopens
+	out.FullRecalls, out.ProbeReuses = st.fullRecalls.Load(), st.probeReuses.Load()
+	if n := out.FullRecalls + out.ProbeReuses; n > 0 {
+		out.FullRecallRate = float64(out.FullRecalls) / float64(n)
+	}
+	out.IndexRebuilds, out.IndexErrors, out.IndexSaves = st.indexRebuilds.Load(), st.indexErrors.Load(), st.indexSaves.Load()
+	out.Decayed, out.Expired, out.Boosts, out.BoostsLimited = st.decayed.Load(), st.expired.Load(), st.boosts.Load(), st.boostsLimited.Load()
+	out.ExtractJobs, out.ExtractDropped, out.ExtractErrors = st.extractJobs.Load(), st.extractDropped.Load(), st.extractErrs.Load()
+	out.FactOps, out.FactOpsRejected, out.Episodes = st.factOps.Load(), st.factOpsRejected.Load(), st.episodes.Load()
+	out.Triples, out.TriplesRejected = st.triples.Load(), st.triplesRejected.Load()
+	out.PoolWrites, out.PoolConflicts = st.poolWrites.Load(), st.poolConflicts.Load()
+	out.SharedLogPushed, out.SharedLogPulled, out.SharedLogRebuilds = st.logPushed.Load(), st.logPulled.Load(), st.logRebuilds.Load()
+	out.SharedLogUploads, out.SharedLogConflicts = st.logUploads.Load(), st.logConflicts.Load()
+	out.FullNamed, out.FullDetected = st.modes[0][0].Load(), st.modes[0][1].Load()
+	out.AppendNamed, out.AppendDetected = st.modes[1][0].Load(), st.modes[1][1].Load()
+	out.FactCalls, out.EpisodeCalls, out.SummaryCalls = st.calls[callFacts].Load(), st.calls[callEpisode].Load(), st.calls[callSummary].Load()
+	out.ReviewStats, out.ToolContextStats = s.rev.stats(), s.tcs.stats()
+	return out
+}
