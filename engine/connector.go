@@ -379,12 +379,12 @@ func timingsOf(obj []byte) (Timings, bool) {
 	return Timings{}, false
 }
 
-// SetSlotFields returns body with the top-level "id_slot" set to slot and
+// setSlotFields returns body with the top-level "id_slot" set to slot and
 // "cache_prompt" set to true. Other members keep their order and bytes;
 // when neither field is present the body is only prefixed. body must be a
 // JSON object; otherwise the error says why and body should be forwarded
 // as it is.
-func SetSlotFields(body []byte, slot int) ([]byte, error) {
+func setSlotFields(body []byte, slot int) ([]byte, error) {
 	t := bytes.TrimLeft(body, " \t\r\n")
 	if len(t) == 0 || t[0] != '{' {
 		return body, fmt.Errorf("engine: request body is not a JSON object")

@@ -9,7 +9,7 @@ import (
 func TestSetSlotFields(t *testing.T) {
 	f := func(in string, slot int, want string) {
 		t.Helper()
-		got, err := SetSlotFields([]byte(in), slot)
+		got, err := setSlotFields([]byte(in), slot)
 		if err != nil {
 			t.Fatalf("%s: %v", in, err)
 		}
@@ -28,7 +28,7 @@ func TestSetSlotFields(t *testing.T) {
 	f(`{"model":"m","id_slot":7,"x":1e-7,"cache_prompt":false,"z":{"id_slot":1}}`, 2,
 		`{"id_slot":2,"cache_prompt":true,"model":"m","x":1e-7,"z":{"id_slot":1}}`)
 	for _, bad := range []string{``, `[]`, `"x"`, `{"a":`, `{"a":1} {"b":2}`, `nul`} {
-		out, err := SetSlotFields([]byte(bad), 1)
+		out, err := setSlotFields([]byte(bad), 1)
 		if err == nil || string(out) != bad {
 			t.Errorf("%q: %q, %v", bad, out, err)
 		}

@@ -9,7 +9,7 @@
 //     cache_prompt), saves a slot's state file when another session needs
 //     the slot, keeps it in the kv.Cache's tiers as a blob keyed by a hash
 //     of (tenant, session, model), and restores it when the session comes
-//     back. ParseSlotState validates the state files (layout in DESIGN.md).
+//     back. parseSlotState validates the state files (layout in DESIGN.md).
 //   - Generic forwards bodies untouched and keeps statistics; engines such
 //     as vLLM or SGLang reuse KV through their own prefix caches, which hit
 //     because the memory package keeps the prompt prefix byte-stable.
@@ -30,7 +30,7 @@
 //   - Files the connector writes into the slot directory are named from
 //     hashes ("kvsidecar-<hex>-<slot><op>.slot"), never from client strings, written
 //     through a temporary file and a rename, and removed after use.
-//   - ParseSlotState never panics, allocates in proportion to its input,
+//   - parseSlotState never panics, allocates in proportion to its input,
 //     and accepts a file only if it consumes every byte.
 //   - No connector owns a goroutine; Close saves what the slots hold (unless
 //     told not to) and must come before the kv.Cache's Close.

@@ -198,7 +198,7 @@ func (f *fakeLlama) slotAction(w http.ResponseWriter, id int, action, name strin
 			fakeError(w, 500, "failed to restore slot")
 			return
 		}
-		st, err := ParseSlotState(data, fakeLayers)
+		st, err := parseSlotState(data, fakeLayers)
 		if err != nil || st.Cells() > 0 && layoutOf(st) != f.layoutLocked() {
 			fakeError(w, 500, "failed to restore slot: mismatched layout")
 			return
@@ -225,7 +225,7 @@ func (f *fakeLlama) slotAction(w http.ResponseWriter, id int, action, name strin
 func (f *fakeLlama) layoutLocked() string {
 	g := genFile{magic: SlotStateMagic, version: SlotStateVersion, tokens: []int32{1}, header: true,
 		streams: []genStream{{cells: 1, vtrans: f.model%2 == 0, layers: fakeLayers, width: fakeWidth, ktype: GGMLTypeF16}}}
-	st, err := ParseSlotState(g.bytes(), 0)
+	st, err := parseSlotState(g.bytes(), 0)
 	if err != nil {
 		panic(err)
 	}

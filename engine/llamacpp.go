@@ -173,7 +173,7 @@ const (
 //     slot's KV for the common prefix.
 //   - After a response, once the slot is idle, a goroutine the connector
 //     owns saves the slot (POST /slots/{id}?action=save), validates the
-//     file (ParseSlotState) and keeps it durably in the kv.Cache through
+//     file (parseSlotState) and keeps it durably in the kv.Cache through
 //     GetOrComputeBlob, as a state keyed by (model fingerprint, session,
 //     prompt prefix hash), then removes the file. A crash of the server
 //     loses at most the turn in flight; a restarted sidecar lists its
@@ -419,7 +419,7 @@ func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 }
 
 func (c *LlamaCPP) rewrite(req *Request) ([]byte, error) {
-	body, err := SetSlotFields(req.Body, req.slot)
+	body, err := setSlotFields(req.Body, req.slot)
 	if err != nil {
 		c.ts.hookErrors.Add(1)
 		return req.Body, fmt.Errorf("engine: llamacpp: %w", err)

@@ -138,7 +138,7 @@ func (c *LlamaCPP) saveSlot(ctx context.Context, slot int, owner string, ch chai
 		if err != nil {
 			return kv.BlobMeta{}, nil, 0, err
 		}
-		st, err := ParseSlotState(raw, 0)
+		st, err := parseSlotState(raw, 0)
 		if err != nil {
 			c.parseErrs.Add(1)
 			if !c.warnedParse.Swap(true) {
@@ -232,7 +232,7 @@ func (c *LlamaCPP) saveFile(ctx context.Context, slot int, key string) ([]byte, 
 // layoutOf names a state's KV layout: layer count, transposition, and per
 // layer the element types and bytes per token. A state restores only into
 // a server with the same layout.
-func layoutOf(st *SlotState) string {
+func layoutOf(st *slotState) string {
 	h := sha256.New()
 	for i := range st.Streams {
 		s := &st.Streams[i]

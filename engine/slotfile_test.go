@@ -15,7 +15,7 @@ type genStream struct {
 	vtrans bool
 	layers int
 	width  int      // n_embd_k_gqa = n_embd_v_gqa, in elements
-	ktype  GGMLType // also V's
+	ktype  ggmlType // also V's
 	seq    int32
 }
 
@@ -38,7 +38,7 @@ func genVal(seed, l, c, j int, k bool) float32 {
 	return v
 }
 
-func elemBytes(t GGMLType) int {
+func elemBytes(t ggmlType) int {
 	switch t {
 	case GGMLTypeF32:
 		return 4
@@ -48,7 +48,7 @@ func elemBytes(t GGMLType) int {
 	return 1 // opaque (quantised) types: bytes
 }
 
-func appendElem(dst []byte, t GGMLType, v float32) []byte {
+func appendElem(dst []byte, t ggmlType, v float32) []byte {
 	switch t {
 	case GGMLTypeF32:
 		return binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
@@ -130,7 +130,7 @@ func simpleFile(tokens []int32, layers, width int, vtrans bool) genFile {
 // Some ggml types of K and V tensors the generator writes (every type
 // parses, quantised ones such as q8_0 too).
 const (
-	GGMLTypeF32  GGMLType = 0
-	GGMLTypeF16  GGMLType = 1
-	GGMLTypeBF16 GGMLType = 30
+	GGMLTypeF32  ggmlType = 0
+	GGMLTypeF16  ggmlType = 1
+	GGMLTypeBF16 ggmlType = 30
 )

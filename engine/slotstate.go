@@ -8,8 +8,8 @@ import (
 	"github.com/kvsidecar/kvsidecar/kv"
 )
 
-// GGMLType is a ggml tensor type id as llama.cpp writes it in a state file.
-type GGMLType int32
+// ggmlType is a ggml tensor type id as llama.cpp writes it in a state file.
+type ggmlType int32
 
 // Header values of a llama.cpp sequence state file ("ggsq", version 2).
 const (
@@ -33,7 +33,7 @@ var (
 	ErrSlotState = errors.New("engine: invalid slot state")
 )
 
-// SlotState is a parsed llama.cpp slot (sequence) state file. Its byte
+// slotState is a parsed llama.cpp slot (sequence) state file. Its byte
 // slices alias the parsed data: they live as long as the caller keeps
 // that data and must not be modified.
 //
@@ -48,7 +48,7 @@ var (
 //	  v_trans 0, per layer: i32 v_type, u64 v_row_bytes, cell_count rows
 //	  v_trans 1, per layer: i32 v_type, u32 v_el_size, u32 n_embd_v_gqa,
 //	                        n_embd_v_gqa rows of cell_count elements
-type SlotState struct {
+type slotState struct {
 	Version uint32
 	// Tokens are the token ids the slot had processed.
 	Tokens []int32
@@ -56,30 +56,30 @@ type SlotState struct {
 	StreamHeader bool
 	// Streams are the KV cache's streams; a slot's own KV is in one of
 	// them and the others are empty.
-	Streams []SlotStream
+	Streams []slotStream
 }
 
-// SlotStream is one stream of the KV cache.
-type SlotStream struct {
-	Cells  []SlotCell
+// slotStream is one stream of the KV cache.
+type slotStream struct {
+	Cells  []slotCell
 	VTrans bool
 	// Layers is empty when Cells is.
-	Layers []SlotLayer
+	Layers []slotLayer
 }
 
-// SlotCell is one KV cell: its position and sequences.
-type SlotCell struct {
+// slotCell is one KV cell: its position and sequences.
+type slotCell struct {
 	Pos    int32
 	SeqIDs []int32
 }
 
-// SlotLayer is one layer's K and V bytes.
-type SlotLayer struct {
-	KType     GGMLType
+// slotLayer is one layer's K and V bytes.
+type slotLayer struct {
+	KType     ggmlType
 	KRowBytes uint64
 	// K is len(Cells) rows of KRowBytes: [cells, n_embd_k_gqa].
 	K     []byte
-	VType GGMLType
+	VType ggmlType
 	// VRowBytes is set when !VTrans: V is len(Cells) rows of VRowBytes.
 	VRowBytes uint64
 	// VElemSize and VEmbd are set when VTrans: V is VEmbd rows of
@@ -90,7 +90,7 @@ type SlotLayer struct {
 }
 
 // Cells returns the number of KV cells over all streams.
-func (s *SlotState) Cells() int {
+func (s *slotState) Cells() int {
 	n := 0
 	for i := range s.Streams {
 		n += len(s.Streams[i].Cells)
@@ -100,7 +100,7 @@ func (s *SlotState) Cells() int {
 
 // Layers returns the layer count of the non-empty streams (0 when all are
 // empty).
-func (s *SlotState) Layers() int {
+func (s *slotState) Layers() int {
 	for i := range s.Streams {
 		if len(s.Streams[i].Cells) > 0 {
 			return len(s.Streams[i].Layers)
@@ -109,18 +109,18 @@ func (s *SlotState) Layers() int {
 	return 0
 }
 
-// ParseSlotState parses a llama.cpp slot state file. wantLayers, when not
+// parseSlotState parses a llama.cpp slot state file. wantLayers, when not
 // zero, is the model's layer count: a file with another is an error. The
 // whole input must be consumed: trailing bytes are an error, as is any
 // truncation. Files with and without the n_stream header of newer builds
-// are accepted. The result aliases data. ParseSlotState never panics and
+// are accepted. The result aliases data. parseSlotState never panics and
 // allocates in proportion to len(data); errors are ErrSlotState.
-func ParseSlotState(data []byte, wantLayers int) (*SlotState, error) {
+func parseSlotState(data []byte, wantLayers int) (*slotState, error) {
 	if wantLayers < 0 || wantLayers > kv.MaxLayers {
 		return nil, fmt.Errorf("%w: want %d layers", ErrSlotState, wantLayers)
 	}
 	r := &slotReader{b: data}
-	st := &SlotState{}
+	st := &slotState{}
 	if m := r.u32(); r.err == nil && m != SlotStateMagic {
 		return nil, fmt.Errorf("%w: magic %#08x, want %#08x", ErrSlotState, m, SlotStateMagic)
 	}
@@ -158,7 +158,7 @@ func ParseSlotState(data []byte, wantLayers int) (*SlotState, error) {
 	return st, nil
 }
 
-func parseStreams(data []byte, off int, header bool, wantLayers int) ([]SlotStream, error) {
+func parseStreams(data []byte, off int, header bool, wantLayers int) ([]slotStream, error) {
 	r := &slotReader{b: data, off: off}
 	nStream := uint32(1)
 	if header {
@@ -170,7 +170,7 @@ func parseStreams(data []byte, off int, header bool, wantLayers int) ([]SlotStre
 			return nil, fmt.Errorf("%w: n_stream %d", ErrSlotState, nStream)
 		}
 	}
-	streams := make([]SlotStream, nStream)
+	streams := make([]slotStream, nStream)
 	layers, vtrans := -1, false
 	for s := range streams {
 		if err := r.stream(&streams[s], wantLayers); err != nil {
@@ -191,7 +191,7 @@ func parseStreams(data []byte, off int, header bool, wantLayers int) ([]SlotStre
 	return streams, nil
 }
 
-func (r *slotReader) stream(st *SlotStream, wantLayers int) error {
+func (r *slotReader) stream(st *slotStream, wantLayers int) error {
 	cells := r.u32()
 	if r.err != nil {
 		return r.err
@@ -203,7 +203,7 @@ func (r *slotReader) stream(st *SlotStream, wantLayers int) error {
 	if uint64(cells)*8 > uint64(r.left()) {
 		return fmt.Errorf("%w: %d cells in %d bytes: truncated", ErrSlotState, cells, r.left())
 	}
-	st.Cells = make([]SlotCell, cells)
+	st.Cells = make([]slotCell, cells)
 	var seqs []int32
 	for i := range st.Cells {
 		st.Cells[i].Pos = r.i32()
@@ -239,16 +239,16 @@ func (r *slotReader) stream(st *SlotStream, wantLayers int) error {
 		return fmt.Errorf("%w: %d layers in %d bytes: truncated", ErrSlotState, nl, r.left())
 	}
 	st.VTrans = vt == 1
-	st.Layers = make([]SlotLayer, nl)
+	st.Layers = make([]slotLayer, nl)
 	for l := range st.Layers {
 		ly := &st.Layers[l]
-		ly.KType = GGMLType(r.i32())
+		ly.KType = ggmlType(r.i32())
 		ly.KRowBytes = r.u64()
 		ly.K = r.rows(uint64(cells), ly.KRowBytes, "K", l)
 	}
 	for l := range st.Layers {
 		ly := &st.Layers[l]
-		ly.VType = GGMLType(r.i32())
+		ly.VType = ggmlType(r.i32())
 		if st.VTrans {
 			ly.VElemSize = r.u32()
 			ly.VEmbd = r.u32()

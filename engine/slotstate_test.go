@@ -44,7 +44,7 @@ func TestParseSlotStateValid(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			data := tc.f.bytes()
-			st, err := ParseSlotState(data, 0)
+			st, err := parseSlotState(data, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -56,7 +56,7 @@ func TestParseSlotStateValid(t *testing.T) {
 				t.Fatalf("tokens %v, want %v", st.Tokens, tc.f.tokens)
 			}
 			if tc.layers > 0 {
-				if _, err := ParseSlotState(data, tc.layers); err != nil {
+				if _, err := parseSlotState(data, tc.layers); err != nil {
 					t.Fatalf("with the right layer count: %v", err)
 				}
 			}
@@ -113,7 +113,7 @@ func TestParseSlotStateErrors(t *testing.T) {
 		{"empty", nil, 0, "truncated"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := ParseSlotState(tc.data, tc.want)
+			_, err := parseSlotState(tc.data, tc.want)
 			if !errors.Is(err, ErrSlotState) {
 				t.Fatalf("err %v, want ErrSlotState", err)
 			}
@@ -126,7 +126,7 @@ func TestParseSlotStateErrors(t *testing.T) {
 	for _, g := range []genFile{good, simpleFile(toks(3), 2, 4, false)} {
 		data := g.bytes()
 		for n := range len(data) {
-			if _, err := ParseSlotState(data[:n], 0); !errors.Is(err, ErrSlotState) {
+			if _, err := parseSlotState(data[:n], 0); !errors.Is(err, ErrSlotState) {
 				t.Fatalf("truncated to %d of %d bytes: err %v", n, len(data), err)
 			}
 		}
@@ -143,7 +143,7 @@ func FuzzParseSlotState(f *testing.F) {
 		{cells: 0}, {cells: 2, vtrans: true, layers: 2, width: 2, ktype: GGMLTypeF32}}}.bytes())
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		st, err := ParseSlotState(data, 0)
+		st, err := parseSlotState(data, 0)
 		if err != nil {
 			if !errors.Is(err, ErrSlotState) {
 				t.Fatalf("error without ErrSlotState: %v", err)

@@ -89,8 +89,8 @@
 //     (ExtractRequest, SummaryRequest); package internal/llm makes them.
 //   - Knowledge triples (triples.go): the fact-extraction call also asks
 //     for "[TRIPLE] subject | predicate | object | supports" lines, cut
-//     from the reply before ParseFactOps and parsed as strictly
-//     (ParseTriples); supports are fact ids of the prompt or "+n", the n-th
+//     from the reply before parseFactOps and parsed as strictly
+//     (parseTriples); supports are fact ids of the prompt or "+n", the n-th
 //     [ADD] of the reply, and a triple whose supports do not all resolve is
 //     rejected. Triples live in their session's log ("triple" and "tdel"
 //     records); the session's triples are attached to its index as an

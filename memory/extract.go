@@ -15,10 +15,10 @@ type ExtractRequest struct {
 	// Tenant and SessionID name the session; Model is the model of its
 	// latest turn (the call's model unless the Extractor overrides it).
 	Tenant, SessionID, Model string
-	// Kind is "facts" (the reply is fact operations, see ParseFactOps),
+	// Kind is "facts" (the reply is fact operations, see parseFactOps),
 	// "episode" (the reply is a short summary), "review" (one round of the
-	// memory reviewer, see ParseReview) or "tool_context" (tool calls and
-	// results condensed, see ParseToolContext).
+	// memory reviewer, see parseReview) or "tool_context" (tool calls and
+	// results condensed, see parseToolContext).
 	Kind string
 	// Prompt is the whole prompt, sent as one user message.
 	Prompt string
@@ -316,7 +316,7 @@ func (s *Store) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
 func (s *Store) applyFactOpsLocked(job *extractJob, out string, now time.Time) {
 	sess := job.sess
 	out, triples := cutTripleLines(out)
-	ops, rejected := ParseFactOps(out)
+	ops, rejected := parseFactOps(out)
 	for _, err := range rejected {
 		s.stats.factOpsRejected.Add(1)
 		s.opts.Logger.Warn("memory: rejected fact operation", "session", sess.id, "err", err)
@@ -332,12 +332,12 @@ func (s *Store) applyFactOpsLocked(job *extractJob, out string, now time.Time) {
 			s.stats.factOps.Add(1)
 		}
 	}
-	s.applyTriplesLocked(job, triples, slices.DeleteFunc(slices.Clone(ops), func(op FactOp) bool { return op.Kind != FactAdd }), now)
+	s.applyTriplesLocked(job, triples, slices.DeleteFunc(slices.Clone(ops), func(op factOp) bool { return op.Kind != FactAdd }), now)
 	sess.factSeq = max(sess.factSeq, job.to)
 	sess.seqDirty = true
 }
 
-func (s *Store) applyFactOpLocked(job *extractJob, op FactOp, now time.Time, next *int) error {
+func (s *Store) applyFactOpLocked(job *extractJob, op factOp, now time.Time, next *int) error {
 	sess := job.sess
 	var u *Unit
 	if op.ID != "" {

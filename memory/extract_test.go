@@ -14,11 +14,11 @@ import (
 )
 
 func TestParseFactOps(t *testing.T) {
-	f := func(in string, want []FactOp, rejects int) {
+	f := func(in string, want []factOp, rejects int) {
 		t.Helper()
-		ops, rej := ParseFactOps(in)
+		ops, rej := parseFactOps(in)
 		if fmt.Sprint(ops) != fmt.Sprint(want) || len(rej) != rejects {
-			t.Fatalf("ParseFactOps(%q) = %v, %d rejected %v; want %v, %d", in, ops, len(rej), rej, want, rejects)
+			t.Fatalf("parseFactOps(%q) = %v, %d rejected %v; want %v, %d", in, ops, len(rej), rej, want, rejects)
 		}
 		for _, err := range rej {
 			if !errors.Is(err, ErrInvalid) {
@@ -26,12 +26,12 @@ func TestParseFactOps(t *testing.T) {
 			}
 		}
 	}
-	f("[ADD] The user likes tea.", []FactOp{{FactAdd, "", "The user likes tea."}}, 0)
+	f("[ADD] The user likes tea.", []factOp{{FactAdd, "", "The user likes tea."}}, 0)
 	f("  [UPDATE:fact-000000000004-00] Likes green tea.\r\n\n[BOOST:fact-1]\n[DELETE:ep-000000000030]\n[SKIP]\n",
-		[]FactOp{{FactUpdate, "fact-000000000004-00", "Likes green tea."}, {FactBoost, "fact-1", ""}, {FactDelete, "ep-000000000030", ""}, {Kind: FactSkip}}, 0)
+		[]factOp{{FactUpdate, "fact-000000000004-00", "Likes green tea."}, {FactBoost, "fact-1", ""}, {FactDelete, "ep-000000000030", ""}, {Kind: FactSkip}}, 0)
 	// Malformed lines are rejected one by one; valid ones still count.
 	f("Sure! Here are the operations:\n[ADD] ok\n- [ADD] bullet\n[add] lower\n[ADD]no space\n[ADD] \n[SKIP] extra\n[BOOST]\n[BOOST:x] text\n[DELETE:Fact-1]\n[DELETE:a b]\n[UPDATE:x]\n[FORGET:x]\n[ADD",
-		[]FactOp{{FactAdd, "", "ok"}}, 13)
+		[]factOp{{FactAdd, "", "ok"}}, 13)
 	// Hostile texts: control and format characters, smuggled operations,
 	// huge lines, invalid UTF-8.
 	f("[ADD] a\x1b[31mred", nil, 1)
@@ -43,15 +43,15 @@ func TestParseFactOps(t *testing.T) {
 	f("[ADD] "+strings.Repeat("x", 600), nil, 1)
 	f("[ADD] bad \xff utf8", nil, 1)
 	f("[DELETE:"+strings.Repeat("a", 65)+"]", nil, 1)
-	f(strings.Repeat("[SKIP]\n", 40), slicesRepeat(FactOp{Kind: FactSkip}, maxFactOps), 40-maxFactOps)
-	ops, rej := ParseFactOps("[ADD] x\n" + strings.Repeat("y", maxFactOutput))
+	f(strings.Repeat("[SKIP]\n", 40), slicesRepeat(factOp{Kind: FactSkip}, maxFactOps), 40-maxFactOps)
+	ops, rej := parseFactOps("[ADD] x\n" + strings.Repeat("y", maxFactOutput))
 	if len(ops) != 1 || len(rej) != 2 {
 		t.Fatalf("huge reply: %v, %v", ops, rej)
 	}
 }
 
-func slicesRepeat(op FactOp, n int) []FactOp {
-	out := make([]FactOp, n)
+func slicesRepeat(op factOp, n int) []factOp {
+	out := make([]factOp, n)
 	for i := range out {
 		out[i] = op
 	}
@@ -71,7 +71,7 @@ func FuzzParseFactOps(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
-		ops, rej := ParseFactOps(in)
+		ops, rej := parseFactOps(in)
 		if len(ops) > maxFactOps {
 			t.Fatalf("%d ops", len(ops))
 		}
@@ -107,7 +107,7 @@ func FuzzParseFactOps(f *testing.F) {
 			if op.ID != "" && !factIDRe.MatchString(op.ID) {
 				t.Fatalf("bad id %q", op.ID)
 			}
-			again, rej := ParseFactOps(op.String())
+			again, rej := parseFactOps(op.String())
 			if len(again) != 1 || again[0] != op || len(rej) != 0 {
 				t.Fatalf("%q does not round-trip: %v %v", op.String(), again, rej)
 			}

@@ -7,18 +7,18 @@ import (
 	"unicode/utf8"
 )
 
-// FactOpKind is the kind of a memory operation produced by the Extractor.
-type FactOpKind uint8
+// factOpKind is the kind of a memory operation produced by the Extractor.
+type factOpKind uint8
 
 const (
-	FactAdd    FactOpKind = iota + 1 // [ADD] text
+	FactAdd    factOpKind = iota + 1 // [ADD] text
 	FactUpdate                       // [UPDATE:id] text
 	FactBoost                        // [BOOST:id]
 	FactDelete                       // [DELETE:id]
 	FactSkip                         // [SKIP]
 )
 
-func (k FactOpKind) String() string {
+func (k factOpKind) String() string {
 	switch k {
 	case FactAdd:
 		return "ADD"
@@ -31,19 +31,19 @@ func (k FactOpKind) String() string {
 	case FactSkip:
 		return "SKIP"
 	}
-	return fmt.Sprintf("FactOpKind(%d)", uint8(k))
+	return fmt.Sprintf("factOpKind(%d)", uint8(k))
 }
 
-// FactOp is one parsed memory operation. ID is set for UPDATE, BOOST and
+// factOp is one parsed memory operation. ID is set for UPDATE, BOOST and
 // DELETE; Text for ADD and UPDATE.
-type FactOp struct {
-	Kind FactOpKind
+type factOp struct {
+	Kind factOpKind
 	ID   string
 	Text string
 }
 
-// String renders the operation in the form ParseFactOps accepts.
-func (op FactOp) String() string {
+// String renders the operation in the form parseFactOps accepts.
+func (op factOp) String() string {
 	switch op.Kind {
 	case FactAdd:
 		return "[ADD] " + op.Text
@@ -66,7 +66,7 @@ const (
 	maxFactIDLen     = 64
 )
 
-// ParseFactOps parses an Extractor's reply strictly: one operation per
+// parseFactOps parses an Extractor's reply strictly: one operation per
 // line, exactly "[ADD] text", "[UPDATE:id] text", "[BOOST:id]",
 // "[DELETE:id]" or "[SKIP]" (surrounding spaces and blank lines allowed).
 // Ids are 1–64 characters of [a-z0-9-]; texts are 1–500 bytes of valid
@@ -75,7 +75,7 @@ const (
 // Every other line — malformed, too long, hostile, beyond 32 operations or
 // 64 KiB — is rejected with an error (wrapping ErrInvalid) and skipped; it
 // never stops the valid ones. Whether an id exists is for the caller.
-func ParseFactOps(out string) (ops []FactOp, rejected []error) {
+func parseFactOps(out string) (ops []factOp, rejected []error) {
 	return parseLines(out, "fact ops", "operations", maxFactOps, parseFactOp)
 }
 
@@ -108,23 +108,23 @@ func parseLines[T any](out, what, items string, limit int, parse func(string) (T
 	return got, rejected
 }
 
-func parseFactOp(line string) (FactOp, error) {
+func parseFactOp(line string) (factOp, error) {
 	if len(line) > maxFactLineBytes {
-		return FactOp{}, fmt.Errorf("line of %d bytes", len(line))
+		return factOp{}, fmt.Errorf("line of %d bytes", len(line))
 	}
 	if !utf8.ValidString(line) {
-		return FactOp{}, fmt.Errorf("invalid UTF-8")
+		return factOp{}, fmt.Errorf("invalid UTF-8")
 	}
 	if line[0] != '[' {
-		return FactOp{}, fmt.Errorf("not an operation")
+		return factOp{}, fmt.Errorf("not an operation")
 	}
 	end := strings.IndexByte(line, ']')
 	if end < 0 {
-		return FactOp{}, fmt.Errorf("unterminated tag")
+		return factOp{}, fmt.Errorf("unterminated tag")
 	}
 	tag, rest := line[1:end], line[end+1:]
 	name, id, hasID := strings.Cut(tag, ":")
-	var op FactOp
+	var op factOp
 	switch name {
 	case "ADD":
 		op.Kind = FactAdd
@@ -137,30 +137,30 @@ func parseFactOp(line string) (FactOp, error) {
 	case "SKIP":
 		op.Kind = FactSkip
 	default:
-		return FactOp{}, fmt.Errorf("unknown operation")
+		return factOp{}, fmt.Errorf("unknown operation")
 	}
 	needID := op.Kind == FactUpdate || op.Kind == FactBoost || op.Kind == FactDelete
 	if hasID != needID {
-		return FactOp{}, fmt.Errorf("%s takes %s id", op.Kind, map[bool]string{true: "an", false: "no"}[needID])
+		return factOp{}, fmt.Errorf("%s takes %s id", op.Kind, map[bool]string{true: "an", false: "no"}[needID])
 	}
 	if needID {
 		if err := validFactID(id); err != nil {
-			return FactOp{}, err
+			return factOp{}, err
 		}
 		op.ID = id
 	}
 	if op.Kind == FactAdd || op.Kind == FactUpdate {
 		if rest == "" || rest[0] != ' ' {
-			return FactOp{}, fmt.Errorf("%s needs a space and a text", op.Kind)
+			return factOp{}, fmt.Errorf("%s needs a space and a text", op.Kind)
 		}
 		op.Text = strings.TrimSpace(rest)
 		if err := validFactText(op.Text); err != nil {
-			return FactOp{}, err
+			return factOp{}, err
 		}
 		return op, nil
 	}
 	if strings.TrimSpace(rest) != "" {
-		return FactOp{}, fmt.Errorf("%s takes no text", op.Kind)
+		return factOp{}, fmt.Errorf("%s takes no text", op.Kind)
 	}
 	return op, nil
 }

@@ -16,7 +16,7 @@ import (
 // The memory reviewer. A fact whose importance reaches Reviewer.PromoteAt
 // (boosts, an operator's edit) or falls below Reviewer.DemoteBelow (decay)
 // is reviewed by the Extractor's model in the background: up to
-// Reviewer.MaxRounds calls, each answering exactly one line (ParseReview):
+// Reviewer.MaxRounds calls, each answering exactly one line (parseReview):
 // [SEARCH:keywords] (the reviewer searches the scope's memory, lexically,
 // and shows the hits in the next round), or a verdict — [PROMOTE] (the
 // fact becomes core), [KEEP] (its importance is reset to DemoteBelow) or
@@ -191,7 +191,7 @@ func (s *Store) runReview(job *extractJob) {
 	}()
 	rev := Review{FactID: task.id, Session: sess.id, Trigger: task.trigger}
 	var searches strings.Builder
-	var step ReviewStep
+	var step reviewStep
 	for round := 1; ; round++ {
 		rev.Rounds = round
 		s.rev.calls.Add(1)
@@ -204,7 +204,7 @@ func (s *Store) runReview(job *extractJob) {
 			s.opts.Logger.Warn("memory: review", "session", sess.id, "fact", task.id, "err", err)
 			return // nothing decided; the fact is reviewed again once it changes
 		}
-		if step, err = ParseReview(out); err != nil {
+		if step, err = parseReview(out); err != nil {
 			rev.Decision, rev.Reason = ReviewMalformed, err.Error()
 			break
 		}
@@ -249,7 +249,7 @@ func (s *Store) reviewSearch(sess *session, self, keywords string) string {
 
 // applyReview applies a verdict unless the fact changed since the review
 // was queued; it returns the decision and its reason.
-func (s *Store) applyReview(sess *session, task *reviewTask, step ReviewStep) (string, string) {
+func (s *Store) applyReview(sess *session, task *reviewTask, step reviewStep) (string, string) {
 	sess.mu.Lock()
 	u := sess.units[task.id]
 	if sess.gone.Load() || !sess.exists || u == nil || !u.UpdatedAt.Equal(task.updated) || u.Content != task.content || u.Category != task.category {
@@ -305,10 +305,10 @@ const (
 	ReviewSearch = "search"
 )
 
-// ReviewStep is one parsed answer of the reviewer's model. Kind is
+// reviewStep is one parsed answer of the reviewer's model. Kind is
 // ReviewPromote, ReviewKeep, ReviewDelete (Reason: the model's, possibly
 // empty) or ReviewSearch (Keywords).
-type ReviewStep struct {
+type reviewStep struct {
 	Kind     string
 	Keywords string
 	Reason   string
@@ -322,7 +322,7 @@ const (
 	maxReviewShownBytes = 300 // one search hit shown to the model
 )
 
-// ParseReview parses one answer of the reviewer's model strictly: after
+// parseReview parses one answer of the reviewer's model strictly: after
 // trimming white space it must be exactly one line, and that line exactly
 // one of "[PROMOTE]", "[KEEP]" or "[DELETE]", each optionally followed by a
 // space and a reason (1–300 bytes, no brackets, no control or format
@@ -331,9 +331,9 @@ const (
 // else — other text, a second line, two tags, a verdict with a search, an
 // unknown or lower-case tag, more than 2 KiB — is an error wrapping
 // ErrInvalid.
-func ParseReview(out string) (ReviewStep, error) {
-	bad := func(format string, a ...any) (ReviewStep, error) {
-		return ReviewStep{}, fmt.Errorf("%w: review: "+format, append([]any{ErrInvalid}, a...)...)
+func parseReview(out string) (reviewStep, error) {
+	bad := func(format string, a ...any) (reviewStep, error) {
+		return reviewStep{}, fmt.Errorf("%w: review: "+format, append([]any{ErrInvalid}, a...)...)
 	}
 	if len(out) > maxReviewOutput {
 		return bad("answer of %d bytes", len(out))
@@ -364,9 +364,9 @@ func ParseReview(out string) (ReviewStep, error) {
 		if err := reviewText(kw, maxReviewKeywords); err != nil {
 			return bad("keywords: %v", err)
 		}
-		return ReviewStep{Kind: ReviewSearch, Keywords: kw}, nil
+		return reviewStep{Kind: ReviewSearch, Keywords: kw}, nil
 	}
-	var st ReviewStep
+	var st reviewStep
 	switch tag {
 	case "PROMOTE":
 		st.Kind = ReviewPromote

@@ -15,18 +15,18 @@ import (
 )
 
 func TestParseReview(t *testing.T) {
-	ok := func(in string, want ReviewStep) {
+	ok := func(in string, want reviewStep) {
 		t.Helper()
-		got, err := ParseReview(in)
+		got, err := parseReview(in)
 		if err != nil || got != want {
-			t.Fatalf("ParseReview(%q) = %+v, %v; want %+v", in, got, err, want)
+			t.Fatalf("parseReview(%q) = %+v, %v; want %+v", in, got, err, want)
 		}
 	}
-	ok("[PROMOTE]", ReviewStep{Kind: ReviewPromote})
-	ok("  [KEEP] still true, used last week \n", ReviewStep{Kind: ReviewKeep, Reason: "still true, used last week"})
-	ok("[DELETE] duplicate of the cat fact", ReviewStep{Kind: ReviewDelete, Reason: "duplicate of the cat fact"})
-	ok("[SEARCH:cat name Tom]", ReviewStep{Kind: ReviewSearch, Keywords: "cat name Tom"})
-	ok("\r\n[SEARCH: lisbon ]\r\n", ReviewStep{Kind: ReviewSearch, Keywords: "lisbon"})
+	ok("[PROMOTE]", reviewStep{Kind: ReviewPromote})
+	ok("  [KEEP] still true, used last week \n", reviewStep{Kind: ReviewKeep, Reason: "still true, used last week"})
+	ok("[DELETE] duplicate of the cat fact", reviewStep{Kind: ReviewDelete, Reason: "duplicate of the cat fact"})
+	ok("[SEARCH:cat name Tom]", reviewStep{Kind: ReviewSearch, Keywords: "cat name Tom"})
+	ok("\r\n[SEARCH: lisbon ]\r\n", reviewStep{Kind: ReviewSearch, Keywords: "lisbon"})
 	for _, bad := range []string{
 		"", "   ", "PROMOTE", "[promote]", "[Keep]", "[MERGE]", "[ARCHIVE] x", "[PROMOTE", "[]",
 		"I think [KEEP]", "Reasoning: it is fine.\n[KEEP]", "[KEEP]\n[DELETE]", "[KEEP] [DELETE]",
@@ -35,14 +35,14 @@ func TestParseReview(t *testing.T) {
 		"[KEEP] right\u202eleft", "[KEEP] line\u2028two", "[DELETE] bad \xff", "[KEEP] " + strings.Repeat("x", 301),
 		"[SEARCH:" + strings.Repeat("k", 201) + "]", strings.Repeat(" ", 3000) + "[KEEP]", "[SKIP]", "[DELETE:fact-1]",
 	} {
-		if st, err := ParseReview(bad); err == nil || !errors.Is(err, ErrInvalid) {
-			t.Errorf("ParseReview(%q) = %+v, %v; want an ErrInvalid error", bad, st, err)
+		if st, err := parseReview(bad); err == nil || !errors.Is(err, ErrInvalid) {
+			t.Errorf("parseReview(%q) = %+v, %v; want an ErrInvalid error", bad, st, err)
 		}
 	}
 }
 
-// render writes a step back in the form ParseReview accepts.
-func (st ReviewStep) render() string {
+// render writes a step back in the form parseReview accepts.
+func (st reviewStep) render() string {
 	if st.Kind == ReviewSearch {
 		return "[SEARCH:" + st.Keywords + "]"
 	}
@@ -62,7 +62,7 @@ func FuzzParseReview(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
-		st, err := ParseReview(in)
+		st, err := parseReview(in)
 		if err != nil {
 			if !errors.Is(err, ErrInvalid) {
 				t.Fatalf("error %v does not wrap ErrInvalid", err)
@@ -91,7 +91,7 @@ func FuzzParseReview(f *testing.F) {
 				}
 			}
 		}
-		again, err := ParseReview(st.render())
+		again, err := parseReview(st.render())
 		if err != nil || again != st {
 			t.Fatalf("%+v renders to %q which parses to %+v, %v", st, st.render(), again, err)
 		}
@@ -101,9 +101,9 @@ func FuzzParseReview(f *testing.F) {
 func TestParseToolContext(t *testing.T) {
 	f := func(in, want string, wantErr bool) {
 		t.Helper()
-		got, err := ParseToolContext(in, 80)
+		got, err := parseToolContext(in, 80)
 		if got != want || (err != nil) != wantErr || (err != nil && !errors.Is(err, ErrInvalid)) {
-			t.Fatalf("ParseToolContext(%q) = %q, %v; want %q, error %v", in, got, err, want, wantErr)
+			t.Fatalf("parseToolContext(%q) = %q, %v; want %q, error %v", in, got, err, want, wantErr)
 		}
 	}
 	f("get_weather said Paris is sunny, 21°C.", "get_weather said Paris is sunny, 21°C.", false)
@@ -123,7 +123,7 @@ func FuzzParseToolContext(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
-		got, err := ParseToolContext(in, 400)
+		got, err := parseToolContext(in, 400)
 		if err != nil {
 			if got != "" || !errors.Is(err, ErrInvalid) {
 				t.Fatalf("%q, %v", got, err)

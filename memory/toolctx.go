@@ -11,7 +11,7 @@ import (
 // messages, or legacy "function" ones) with the assistant's tool_calls,
 // those calls and results are condensed after the turn completes, in the
 // background, by the Extractor's model ("tool_context" jobs on the
-// extraction queue), into one or two sentences (ParseToolContext:
+// extraction queue), into one or two sentences (parseToolContext:
 // sanitized, at most ToolContext.MaxBytes, else rejected). The sentences
 // are shown in the recall block of the session's next Prepare only —
 // within the block's share of the window, after the recalled memories —
@@ -139,7 +139,7 @@ func (s *Store) runToolCtx(job *extractJob) {
 	cancel()
 	text := ""
 	if err == nil {
-		text, err = ParseToolContext(out, s.opts.ToolContext.MaxBytes)
+		text, err = parseToolContext(out, s.opts.ToolContext.MaxBytes)
 	}
 	if err != nil {
 		s.tcs.rejected.Add(1)
@@ -165,12 +165,12 @@ var toolCtxMarkers = append([]string{"[SEARCH", "[PROMOTE", "[KEEP"}, opMarkers.
 // toolCtxHeader introduces the condensed context in the recall block.
 const toolCtxHeader = "From the tools used in the previous turn: "
 
-// ParseToolContext checks a condensing answer: "[SKIP]" is nothing ("",
+// parseToolContext checks a condensing answer: "[SKIP]" is nothing ("",
 // nil); otherwise the text, sanitized (valid UTF-8, control and format
 // characters and runs of white space folded into one space), must be
 // non-empty, at most maxBytes, and free of memory-operation tags. Anything
 // else is an error wrapping ErrInvalid: the answer is dropped, never cut.
-func ParseToolContext(out string, maxBytes int) (string, error) {
+func parseToolContext(out string, maxBytes int) (string, error) {
 	if len(out) > 4*maxBytes {
 		return "", fmt.Errorf("%w: tool context: answer of %d bytes (max %d)", ErrInvalid, len(out), maxBytes)
 	}

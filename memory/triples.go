@@ -19,7 +19,7 @@ import (
 // Extraction rides on the fact job's call (one prompt, one reply, so the
 // sidecar's calls per client turn stay what they were): the fact prompt
 // also asks for triple lines, and the reply's "[TRIPLE]" lines are cut out
-// before ParseFactOps sees the rest. A triple's supports are ids of the
+// before parseFactOps sees the rest. A triple's supports are ids of the
 // facts shown in the prompt, or "+n" for the n-th [ADD] of the same reply
 // (the fact the model just stated); a triple whose supports do not all
 // resolve is rejected whole.
@@ -47,15 +47,15 @@ type Triple struct {
 	Session string `json:"session,omitempty"`
 }
 
-// TripleOp is one parsed triple line: Support holds fact ids and "+n"
+// tripleOp is one parsed triple line: Support holds fact ids and "+n"
 // references to the reply's n-th [ADD].
-type TripleOp struct {
+type tripleOp struct {
 	Subject, Predicate, Object string
 	Support                    []string
 }
 
-// String renders the line in the form ParseTriples accepts.
-func (op TripleOp) String() string {
+// String renders the line in the form parseTriples accepts.
+func (op tripleOp) String() string {
 	return tripleTag + " " + op.Subject + " | " + op.Predicate + " | " + op.Object + " | " + strings.Join(op.Support, ", ")
 }
 
@@ -94,40 +94,40 @@ func cutTripleLines(out string) (rest, triples string) {
 	return r.String(), t.String()
 }
 
-// ParseTriples parses triple lines strictly: each non-blank line is exactly
+// parseTriples parses triple lines strictly: each non-blank line is exactly
 // "[TRIPLE] subject | predicate | object | id, id" with three texts of
 // 1–200 bytes (valid UTF-8, no control or format characters, no "|", no
 // operation marker) and 1–8 supports, each a fact id ([a-z0-9-], 1–64) or
 // "+n" (1 ≤ n ≤ 32). Every other line — malformed, too long, beyond 32
 // triples or 64 KiB — is rejected with an error wrapping ErrInvalid and
 // skipped; it never stops the valid ones.
-func ParseTriples(out string) (ops []TripleOp, rejected []error) {
+func parseTriples(out string) (ops []tripleOp, rejected []error) {
 	return parseLines(out, "triples", "triples", maxTripleOps, parseTriple)
 }
 
-func parseTriple(line string) (TripleOp, error) {
+func parseTriple(line string) (tripleOp, error) {
 	if len(line) > maxFactLineBytes {
-		return TripleOp{}, fmt.Errorf("line of %d bytes", len(line))
+		return tripleOp{}, fmt.Errorf("line of %d bytes", len(line))
 	}
 	if !utf8.ValidString(line) {
-		return TripleOp{}, fmt.Errorf("invalid UTF-8")
+		return tripleOp{}, fmt.Errorf("invalid UTF-8")
 	}
 	rest, ok := strings.CutPrefix(line, tripleTag+" ")
 	if !ok {
-		return TripleOp{}, fmt.Errorf("not a triple")
+		return tripleOp{}, fmt.Errorf("not a triple")
 	}
 	parts := strings.Split(rest, "|")
 	if len(parts) != 4 {
-		return TripleOp{}, fmt.Errorf("%d fields, want subject | predicate | object | supports", len(parts))
+		return tripleOp{}, fmt.Errorf("%d fields, want subject | predicate | object | supports", len(parts))
 	}
-	var op TripleOp
+	var op tripleOp
 	for i, dst := range []*string{&op.Subject, &op.Predicate, &op.Object} {
 		t := strings.TrimSpace(parts[i])
 		if len(t) > maxTripleTermBytes {
-			return TripleOp{}, fmt.Errorf("field %d of %d bytes (max %d)", i+1, len(t), maxTripleTermBytes)
+			return tripleOp{}, fmt.Errorf("field %d of %d bytes (max %d)", i+1, len(t), maxTripleTermBytes)
 		}
 		if err := validFactText(t); err != nil {
-			return TripleOp{}, fmt.Errorf("field %d: %v", i+1, err)
+			return tripleOp{}, fmt.Errorf("field %d: %v", i+1, err)
 		}
 		*dst = t
 	}
@@ -136,16 +136,16 @@ func parseTriple(line string) (TripleOp, error) {
 		if ref, isRef := strings.CutPrefix(sup, "+"); isRef {
 			n, err := strconv.Atoi(ref)
 			if err != nil || n < 1 || n > maxTripleRef || ref != strconv.Itoa(n) {
-				return TripleOp{}, fmt.Errorf("bad reference %q", truncateRunes(sup, 16))
+				return tripleOp{}, fmt.Errorf("bad reference %q", truncateRunes(sup, 16))
 			}
 		} else if err := validFactID(sup); err != nil {
-			return TripleOp{}, fmt.Errorf("support: %v", err)
+			return tripleOp{}, fmt.Errorf("support: %v", err)
 		}
 		if slices.Contains(op.Support, sup) {
 			continue
 		}
 		if len(op.Support) == maxTripleSupport {
-			return TripleOp{}, fmt.Errorf("more than %d supports", maxTripleSupport)
+			return tripleOp{}, fmt.Errorf("more than %d supports", maxTripleSupport)
 		}
 		op.Support = append(op.Support, sup)
 	}
@@ -278,12 +278,12 @@ func tripleID(sess *session, seq uint64, i int) string {
 // applyTriplesLocked applies a fact job's triple lines after its fact
 // operations: adds are the job's [ADD] operations in reply order, for "+n"
 // supports. Every rejection is logged and counted, and changes nothing.
-func (s *Store) applyTriplesLocked(job *extractJob, lines string, adds []FactOp, now time.Time) {
+func (s *Store) applyTriplesLocked(job *extractJob, lines string, adds []factOp, now time.Time) {
 	if lines == "" {
 		return
 	}
 	sess := job.sess
-	ops, rejected := ParseTriples(lines)
+	ops, rejected := parseTriples(lines)
 	reject := func(err error) {
 		s.stats.triplesRejected.Add(1)
 		s.opts.Logger.Warn("memory: rejected triple", "session", sess.id, "err", err)
@@ -338,7 +338,7 @@ func (s *Store) applyTriplesLocked(job *extractJob, lines string, adds []FactOp,
 // resolveSupport turns a line's supports into unit ids of the session:
 // a fact id shown in the job's prompt, or "+n", the unit holding the n-th
 // [ADD]'s text (the one just added, or the equal one it deduplicated to).
-func resolveSupport(sess *session, job *extractJob, sups []string, adds []FactOp) ([]string, error) {
+func resolveSupport(sess *session, job *extractJob, sups []string, adds []factOp) ([]string, error) {
 	out := make([]string, 0, len(sups))
 	for _, sup := range sups {
 		if ref, ok := strings.CutPrefix(sup, "+"); ok {

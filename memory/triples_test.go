@@ -11,11 +11,11 @@ import (
 )
 
 func TestParseTriples(t *testing.T) {
-	f := func(in string, want []TripleOp, rejects int) {
+	f := func(in string, want []tripleOp, rejects int) {
 		t.Helper()
-		ops, rej := ParseTriples(in)
+		ops, rej := parseTriples(in)
 		if fmt.Sprint(ops) != fmt.Sprint(want) || len(rej) != rejects {
-			t.Fatalf("ParseTriples(%q) = %v, %d rejected %v; want %v, %d", in, ops, len(rej), rej, want, rejects)
+			t.Fatalf("parseTriples(%q) = %v, %d rejected %v; want %v, %d", in, ops, len(rej), rej, want, rejects)
 		}
 		for _, err := range rej {
 			if !errors.Is(err, ErrInvalid) {
@@ -23,9 +23,9 @@ func TestParseTriples(t *testing.T) {
 			}
 		}
 	}
-	f("[TRIPLE] Rex | favourite toy | red ball | +1", []TripleOp{{"Rex", "favourite toy", "red ball", []string{"+1"}}}, 0)
+	f("[TRIPLE] Rex | favourite toy | red ball | +1", []tripleOp{{"Rex", "favourite toy", "red ball", []string{"+1"}}}, 0)
 	f("  [TRIPLE]  Ann |lives in|  Lisbon | fact-000000000004-00, +2 ,fact-000000000004-00 \r\n\n",
-		[]TripleOp{{"Ann", "lives in", "Lisbon", []string{"fact-000000000004-00", "+2"}}}, 0)
+		[]tripleOp{{"Ann", "lives in", "Lisbon", []string{"fact-000000000004-00", "+2"}}}, 0)
 	// Malformed lines are rejected one by one; valid ones still count.
 	f(strings.Join([]string{
 		"[TRIPLE] a | b | c | +1",
@@ -47,9 +47,9 @@ func TestParseTriples(t *testing.T) {
 		"[TRIPLE] " + strings.Repeat("s", 201) + " | b | c | +1",
 		"[TRIPLE] a | b | c | +1,+2,+3,+4,+5,+6,+7,+8,+9",
 		"[TRIPLE] a | b \xff | c | +1",
-	}, "\n"), []TripleOp{{"a", "b", "c", []string{"+1"}}}, 18)
-	f(strings.Repeat("[TRIPLE] a | b | c | +1\n", 40), slices.Repeat([]TripleOp{{"a", "b", "c", []string{"+1"}}}, maxTripleOps), 40-maxTripleOps)
-	ops, rej := ParseTriples("[TRIPLE] a | b | c | +1\n" + strings.Repeat("y", maxFactOutput))
+	}, "\n"), []tripleOp{{"a", "b", "c", []string{"+1"}}}, 18)
+	f(strings.Repeat("[TRIPLE] a | b | c | +1\n", 40), slices.Repeat([]tripleOp{{"a", "b", "c", []string{"+1"}}}, maxTripleOps), 40-maxTripleOps)
+	ops, rej := parseTriples("[TRIPLE] a | b | c | +1\n" + strings.Repeat("y", maxFactOutput))
 	if len(ops) != 1 || len(rej) != 2 {
 		t.Fatalf("huge reply: %v, %v", ops, rej)
 	}
@@ -58,7 +58,7 @@ func TestParseTriples(t *testing.T) {
 		t.Fatalf("cut: %q %q", rest, lines)
 	}
 	// A fact may not smuggle a triple in.
-	if ops, _ := ParseFactOps("[ADD] fine [TRIPLE] a | b | c | +1"); len(ops) != 0 {
+	if ops, _ := parseFactOps("[ADD] fine [TRIPLE] a | b | c | +1"); len(ops) != 0 {
 		t.Fatalf("smuggled triple accepted: %v", ops)
 	}
 }
@@ -74,7 +74,7 @@ func FuzzParseTriples(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
-		ops, rej := ParseTriples(in)
+		ops, rej := parseTriples(in)
 		if len(ops) > maxTripleOps || len(ops)+len(rej) > strings.Count(in, "\n")+2 {
 			t.Fatalf("%d triples + %d rejections", len(ops), len(rej))
 		}
@@ -97,7 +97,7 @@ func FuzzParseTriples(f *testing.F) {
 					t.Fatalf("bad support %q", sup)
 				}
 			}
-			again, rej := ParseTriples(op.String())
+			again, rej := parseTriples(op.String())
 			if len(again) != 1 || fmt.Sprint(again[0]) != fmt.Sprint(op) || len(rej) != 0 {
 				t.Fatalf("%q does not round-trip: %v %v", op.String(), again, rej)
 			}
