@@ -239,6 +239,7 @@ func (s *Store) searchUser(ctx context.Context, sess *session, um *userMem, quer
 	if x == nil || !um.hasOthers(sess.hash) {
 		return nil // nothing but this session's own documents
 	}
+	um.attachGraph(x)
 	own := userDocPrefix(sess)
 	hits, err := x.SearchFocus(ctx, query.text, query.gate(), k, mode, func(id string) bool { return !strings.HasPrefix(id, own) })
 	if err != nil {
@@ -248,9 +249,10 @@ func (s *Store) searchUser(ctx context.Context, sess *session, um *userMem, quer
 	}
 	out := make([]recallItem, 0, len(hits))
 	for _, h := range hits {
-		if h.BM25 > 0 || h.Cosine >= s.opts.Recall.MinScore {
+		if h.BM25 > 0 || h.Graph > 0 || h.Cosine >= s.opts.Recall.MinScore {
 			it := userItem(h.ID, h.Text, h.Meta)
-			it.weak = !s.relevant(h.Coverage, h.Cosine)
+			// As in the session's own recall: a graph hit is relevant.
+			it.weak = h.Graph == 0 && !s.relevant(h.Coverage, h.Cosine)
 			out = append(out, it)
 		}
 	}

@@ -175,6 +175,7 @@ type session struct {
 	uidx      map[string]uint64
 	uSeq      uint64
 	uUnitsVer uint64
+	uKbVer    uint64   // kb.ver of the links last given to the user's graph
 	userDel   []string // documents of deleted units, to remove
 
 	dedup      dedupIndex      // units by content (dedupe.go)

@@ -504,7 +504,7 @@ func (sess *session) reset() {
 	sess.deleted, sess.delDirty, sess.lastDecay, sess.lastRecall = nil, nil, time.Time{}, ""
 	sess.drops, sess.dedup = nil, dedupIndex{}
 	sess.ix, sess.ixVer, sess.ixSaved = nil, 0, 0
-	sess.uidx, sess.uSeq, sess.uUnitsVer = nil, 0, 0
+	sess.uidx, sess.uSeq, sess.uUnitsVer, sess.uKbVer = nil, 0, 0, 0
 	sess.sticky = cachedBlock{}
 	sess.wm.reset()
 	sess.kb = knowledge{}

@@ -31,7 +31,8 @@ import (
 // from every triple's supports and deletes the triples left with none (the
 // cascade is derived from the unit's own "del" record, on replay too). The
 // graph of a session's triples is attached to its index (index.EntityGraph)
-// and fused in hybrid recall.
+// and fused in hybrid recall; the user's graph (usergraph.go) holds the
+// triples of all the user's sessions for recall across them.
 
 // Triple is one (subject, predicate, object) of the knowledge base.
 type Triple struct {
@@ -379,11 +380,7 @@ func (s *Store) attachGraphLocked(sess *session, x *index.Index) {
 	}
 	var g *index.EntityGraph
 	if len(kb.triples) > 0 {
-		links := make([]index.Link, 0, len(kb.triples))
-		for _, t := range sortedTriples(kb.triples) {
-			links = append(links, index.Link{Subject: t.Subject, Predicate: t.Predicate, Object: t.Object, Docs: t.Support})
-		}
-		g = index.NewEntityGraph(links)
+		g = index.NewEntityGraph(indexLinks(tripleLinks(sortedTriples(kb.triples), func(id string) string { return id })))
 	}
 	x.SetGraph(g)
 	kb.graphIx, kb.graphVer = x, kb.ver

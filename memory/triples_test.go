@@ -3,6 +3,7 @@ package memory
 import (
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -301,4 +302,95 @@ func TestTriplesSharedLog(t *testing.T) {
 			t.Fatalf("a after b's delete: %+v", got)
 		}
 	})
+}
+
+// TestUserGraphAcrossSessions: a new session of the same user reaches an
+// earlier session's fact through the user's graph (the question shares
+// only the entity with the triple, no word with the fact); another user
+// or tenant does not; the graph survives a restart (and is rebuilt from
+// the logs without its file); deleting the fact removes it from the new
+// session's recall. Without the graph the fact is not recalled.
+func TestUserGraphAcrossSessions(t *testing.T) {
+	const fact = "He adores the red ball"
+	run := func(t *testing.T, graph bool) {
+		synctest.Test(t, func(t *testing.T) {
+			ex := &scriptedExtractor{}
+			dir := t.TempDir()
+			mod := func(o *Options) {
+				o.Extraction.Extractor = ex
+				o.Extraction.Every = 2
+				if !graph {
+					o.Recall.Index.GraphWeight = -1
+				}
+			}
+			s := openBubbleStore(t, dir, mod)
+			ex.replies = []string{"[ADD] " + fact + ".\n[TRIPLE] Rex | favourite toy | red ball | +1"}
+			talk(t, s, "t", "a", "ada", "My terrier Rex has a favourite thing to chase", "Nice.")
+			synctest.Wait()
+			settle(t, s, "t", "a")
+			kb, err := s.Triples("t", "ada", 0)
+			if err != nil || len(kb) != 1 {
+				t.Fatalf("triples of ada: %+v %v", kb, err)
+			}
+			const q = "What is Rex's favourite toy?"
+			recalled := func(s *Store, tenant, session, user string) bool {
+				t.Helper()
+				return strings.Contains(string(ask(t, s, tenant, session, user, q).Block), fact)
+			}
+			if got := recalled(s, "t", "b", "ada"); got != graph {
+				t.Fatalf("graph %v: session b of ada recalls the fact: %v", graph, got)
+			}
+			if !graph {
+				return
+			}
+			if recalled(s, "t", "v", "bob") || recalled(s, "t2", "b", "ada") {
+				t.Fatal("the fact crossed users or tenants")
+			}
+
+			// Saved beside the user index, and rebuilt from the logs
+			// without its file.
+			s.Close()
+			s = openBubbleStore(t, dir, mod)
+			if !recalled(s, "t", "c", "ada") {
+				t.Fatal("after a restart, a new session does not recall the fact")
+			}
+			s.Close()
+			gp := userGraphPath(userIndexPath(dir, "t", "ada"))
+			if err := os.Remove(gp); err != nil {
+				t.Fatal(err)
+			}
+			s = openBubbleStore(t, dir, mod)
+			if !recalled(s, "t", "d", "ada") {
+				t.Fatal("without the graph file, a new session does not recall the fact")
+			}
+
+			// Cascade in the user scope: the fact's deletion takes it (and
+			// its triple) out of the other sessions' recall.
+			mem, err := s.Memory("t", "a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, u := range mem.Units {
+				if strings.Contains(u.Content, fact) {
+					if err := s.DeleteMemory("t", "a", u.ID); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			synctest.Wait()
+			settle(t, s, "t", "a")
+			if kb, _ := s.Triples("t", "ada", 0); len(kb) != 0 {
+				t.Fatalf("triples after the cascade: %+v", kb)
+			}
+			if recalled(s, "t", "b", "ada") {
+				t.Fatal("session b still recalls the deleted fact")
+			}
+			um := s.userMem("t", "ada")
+			if n := um.graphLen(); n != 0 {
+				t.Fatalf("user graph keeps %d links after the cascade", n)
+			}
+		})
+	}
+	t.Run("graph", func(t *testing.T) { run(t, true) })
+	t.Run("no graph", func(t *testing.T) { run(t, false) })
 }

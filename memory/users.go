@@ -56,6 +56,13 @@ type userMem struct {
 	lastSave time.Time
 	lastUsed time.Time
 	docs     map[string]int // documents in the index by session hash
+	// The user's knowledge graph (usergraph.go): links by session hash,
+	// their count, their version and the version last attached.
+	links    map[string][]userLink
+	nLinks   int
+	linksVer uint64
+	graphVer uint64
+	graphSet bool
 }
 
 // countDocs adds n documents of the session hash h (n < 0 removes).
@@ -176,6 +183,16 @@ func (s *Store) loadUser(um *userMem) {
 		if fi, err := os.Stat(um.path); err == nil {
 			since = fi.ModTime()
 		}
+		// The graph is saved after the index: the older of the two.
+		switch gt, err := um.loadLinks(); {
+		case err != nil:
+			if !errors.Is(err, fs.ErrNotExist) {
+				s.opts.Logger.Warn("memory: user graph unusable, rebuilding from the logs", "err", err)
+			}
+			since = time.Time{}
+		case gt.Before(since):
+			since = gt
+		}
 	} else {
 		if !errors.Is(err, fs.ErrNotExist) {
 			s.opts.Logger.Warn("memory: user index unusable, rebuilding from the logs", "file", um.path, "err", err)
@@ -195,6 +212,9 @@ func (s *Store) loadUser(um *userMem) {
 		}
 		return true
 	})
+	for h := range um.links {
+		logs[h] = true
+	}
 	var drop []string
 	for h := range logs {
 		if len(h) < 2 {
@@ -202,6 +222,7 @@ func (s *Store) loadUser(um *userMem) {
 		}
 		if _, err := os.Stat(filepath.Join(um.tenantDir, h[:2], h+".log")); errors.Is(err, fs.ErrNotExist) {
 			drop = append(drop, h+"|")
+			um.setLinks(h, nil)
 		}
 	}
 	if len(drop) > 0 {
@@ -436,6 +457,7 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 		return
 	}
 	first := sess.uidx == nil
+	links, linksChanged := sess.userLinksLocked(first)
 	docs, stale, marks := sess.userDocsLocked()
 	seq, ver := uint64(0), sess.unitsVer
 	if n := len(sess.hist); n > 0 {
@@ -443,6 +465,9 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 	}
 	prefix := userDocPrefix(sess)
 	sess.mu.Unlock()
+	if linksChanged {
+		um.setLinks(sess.hash, links)
+	}
 	if first {
 		x.Range(func(id string, _ index.Meta) bool {
 			if _, ok := marks[id]; !ok && strings.HasPrefix(id, prefix) {
@@ -529,12 +554,14 @@ func (um *userMem) hasDocsOf(h string) bool {
 	return um.docs[h] > 0
 }
 
-// dropUserDocs removes every document with prefix from the user's index.
+// dropUserDocs removes every document with prefix (a session's: its hash
+// and "|") from the user's index, and the session's links from its graph.
 func (s *Store) dropUserDocs(um *userMem, prefix string) {
 	x := um.index()
 	if x == nil {
 		return
 	}
+	um.setLinks(strings.TrimSuffix(prefix, "|"), nil)
 	var ids []string
 	x.Range(func(id string, _ index.Meta) bool {
 		if strings.HasPrefix(id, prefix) {
@@ -603,6 +630,9 @@ func (s *Store) saveUser(um *userMem, force bool) {
 	err := os.MkdirAll(filepath.Dir(um.path), 0o755)
 	if err == nil {
 		err = x.Save(um.path)
+	}
+	if err == nil {
+		err = um.saveLinks()
 	}
 	if err != nil {
 		s.stats.indexErrors.Add(1)
