@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -310,12 +311,23 @@ func tenantWith(t *testing.T, addr, session string) string {
 // TestConsoleManagesMemoriesInBrowser: a person signs in, reads a
 // session's window and recall, and in the memories table edits a row, adds
 // a memory, deletes one, batch-deletes a list that holds core and system
-// memories (skipped), and exports the statistics; the API agrees after
-// each step.
+// memories (skipped), exports the statistics, and reads a user's triple
+// (extracted through the scripted upstream) in the knowledge panel; the
+// API agrees after each step.
 func TestConsoleManagesMemoriesInBrowser(t *testing.T) {
 	chromiumPath(t) // skip early, before starting anything
 	up := newScriptedUpstream(t)
-	sc := startChild(t, nil, "--upstream", up.URL, "--admin-token", consoleToken, "--console-sample-every", "250ms", "--extract=false")
+	// Extraction runs through the scripted upstream: bob's sourdough
+	// session (six messages, one extraction job) gets one fact and one
+	// triple; every other background call changes nothing.
+	var served atomic.Bool
+	up.bg = func(prompt string) string {
+		if strings.Contains(prompt, "Known facts:") && strings.Contains(prompt, "sourdough") && served.CompareAndSwap(false, true) {
+			return "[ADD] Bob bakes sourdough bread every Sunday.\n[TRIPLE] Bob | bakes | sourdough bread | +1"
+		}
+		return "[SKIP]"
+	}
+	sc := startChild(t, nil, "--upstream", up.URL, "--admin-token", consoleToken, "--console-sample-every", "250ms")
 	ctx := context.Background()
 	chat := func(key, session, user, text string) {
 		t.Helper()
@@ -329,6 +341,8 @@ func TestConsoleManagesMemoriesInBrowser(t *testing.T) {
 	}
 	chat("sk-other-team", "their-session", "carol", "Nothing to see here.")
 	chat("sk-console", "recipes", "bob", "I bake sourdough every Sunday.")
+	chat("sk-console", "recipes", "bob", "My starter lives in the fridge.")
+	chat("sk-console", "recipes", "bob", "Rye flour gives it a tang.")
 	chat("sk-console", "trip-planning", "alice", "I want to plan a trip to Kyoto in April.")
 	tenant := tenantWith(t, sc.addr, "trip-planning")
 	q := "?tenant=" + url.QueryEscape(tenant) + "&session=trip-planning"
@@ -466,11 +480,40 @@ func TestConsoleManagesMemoriesInBrowser(t *testing.T) {
 		t.Fatalf("exported memories differ from the API's:\n%s\n%s", memCSV, want)
 	}
 
-	// Knowledge: the panels render (empty until the knowledge base lands).
+	// Knowledge: bob's triple, as the API lists it.
+	var ss struct{ Data []struct{ ID, User string } }
+	adminGet(t, sc.addr, "sessions?tenant="+url.QueryEscape(tenant), &ss)
+	bob := ""
+	for _, x := range ss.Data {
+		if x.ID == "recipes" {
+			bob = x.User
+		}
+	}
+	var kb struct{ Data []apiTriple }
+	waitUntil(t, func() bool {
+		adminGet(t, sc.addr, "triples?tenant="+url.QueryEscape(tenant)+"&user="+url.QueryEscape(bob), &kb)
+		return len(kb.Data) > 0
+	})
+	tr := kb.Data[0]
+	if len(kb.Data) != 1 || tr.Subject != "Bob" || tr.Predicate != "bakes" || tr.Object != "sourdough bread" || len(tr.Support) != 1 {
+		t.Fatalf("bob's triples in the API: %+v", kb.Data)
+	}
+	if m, ok := memoriesOf(t, sc.addr, tenant, "recipes")[tr.Support[0]]; !ok || m.Content != "Bob bakes sourdough bread every Sunday." {
+		t.Fatalf("the triple's support %s is not bob's fact: %+v", tr.Support[0], m)
+	}
 	p.click("#tab-knowledge")
 	p.do(chromedp.WaitVisible(chromedp.ID("page-knowledge")))
-	p.waitText("#triples-count", "(")
+	p.choose("#user", "="+bob)
+	p.waitCount("#triples-table tbody tr", 1)
+	row := fmt.Sprintf(`#triples-table tr[data-id=%q]`, tr.ID)
+	for i, want := range []string{tr.Subject, tr.Predicate, tr.Object, tr.Support[0]} {
+		if got := p.text(fmt.Sprintf("%s td:nth-child(%d)", row, i+1)); got != want {
+			t.Fatalf("triples panel column %d says %q, the API %q", i+1, got, want)
+		}
+	}
+	p.waitText("#triples-count", "(1 for ")
 	p.shot("05-knowledge")
+	p.choose("#user", "*")
 
 	// The other tenant's session never shows under this tenant.
 	p.click("#tab-sessions")

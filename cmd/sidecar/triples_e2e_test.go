@@ -35,8 +35,10 @@ type apiTriple struct {
 // extraction call with fixed facts and triples (malformed ones too); the
 // valid triples appear in /admin/v1/triples and nothing else changes; a
 // question naming a linked entity recalls the supporting fact through the
-// graph; deleting the fact through the admin API cascades to its triple;
-// a triple is deleted through the API; another tenant sees none of it.
+// graph, in its session and in a new session of the same user; deleting
+// the fact through the admin API cascades to its triple and takes it out
+// of the other session's recall; a triple is deleted through the API;
+// another tenant sees none of it.
 func TestTriplesThroughTheProxy(t *testing.T) {
 	up := newScriptedUpstream(t)
 	var served atomic.Bool
@@ -48,10 +50,11 @@ func TestTriplesThroughTheProxy(t *testing.T) {
 	}
 	sc := startChild(t, nil, "--upstream", up.URL, "--admin-token", consoleToken, "--recall-share", "0.15")
 	ctx := context.Background()
-	client := func(key string) openai.Client {
+	clientIn := func(key, session string) openai.Client {
 		return openai.NewClient(option.WithBaseURL("http://"+sc.addr+"/v1/"), option.WithAPIKey(key),
-			option.WithHeader("X-Session-ID", "dog"), option.WithHeader("X-User-ID", "ada"), option.WithMaxRetries(0))
+			option.WithHeader("X-Session-ID", session), option.WithHeader("X-User-ID", "ada"), option.WithMaxRetries(0))
 	}
+	client := func(key string) openai.Client { return clientIn(key, "dog") }
 	send := func(c openai.Client, text string) string {
 		t.Helper()
 		if _, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "gpt-4o-mini",
@@ -117,6 +120,11 @@ func TestTriplesThroughTheProxy(t *testing.T) {
 		t.Fatalf("the supporting fact is not recalled: %s", p)
 	}
 
+	// A new session of the same user reaches it through the user's graph.
+	if p := send(clientIn("sk-ada", "park"), "What is Rex's favourite toy?"); !strings.Contains(p, "He adores the red ball.") {
+		t.Fatalf("a new session of the user does not recall the supporting fact: %s", p)
+	}
+
 	// Another tenant (API key) with the same session and user sees nothing.
 	send(client("sk-eve"), "Hello there.")
 	var tenants struct{ Data []struct{ Tenant string } }
@@ -145,6 +153,9 @@ func TestTriplesThroughTheProxy(t *testing.T) {
 	if len(kb) != 1 || !slices.Equal(kb["Rex|walked at|dawn"].Support, []string{dawn}) {
 		t.Fatalf("after the cascade: %+v", kb)
 	}
+	waitUntil(t, func() bool {
+		return !strings.Contains(send(clientIn("sk-ada", "park"), "What is Rex's favourite toy?"), "He adores the red ball.")
+	})
 	// An operator deletes the last one.
 	path := "triples/" + url.PathEscape(walk.ID) + "?tenant=" + url.QueryEscape(tenant) + "&user=" + url.QueryEscape(user)
 	if code, b := adminAPI(t, sc.addr, "DELETE", path, nil); code != 200 {
