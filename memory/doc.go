@@ -94,7 +94,12 @@
 //     [ADD] of the reply, and a triple whose supports do not all resolve is
 //     rejected. Triples live in their session's log ("triple" and "tdel"
 //     records); the session's triples are attached to its index as an
-//     index.EntityGraph, fused in hybrid recall. Store.Triples and
+//     index.EntityGraph, fused in hybrid recall; the user's index gets the
+//     graph of all the user's sessions' triples (usergraph.go: derived,
+//     synced with the documents, saved as <user hash>.ugraph beside the
+//     .uidx, reconciled from the logs on load, the newest maxUserTriples
+//     links), so a new session reaches earlier sessions' facts through
+//     the entities its question names. Store.Triples and
 //     Store.DeleteTriple serve the console per tenant and user.
 //   - The memory reviewer (review.go, its decisions log review_log.go,
 //     Options.Reviewer): a fact whose
