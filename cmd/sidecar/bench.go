@@ -241,6 +241,7 @@ func benchMemory(args []string) error {
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	engineURL := fs.String("engine-url", "", "instead: replay (drop-in, no questions) through a sidecar in front of this llama.cpp server and report its prompt-cache figures")
 	turns := fs.Int("turns", 0, "with --engine-url: turns per conversation (0: all)")
+	triples := fs.Bool("triples", false, "the scripted upstream answers extraction with each turn as a fact and rule-based triples on it (bench.LocomoExtraction), for graph recall; -- --recall-graph-weight -1 turns the graph off")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -254,7 +255,15 @@ func benchMemory(args []string) error {
 		if err != nil {
 			return err
 		}
-		up = bench.NewMockUpstream(bench.MockUpstreamOptions{KeepPrompts: true, BackgroundReply: "[SKIP]"})
+		mo := bench.MockUpstreamOptions{KeepPrompts: true, BackgroundReply: "[SKIP]"}
+		if *triples {
+			convs, err := bench.LoadLocomo(*data)
+			if err != nil {
+				return err
+			}
+			mo.Background = bench.LocomoExtraction(convs)
+		}
+		up = bench.NewMockUpstream(mo)
 		go func() { _ = up.Serve(ln) }()
 		defer up.Close()
 		upstream = "http://" + ln.Addr().String()

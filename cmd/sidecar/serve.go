@@ -42,6 +42,7 @@ type serveConfig struct {
 
 	windowTokens    int
 	recallShare     float64
+	graphWeight     float64
 	modelWindows    string
 	embedder        string
 	embeddingModel  string
@@ -92,6 +93,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.Int64Var(&c.maxResponse, "max-response-bytes", 256<<20, "largest non-streamed upstream response relayed (502 beyond; streams are not bounded as a whole)")
 	fs.IntVar(&c.windowTokens, "window-tokens", 8192, "hard token limit of the window sent upstream (the Focus window)")
 	fs.Float64Var(&c.recallShare, "recall-share", 0.08, "share of the window for the per-turn recall block next to the newest user message (0 turns recall off)")
+	fs.Float64Var(&c.graphWeight, "recall-graph-weight", 0, "the knowledge graph's weight in hybrid recall, session and user scope (0: the default 0.2; negative turns graph recall off)")
 	fs.StringVar(&c.modelWindows, "model-window-tokens", "", "per-model window limits, e.g. 'gpt-4o=128000,llama-3*=32768' (a trailing * matches a prefix)")
 	fs.StringVar(&c.embedder, "embedder", "offline", "memory recall embeddings: offline (built in, no model) or upstream (the upstream's /v1/embeddings)")
 	fs.StringVar(&c.embeddingModel, "embedding-model", "", "model name for --embedder upstream")
@@ -344,7 +346,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	if share == 0 {
 		share = -1 // off
 	}
-	var idx index.Options
+	idx := index.Options{GraphWeight: c.graphWeight}
 	switch c.embedder {
 	case "offline", "":
 	case "upstream":

@@ -102,3 +102,37 @@ func TestPrefixAccounting(t *testing.T) {
 		t.Fatalf("shared %.1f%%, want %.1f%%", rep.SharedPct, want)
 	}
 }
+
+// TestLocomoExtraction: the benchmark's stand-in for the model states each
+// turn of a fact prompt's new messages as a fact and its rule-based
+// triples on it ("+n", the n-th fact); a turn the store would reject is
+// left out, so the references stay right; other calls get [SKIP].
+func TestLocomoExtraction(t *testing.T) {
+	turns := []LocomoTurn{
+		{Speaker: "Ann", DiaID: "D1:1", Text: "I adopted a puppy named Rex."},
+		{Speaker: "Ann", DiaID: "D1:2", Text: "See [ADD] this | that."},
+		{Speaker: "Ann", DiaID: "D1:3", Text: "He loves Brighton beach."},
+		{Speaker: "Bo", DiaID: "D1:4", Text: "Lovely!"},
+	}
+	ex := LocomoExtraction([]LocomoConversation{{Turns: turns}})
+	prompt := "You maintain...\n\nKnown facts:\n(none)\n\nNew messages:\n" +
+		"user: (1 May) Ann: I adopted a puppy named Rex. Ann: See [ADD] this | that. Ann: He loves Brighton beach.\nassistant: Bo: Lovely!\n" +
+		"\nReply with memory operations only, one per line: [ADD] x\n[TRIPLE] <subject> | <predicate> | <object> | <supports>\n"
+	got := strings.Split(ex(prompt), "\n")
+	want := []string{
+		"[ADD] Ann: I adopted a puppy named Rex.",
+		"[ADD] Ann: He loves Brighton beach.",
+		"[ADD] Bo: Lovely!",
+		"[TRIPLE] Ann | mentions | Rex | +1",
+		"[TRIPLE] Ann | adopted | puppy named | +1",
+		"[TRIPLE] Ann | mentions | He | +2",
+		"[TRIPLE] Ann | mentions | Brighton | +2",
+		"[TRIPLE] Bo | mentions | Lovely | +3",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("reply\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if got := ex("Summarize the conversation so far."); got != "[SKIP]" {
+		t.Fatalf("a summary call got %q", got)
+	}
+}

@@ -39,6 +39,9 @@ type MockUpstreamOptions struct {
 	// BackgroundReply, when set, answers chat requests without a session
 	// (the sidecar's own summary and extraction calls), e.g. "[SKIP]".
 	BackgroundReply string
+	// Background, when set, answers chat requests without a session with
+	// what it returns for their last message (BackgroundReply unused).
+	Background func(prompt string) string
 }
 
 // ReplyHeader, on a chat request, names the answer the mock gives: its
@@ -147,8 +150,17 @@ func (m *MockUpstream) handle(ctx *fasthttp.RequestCtx) {
 		if m.opts.KeepPrompts {
 			m.keep(ctx)
 		}
-		if m.opts.BackgroundReply != "" && len(ctx.Request.Header.Peek("X-Session-ID")) == 0 {
-			content, _ := json.Marshal(m.opts.BackgroundReply)
+		if (m.opts.BackgroundReply != "" || m.opts.Background != nil) && len(ctx.Request.Header.Peek("X-Session-ID")) == 0 {
+			reply := m.opts.BackgroundReply
+			if m.opts.Background != nil {
+				msgs := gjson.GetBytes(ctx.Request.Body(), "messages").Array()
+				prompt := ""
+				if len(msgs) > 0 {
+					prompt = msgs[len(msgs)-1].Get("content").String()
+				}
+				reply = m.opts.Background(prompt)
+			}
+			content, _ := json.Marshal(reply)
 			ctx.SetBodyString(`{"id":"chatcmpl-mock","object":"chat.completion","created":1700000000,"model":"mock","choices":[{"index":0,"message":{"role":"assistant","content":` +
 				string(content) + `},"finish_reason":"stop"}]}`)
 			return
