@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"testing/synctest"
+	"time"
 	"unicode/utf8"
 )
 
@@ -393,4 +394,30 @@ func TestUserGraphAcrossSessions(t *testing.T) {
 	}
 	t.Run("graph", func(t *testing.T) { run(t, true) })
 	t.Run("no graph", func(t *testing.T) { run(t, false) })
+}
+
+// TestUserGraphBound: the user's graph keeps the newest maxUserTriples
+// links of all the sessions; a session's links are replaced whole and
+// dropped with it.
+func TestUserGraphBound(t *testing.T) {
+	um := &userMem{}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	links := func(n int, from time.Time) []userLink {
+		out := make([]userLink, n)
+		for i := range out {
+			out[i] = userLink{Subject: "a", Predicate: "b", Object: fmt.Sprint(i), Docs: []string{"d"}, At: from.Add(time.Duration(n-i) * time.Second)}
+		}
+		return out
+	}
+	for i := range 5 {
+		um.setLinks(fmt.Sprintf("s%d", i), links(maxSessionTriples, t0.Add(time.Duration(i)*time.Hour)))
+	}
+	if um.graphLen() != maxUserTriples || len(um.links["s0"]) != 0 || len(um.links["s4"]) != maxSessionTriples {
+		t.Fatalf("%d links; s0 keeps %d, s4 %d", um.graphLen(), len(um.links["s0"]), len(um.links["s4"]))
+	}
+	um.setLinks("s4", links(10, t0.Add(5*time.Hour)))
+	um.setLinks("s3", nil)
+	if n := um.graphLen(); n != 2*maxSessionTriples+10 || len(um.links["s3"]) != 0 {
+		t.Fatalf("%d links after a replace and a drop", n)
+	}
 }

@@ -547,11 +547,11 @@ func (s *Store) forgetSessionDocs(logPath string) {
 }
 
 // hasDocsOf reports whether the index holds documents of the session
-// hashed h.
+// hashed h, or its graph links of it.
 func (um *userMem) hasDocsOf(h string) bool {
 	um.mu.Lock()
 	defer um.mu.Unlock()
-	return um.docs[h] > 0
+	return um.docs[h] > 0 || len(um.links[h]) > 0
 }
 
 // dropUserDocs removes every document with prefix (a session's: its hash
