@@ -119,8 +119,10 @@ func (sess *session) userLinksLocked(first bool) (links []userLink, ok bool) {
 func (um *userMem) setLinks(h string, links []userLink) {
 	um.mu.Lock()
 	defer um.mu.Unlock()
-	if len(links) == 0 && len(um.links[h]) == 0 {
-		return
+	if slices.EqualFunc(links, um.links[h], func(a, b userLink) bool {
+		return a.Subject == b.Subject && a.Predicate == b.Predicate && a.Object == b.Object && a.At.Equal(b.At) && slices.Equal(a.Docs, b.Docs)
+	}) {
+		return // unchanged (a session's first sync after it loaded)
 	}
 	if um.links == nil {
 		um.links = map[string][]userLink{}
