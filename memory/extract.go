@@ -134,24 +134,32 @@ func newestThatFit(es []*entry, budget int) []*entry {
 	return es[i:]
 }
 
-func (s *Store) episodeJobLocked(sess *session) *extractJob {
-	n := s.opts.Extraction.EpisodeEvery
-	if n <= 0 {
-		return nil
+// waitingLocked returns the history after seq, newest that fit one
+// extraction prompt, and the last seq waiting, once at least every (> 0)
+// messages wait; else nil.
+func (s *Store) waitingLocked(sess *session, seq uint64, every int) ([]*entry, uint64) {
+	if every <= 0 {
+		return nil, 0
 	}
 	var es []*entry
 	for _, e := range sess.hist {
-		if e.seq > sess.episodeSeq {
+		if e.seq > seq {
 			es = append(es, e)
 		}
 	}
-	if len(es) < n {
-		return nil
+	if len(es) < every {
+		return nil, 0
 	}
+	return newestThatFit(es, s.opts.Extraction.PromptBytes), es[len(es)-1].seq
+}
+
+func (s *Store) episodeJobLocked(sess *session) *extractJob {
 	// One episode for everything that waited; the part that does not fit
 	// one prompt is covered by it (it stays in the log and the indexes).
-	to := es[len(es)-1].seq
-	es = newestThatFit(es, s.opts.Extraction.PromptBytes)
+	es, to := s.waitingLocked(sess, sess.episodeSeq, s.opts.Extraction.EpisodeEvery)
+	if es == nil {
+		return nil
+	}
 	var b strings.Builder
 	b.WriteString("Summarize this part of a conversation between a user and an assistant in at most five sentences, " +
 		"for the assistant's long-term memory: what the user wanted, what was decided or done, and facts learned. " +
@@ -161,21 +169,10 @@ func (s *Store) episodeJobLocked(sess *session) *extractJob {
 }
 
 func (s *Store) factJobLocked(sess *session) *extractJob {
-	n := s.opts.Extraction.Every
-	if n <= 0 {
+	es, to := s.waitingLocked(sess, sess.factSeq, s.opts.Extraction.Every)
+	if es == nil {
 		return nil
 	}
-	var es []*entry
-	for _, e := range sess.hist {
-		if e.seq > sess.factSeq {
-			es = append(es, e)
-		}
-	}
-	if len(es) < n {
-		return nil
-	}
-	to := es[len(es)-1].seq
-	es = newestThatFit(es, s.opts.Extraction.PromptBytes)
 	var facts []*Unit
 	for _, u := range sess.units {
 		if u.Category == CategoryFact || u.Category == CategoryCore {
