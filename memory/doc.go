@@ -52,8 +52,9 @@
 //     next to the log as <hash>.idx, saved atomically by the worker and on
 //     Close, and rebuilt from the units when missing, corrupt or stale
 //     (ragindex.go).
-//   - User memory (users.go): a user is a scope inside a tenant
-//     (TurnRequest.UserID; "" is the tenant's default user). One index per
+//   - User memory (users.go; its index documents userdocs.go): a user is
+//     a scope inside a tenant (TurnRequest.UserID; "" is the tenant's
+//     default user). One index per
 //     (tenant, user) holds every message, fact, episode and added memory of
 //     the user's sessions, so a new session recalls the earlier ones; it is
 //     derived from the logs (each log's meta record names its user) and
