@@ -7,7 +7,11 @@
 //     Options.Args gives for that port and polls Options.Ready (bounded by
 //     StartTimeout) until the server answers. A port taken between the
 //     probe and the server's bind (Options.BindError in the log) is retried
-//     on another, a few times.
+//     on another, a few times. On Linux an answer counts only once the
+//     child itself holds the listening socket (/proc/net/tcp and the
+//     child's fds): many tests start servers at once, and another one may
+//     take the port, above all while a child is down between Kill and
+//     Restart; the launcher never reports a stranger's server as its own.
 //   - Kill sends SIGKILL, Stop SIGTERM (then SIGKILL after 10 s); Restart
 //     starts the binary again on the same port, asking Options.Args again
 //     (so a caller may change what it serves).

@@ -151,7 +151,7 @@ func (p *Process) startLocked(ctx context.Context) error {
 	tick := time.NewTicker(o.Poll)
 	defer tick.Stop()
 	for {
-		if o.Ready(ctx, addr) == nil {
+		if o.Ready(ctx, addr) == nil && listensOn(cmd.Process.Pid, p.port) {
 			return nil
 		}
 		select {

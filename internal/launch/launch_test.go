@@ -125,3 +125,25 @@ func TestHTTPReady(t *testing.T) {
 		t.Fatalf("503: %v", err)
 	}
 }
+
+// TestRestartTrustsOnlyItsOwnChild: when another process took the port
+// while the child was down, the answer on that port is not the child's; the
+// restart fails with the child's bind error instead of reporting it ready.
+func TestRestartTrustsOnlyItsOwnChild(t *testing.T) {
+	var ports []int
+	p, err := launch.Start(context.Background(), options(t, "listen", &ports))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Kill()
+	foreign, err := net.Listen("tcp", p.Addr())
+	if err != nil {
+		t.Fatalf("take the port: %v", err)
+	}
+	defer foreign.Close()
+	err = p.Restart(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "exited before it was ready") || !strings.Contains(err.Error(), "bind") {
+		t.Fatalf("restart onto a port another process holds: %v; log:\n%s", err, p.LogTail(4096))
+	}
+}
