@@ -107,7 +107,8 @@
 //     importance reaches PromoteAt (2.5) or decays below DemoteBelow (0.5)
 //     is reviewed by the Extractor in the background (an extraction job of
 //     kind "review"; at most one in flight per tenant and user; a fact is
-//     not reviewed twice in the same state), in up to MaxRounds calls each
+//     not reviewed twice in the same state, across restarts too: the
+//     decisions log says which were), in up to MaxRounds calls each
 //     answering exactly one line: [SEARCH:keywords] (a lexical search of
 //     the scope's memory, shown in the next round) or [PROMOTE] (→ core),
 //     [KEEP] (importance reset to DemoteBelow), [DELETE] (the ordinary

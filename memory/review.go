@@ -95,12 +95,37 @@ func (r *reviewer) stats() ReviewStats {
 		ReviewsMalformed: r.by[3].Load(), ReviewsUndecided: r.by[4].Load(), ReviewsStale: r.by[5].Load()}
 }
 
-// sessReview is a session's reviewer state (in memory only: after a
-// restart a fact still past a threshold is reviewed once more).
+// sessReview is a session's reviewer state.
 type sessReview struct {
 	// seen maps a fact id to its UpdatedAt when it was last queued: a fact
 	// is reviewed again only once it changed.
 	seen map[string]time.Time
+	// fromLog is set once seen holds the facts the decisions log shows
+	// reviewed since their last change (so a restart reviews none twice).
+	fromLog bool
+}
+
+// seenFromLogLocked marks the session's facts that the scope's decisions
+// log shows reviewed at or after their last change. Called once per loaded
+// session, with sess.mu held, from the worker.
+func (s *Store) seenFromLogLocked(sess *session) {
+	sess.rv.fromLog = true
+	l, err := s.reviewLogFor(sess.tenant, sess.user)
+	if err != nil {
+		return // a log that cannot be read: facts past a threshold are reviewed again
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.entries {
+		u := sess.units[r.FactID]
+		if r.Session != sess.id || u == nil || r.At.Before(u.UpdatedAt) {
+			continue
+		}
+		if sess.rv.seen == nil {
+			sess.rv.seen = map[string]time.Time{}
+		}
+		sess.rv.seen[u.ID] = u.UpdatedAt
+	}
 }
 
 // reviewTask is the fact a review is about, as it was when queued.
@@ -141,6 +166,9 @@ func (s *Store) maybeReviewLocked(sess *session) {
 				delete(sess.rv.seen, id) // deleted since
 			}
 		}
+	}
+	if !sess.rv.fromLog {
+		s.seenFromLogLocked(sess)
 	}
 	var due *Unit // the lowest id due: one pass, no sort
 	for _, u := range sess.units {

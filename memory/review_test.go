@@ -317,6 +317,19 @@ func TestReviewerVerdicts(t *testing.T) {
 		if rs, err := s.Reviews("t", "bob", 0); err != nil || len(rs) != 0 {
 			t.Fatalf("another user: %v %v", rs, err)
 		}
+		// After the restart the facts still past a threshold, unchanged
+		// since their review, are not reviewed again.
+		ex.mu.Lock()
+		calls = ex.reviewed
+		ex.mu.Unlock()
+		prepare(t, s, "t", "s", ModeAppend, text("user", "back again")).Complete(text("assistant", "ok"))
+		synctest.Wait()
+		ex.mu.Lock()
+		again := ex.reviewed - calls
+		ex.mu.Unlock()
+		if again != 0 {
+			t.Fatalf("%d review calls after the restart for facts reviewed before it", again)
+		}
 		if rs, _ := s.Reviews("t", "", 2); len(rs) != 2 || rs[0] != want[0] {
 			t.Fatalf("limit 2: %v", rs)
 		}
