@@ -197,6 +197,24 @@ func (x *Index) SetGraph(g *EntityGraph) {
 	x.mu.Unlock()
 }
 
+// GraphReach returns the ids of at most n documents the attached graph
+// reaches from the entities query names (nil without a graph or with
+// fusion off): what a caller re-showing earlier hits may keep as relevant
+// though they share no word with the query beyond the entity.
+func (x *Index) GraphReach(query string, n int) map[string]bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	hits := x.searchGraph(query, n, nil)
+	if len(hits) == 0 {
+		return nil
+	}
+	out := make(map[string]bool, len(hits))
+	for _, h := range hits {
+		out[x.docs[h.slot].doc.ID] = true
+	}
+	return out
+}
+
 // searchGraph returns the n best graph candidates that keep accepts (nil:
 // all), or nil when no graph is attached or fusion gives it no weight. x.mu
 // must be held for reading.

@@ -96,7 +96,14 @@ func TestSearchFusesTheGraph(t *testing.T) {
 		if slices.Contains(ids(kept), "d1") {
 			t.Fatalf("keep ignored: %v", ids(kept))
 		}
+		// GraphReach names what the graph reaches, only while it is used.
+		if r := x.GraphReach(q, 10); r["d1"] != (gw == 0) || r["gone"] {
+			t.Fatalf("GraphWeight %v: GraphReach %v", gw, r)
+		}
 		x.SetGraph(nil)
+		if r := x.GraphReach(q, 10); r != nil {
+			t.Fatalf("detached graph reaches %v", r)
+		}
 		if hits, _ = x.Search(ctx, q, 3, ModeHybrid); graphFound(hits, "d1") {
 			t.Fatalf("detached graph still used: %v", ids(hits))
 		}

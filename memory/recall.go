@@ -87,16 +87,23 @@ func (s *Store) recallLocked(ctx context.Context, sess *session, um *userMem, qu
 // this query: the same topic, but not what this question is about.
 func (s *Store) gated(ctx context.Context, sess *session, um *userMem, q recallQuery, items []recallItem) []recallItem {
 	own, user := s.indexLocked(ctx, sess), um.index()
+	// What the entities of the question reach through the graph stays
+	// relevant, as it was when a full recall found it.
+	var reach [2]map[string]bool
+	reached := [2]bool{}
 	for i := range items {
-		x := own
+		x, k := own, 0
 		if items[i].cross {
-			x = user
+			x, k = user, 1
 		}
 		var cov float64
 		if x != nil {
 			cov, _ = x.Coverage(q.gate(), items[i].id)
+			if !s.relevant(cov, 0) && !reached[k] {
+				reach[k], reached[k] = x.GraphReach(q.gate(), s.opts.Recall.K), true
+			}
 		}
-		items[i].weak = !s.relevant(cov, 0)
+		items[i].weak = !s.relevant(cov, 0) && !reach[k][items[i].id]
 	}
 	return items
 }

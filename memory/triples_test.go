@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -355,6 +356,34 @@ func TestUserGraphAcrossSessions(t *testing.T) {
 			if !recalled(s, "t", "c", "ada") {
 				t.Fatal("after a restart, a new session does not recall the fact")
 			}
+			// Re-shown by working memory on a later turn (the reuse path):
+			// the graph keeps the fact while the question asks about Rex's
+			// toy, though it shares no word with the fact.
+			func() {
+				sess, err := s.session("t", "c", false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				um := s.userMem("t", "ada")
+				sess.mu.Lock()
+				defer sess.mu.Unlock()
+				items := s.itemsFor(sess, um, sess.wm.injected, nil)
+				shown := func(q string) bool {
+					for _, it := range s.gated(context.Background(), sess, um, recallQuery{text: q}, slices.Clone(items)) {
+						if strings.Contains(it.text, fact) {
+							return !it.weak
+						}
+					}
+					t.Fatalf("the fact is not among the injected items %+v", items)
+					return false
+				}
+				if !shown("Which toy does Rex prefer these days?") {
+					t.Fatal("a question naming Rex drops the fact the graph reaches on reuse")
+				}
+				if shown("Does the weather look nice for Rex this morning?") {
+					t.Fatal("a question about something else keeps the fact on reuse")
+				}
+			}()
 			s.Close()
 			gp := userGraphPath(userIndexPath(dir, "t", "ada"))
 			if err := os.Remove(gp); err != nil {
