@@ -256,13 +256,6 @@ func (s *slab) insertFree(off, n uint64) {
 	}
 }
 
-// spare is the free space the pool holds: reserved but not in use.
-func (p *slabPool) spare() uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.reserved - p.inUse
-}
-
 func (p *slabPool) stats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()

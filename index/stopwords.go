@@ -36,10 +36,6 @@ var stopwords = func() map[string]struct{} {
 	return m
 }()
 
-// IsStopword reports whether w (lower case, apostrophes removed) is one of
-// the stopwords the tokenizer drops.
-func IsStopword(w string) bool { return isStopword(w) }
-
 func isStopword(w string) bool {
 	_, ok := stopwords[w]
 	return ok

@@ -46,9 +46,6 @@ var presets = []Preset{
 	{Name: "tiny", Layers: 2, KVHeads: 2, HeadDim: 16, DModel: 64, Vocab: 4096, RopeBase: 10000, Scale: 1},
 }
 
-// Presets returns the presets at full size, each with its default Scale.
-func Presets() []Preset { return append([]Preset(nil), presets...) }
-
 // LookupPreset returns a preset by name ("" is DefaultPreset) at full
 // size with its default Scale.
 func LookupPreset(name string) (Preset, error) {
