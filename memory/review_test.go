@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -434,6 +435,31 @@ func TestToolContextNextTurnOnly(t *testing.T) {
 		}
 		s.Close()
 		assertNoFileContains(t, dir, "get_weather reported")
+	})
+}
+
+// TestToolContextCallFromThePreviousReply: the usual flow, where the
+// assistant's tool call was the previous turn's reply and the request
+// brings only the result; the condensing prompt still names the call.
+func TestToolContextCallFromThePreviousReply(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := &reviewExtractor{toolRep: "get_weather: sunny, 21°C in Paris."}
+		s := openReviewStore(t, t.TempDir(), ex)
+		full := toolTurn(t)
+		call, result := full[2], full[3]
+		hist := full[:2]
+		t1 := prepare(t, s, "t", "s", ModeFull, hist...)
+		t1.Complete(call) // the model asked for the tool
+		synctest.Wait()
+		hist = append(slices.Clone(hist), call, result)
+		prepare(t, s, "t", "s", ModeFull, hist...).Complete(text("assistant", "Sunny, 21°C."))
+		synctest.Wait()
+		ex.mu.Lock()
+		prompts := append([]string(nil), ex.toolReq...)
+		ex.mu.Unlock()
+		if len(prompts) != 1 || !strings.Contains(prompts[0], "get_weather") || !strings.Contains(prompts[0], "sunny") {
+			t.Fatalf("condensing prompts %q", prompts)
+		}
 	})
 }
 

@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 )
@@ -51,8 +52,9 @@ type sessToolCtx struct {
 
 // toolTurnLocked is called by each Prepare before the window is built: it
 // returns the condensed context to show in this turn (and forgets it), and
-// keeps this request's tool calls and results for condensing. Called with
-// sess.mu held.
+// when the request brings tool results keeps the turn's tool calls and
+// results for condensing. Called with sess.mu held, after add joined
+// sess.hist.
 func (s *Store) toolTurnLocked(sess *session, add []*entry) string {
 	tc := &sess.tc
 	show := ""
@@ -66,21 +68,28 @@ func (s *Store) toolTurnLocked(sess *session, add []*entry) string {
 		return show
 	}
 	results := false
-	var src []*entry
 	for _, e := range add {
-		switch {
-		case e.msg.Role == "tool" || e.msg.Role == "function":
-			results = true
-			src = append(src, e)
-		case e.msg.Role == "assistant" && e.msg.toolText != "":
+		results = results || isToolResult(e)
+	}
+	if !results {
+		return show
+	}
+	// The calls usually came as the previous turn's reply, recorded by
+	// Complete; the request brings only the results. So the calls and
+	// results are those of the stored turn since its user message (add is
+	// already in sess.hist).
+	var src []*entry
+	for i := len(sess.hist) - 1; i >= 0 && sess.hist[i].msg.Role != "user"; i-- {
+		if e := sess.hist[i]; isToolResult(e) || e.msg.Role == "assistant" && e.msg.toolText != "" {
 			src = append(src, e)
 		}
 	}
-	if results {
-		tc.src, tc.srcPrepare = src, tc.prepares
-	}
+	slices.Reverse(src)
+	tc.src, tc.srcPrepare = src, tc.prepares
 	return show
 }
+
+func isToolResult(e *entry) bool { return e.msg.Role == "tool" || e.msg.Role == "function" }
 
 // maybeToolCtxLocked queues the condensing of the last request's tool
 // calls and results once its turn finished (and no later one started).
