@@ -153,6 +153,23 @@ func (s *Store) reviewTrigger(u *Unit) string {
 	return ""
 }
 
+// dueLocked returns the session's fact with the lowest id that is past a
+// threshold and not yet reviewed in its current state (nil if none): one
+// pass, no sort.
+func (s *Store) dueLocked(sess *session) *Unit {
+	var due *Unit
+	for _, u := range sess.units {
+		if (due != nil && u.ID > due.ID) || s.reviewTrigger(u) == "" {
+			continue
+		}
+		if at, ok := sess.rv.seen[u.ID]; ok && at.Equal(u.UpdatedAt) {
+			continue
+		}
+		due = u
+	}
+	return due
+}
+
 // maybeReviewLocked queues a review of the session's first fact (by id)
 // past a threshold and not yet reviewed in its current state, unless the scope has one in flight. Called with
 // sess.mu held, from the worker.
@@ -167,18 +184,11 @@ func (s *Store) maybeReviewLocked(sess *session) {
 			}
 		}
 	}
-	if !sess.rv.fromLog {
+	due := s.dueLocked(sess)
+	if due != nil && !sess.rv.fromLog {
+		// Only a session with a fact due reads the decisions log, once.
 		s.seenFromLogLocked(sess)
-	}
-	var due *Unit // the lowest id due: one pass, no sort
-	for _, u := range sess.units {
-		if (due != nil && u.ID > due.ID) || s.reviewTrigger(u) == "" {
-			continue
-		}
-		if at, ok := sess.rv.seen[u.ID]; ok && at.Equal(u.UpdatedAt) {
-			continue
-		}
-		due = u
+		due = s.dueLocked(sess)
 	}
 	if due == nil {
 		return

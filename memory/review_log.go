@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"sync"
 )
@@ -131,9 +130,6 @@ func (s *Store) writeReview(l *reviewLog, rev Review) error {
 		meta, err := json.Marshal(&reviewRecord{K: "meta", V: 1, Tenant: l.tenant, User: l.user})
 		if err != nil {
 			return err
-		}
-		if err := os.MkdirAll(filepath.Dir(l.path), 0o755); err != nil {
-			return fmt.Errorf("memory: review log folder: %w", err)
 		}
 		if l.log, err = s.createLog(l.path, appendRecord(nil, meta)); err != nil {
 			return err
