@@ -313,53 +313,64 @@ func (s *Store) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
 func (s *Store) applyFactOpsLocked(job *extractJob, out string, now time.Time) {
 	sess := job.sess
 	out, triples := cutTripleLines(out)
-	ops, rejected := parseFactOps(out)
+	ops, addN, rejected := parseFactOpsNumbered(out)
 	for _, err := range rejected {
 		s.stats.factOpsRejected.Add(1)
 		s.opts.Logger.Warn("memory: rejected fact operation", "session", sess.id, "err", err)
 	}
 	next := 0
-	for _, op := range ops {
-		if err := s.applyFactOpLocked(job, op, now, &next); err != nil {
+	added := map[int]string{} // the reply's n-th [ADD] → the unit holding its text
+	for i, op := range ops {
+		id, err := s.applyFactOpLocked(job, op, now, &next)
+		if err != nil {
 			s.stats.factOpsRejected.Add(1)
 			s.opts.Logger.Warn("memory: rejected fact operation", "session", sess.id, "op", op.Kind.String(), "err", err)
 			continue
+		}
+		if addN[i] > 0 {
+			added[addN[i]] = id
 		}
 		if op.Kind != FactSkip {
 			s.stats.factOps.Add(1)
 		}
 	}
-	s.applyTriplesLocked(job, triples, slices.DeleteFunc(slices.Clone(ops), func(op factOp) bool { return op.Kind != FactAdd }), now)
+	s.applyTriplesLocked(job, triples, added, now)
 	sess.factSeq = max(sess.factSeq, job.to)
 	sess.seqDirty = true
 }
 
-func (s *Store) applyFactOpLocked(job *extractJob, op factOp, now time.Time, next *int) error {
+// applyFactOpLocked applies one operation; for an ADD it returns the id of
+// the unit that holds the text: the new one, or the known one (the lowest
+// id) it deduplicated to.
+func (s *Store) applyFactOpLocked(job *extractJob, op factOp, now time.Time, next *int) (string, error) {
 	sess := job.sess
 	var u *Unit
 	if op.ID != "" {
 		if !job.known[op.ID] {
-			return fmt.Errorf("%w: unknown id %q", ErrInvalid, op.ID)
+			return "", fmt.Errorf("%w: unknown id %q", ErrInvalid, op.ID)
 		}
 		if u = sess.units[op.ID]; u == nil {
-			return fmt.Errorf("%w: id %q was deleted", ErrInvalid, op.ID)
+			return "", fmt.Errorf("%w: id %q was deleted", ErrInvalid, op.ID)
 		}
 	}
 	switch op.Kind {
 	case FactSkip:
 	case FactAdd:
-		n := 0
+		n, known := 0, ""
 		for _, x := range sess.units {
 			if x.Category == "" {
 				continue
 			}
 			n++
-			if strings.EqualFold(x.Content, op.Text) {
-				return nil // already known
+			if strings.EqualFold(x.Content, op.Text) && (known == "" || x.ID < known) {
+				known = x.ID
 			}
 		}
+		if known != "" {
+			return known, nil
+		}
 		if n >= s.opts.Extraction.MaxFacts {
-			return fmt.Errorf("%w: %d memories, the most a session keeps", ErrInvalid, n)
+			return "", fmt.Errorf("%w: %d memories, the most a session keeps", ErrInvalid, n)
 		}
 		id := factUnitID(job.to, *next)
 		for sess.units[id] != nil || sess.deleted[id] {
@@ -374,9 +385,10 @@ func (s *Store) applyFactOpLocked(job *extractJob, op factOp, now time.Time, nex
 		setReview(nu)
 		sess.units[id] = nu
 		sess.unitsChanged()
+		return id, nil
 	case FactUpdate:
 		if u.Category != CategoryFact && u.Category != CategoryCore {
-			return fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
+			return "", fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
 		}
 		u.Content, u.Tokens, u.bow = op.Text, s.tok.Count(job.enc, op.Text), nil
 		u.UpdatedAt = now
@@ -385,14 +397,14 @@ func (s *Store) applyFactOpLocked(job *extractJob, op factOp, now time.Time, nex
 		sess.unitsChanged()
 	case FactBoost:
 		if !u.Category.decays() && u.Category != CategoryCore {
-			return fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
+			return "", fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
 		}
-		return s.boostLocked(u, now)
+		return "", s.boostLocked(u, now)
 	case FactDelete:
 		if !u.Category.decays() {
-			return fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
+			return "", fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
 		}
 		s.deleteUnitLocked(sess, op.ID)
 	}
-	return nil
+	return "", nil
 }

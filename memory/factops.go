@@ -76,7 +76,33 @@ const (
 // 64 KiB — is rejected with an error (wrapping ErrInvalid) and skipped; it
 // never stops the valid ones. Whether an id exists is for the caller.
 func parseFactOps(out string) (ops []factOp, rejected []error) {
-	return parseLines(out, "fact ops", "operations", maxFactOps, parseFactOp)
+	ops, _, rejected = parseFactOpsNumbered(out)
+	return ops, rejected
+}
+
+// parseFactOpsNumbered is parseFactOps that also gives, for each op, the
+// ordinal of its line among the reply's "[ADD" lines (0 for other kinds),
+// rejected lines counted: the n a triple's "+n" support names.
+func parseFactOpsNumbered(out string) (ops []factOp, addN []int, rejected []error) {
+	type numbered struct {
+		op factOp
+		n  int
+	}
+	k := 0
+	got, rejected := parseLines(out, "fact ops", "operations", maxFactOps, func(line string) (numbered, error) {
+		n := 0
+		if strings.HasPrefix(line, "[ADD") {
+			k++
+			n = k
+		}
+		op, err := parseFactOp(line)
+		return numbered{op, n}, err
+	})
+	ops, addN = make([]factOp, len(got)), make([]int, len(got))
+	for i, g := range got {
+		ops[i], addN[i] = g.op, g.n
+	}
+	return ops, addN, rejected
 }
 
 // parseLines is the strict line parser of model replies: at most

@@ -279,7 +279,7 @@ func tripleID(sess *session, seq uint64, i int) string {
 // applyTriplesLocked applies a fact job's triple lines after its fact
 // operations: adds are the job's [ADD] operations in reply order, for "+n"
 // supports. Every rejection is logged and counted, and changes nothing.
-func (s *Store) applyTriplesLocked(job *extractJob, lines string, adds []factOp, now time.Time) {
+func (s *Store) applyTriplesLocked(job *extractJob, lines string, added map[int]string, now time.Time) {
 	if lines == "" {
 		return
 	}
@@ -294,7 +294,7 @@ func (s *Store) applyTriplesLocked(job *extractJob, lines string, adds []factOp,
 	}
 	next := 0
 	for _, op := range ops {
-		sup, err := resolveSupport(sess, job, op.Support, adds)
+		sup, err := resolveSupport(sess, job, op.Support, added)
 		if err != nil {
 			reject(err)
 			continue
@@ -338,23 +338,16 @@ func (s *Store) applyTriplesLocked(job *extractJob, lines string, adds []factOp,
 
 // resolveSupport turns a line's supports into unit ids of the session:
 // a fact id shown in the job's prompt, or "+n", the unit holding the n-th
-// [ADD]'s text (the one just added, or the equal one it deduplicated to).
-func resolveSupport(sess *session, job *extractJob, sups []string, adds []factOp) ([]string, error) {
+// [ADD] line's text (the one just added, or the equal one it deduplicated
+// to; an [ADD] that was rejected or not stored resolves to nothing).
+func resolveSupport(sess *session, job *extractJob, sups []string, added map[int]string) ([]string, error) {
 	out := make([]string, 0, len(sups))
 	for _, sup := range sups {
 		if ref, ok := strings.CutPrefix(sup, "+"); ok {
 			n, _ := strconv.Atoi(ref)
-			if n > len(adds) {
-				return nil, fmt.Errorf("%w: %s: the reply has %d [ADD]", ErrInvalid, sup, len(adds))
-			}
-			id := ""
-			for _, u := range sess.units {
-				if u.Category != "" && strings.EqualFold(u.Content, adds[n-1].Text) && (id == "" || u.ID < id) {
-					id = u.ID
-				}
-			}
+			id := added[n]
 			if id == "" {
-				return nil, fmt.Errorf("%w: %s: its [ADD] was not stored", ErrInvalid, sup)
+				return nil, fmt.Errorf("%w: %s: the reply's [ADD] number %d was not stored", ErrInvalid, sup, n)
 			}
 			out = append(out, id)
 			continue

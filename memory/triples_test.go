@@ -228,6 +228,31 @@ func TestTriplesEndToEnd(t *testing.T) {
 // TestTriplesMerge: a triple stated again (in any case) gains the new
 // supports instead of a duplicate; one whose supports would pass the bound
 // is rejected and keeps its own.
+// TestTripleSupportsCountRejectedAdds: "+n" names the reply's n-th [ADD]
+// line, rejected ones included, so a rejected [ADD] never shifts a triple
+// onto another fact.
+func TestTripleSupportsCountRejectedAdds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := &scriptedExtractor{}
+		s := openBubbleStore(t, t.TempDir(), func(o *Options) { o.Extraction.Extractor = ex; o.Extraction.Every = 2 })
+		ex.replies = []string{"[ADD] Rex is a \x1b[31mred dog.\n[ADD] Rex sleeps in the garden.\n" +
+			"[TRIPLE] Rex | colour | red | +1\n[TRIPLE] Rex | sleeps in | garden | +2"}
+		prepare(t, s, "t", "s", ModeAppend, text("user", "About Rex")).Complete(text("assistant", "ok"))
+		synctest.Wait()
+		facts := factsOf(t, s)
+		if len(facts) != 1 {
+			t.Fatalf("facts %+v, want the one valid [ADD]", facts)
+		}
+		ts, err := s.Triples("t", "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ts) != 1 || ts[0].Predicate != "sleeps in" || len(ts[0].Support) != 1 || facts[ts[0].Support[0]].Content != "Rex sleeps in the garden." {
+			t.Fatalf("triples %+v: +1 must not reach the second [ADD]'s fact, +2 must", ts)
+		}
+	})
+}
+
 func TestTriplesMerge(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ex := &scriptedExtractor{}
