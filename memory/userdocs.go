@@ -148,10 +148,12 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 		seq = sess.hist[n-1].seq
 	}
 	prefix := userDocPrefix(sess)
-	sess.mu.Unlock()
 	if linksChanged {
+		// Under sess.mu (order sess.mu → um.mu, as in searchUser): a
+		// delete after this drops them; one before it returned above.
 		um.setLinks(sess.hash, links)
 	}
+	sess.mu.Unlock()
 	if first {
 		x.Range(func(id string, _ index.Meta) bool {
 			if _, ok := marks[id]; !ok && strings.HasPrefix(id, prefix) {
