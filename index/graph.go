@@ -2,7 +2,6 @@ package index
 
 import (
 	"cmp"
-	"math"
 	"slices"
 	"strings"
 )
@@ -100,16 +99,14 @@ func (g *EntityGraph) search(toks []string, n int) []graphHit {
 	for _, t := range toks {
 		qset[t] = true
 	}
-	N := len(g.links)
-	termIDF := func(t string) float64 { return math.Log(1 + (float64(N)-float64(g.df[t])+0.5)/(float64(g.df[t])+0.5)) }
-	// linkScore is the IDF of the query terms the link holds beyond the
-	// entity it was reached by: a link that only names the entity says
-	// nothing about what the query asks.
-	linkScore := func(l *graphLink, via string) float64 {
+	// linkScore is the IDF (over links) of the query terms the link holds
+	// beyond the terms of the entity it was reached by (via): a link that
+	// only names the entity says nothing about what the query asks.
+	linkScore := func(l *graphLink, via []string) float64 {
 		var s float64
 		for _, t := range l.terms {
-			if qset[t] && !slices.Contains(strings.Fields(via), t) {
-				s += termIDF(t)
+			if qset[t] && !slices.Contains(via, t) {
+				s += idf(len(g.links), g.df[t])
 			}
 		}
 		return s
@@ -124,7 +121,7 @@ func (g *EntityGraph) search(toks []string, n int) []graphHit {
 			}
 			seen[key] = true
 			for _, li := range g.byEntity[key] {
-				score[li] = max(score[li], linkScore(&g.links[li], key))
+				score[li] = max(score[li], linkScore(&g.links[li], toks[i:i+L]))
 			}
 		}
 	}
@@ -150,13 +147,14 @@ func (g *EntityGraph) search(toks []string, n int) []graphHit {
 			if e == "" || seen[e] {
 				continue
 			}
+			via := strings.Fields(e)
 			for _, lj := range g.byEntity[e] {
 				if _, ok := score[lj]; ok {
 					continue
 				}
 				// Only a link that holds more of the query than its
 				// entity is worth the hop.
-				if own := linkScore(&g.links[lj], e); own > 0 {
+				if own := linkScore(&g.links[lj], via); own > 0 {
 					hop[lj] = max(hop[lj], hopDecay*score[li]+own)
 				}
 			}
