@@ -176,6 +176,15 @@ func (s *Store) relevant(coverage, cos float64) bool {
 	return o.MinCoverage < 0 || coverage >= o.MinCoverage || cos >= o.MinScore
 }
 
+// gateHit judges a search hit: found when a retriever really matched it
+// (a keyword, the graph, or an embedding close enough), weak when found
+// but not passing the recall gate. What the graph reached through an
+// entity of the query and a link holding more of the query is relevant.
+func (s *Store) gateHit(h index.Hit) (found, weak bool) {
+	found = h.BM25 > 0 || h.Graph > 0 || h.Cosine >= s.opts.Recall.MinScore
+	return found, h.Graph == 0 && !s.relevant(h.Coverage, h.Cosine)
+}
+
 // gate returns the part of the query a memory must cover: the newest user
 // message, or the whole query when that message has no index terms.
 func (q recallQuery) gate() string {
@@ -210,11 +219,9 @@ func (s *Store) searchSession(ctx context.Context, sess *session, query recallQu
 		hits, err := x.SearchFocus(ctx, query.text, query.gate(), k, mode, usable)
 		if err == nil {
 			for _, h := range hits {
-				if h.BM25 > 0 || h.Graph > 0 || h.Cosine >= s.opts.Recall.MinScore {
+				if found, weak := s.gateHit(h); found {
 					it := unitItem(sess.units[h.ID])
-					// The graph reached it through an entity of the query
-					// and a link holding more of the query: relevant.
-					it.weak = h.Graph == 0 && !s.relevant(h.Coverage, h.Cosine)
+					it.weak = weak
 					out = append(out, it)
 				}
 			}
@@ -256,10 +263,9 @@ func (s *Store) searchUser(ctx context.Context, sess *session, um *userMem, quer
 	}
 	out := make([]recallItem, 0, len(hits))
 	for _, h := range hits {
-		if h.BM25 > 0 || h.Graph > 0 || h.Cosine >= s.opts.Recall.MinScore {
+		if found, weak := s.gateHit(h); found {
 			it := userItem(h.ID, h.Text, h.Meta)
-			// As in the session's own recall: a graph hit is relevant.
-			it.weak = h.Graph == 0 && !s.relevant(h.Coverage, h.Cosine)
+			it.weak = weak
 			out = append(out, it)
 		}
 	}
