@@ -52,6 +52,19 @@ func userItem(id, text string, m index.Meta) recallItem {
 	return recallItem{id: id, role: role, text: text, at: m.Time, cross: true}
 }
 
+// unitDocID is the id of u's document in the user's index: a message
+// still in the history is its entry's document (named with the message's
+// role), any other unit its own (named with unitRole). Called with sess.mu
+// held.
+func (sess *session) unitDocID(u *Unit) string {
+	if u.ID == msgUnitID(u.FromSeq) {
+		if i := sess.histIndex(u.FromSeq); i >= 0 {
+			return userDocID(sess, sess.hist[i].msg.Role, u.ID)
+		}
+	}
+	return userDocID(sess, unitRole(u), u.ID)
+}
+
 // userDocsLocked returns the session's documents for its user's index that
 // are not there yet in their current text, and the ids there that the
 // session no longer has. Messages are documents as soon as they are
@@ -94,7 +107,7 @@ func (sess *session) userDocsLocked() (docs []index.Doc, stale []string, marks m
 			if !u.At.IsZero() {
 				m.Time = u.At
 			}
-			want(userDocID(sess, unitRole(u), u.ID), userDocText(u.Content, ""), m)
+			want(sess.unitDocID(u), userDocText(u.Content, ""), m)
 		}
 	}
 	stale, sess.userDel = sess.userDel, nil

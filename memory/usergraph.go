@@ -101,16 +101,10 @@ func (sess *session) userLinksLocked(first bool) (links []userLink, ok bool) {
 	}
 	sess.uKbVer = sess.kb.ver
 	return tripleLinks(sortedTriples(sess.kb.triples), func(id string) string {
-		u := sess.units[id]
-		if u == nil {
-			return ""
+		if u := sess.units[id]; u != nil {
+			return sess.unitDocID(u)
 		}
-		if u.ID == msgUnitID(u.FromSeq) {
-			if i := sess.histIndex(u.FromSeq); i >= 0 {
-				return userDocID(sess, sess.hist[i].msg.Role, u.ID)
-			}
-		}
-		return userDocID(sess, unitRole(u), u.ID)
+		return ""
 	}), true
 }
 
