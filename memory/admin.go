@@ -189,9 +189,11 @@ func (s *Store) UpdateMemory(tenant, sessionID, unitID string, e MemoryEdit) (Un
 		}
 	}
 	if e.Category != nil {
-		if _, err := ParseCategory(string(*e.Category)); err != nil {
+		c, err := ParseCategory(string(*e.Category))
+		if err != nil {
 			return Unit{}, err
 		}
+		e.Category = &c
 	}
 	if e.Importance != nil {
 		if v := *e.Importance; math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > 100 {
@@ -219,11 +221,11 @@ func (s *Store) UpdateMemory(tenant, sessionID, unitID string, e MemoryEdit) (Un
 	return out, nil
 }
 
-// editLocked applies a checked edit (text already sanitized) to u, a
-// categorized memory of sess. Called with sess.mu held.
+// editLocked applies a checked edit (text already sanitized, category
+// canonical) to u, a categorized memory of sess. Called with sess.mu held.
 func (s *Store) editLocked(sess *session, u *Unit, e MemoryEdit, text string, now time.Time) {
 	if e.Category != nil && *e.Category != u.Category {
-		c := Category(strings.ToLower(strings.TrimSpace(string(*e.Category))))
+		c := *e.Category
 		// The user's index names documents by category: drop the old one.
 		sess.userDel = append(sess.userDel, userDocID(sess, unitRole(u), u.ID))
 		u.Category = c
