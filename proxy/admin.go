@@ -400,16 +400,10 @@ func (a *adminReq) sessionByID(id string) {
 	a.session = id
 	st := a.s.admin
 	if a.ctx.IsDelete() {
-		if err := st.Delete(a.tenantV, id); err != nil {
+		if err := a.s.deleteSession(a.ctx, a.tenantV, id); err != nil {
 			a.storeErr(err, id)
 			return
 		}
-		if a.s.opts.Engine != nil {
-			if ferr := a.s.opts.Engine.Forget(a.ctx, a.tenantV, id); ferr != nil {
-				a.s.log.Warn("admin: dropping a deleted session's KV failed", "session", id, "err", ferr)
-			}
-		}
-		a.s.windows.forget(a.tenantV, id)
 		a.s.log.Info("admin: session deleted", "tenant", a.tenantV, "session", id)
 		a.ok(fasthttp.StatusOK, map[string]any{"id": id, "object": "session.deleted", "deleted": true})
 		return

@@ -418,13 +418,7 @@ func (s *Server) handleSessions(ctx *fasthttp.RequestCtx, tail []byte) {
 			v = sv
 		}
 	case ctx.IsDelete() && !wantMemory:
-		err = s.opts.Memory.Delete(tenant, id)
-		s.windows.forget(tenant, id)
-		if err == nil && s.opts.Engine != nil {
-			if ferr := s.opts.Engine.Forget(ctx, tenant, id); ferr != nil {
-				s.log.Warn("dropping a deleted session's KV failed", "session", id, "err", ferr)
-			}
-		}
+		err = s.deleteSession(ctx, tenant, id)
 		v = map[string]any{"id": id, "object": "session.deleted", "deleted": err == nil}
 	default:
 		ctx.Response.Header.Set("Allow", "GET, DELETE")
@@ -448,4 +442,21 @@ func ptrIf[T any](v T, ok bool) *T {
 		return nil
 	}
 	return &v
+}
+
+// deleteSession deletes a session's memory and then what follows it: the
+// console's last window and the engine's saved KV (a failure there is
+// logged; the session is gone either way). The sessions API and the
+// console's admin API both delete through it.
+func (s *Server) deleteSession(ctx context.Context, tenant, id string) error {
+	if err := s.opts.Memory.Delete(tenant, id); err != nil {
+		return err
+	}
+	s.windows.forget(tenant, id)
+	if s.opts.Engine != nil {
+		if err := s.opts.Engine.Forget(ctx, tenant, id); err != nil {
+			s.log.Warn("dropping a deleted session's KV failed", "session", id, "err", err)
+		}
+	}
+	return nil
 }
