@@ -230,7 +230,9 @@ func (p *Process) Stop() {
 	case <-time.After(10 * time.Second):
 	}
 	p.mu.Lock()
-	p.killLocked()
+	if p.child == c { // not a child a Restart started meanwhile
+		p.killLocked()
+	}
 }
 
 // Restart kills the child if it still runs and starts the binary again on
@@ -238,11 +240,17 @@ func (p *Process) Stop() {
 func (p *Process) Restart(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
-		return fmt.Errorf("%s: restart after Close", p.opts.Name)
+	for {
+		if p.closed {
+			return fmt.Errorf("%s: restart after Close", p.opts.Name)
+		}
+		if !p.runningLocked() {
+			return p.startLocked(ctx)
+		}
+		// killLocked lets go of mu while it waits: a Close or another
+		// Restart may have come in between, so look again.
+		p.killLocked()
 	}
-	p.killLocked()
-	return p.startLocked(ctx)
 }
 
 // Close kills the child; the Process cannot restart afterwards. Safe to
