@@ -2,7 +2,9 @@ package memory
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -440,16 +442,25 @@ func (s *Store) Triples(tenant, user string, limit int) ([]Triple, error) {
 // by the background worker, like a memory edit, and a deleted id is never
 // recreated.
 func (s *Store) DeleteTriple(tenant, user, id string) error {
-	infos, err := s.Sessions(tenant, &user, 0)
-	if err != nil {
-		return err
+	notFound := fmt.Errorf("%w: %q", ErrTripleNotFound, id)
+	// The id starts with the first 8 hex digits of its session's hash,
+	// which name the session's log file: read only those logs' meta.
+	h8, ok := strings.CutPrefix(id, "tri-")
+	if !ok || len(h8) < 9 || h8[8] != '-' || strings.Trim(h8[:8], "0123456789abcdef") != "" {
+		return notFound
 	}
-	for _, si := range infos {
-		if si.Tenant != tenant || !strings.HasPrefix(id, "tri-"+sessionHash(tenant, si.ID)[:8]+"-") {
+	h8 = h8[:8]
+	paths, _ := filepath.Glob(filepath.Join(tenantDir(s.opts.Dir, tenant), h8[:2], h8+"*.log"))
+	for _, p := range paths {
+		meta, err := readLogMeta(p, s.opts.MaxRecordBytes)
+		if err != nil || meta.K != "meta" || meta.Tenant != tenant || meta.User != user || meta.Session == "" {
 			continue
 		}
-		sess, err := s.session(tenant, si.ID, false)
+		sess, err := s.session(tenant, meta.Session, false)
 		if err != nil {
+			if errors.Is(err, ErrClosed) {
+				return err
+			}
 			continue
 		}
 		sess.mu.Lock()
@@ -463,5 +474,5 @@ func (s *Store) DeleteTriple(tenant, user, id string) error {
 		}
 		sess.mu.Unlock()
 	}
-	return fmt.Errorf("%w: %q", ErrTripleNotFound, id)
+	return notFound
 }

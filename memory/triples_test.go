@@ -193,6 +193,11 @@ func TestTriplesEndToEnd(t *testing.T) {
 		if err := s.DeleteTriple("t", "someone", toy.ID); !errors.Is(err, ErrTripleNotFound) {
 			t.Fatalf("DeleteTriple for another user: %v", err)
 		}
+		for _, bad := range []string{"", "tri-", "tri-*-1", "tri-../../x-1", "tri-ABCDEF12-1", toy.ID[:12]} {
+			if err := s.DeleteTriple("t", "", bad); !errors.Is(err, ErrTripleNotFound) {
+				t.Fatalf("DeleteTriple(%q): %v", bad, err)
+			}
+		}
 
 		// Cascade: deleting the ball fact deletes the toy triple (its only
 		// support) and leaves the walk triple on the dawn fact.
