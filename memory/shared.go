@@ -376,8 +376,9 @@ func (s *Store) sharePoolLocked(ctx context.Context, p *pool, meta, framed []byt
 	n, err := s.opts.SharedLog.Append(ctx, p.tenant, poolLogID, p.sharedN, payloads)
 	if err != nil {
 		if errors.Is(err, ErrSharedConflict) {
+			// The shared log only grew: the next sync takes its tail, as
+			// for a session (shareLocked), without rebuilding the file.
 			s.stats.logConflicts.Add(1)
-			p.sharedN = -1 // the next sync rebuilds or catches up
 		}
 		return fmt.Errorf("memory: shared pool log: %w", err)
 	}
