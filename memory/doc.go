@@ -116,8 +116,9 @@
 //     about a fact changed meanwhile change nothing. Every outcome is
 //     appended to the scope's decisions log (<tenant>/users/<hash>.rev,
 //     bounded, durable), which Reviews serves newest first.
-//   - Tool-result context (toolctx.go, Options.ToolContext): a request's
-//     tool calls and results are condensed after its turn by the Extractor
+//   - Tool-result context (toolctx.go, Options.ToolContext): when a
+//     request brings tool results, the turn's tool calls (usually the
+//     previous reply) and results are condensed after it by the Extractor
 //     (kind "tool_context") into at most ToolContext.MaxBytes, shown in the
 //     recall block of the session's next Prepare only and then dropped;
 //     never a unit, never indexed, never written. A failed, malformed or
