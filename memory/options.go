@@ -25,6 +25,10 @@ var (
 	// message and what follows it, and the tools do not fit the hard limit
 	// even with nothing else. The proxy answers 400 (context_length_exceeded).
 	ErrContextTooLarge = errors.New("memory: context too large for the window")
+	// ErrUserMismatch: the request names an end user other than the one
+	// the session belongs to. Nothing was written; the proxy forwards the
+	// request without session memory.
+	ErrUserMismatch = errors.New("memory: the session belongs to another end user")
 	// ErrClosed: the Store was closed.
 	ErrClosed = errors.New("memory: store closed")
 )
@@ -320,6 +324,13 @@ type RecallOptions struct {
 	// IndexSaveInterval is the least time between two saves of an index
 	// file by the worker (Close saves every changed one). Zero: 30s.
 	IndexSaveInterval time.Duration
+	// TenantUserScope makes the sessions that name no end user
+	// (TurnRequest.UserID "") one user of their tenant: they recall each
+	// other's turns, facts and episodes, so everyone holding the tenant's
+	// API key shares one memory. False (default): a session without an end
+	// user recalls only its own memory; recall across sessions is for the
+	// sessions of a named end user.
+	TenantUserScope bool
 	// UserMaxDocs bounds one user's cross-session index: beyond it the
 	// oldest documents leave it (they stay in their sessions' logs and
 	// session indexes). Zero: 50000.

@@ -3,6 +3,7 @@ package memory
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -113,6 +115,24 @@ type poolRecord struct {
 	Entry  *PoolEntry `json:"e,omitempty"`
 	Key    string     `json:"key,omitempty"`
 	Rev    uint64     `json:"rev,omitempty"`
+	// W names the write (the writing store's random id and a counter), so
+	// two replicas that write the same entry at the same position of a
+	// fleet's shared log never make byte-identical records: a positioned
+	// append that finds an identical record there takes it for its own
+	// retry, which would let both compare-and-sets succeed.
+	W string `json:"w,omitempty"`
+}
+
+// writeID names one write of this store: unique across the replicas of a
+// fleet (a random id per Store) and across its writes.
+func (s *Store) writeID() string {
+	return s.writer + "-" + strconv.FormatUint(s.writes.Add(1), 36)
+}
+
+func newWriterID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 func poolPath(root, tenant string) string {
@@ -296,6 +316,9 @@ func encodePoolRecord(dst []byte, r *poolRecord) ([]byte, error) {
 func (s *Store) writePoolLocked(p *pool, r *poolRecord) error {
 	if p.closed {
 		return ErrClosed
+	}
+	if r.K != "meta" {
+		r.W = s.writeID()
 	}
 	framed, err := encodePoolRecord(nil, r)
 	if err != nil {

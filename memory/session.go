@@ -90,6 +90,8 @@ func (e *entry) text() string {
 //	sys   the client's system messages (replace the previous ones)
 //	msg   one history message
 //	trunc history cut to Keep messages (the rest become archive units)
+//	undo  history cut to Keep messages, the rest discarded: the messages of
+//	      a turn whose upstream answer failed (Turn.Fail)
 //	unit  a memory unit's full state (upsert, last one wins)
 //	acc   access counts of units
 //	del   a unit deleted (ID)
@@ -350,6 +352,12 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 		clear(s.hist[*r.Keep:])
 		s.hist = s.hist[:*r.Keep]
 		s.unitsChanged()
+	case "undo":
+		if r.Keep == nil || *r.Keep < 0 || *r.Keep > len(s.hist) {
+			return fmt.Errorf("memory: bad undo record: %w", errCorrupt)
+		}
+		clear(s.hist[*r.Keep:])
+		s.hist = s.hist[:*r.Keep]
 	case "unit":
 		if r.Unit == nil || r.Unit.ID == "" {
 			return fmt.Errorf("memory: bad unit record: %w", errCorrupt)

@@ -246,7 +246,7 @@ func (s *Store) shareLocked(ctx context.Context, sess *session, meta, framed []b
 		if err == nil {
 			sess.sharedN = n
 			s.stats.logPushed.Add(int64(len(payloads)))
-			if sess.log == nil {
+			if sess.log == nil && !s.private(sess.user) {
 				// A new session: its user's other replicas will look for it.
 				if err := s.registerUserSession(ctx, sess); err != nil {
 					s.opts.Logger.Warn("memory: register the session with its user in the shared log", "err", err)

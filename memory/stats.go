@@ -6,7 +6,8 @@ type storeStats struct {
 	prepares, appended, appendBytes, evicted    atomic.Int64
 	summaries, summaryErrors, queueFull         atomic.Int64
 	quarantined, writeErrors, completes, orphan atomic.Int64
-	recordsLost, repliesCut                     atomic.Int64
+	recordsLost, repliesCut, undone             atomic.Int64
+	userMismatch                                atomic.Int64
 	sessionsExpired, sessionsEvicted            atomic.Int64
 	quarantineRemoved, sharedTrims              atomic.Int64
 	diskBytes, sharedBytes                      atomic.Int64
@@ -55,6 +56,10 @@ type Stats struct {
 	Quarantined   int64 // logs repaired or quarantined on open (damage skipped, torn tail cut)
 	RecordsLost   int64 // damaged log records skipped on open (every intact one is kept)
 	RepliesCut    int64 // replies recorded cut to Storage.MaxReplyBytes
+	// Undone counts messages of failed turns taken out of the history
+	// again (Turn.Fail); UserMismatch requests refused (ErrUserMismatch)
+	// because they named another end user than the session's.
+	Undone, UserMismatch int64
 
 	// Disk and files (see StorageOptions). DiskBytes and SharedDiskBytes
 	// are as of the last retention sweep.
@@ -128,7 +133,7 @@ func (s *Store) Stats() Stats {
 		AppendBytes: st.appendBytes.Load(), Evicted: st.evicted.Load(), Completes: st.completes.Load(),
 		Orphans: st.orphan.Load(), Summaries: st.summaries.Load(), SummaryErrors: st.summaryErrors.Load(),
 		QueueFull: st.queueFull.Load(), Quarantined: st.quarantined.Load(), WriteErrors: st.writeErrors.Load(),
-		RecordsLost: st.recordsLost.Load(), RepliesCut: st.repliesCut.Load(),
+		RecordsLost: st.recordsLost.Load(), RepliesCut: st.repliesCut.Load(), Undone: st.undone.Load(), UserMismatch: st.userMismatch.Load(),
 		DiskBytes: st.diskBytes.Load(), SharedDiskBytes: st.sharedBytes.Load(), MaxDiskBytes: s.opts.Storage.MaxDiskBytes,
 		SessionsExpired: st.sessionsExpired.Load(), SessionsEvicted: st.sessionsEvicted.Load(),
 		QuarantineRemoved: st.quarantineRemoved.Load(), SharedTrims: st.sharedTrims.Load(),

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
@@ -45,6 +46,11 @@ type Store struct {
 
 	ixOpts        index.Options
 	localEmbedder bool // the index embeds offline: units are indexed on the request path
+
+	// writer (fixed at Open) and writes name this store's pool writes
+	// (see poolRecord.W).
+	writer string
+	writes atomic.Uint64
 
 	extractQ  chan *extractJob
 	extractWG sync.WaitGroup
@@ -88,6 +94,7 @@ func Open(opts Options) (*Store, error) {
 		extractQ:   make(chan *extractJob, max(1, opts.Extraction.Queue)),
 		pools:      map[string]*pool{},
 		users:      map[string]*userMem{},
+		writer:     newWriterID(),
 	}
 	_, s.localEmbedder = opts.Recall.Index.Embedder.(*index.HashEmbedder)
 	enc := CL100K

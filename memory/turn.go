@@ -32,6 +32,7 @@ type Turn struct {
 	store   *Store
 	sess    *session
 	lastSeq uint64 // seq of the last history message when prepared
+	added   int    // history messages this request appended (undone by Fail)
 	pending chan struct{}
 	enc     Encoding
 	done    atomic.Bool
@@ -80,9 +81,12 @@ type TurnRequest struct {
 	// Tenant scopes everything (sessions, users, pools). SessionID names
 	// the conversation and must not be empty.
 	Tenant, SessionID string
-	// UserID is the user scope within the tenant: sessions of one user
-	// recall each other's turns, facts and episodes. Empty: the tenant's
-	// default user. A session keeps the user it was created with.
+	// UserID is the end user within the tenant: sessions of one user
+	// recall each other's turns, facts and episodes. Empty: no end user
+	// named; the session recalls only its own memory (unless
+	// Recall.TenantUserScope makes the tenant one user). A session keeps
+	// the user it was created with; a request naming another one fails
+	// with ErrUserMismatch.
 	UserID string
 	// Mode is how the client sends its conversation; ModeAuto detects it.
 	Mode Mode
@@ -257,6 +261,10 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	enc := s.Encoding(req.Model)
 	limit := s.Limit(req.Model)
 	tk := s.tok
+	if sess.exists && req.UserID != "" && req.UserID != sess.user {
+		s.stats.userMismatch.Add(1)
+		return nil, fmt.Errorf("%w: session %q", ErrUserMismatch, req.SessionID)
+	}
 	p := s.planLocked(sess, req, now)
 	st := TurnStats{Model: req.Model, Encoding: enc.String(), Mode: p.mode.String(), ModeDetected: req.Mode == ModeAuto,
 		Match: p.match, Limit: limit, ToolsTokens: req.ToolsTokens}
@@ -350,7 +358,7 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 		close(sess.pending)
 	}
 	sess.pending = make(chan struct{})
-	t := &Turn{Messages: w.msgs, Block: w.recall, Stable: w.stable, Stats: st, store: s, sess: sess, pending: sess.pending, enc: enc}
+	t := &Turn{Messages: w.msgs, Block: w.recall, Stable: w.stable, Stats: st, store: s, sess: sess, pending: sess.pending, enc: enc, added: len(p.add)}
 	if n := len(sess.hist); n > 0 {
 		t.lastSeq = sess.hist[n-1].seq
 	}
@@ -371,9 +379,58 @@ func (t *Turn) Complete(assistant Message) error { return t.finish(&assistant, f
 // partial.
 func (t *Turn) CompletePartial(assistant Message) error { return t.finish(&assistant, true) }
 
-// Abort ends a turn that produced nothing (upstream error before any
-// output). The request's messages stay in the history.
+// Abort ends a turn without a reply; the request's messages stay in the
+// history (a client that sends its history again finds them there).
 func (t *Turn) Abort() { _ = t.finish(nil, false) }
+
+// Fail ends a turn whose upstream answer was an error (4xx, 5xx, or broken
+// before any content) or never came: a failed turn is not history, so the
+// messages the request appended leave the session again (an "undo" record),
+// and a client that retries the same message has it stored once. When the
+// history moved on meanwhile (another request of the session appended after
+// them, past PendingWait) they stay: nothing is reordered.
+func (t *Turn) Fail() error { return t.finishFailed() }
+
+func (t *Turn) finishFailed() error {
+	if !t.done.CompareAndSwap(false, true) {
+		return nil
+	}
+	sess := t.sess
+	sess.mu.Lock()
+	err := t.undoLocked()
+	if sess.pending == t.pending {
+		close(t.pending)
+		sess.pending = nil
+	}
+	sess.mu.Unlock()
+	return err
+}
+
+// undoLocked removes the turn's appended messages when they are still the
+// history's tail. Called with sess.mu held.
+func (t *Turn) undoLocked() error {
+	s, sess := t.store, t.sess
+	n := len(sess.hist)
+	if t.added == 0 || n < t.added || sess.hist[n-1].seq != t.lastSeq || sess.gone.Load() || !sess.exists {
+		return nil
+	}
+	keep := n - t.added
+	now := s.opts.Clock.Now()
+	r := &record{K: "undo", T: now.UnixNano(), Keep: &keep}
+	framed, err := encodeRecord(nil, r)
+	if err != nil {
+		return err
+	}
+	if err := s.writeLocked(sess, framed, now); err != nil {
+		return fmt.Errorf("memory: undo failed turn: %w", err)
+	}
+	if err := sess.apply(r, nil, s.tok); err != nil {
+		return err
+	}
+	sess.prevPrompt, sess.prevCosts = nil, nil
+	s.stats.undone.Add(int64(t.added))
+	return nil
+}
 
 func (t *Turn) finish(m *Message, partial bool) error {
 	if !t.done.CompareAndSwap(false, true) {

@@ -20,7 +20,9 @@ import (
 )
 
 // User memory. A user is a scope inside a tenant (TurnRequest.UserID; the
-// empty id is the tenant's default user): a session of a user recalls what
+// empty id names no user: such a session is private, see Store.private,
+// unless Recall.TenantUserScope makes it the tenant's one shared user): a
+// session of a user recalls what
 // the user's other sessions hold — every message, facts, episodes, added
 // memories — through the user's cross-session index, one per (tenant, user),
 // <Dir>/<tenant hash>/users/<user hash>.idx. Nothing crosses tenants: the
@@ -119,6 +121,10 @@ func userIndexPath(root, tenant, user string) string {
 // created with, else requested (a new session). It loads the user's index on
 // first use, which may load other sessions of the user: call it without
 // holding any session's lock.
+//
+// A session without an end user (user "") is private unless
+// Recall.TenantUserScope: its userMem holds no index, so it recalls only
+// its own memory and nothing of it reaches another session.
 func (s *Store) userFor(sess *session, requested string) *userMem {
 	sess.mu.Lock()
 	user := requested
@@ -126,7 +132,17 @@ func (s *Store) userFor(sess *session, requested string) *userMem {
 		user = sess.user
 	}
 	sess.mu.Unlock()
+	if s.private(user) {
+		return &userMem{tenant: sess.tenant, tenantDir: tenantDir(s.opts.Dir, sess.tenant)}
+	}
 	return s.userMem(sess.tenant, user)
+}
+
+// private reports whether sessions of user keep their memory to
+// themselves: the sessions that name no end user, unless the tenant is
+// one user scope (Recall.TenantUserScope).
+func (s *Store) private(user string) bool {
+	return user == "" && !s.opts.Recall.TenantUserScope
 }
 
 func (s *Store) userMem(tenant, user string) *userMem {

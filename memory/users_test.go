@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -77,15 +78,41 @@ func TestUserMemoryAcrossSessions(t *testing.T) {
 		}
 	}
 
-	// The tenant's default user (no id) is one scope of its own.
+	// Sessions that name no end user keep their memory to themselves: one
+	// API key for all of an app's users must not share their words.
+	talk(t, s, "t1", "e", "", "My locker code is 4471", "Noted.")
+	settle(t, s, "t1", "e")
+	if tr := ask(t, s, "t1", "f", "", "What is my locker code?"); strings.Contains(string(tr.Block), "4471") || tr.Stats.CrossSession != 0 {
+		t.Fatalf("a session without an end user recalls another one: %s", tr.Block)
+	}
+	if tr := ask(t, s, "t1", "e", "", "What is my locker code?"); !strings.Contains(string(tr.Block)+strings.Join(rawStrings(tr.Messages), ""), "4471") {
+		t.Fatalf("a session without an end user lost its own memory: %s", tr.Block)
+	}
+	// A session keeps the user it was created with: a request naming
+	// another one is refused (the proxy forwards it without memory).
+	_, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t1", SessionID: "a", UserID: "bob", Messages: []Message{text("user", "anything")}})
+	if !errors.Is(err, ErrUserMismatch) {
+		t.Fatalf("session a taken by user bob: %v", err)
+	}
+	if tr := ask(t, s, "t1", "a", "", "anything"); tr.Stats.User != "ada" {
+		t.Fatalf("session a taken as user %q without a user named", tr.Stats.User)
+	}
+}
+
+// TestTenantUserScope: with Recall.TenantUserScope the sessions that name
+// no end user are one user of their tenant (the operator's choice), and
+// still nothing crosses tenants or reaches a named user.
+func TestTenantUserScope(t *testing.T) {
+	s := openStore(t, t.TempDir(), func(o *Options) { o.Recall.TenantUserScope = true })
 	talk(t, s, "t1", "e", "", "My locker code is 4471", "Noted.")
 	settle(t, s, "t1", "e")
 	if tr := ask(t, s, "t1", "f", "", "What is my locker code?"); !strings.Contains(string(tr.Block), "4471") {
-		t.Fatalf("default user does not recall its other session: %s", tr.Block)
+		t.Fatalf("the tenant scope does not recall its other session: %s", tr.Block)
 	}
-	// A session keeps the user it was created with.
-	if tr := ask(t, s, "t1", "a", "bob", "anything"); tr.Stats.User != "ada" {
-		t.Fatalf("session a taken as user %q", tr.Stats.User)
+	for _, other := range []struct{ tenant, user string }{{"t1", "bob"}, {"t2", ""}} {
+		if tr := ask(t, s, other.tenant, "g-"+other.user, other.user, "What is my locker code?"); strings.Contains(string(tr.Block), "4471") {
+			t.Fatalf("tenant %s user %q recalls the tenant scope: %s", other.tenant, other.user, tr.Block)
+		}
 	}
 }
 

@@ -9,7 +9,10 @@ import (
 // SessionView is a session's history for GET /v1/sessions/{id}. It is a
 // copy; the caller owns it.
 type SessionView struct {
-	ID        string        `json:"id"`
+	ID string `json:"id"`
+	// User is the end user the session belongs to ("" when none was
+	// named).
+	User      string        `json:"user,omitempty"`
 	CreatedAt time.Time     `json:"created_at"`
 	UpdatedAt time.Time     `json:"updated_at"`
 	Model     string        `json:"model,omitempty"`
@@ -64,7 +67,7 @@ func (s *Store) Session(tenant, sessionID string) (SessionView, error) {
 		return SessionView{}, ErrNotFound
 	}
 	enc := sess.lastEnc
-	v := SessionView{ID: sess.id, CreatedAt: sess.created, UpdatedAt: sess.updated, Model: sess.lastModel,
+	v := SessionView{ID: sess.id, User: sess.user, CreatedAt: sess.created, UpdatedAt: sess.updated, Model: sess.lastModel,
 		Encoding: enc.String(), Units: len(sess.units)}
 	for _, u := range sess.units {
 		if u.Type == UnitSummary {

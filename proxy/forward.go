@@ -80,10 +80,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 			return false
 		}
 	}
-	// Every path below either hands turn to record or aborts it.
+	// Every path below either hands turn to record or fails it: a turn
+	// without an answer is not history (the client will retry it).
 	defer func() {
 		if turn != nil {
-			turn.Abort()
+			s.failTurn(turn)
 		}
 	}()
 	var ereq *engine.Request

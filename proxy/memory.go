@@ -30,6 +30,7 @@ type memMetrics struct {
 	bypassed     atomic.Uint64 // memory failed; the request went through unchanged
 	recorded     atomic.Uint64 // replies recorded (complete or partial)
 	recordErrors atomic.Uint64 // replies that could not be recorded
+	userMismatch atomic.Uint64 // requests naming another end user than their session's
 }
 
 func (m *memMetrics) write(w io.Writer, st memory.Stats) {
@@ -47,6 +48,8 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{"sidecar_memory_bypassed_total", "Requests forwarded unchanged because session memory failed.", m.bypassed.Load()},
 		{"sidecar_memory_replies_recorded_total", "Assistant replies recorded (complete ones before the client sees the answer's end, partial ones after).", m.recorded.Load()},
 		{"sidecar_memory_record_errors_total", "Assistant replies that could not be recorded (the answer went out regardless).", m.recordErrors.Load()},
+		{"sidecar_memory_user_mismatch_total", "Requests that named another end user than their session's: forwarded without session memory.", m.userMismatch.Load()},
+		{"sidecar_memory_failed_turn_messages_total", "Messages of turns whose upstream answer failed, taken out of their session again.", uint64(st.Undone)},
 		{"sidecar_memory_summaries_total", "Summaries made in the background.", uint64(st.Summaries)},
 		{"sidecar_memory_queue_full_total", "Background syncs deferred because the queue was full.", uint64(st.QueueFull)},
 		{"sidecar_memory_write_errors_total", "Background memory writes that failed.", uint64(st.WriteErrors)},
@@ -163,6 +166,12 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 	case errors.Is(err, memory.ErrInvalid):
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_messages", strings.TrimPrefix(err.Error(), "memory: "))
 		return nil, nil, true
+	case errors.Is(err, memory.ErrUserMismatch):
+		// Another end user's session: its memory is not theirs to see, and
+		// the request still goes through as the client sent it.
+		s.mem.userMismatch.Add(1)
+		s.log.Warn("a request named another end user than its session's; forwarded without session memory", log...)
+		return nil, body, false
 	default:
 		// Memory must never take the chat down: forward the request as the
 		// client sent it.
@@ -172,7 +181,7 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 	}
 	out, err = replaceValue(body, "messages", memory.AppendMessagesJSON(nil, turn.Messages))
 	if err != nil { // unreachable: parseRequest checked the body
-		turn.Abort()
+		s.failTurn(turn)
 		s.mem.bypassed.Add(1)
 		return nil, body, false
 	}
@@ -195,8 +204,18 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 	return turn, out, false
 }
 
+// failTurn ends a turn that got no answer: its messages leave the session
+// (memory.Turn.Fail).
+func (s *Server) failTurn(turn *memory.Turn) {
+	if err := turn.Fail(); err != nil {
+		s.mem.recordErrors.Add(1)
+		s.log.Warn("taking a failed turn out of the session failed", "err", err)
+	}
+}
+
 // userOf is the request's memory user scope: the X-User-ID header, else the
-// body's "user" field, else "" (the tenant's default user). It is checked
+// body's "user" field, else "" (no end user: the session keeps its memory
+// to itself unless the store's user scope is the tenant). It is checked
 // like a session id.
 func userOf(ctx *fasthttp.RequestCtx, info requestInfo) (string, error) {
 	user := string(ctx.Request.Header.Peek("X-User-ID"))
@@ -220,7 +239,7 @@ func userOf(ctx *fasthttp.RequestCtx, info requestInfo) (string, error) {
 // request path.
 func (s *Server) recordTurn(turn *memory.Turn, raw []byte, partial bool) {
 	if len(raw) == 0 {
-		turn.Abort()
+		s.failTurn(turn) // broken before any content
 		return
 	}
 	var msg memory.Message
@@ -401,6 +420,13 @@ func (s *Server) handleSessions(ctx *fasthttp.RequestCtx, tail []byte) {
 	tenant, ok := s.requireTenant(ctx)
 	if !ok {
 		return
+	}
+	// A caller that names an end user sees only that user's sessions.
+	if user := string(ctx.Request.Header.Peek("X-User-ID")); user != "" {
+		if sv, err := s.opts.Memory.Session(tenant, id); err == nil && sv.User != user {
+			writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "session_not_found", fmt.Sprintf("no session %q for this API key and user", id))
+			return
+		}
 	}
 	var v any
 	switch {

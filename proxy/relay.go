@@ -269,13 +269,13 @@ func (r *relay) CloseWithError(err error) error {
 	var rec func()
 	if r.turn != nil {
 		// Not committed at the stream's end: record what was produced as a
-		// partial reply (cut short by either side), or abort an error
+		// partial reply (cut short by either side), or fail an error
 		// answer.
 		if r.status < 300 {
 			turn, msg := r.turn, r.reply.message()
 			rec = func() { r.s.recordTurn(turn, msg, true) }
 		} else {
-			r.turn.Abort()
+			r.s.failTurn(r.turn)
 		}
 		r.turn = nil
 	}

@@ -44,6 +44,7 @@ type serveConfig struct {
 	recallShare     float64
 	graphWeight     float64
 	modelWindows    string
+	userScope       string
 	embedder        string
 	embeddingModel  string
 	embeddingDim    int
@@ -94,6 +95,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.IntVar(&c.windowTokens, "window-tokens", 8192, "hard token limit of the window sent upstream (the Focus window)")
 	fs.Float64Var(&c.recallShare, "recall-share", 0.08, "share of the window for the per-turn recall block next to the newest user message (0 turns recall off)")
 	fs.Float64Var(&c.graphWeight, "recall-graph-weight", 0, "the knowledge graph's weight in hybrid recall, session and user scope (0: the default 0.2; negative turns graph recall off)")
+	fs.StringVar(&c.userScope, "user-scope", "session", "who shares memory when a request names no end user (X-User-ID or the body's user): session (each session recalls only its own memory) or tenant (every session of an API key shares ONE memory: anyone holding the key recalls everyone's words)")
 	fs.StringVar(&c.modelWindows, "model-window-tokens", "", "per-model window limits, e.g. 'gpt-4o=128000,llama-3*=32768' (a trailing * matches a prefix)")
 	fs.StringVar(&c.embedder, "embedder", "offline", "memory recall embeddings: offline (built in, no model) or upstream (the upstream's /v1/embeddings)")
 	fs.StringVar(&c.embeddingModel, "embedding-model", "", "model name for --embedder upstream")
@@ -342,6 +344,15 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	if c.extract {
 		extractor = bg
 	}
+	var tenantScope bool
+	switch c.userScope {
+	case "session", "":
+	case "tenant":
+		tenantScope = true
+		log.Warn("--user-scope tenant: the sessions of each API key that name no end user share one memory; every client holding the key recalls the others' words")
+	default:
+		return fmt.Errorf("--user-scope %q: want session or tenant", c.userScope)
+	}
 	share := c.recallShare
 	if share == 0 {
 		share = -1 // off
@@ -366,7 +377,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	mem, err := memory.Open(memory.Options{
 		Dir: filepath.Join(dataDir, "sessions"), Fsync: fsyncPolicy, SharedLog: sharedLog,
 		Window:      memory.WindowOptions{Limit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy},
-		Recall:      memory.RecallOptions{Index: idx, Share: share},
+		Recall:      memory.RecallOptions{Index: idx, Share: share, TenantUserScope: tenantScope},
 		Extraction:  memory.ExtractionOptions{Summarizer: bg, Extractor: extractor},
 		Reviewer:    memory.ReviewerOptions{Enabled: c.review},
 		ToolContext: memory.ToolContextOptions{Enabled: c.toolContext},

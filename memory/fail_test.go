@@ -1,0 +1,81 @@
+package memory
+
+import (
+	"testing"
+)
+
+// TestFailedTurnIsNotHistory: a turn whose upstream answer failed leaves no
+// message (before and after a restart), so a client's retry of the same
+// message is stored once; a failed turn after which the history moved on
+// keeps its messages (nothing is reordered).
+func TestFailedTurnIsNotHistory(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir, nil)
+	contents := func(s *Store, id string) []string {
+		t.Helper()
+		v, err := s.Session("t", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, m := range v.Messages {
+			if m.Role != "system" {
+				out = append(out, m.Role+":"+m.Content)
+			}
+		}
+		return out
+	}
+	tr := prepare(t, s, "t", "a", ModeAppend, text("user", "hello"))
+	if err := tr.Complete(text("assistant", "hi")); err != nil {
+		t.Fatal(err)
+	}
+	// The upstream answers 429; the client retries the same message.
+	if err := prepare(t, s, "t", "a", ModeAppend, text("user", "what is new")).Fail(); err != nil {
+		t.Fatal(err)
+	}
+	if got := contents(s, "a"); len(got) != 2 {
+		t.Fatalf("a failed turn stayed in the history: %q", got)
+	}
+	tr = prepare(t, s, "t", "a", ModeAppend, text("user", "what is new"))
+	if err := tr.Complete(text("assistant", "nothing")); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"user:hello", "assistant:hi", "user:what is new", "assistant:nothing"}
+	if got := contents(s, "a"); !equalStrings(got, want) {
+		t.Fatalf("history %q, want %q", got, want)
+	}
+	// A full-history client whose retry sends the same messages.
+	full := []Message{text("user", "one")}
+	prepare(t, s, "t", "b", ModeFull, full...).Fail()
+	tr = prepare(t, s, "t", "b", ModeFull, full...)
+	if err := tr.Complete(text("assistant", "two")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, dir, nil)
+	if got := contents(s, "a"); !equalStrings(got, want) {
+		t.Fatalf("after a restart: history %q, want %q", got, want)
+	}
+	if got := contents(s, "b"); !equalStrings(got, []string{"user:one", "assistant:two"}) {
+		t.Fatalf("after a restart: full-history session %q", got)
+	}
+	if st := s.Stats(); st.Undone != 0 {
+		t.Fatalf("a fresh store counts %d undone", st.Undone)
+	}
+
+	// History moved on past the failed turn: its message stays.
+	t1 := prepare(t, s, "t", "c", ModeAppend, text("user", "first"))
+	s.opts.PendingWait = -1
+	t2 := prepare(t, s, "t", "c", ModeAppend, text("user", "second"))
+	if err := t1.Fail(); err != nil {
+		t.Fatal(err)
+	}
+	if err := t2.Complete(text("assistant", "ok")); err != nil {
+		t.Fatal(err)
+	}
+	if got := contents(s, "c"); !equalStrings(got, []string{"user:first", "user:second", "assistant:ok"}) {
+		t.Fatalf("a failed turn under a later one: %q", got)
+	}
+}
