@@ -140,12 +140,20 @@
 //     messages in Prepare. Units, summaries, tier changes and access counts
 //     are written by the worker after Complete or Abort.
 //   - MEM-001: the window Prepare returns, plus the tools cost the caller
-//     passes, never exceeds the model's hard limit counted with the same
-//     tokenizer, always starts with the client's leading system (and
-//     developer) messages, and always contains the newest user message and
-//     everything after it. When that is impossible Prepare fails with
-//     ErrContextTooLarge instead of sending a cut prompt (checkFits, the one
-//     limit check, before anything is written).
+//     passes, never exceeds the limit (the model's hard limit, lowered to
+//     the engine's context the caller passes in TurnRequest.Limit) counted
+//     with the same tokenizer, always starts with the client's leading
+//     system (and developer) messages, and always contains the newest user
+//     message and everything after it. When that is impossible the window
+//     is the client's messages exactly as sent (TurnStats.AsSent): memory
+//     is only added within the limit, and never cuts what the client sent
+//     (checkFits, the one limit check).
+//   - A failed turn is not history: Turn.Fail takes the messages the turn
+//     appended out again (an "undo" record) and restores the system
+//     messages it replaced, unless a later turn appended after them.
+//   - Privacy: a session that names no end user recalls only its own
+//     memory (unless Recall.TenantUserScope); a request naming another end
+//     user than its session's is refused with ErrUserMismatch.
 //   - Nothing that leaves the window is deleted: an evicted message becomes a
 //     memory unit (tier working, later archive), unless a unit already holds
 //     its text (units are deduplicated by role and text and never empty,

@@ -51,10 +51,26 @@ func TestFailedTurnIsNotHistory(t *testing.T) {
 	if err := tr.Complete(text("assistant", "two")); err != nil {
 		t.Fatal(err)
 	}
+	// A failed turn that changed the system messages changes them back.
+	tr = prepare(t, s, "t", "d", ModeAppend, text("system", "be brief"), text("user", "q1"))
+	if err := tr.Complete(text("assistant", "a1")); err != nil {
+		t.Fatal(err)
+	}
+	prepare(t, s, "t", "d", ModeAppend, text("system", "be verbose"), text("user", "q2")).Fail()
+	sysOf := func(s *Store) string {
+		v, _ := s.Session("t", "d")
+		return v.Messages[0].Role + ":" + v.Messages[0].Content
+	}
+	if got := sysOf(s); got != "system:be brief" {
+		t.Fatalf("system after a failed turn: %q", got)
+	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 	s = openStore(t, dir, nil)
+	if got := sysOf(s); got != "system:be brief" {
+		t.Fatalf("system after a failed turn and a restart: %q", got)
+	}
 	if got := contents(s, "a"); !equalStrings(got, want) {
 		t.Fatalf("after a restart: history %q, want %q", got, want)
 	}

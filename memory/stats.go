@@ -7,7 +7,7 @@ type storeStats struct {
 	summaries, summaryErrors, queueFull         atomic.Int64
 	quarantined, writeErrors, completes, orphan atomic.Int64
 	recordsLost, repliesCut, undone             atomic.Int64
-	userMismatch                                atomic.Int64
+	userMismatch, asSent                        atomic.Int64
 	sessionsExpired, sessionsEvicted            atomic.Int64
 	quarantineRemoved, sharedTrims              atomic.Int64
 	diskBytes, sharedBytes                      atomic.Int64
@@ -60,6 +60,9 @@ type Stats struct {
 	// again (Turn.Fail); UserMismatch requests refused (ErrUserMismatch)
 	// because they named another end user than the session's.
 	Undone, UserMismatch int64
+	// AsSent counts turns whose client messages alone did not fit the
+	// limit, forwarded as sent (TurnStats.AsSent).
+	AsSent int64
 
 	// Disk and files (see StorageOptions). DiskBytes and SharedDiskBytes
 	// are as of the last retention sweep.
@@ -133,7 +136,7 @@ func (s *Store) Stats() Stats {
 		AppendBytes: st.appendBytes.Load(), Evicted: st.evicted.Load(), Completes: st.completes.Load(),
 		Orphans: st.orphan.Load(), Summaries: st.summaries.Load(), SummaryErrors: st.summaryErrors.Load(),
 		QueueFull: st.queueFull.Load(), Quarantined: st.quarantined.Load(), WriteErrors: st.writeErrors.Load(),
-		RecordsLost: st.recordsLost.Load(), RepliesCut: st.repliesCut.Load(), Undone: st.undone.Load(), UserMismatch: st.userMismatch.Load(),
+		RecordsLost: st.recordsLost.Load(), RepliesCut: st.repliesCut.Load(), Undone: st.undone.Load(), UserMismatch: st.userMismatch.Load(), AsSent: st.asSent.Load(),
 		DiskBytes: st.diskBytes.Load(), SharedDiskBytes: st.sharedBytes.Load(), MaxDiskBytes: s.opts.Storage.MaxDiskBytes,
 		SessionsExpired: st.sessionsExpired.Load(), SessionsEvicted: st.sessionsEvicted.Load(),
 		QuarantineRemoved: st.quarantineRemoved.Load(), SharedTrims: st.sharedTrims.Load(),

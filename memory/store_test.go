@@ -401,19 +401,35 @@ func TestRecallBlockSitsBeforeNewestUserMessage(t *testing.T) {
 	}
 }
 
-func TestContextTooLargeWritesNothing(t *testing.T) {
+// TestContextTooLargeGoesAsSent: a request whose own messages do not fit
+// the limit is not refused (the engine behind may take it): its window is
+// the request as sent, and it is recorded like any other.
+func TestContextTooLargeGoesAsSent(t *testing.T) {
 	s := openStore(t, t.TempDir(), func(o *Options) {
 		o.Window.Limit = 300
 		o.Window.SystemReserve = 50
 		o.Window.ToolsReserve = 50
 	})
-	_, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t", SessionID: "s", Mode: ModeFull, Model: "m", Messages: []Message{text("user", strings.Repeat("word ", 400))}})
-	if !errors.Is(err, ErrContextTooLarge) {
-		t.Fatalf("err %v, want ErrContextTooLarge", err)
+	req := []Message{text("system", "be brief"), text("user", strings.Repeat("word ", 400))}
+	tr, err := s.Prepare(context.Background(), TurnRequest{Tenant: "t", SessionID: "s", Mode: ModeFull, Model: "m", Messages: req})
+	if err != nil || !tr.Stats.AsSent {
+		t.Fatalf("err %v, as sent %v", err, err == nil && tr.Stats.AsSent)
 	}
-	if _, err := s.Session("t", "s"); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("session created by a refused request: %v", err)
+	if fmt.Sprint(rawStrings(tr.Messages)) != fmt.Sprint(rawStrings(raws(req))) {
+		t.Fatalf("window %s, want the request as sent", rawStrings(tr.Messages))
 	}
+	if err := tr.Complete(text("assistant", "ok")); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.Session("t", "s"); err != nil || len(v.Messages) != 3 {
+		t.Fatalf("session after an as-sent turn: %+v, %v", v, err)
+	}
+	// A limit from the engine below the store's also sends as is.
+	tr, err = s.Prepare(context.Background(), TurnRequest{Tenant: "t", SessionID: "s2", Mode: ModeAppend, Model: "m", Limit: 5, Messages: []Message{text("user", "a question of more than five tokens, surely")}})
+	if err != nil || !tr.Stats.AsSent || tr.Stats.Limit != 5 {
+		t.Fatalf("engine limit 5: err %v, stats %+v", err, tr.Stats)
+	}
+	tr.Abort()
 }
 
 func TestInvalidInput(t *testing.T) {

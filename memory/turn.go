@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -32,10 +33,14 @@ type Turn struct {
 	store   *Store
 	sess    *session
 	lastSeq uint64 // seq of the last history message when prepared
-	added   int    // history messages this request appended (undone by Fail)
-	pending chan struct{}
-	enc     Encoding
-	done    atomic.Bool
+	// What Fail takes back: the history messages this request appended,
+	// and the system messages it replaced (when sysChanged).
+	added      int
+	sysChanged bool
+	prevSys    []*entry
+	pending    chan struct{}
+	enc        Encoding
+	done       atomic.Bool
 }
 
 // TurnStats describe one window, for logs and metrics.
@@ -74,6 +79,9 @@ type TurnStats struct {
 	Recall string
 	// Prefix is what this window shares with the session's previous one.
 	Prefix PrefixStats
+	// AsSent is true when the client's own messages did not fit the
+	// limit: Messages are the request's messages as sent, nothing added.
+	AsSent bool
 }
 
 // TurnRequest is one chat request as Prepare sees it.
@@ -98,6 +106,25 @@ type TurnRequest struct {
 	// ToolsTokens is the token cost of the request's tools/functions (see
 	// CountTokensContext), charged against the limit.
 	ToolsTokens int
+	// Limit is what the engine behind the proxy can take for this request,
+	// counted in the store's tokens (its context less what the reply
+	// needs); zero when unknown. The window's limit is the smaller of it
+	// and Store.Limit(Model), which stays a ceiling.
+	Limit int
+
+	// asSent is set when the client's own messages do not fit the limit:
+	// the window is then the request as sent (see Prepare).
+	asSent bool
+}
+
+// limitFor is the window limit of req: Store.Limit(req.Model), lowered to
+// req.Limit when that is known and smaller.
+func (s *Store) limitFor(req *TurnRequest) int {
+	l := s.Limit(req.Model)
+	if req.Limit > 0 && req.Limit < l {
+		l = req.Limit
+	}
+	return l
 }
 
 // Prepare records a request's new messages and builds its window.
@@ -107,8 +134,15 @@ type TurnRequest struct {
 // request path), and returns the window for the model's limit with the
 // tools' cost charged against it.
 //
-// Errors: ErrInvalid, ErrContextTooLarge (nothing was written), ErrClosed,
-// or I/O errors (nothing was acknowledged).
+// When the client's system messages, its newest user message (with what
+// follows it) and the tools do not fit the limit (see TurnRequest.Limit)
+// even with nothing else, the request is recorded as usual but its window
+// is the client's messages exactly as sent (Stats.AsSent): memory is only
+// ever added within the engine's context, and a request the engine would
+// take from the client directly still reaches it.
+//
+// Errors: ErrInvalid, ErrUserMismatch (nothing was written), ErrClosed, or
+// I/O errors (nothing was acknowledged).
 func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
 	if req.SessionID == "" {
 		return nil, fmt.Errorf("%w: empty session id", ErrInvalid)
@@ -136,7 +170,9 @@ func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
 	ctx, stop := s.withStore(ctx) // counting stops when the store closes too
 	defer stop()
 	enc := s.Encoding(req.Model)
-	if err := s.checkFixedPart(ctx, enc, s.Limit(req.Model), msgs, req.ToolsTokens); err != nil {
+	if err := s.checkFixedPart(ctx, enc, s.limitFor(&req), msgs, req.ToolsTokens); errors.Is(err, ErrContextTooLarge) {
+		req.asSent = true
+	} else if err != nil {
 		return nil, err
 	}
 	for attempt := 0; ; attempt++ {
@@ -259,7 +295,7 @@ func checkFits(sysCost, turnCost, tools, limit int) error {
 func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, req *TurnRequest) (*Turn, error) {
 	now := s.opts.Clock.Now()
 	enc := s.Encoding(req.Model)
-	limit := s.Limit(req.Model)
+	limit := s.limitFor(req)
 	tk := s.tok
 	if sess.exists && req.UserID != "" && req.UserID != sess.user {
 		s.stats.userMismatch.Add(1)
@@ -274,8 +310,8 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 		sysCost += e.cost(tk, enc)
 	}
 	_, turnCost := currentTurn(sess.hist[:p.keep], p.add, tk, enc)
-	if err := checkFits(sysCost, turnCost, req.ToolsTokens, limit); err != nil {
-		return nil, err
+	if !req.asSent && checkFits(sysCost, turnCost, req.ToolsTokens, limit) != nil {
+		req.asSent = true
 	}
 
 	// One write for everything new.
@@ -316,6 +352,7 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 		}
 	}
 	// Apply: the same transitions replay performs.
+	prevSys := sess.sys
 	if p.sysChanged {
 		sess.sys = p.sys
 	}
@@ -338,6 +375,11 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	}
 	st.User = sess.user
 
+	if req.asSent {
+		t := s.asSentLocked(sess, req, st, sysCost+turnCost+req.ToolsTokens, p.mode)
+		t.added, t.sysChanged, t.prevSys = len(p.add), p.sysChanged, prevSys
+		return t, nil
+	}
 	s.maybeDecayLocked(sess, now)
 	toolCtx := s.toolTurnLocked(sess, p.add)
 	w, err := s.buildWindow(ctx, sess, um, windowParams{enc: enc, limit: limit, tools: req.ToolsTokens, strategy: s.opts.Window.Strategy, now: now, toolCtx: toolCtx})
@@ -358,13 +400,40 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 		close(sess.pending)
 	}
 	sess.pending = make(chan struct{})
-	t := &Turn{Messages: w.msgs, Block: w.recall, Stable: w.stable, Stats: st, store: s, sess: sess, pending: sess.pending, enc: enc, added: len(p.add)}
+	t := &Turn{Messages: w.msgs, Block: w.recall, Stable: w.stable, Stats: st, store: s, sess: sess, pending: sess.pending, enc: enc,
+		added: len(p.add), sysChanged: p.sysChanged, prevSys: prevSys}
 	if n := len(sess.hist); n > 0 {
 		t.lastSeq = sess.hist[n-1].seq
 	}
 	s.stats.prepares.Add(1)
 	s.stats.countMode(p.mode, req.Mode == ModeAuto)
 	return t, nil
+}
+
+// asSentLocked finishes a turn whose client messages alone do not fit the
+// limit: the window is the request's messages as sent, and fixed their
+// counted cost (the client's system messages, current turn and tools).
+func (s *Store) asSentLocked(sess *session, req *TurnRequest, st TurnStats, fixed int, mode Mode) *Turn {
+	st.AsSent = true
+	st.TotalTokens = fixed
+	st.WindowMessages, st.StoredMessages = len(req.Messages), len(sess.hist)
+	msgs := make([]json.RawMessage, len(req.Messages))
+	for i := range req.Messages {
+		msgs[i] = req.Messages[i].Raw
+	}
+	sess.prevPrompt, sess.prevCosts = nil, nil
+	if sess.pending != nil {
+		close(sess.pending)
+	}
+	sess.pending = make(chan struct{})
+	t := &Turn{Messages: msgs, Stats: st, store: s, sess: sess, pending: sess.pending, enc: s.Encoding(req.Model)}
+	if n := len(sess.hist); n > 0 {
+		t.lastSeq = sess.hist[n-1].seq
+	}
+	s.stats.prepares.Add(1)
+	s.stats.asSent.Add(1)
+	s.stats.countMode(mode, req.Mode == ModeAuto)
+	return t
 }
 
 // Complete records the assistant's reply after the response was sent
@@ -407,25 +476,53 @@ func (t *Turn) finishFailed() error {
 }
 
 // undoLocked removes the turn's appended messages when they are still the
-// history's tail. Called with sess.mu held.
+// history's tail, and brings back the system messages it replaced. Called
+// with sess.mu held.
 func (t *Turn) undoLocked() error {
 	s, sess := t.store, t.sess
 	n := len(sess.hist)
-	if t.added == 0 || n < t.added || sess.hist[n-1].seq != t.lastSeq || sess.gone.Load() || !sess.exists {
+	if sess.gone.Load() || !sess.exists || t.added > n || t.added > 0 && sess.hist[n-1].seq != t.lastSeq {
+		return nil // history moved on (or the session went): nothing is reordered
+	}
+	if t.added == 0 && !t.sysChanged {
 		return nil
 	}
-	keep := n - t.added
 	now := s.opts.Clock.Now()
-	r := &record{K: "undo", T: now.UnixNano(), Keep: &keep}
-	framed, err := encodeRecord(nil, r)
-	if err != nil {
-		return err
+	var recs []*record
+	if t.sysChanged {
+		r := &record{K: "sys", T: now.UnixNano(), Seq: sess.nextSeq, Msgs: []json.RawMessage{}}
+		for _, e := range t.prevSys {
+			r.Msgs = append(r.Msgs, e.msg.Raw)
+		}
+		recs = append(recs, r)
+	}
+	if t.added > 0 {
+		keep := n - t.added
+		recs = append(recs, &record{K: "undo", T: now.UnixNano(), Keep: &keep})
+	}
+	var framed []byte
+	for _, r := range recs {
+		var err error
+		if framed, err = encodeRecord(framed, r); err != nil {
+			return err
+		}
 	}
 	if err := s.writeLocked(sess, framed, now); err != nil {
 		return fmt.Errorf("memory: undo failed turn: %w", err)
 	}
-	if err := sess.apply(r, nil, s.tok); err != nil {
-		return err
+	if t.sysChanged {
+		sys := make([]*entry, len(t.prevSys))
+		for i, e := range t.prevSys {
+			sys[i] = newEntry(sess.nextSeq, e.msg, e.at)
+			sys[i].tokens = e.tokens
+			sess.nextSeq++
+		}
+		sess.sys = sys
+	}
+	for _, r := range recs[len(recs)-min(1, t.added):] {
+		if err := sess.apply(r, nil, s.tok); err != nil {
+			return err
+		}
 	}
 	sess.prevPrompt, sess.prevCosts = nil, nil
 	s.stats.undone.Add(int64(t.added))

@@ -3,7 +3,6 @@ package memory
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -97,15 +96,24 @@ func mem001(t testing.TB, seed uint64, limitRaw, toolsRaw uint16, turns int, kno
 			req = append(req, newMsgs...)
 		}
 		tr, err := s.Prepare(context.Background(), TurnRequest{Tenant: "tenant", SessionID: "sess", Mode: mode, Model: "test-model", Messages: req, ToolsTokens: tools})
-		if errors.Is(err, ErrContextTooLarge) {
-			// Legitimate only when system + current turn + tools cannot fit.
+		if err == nil && tr.Stats.AsSent {
+			// Legitimate only when system + current turn + tools cannot
+			// fit; the window is then the request exactly as sent.
 			need := tools + countWindow(t, recount, enc, raws(sys))
 			need += countWindow(t, recount, enc, raws([]Message{user}))
 			if need <= limit {
-				t.Fatalf("turn %d: ErrContextTooLarge but system+user+tools = %d ≤ %d", turn, need, limit)
+				t.Fatalf("turn %d: sent as is but system+user+tools = %d ≤ %d", turn, need, limit)
+			}
+			if fmt.Sprint(rawStrings(tr.Messages)) != fmt.Sprint(rawStrings(raws(req))) {
+				t.Fatalf("turn %d: a request over the limit was not sent as is", turn)
 			}
 			st.tooLarge++
-			continue // the client drops the refused message
+			// The engine refuses it too: the failed turn leaves the
+			// session as it was, and the client drops the message.
+			if err := tr.Fail(); err != nil {
+				t.Fatal(err)
+			}
+			continue
 		}
 		if err != nil {
 			t.Fatalf("turn %d: Prepare: %v", turn, err)

@@ -73,11 +73,40 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 			release()
 		}
 	}()
+	x := &exchange{r: r, start: start, info: info, sess: sess, sessLog: sessLog, body: body, release: &release}
+	for attempt := 0; ; attempt++ {
+		x.attempt = attempt
+		if stream, again := s.forwardOnce(ctx, x); !again {
+			return stream
+		}
+	}
+}
+
+// exchange is one client request as forward passes it through its
+// attempts: a turn whose window the engine refused for its context is
+// built again for the context the error stated and sent once more.
+type exchange struct {
+	r       route
+	start   time.Time
+	info    requestInfo
+	sess    sessionRef
+	sessLog []any
+	body    []byte  // the client's body
+	release *func() // the fleet lease, taken by whoever finishes the turn
+	attempt int
+}
+
+// forwardOnce makes one attempt of x. It returns stream true when the
+// response is a stream whose relay will finish it, and again true when the
+// upstream refused the turn's window for the engine's context before any
+// byte reached the client: forward then tries once more.
+func (s *Server) forwardOnce(ctx *fasthttp.RequestCtx, x *exchange) (stream, again bool) {
+	r, start, info, sess, sessLog, body := x.r, x.start, x.info, x.sess, x.sessLog, x.body
 	var turn *memory.Turn
 	if s.opts.Memory != nil && sess.ID != "" && r == routeChat && ctx.IsPost() {
 		var handled bool
 		if turn, body, handled = s.prepareTurn(ctx, sess, info, body, sessLog); handled {
-			return false
+			return false, false
 		}
 	}
 	// Every path below either hands turn to record or fails it: a turn
@@ -106,10 +135,14 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 		}
 	}
 	// The engine hears of every response it saw a request for, once.
+	var refused *engine.Response // a context error answered to this attempt
 	defer func() {
-		if ereq != nil {
-			s.engineAfter(ereq, &engine.Response{Status: ctx.Response.StatusCode(), Body: ctx.Response.Body()}, nil, release)
-			release = nil
+		switch {
+		case ereq != nil && refused != nil:
+			s.engineAfter(ereq, refused, nil, nil) // the turn goes on: the lease stays
+		case ereq != nil:
+			s.engineAfter(ereq, &engine.Response{Status: ctx.Response.StatusCode(), Body: ctx.Response.Body()}, nil, *x.release)
+			*x.release = nil
 		}
 	}()
 
@@ -133,7 +166,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 		if errors.Is(err, errCancelled) {
 			s.log.Info("client went away before the upstream answered", append(sessLog, "route", r.String())...)
 			writeError(ctx, statusClientClosed, typeInvalidRequest, "client_closed", "client closed the request")
-			return false
+			return false, false
 		}
 		s.metrics.countUpstreamError(kind)
 		s.log.Warn("upstream request failed", append(sessLog, "route", r.String(), "kind", kind, "err", err)...)
@@ -142,7 +175,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 			msg = fmt.Sprintf("upstream did not answer within %s", s.opts.UpstreamTimeout)
 		}
 		writeError(ctx, status, typeUpstream, code, msg)
-		return false
+		return false, false
 	}
 	ub := &upBody{u: s.up, uc: uc, r: resp.BodyStream(), idle: s.opts.StreamIdleTimeout, slot: slot, resp: resp, reuse: !resp.ConnectionClose()}
 
@@ -157,19 +190,19 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 	if isSSE || resp.Header.ContentLength() < 0 && info.Stream {
 		// The watch goes on while the relay waits on the upstream; the relay
 		// stops it when fasthttp closes the body stream.
-		rl := &relay{stopWatch: stopWatch, turn: turn, ereq: ereq, release: release,
+		rl := &relay{stopWatch: stopWatch, turn: turn, model: info.Model, ereq: ereq, release: *x.release,
 			s: s, body: ub, conn: ctx.Conn(),
 			sse: isSSE, validate: isSSE && (r == routeChat || r == routeCompletions),
 			route: r, status: status, start: start, sessLog: sessLog,
 			buf: relayBufs.Get().(*[32 << 10]byte)[:],
 		}
-		turn, ereq, release = nil, nil, nil // the relay records them
+		turn, ereq, *x.release = nil, nil, nil // the relay records them
 		// Headers go out at once unless the first bytes of the body are
 		// already here: then both leave in one write, one wakeup less for
 		// the client's time to first event.
 		ctx.Response.ImmediateHeaderFlush = uc.br.Buffered() == 0
 		ctx.SetBodyStream(rl, -1)
-		return true
+		return true, false
 	}
 
 	err = readBodyInto(&ctx.Response, ub, s.opts.MaxResponseBytes)
@@ -184,30 +217,58 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 		ctx.Response.Reset()
 		if errors.Is(err, errCancelled) {
 			writeError(ctx, statusClientClosed, typeInvalidRequest, "client_closed", "client closed the request")
-			return false
+			return false, false
 		}
 		if errors.Is(err, errTooLarge) {
 			s.metrics.countUpstreamError(upErrTooLarge)
 			writeError(ctx, fasthttp.StatusBadGateway, typeUpstream, "upstream_response_too_large",
 				fmt.Sprintf("upstream response exceeds the limit of %d bytes", s.opts.MaxResponseBytes))
-			return false
+			return false, false
 		}
 		status, code, kind := classifyBodyError(err, timedOut)
 		s.metrics.countUpstreamError(kind)
 		s.log.Warn("upstream body failed", append(sessLog, "route", r.String(), "kind", kind, "err", err)...)
 		writeError(ctx, status, typeUpstream, code, "upstream response broken: "+kind)
-		return false
+		return false, false
+	}
+	if turn != nil && x.attempt == 0 && !turn.Stats.AsSent && status >= 400 {
+		if ce, ok := parseContextError(status, ctx.Response.Body()); ok {
+			// The engine's context is smaller than the window: nothing
+			// reached the client yet, so build it again for what the
+			// error says and send it once more.
+			s.limits.learnError(info.Model, ce, turn.Stats.TotalTokens)
+			s.mem.contextRetries.Add(1)
+			s.log.Info("the upstream refused the window for its context; building it again for that context", append(sessLog,
+				"window_tokens", turn.Stats.TotalTokens, "engine_ctx", ce.nCtx, "engine_prompt_tokens", ce.nPrompt)...)
+			refused = &engine.Response{Status: status, Body: append([]byte(nil), ctx.Response.Body()...)}
+			s.failTurn(turn)
+			turn = nil
+			ctx.Response.Reset()
+			return false, true
+		}
 	}
 	s.metrics.ttfb[r].observe(time.Since(start))
 	s.metrics.bytesOut.Add(uint64(len(ctx.Response.Body())))
 	if turn != nil && status < 300 {
+		s.observeContext(info.Model, turn, ctx.Response.Body())
 		// The reply is durable before the response is written (issue 12
 		// row 15): a client that got its answer finds it in the session.
 		raw, cut := replyMessage(ctx.Response.Body(), s.opts.Memory.MaxReplyBytes())
 		s.recordTurn(turn, raw, cut)
 		turn = nil
 	}
-	return false
+	return false, false
+}
+
+// observeContext learns the engine's tokens per memory token from an
+// answer's prompt tokens (usage or llama.cpp timings) to turn's window.
+func (s *Server) observeContext(model string, turn *memory.Turn, body []byte) {
+	if s.limits == nil || turn.Stats.AsSent {
+		return
+	}
+	if tm, ok := engine.ParseTimings(body); ok {
+		s.limits.observe(model, turn.Stats.TotalTokens, int(tm.PromptN+tm.CacheN))
+	}
 }
 
 // engineAfter runs, off the request path and in this order: rec (a

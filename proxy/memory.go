@@ -31,6 +31,9 @@ type memMetrics struct {
 	recorded     atomic.Uint64 // replies recorded (complete or partial)
 	recordErrors atomic.Uint64 // replies that could not be recorded
 	userMismatch atomic.Uint64 // requests naming another end user than their session's
+	// contextRetries counts turns the upstream refused for its context
+	// and that were sent again with a window built for it.
+	contextRetries atomic.Uint64
 }
 
 func (m *memMetrics) write(w io.Writer, st memory.Stats) {
@@ -48,6 +51,8 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{"sidecar_memory_bypassed_total", "Requests forwarded unchanged because session memory failed.", m.bypassed.Load()},
 		{"sidecar_memory_replies_recorded_total", "Assistant replies recorded (complete ones before the client sees the answer's end, partial ones after).", m.recorded.Load()},
 		{"sidecar_memory_record_errors_total", "Assistant replies that could not be recorded (the answer went out regardless).", m.recordErrors.Load()},
+		{"sidecar_memory_context_retries_total", "Turns the upstream refused for its context (before any byte reached the client) and that were sent again with a window built for the context it stated.", m.contextRetries.Load()},
+		{"sidecar_memory_as_sent_total", "Turns whose client messages alone did not fit the engine's context: forwarded exactly as sent, no memory added.", uint64(st.AsSent)},
 		{"sidecar_memory_user_mismatch_total", "Requests that named another end user than their session's: forwarded without session memory.", m.userMismatch.Load()},
 		{"sidecar_memory_failed_turn_messages_total", "Messages of turns whose upstream answer failed, taken out of their session again.", uint64(st.Undone)},
 		{"sidecar_memory_summaries_total", "Summaries made in the background.", uint64(st.Summaries)},
@@ -151,7 +156,7 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 	if err == nil {
 		turn, err = st.Prepare(s.stopping, memory.TurnRequest{Tenant: sess.Tenant, SessionID: sess.ID, UserID: user,
 			Mode: memory.ParseMode(string(ctx.Request.Header.Peek("X-Session-Mode"))), Model: info.Model,
-			Messages: msgs, ToolsTokens: tools})
+			Messages: msgs, ToolsTokens: tools, Limit: s.limits.windowFor(info.Model, info.MaxTokens)})
 	}
 	switch {
 	case err == nil:
@@ -179,7 +184,13 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 		s.log.Warn("session memory failed; forwarding unchanged", append(log, "err", err)...)
 		return nil, body, false
 	}
-	out, err = replaceValue(body, "messages", memory.AppendMessagesJSON(nil, turn.Messages))
+	if turn.Stats.AsSent {
+		// The client's own messages alone fill the engine's context: the
+		// request goes exactly as sent (the turn is still recorded).
+		out = body
+	} else {
+		out, err = replaceValue(body, "messages", memory.AppendMessagesJSON(nil, turn.Messages))
+	}
 	if err != nil { // unreachable: parseRequest checked the body
 		s.failTurn(turn)
 		s.mem.bypassed.Add(1)
@@ -199,7 +210,7 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 	s.log.Info("session window", append(log, "mode", ts.Mode, "mode_detected", ts.ModeDetected, "match", ts.Match,
 		"user", ts.User, "window_tokens", ts.TotalTokens, "limit", ts.Limit,
 		"messages", ts.WindowMessages, "stored", ts.StoredMessages, "evicted", ts.Evicted, "recalled", ts.Recalled,
-		"cross_session", ts.CrossSession, "recall_tokens", ts.RecallTokens, "recall", ts.Recall,
+		"cross_session", ts.CrossSession, "recall_tokens", ts.RecallTokens, "recall", ts.Recall, "as_sent", ts.AsSent,
 		"shared_prefix_tokens", ts.Prefix.Tokens, "shared_prefix_bytes", ts.Prefix.Bytes)...)
 	return turn, out, false
 }

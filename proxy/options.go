@@ -99,6 +99,11 @@ type Options struct {
 	// completions go through statelessly even with a session id, and the
 	// sessions, pool and KV APIs answer 401.
 	AllowAnonymous bool
+	// NoContextProbe stops the sidecar from asking the upstream for its
+	// context and token counts (GET /props and /v1/models, POST /tokenize,
+	// at start and every few minutes; see ctxlimit.go). The context is then
+	// learned only from answers and context errors. Default false.
+	NoContextProbe bool
 
 	// AdminToken, when not empty, turns the operator's console on: the
 	// page at /ui and its JSON API under /admin/v1, which answers only

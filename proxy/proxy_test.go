@@ -20,7 +20,9 @@ import (
 // its base URL. The server is shut down when the test ends.
 func startSidecar(t *testing.T, upstreamURL string, mod func(*Options)) (string, *Server) {
 	t.Helper()
-	o := Options{Upstream: upstreamURL, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	// Scripted upstreams answer chat only: no context probes unless a
+	// test turns them on.
+	o := Options{Upstream: upstreamURL, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), NoContextProbe: true}
 	if mod != nil {
 		mod(&o)
 	}

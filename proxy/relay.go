@@ -44,6 +44,7 @@ type relay struct {
 	stopWatch func()
 	// turn, when not nil, records the streamed reply once the stream ends.
 	turn  *memory.Turn
+	model string // the request's, for what the engine's counts teach
 	reply streamReply
 	// ereq, when not nil, is handed to the engine's after-hook with the
 	// last data events (llama.cpp puts timings in the final chunk).
@@ -150,6 +151,9 @@ func (r *relay) commitTurn() {
 	if r.turn == nil || r.status >= 300 {
 		return
 	}
+	// The last data event carries the engine's usage or timings (kept
+	// when an engine connector reads them): how it counted the window.
+	r.s.observeContext(r.model, r.turn, r.lastData[1])
 	// A reply over what memory keeps is recorded cut, as partial.
 	r.s.recordTurn(r.turn, r.reply.message(), r.reply.cut)
 	r.turn = nil

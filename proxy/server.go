@@ -32,6 +32,9 @@ type Server struct {
 	probeMu sync.Mutex
 	up      *upClient
 	mem     memMetrics
+	// limits is the engine's context per model (ctxlimit.go); nil
+	// without memory, which alone adds to requests.
+	limits *ctxLimits
 	// bg runs reply recording and engine after-hooks once responses are
 	// out; Shutdown waits for it.
 	bg bgTasks
@@ -89,6 +92,8 @@ func New(opts Options) (*Server, error) {
 	}
 	s.admin, _ = opts.Memory.(AdminMemory)
 	if opts.Memory != nil {
+		s.limits = newCtxLimits(base, opts.Memory.CountTokensContext, s.stopping, s.log)
+		s.limits.noProbe = opts.NoContextProbe
 		s.metrics.AddCollector(func(w io.Writer) { s.mem.write(w, opts.Memory.Stats()) })
 	}
 	if opts.KV != nil {
@@ -118,6 +123,9 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 // Serve accepts connections on ln until Shutdown; it returns nil after a
 // clean shutdown.
 func (s *Server) Serve(ln net.Listener) error {
+	if s.limits != nil && s.stopping.Err() == nil {
+		s.limits.start()
+	}
 	if s.consoleOn() {
 		s.samplerOnce.Do(func() {
 			if s.stopping.Err() != nil {
@@ -140,6 +148,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.samplerOnce.Do(func() {}) // none starts after this
 	s.sampler.Wait()
 	err := s.srv.ShutdownWithContext(ctx)
+	if s.limits != nil {
+		s.limits.close()
+	}
 	s.up.closeIdle(true)
 	s.bg.closeAndWait() // replies still being recorded
 	return err

@@ -31,6 +31,10 @@ type requestInfo struct {
 	// "tools" and "functions" values (their token cost is reserved).
 	Messages json.RawMessage
 	Tools    []byte
+	// MaxTokens is what the client asked the reply may take
+	// (max_completion_tokens, max_tokens, or llama.cpp's n_predict; the
+	// first present and positive), 0 when none.
+	MaxTokens int
 }
 
 // badRequestError is a request body the client must fix (400); its message
@@ -63,6 +67,7 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 	}
 	var (
 		model, stream, key, user, messages, prompt, input, tools, functions gjson.Result
+		maxTokens                                                           [3]gjson.Result
 	)
 	gjson.ParseBytes(trimmed).ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
@@ -84,6 +89,12 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 			tools = v
 		case "functions":
 			functions = v
+		case "max_completion_tokens":
+			maxTokens[0] = v
+		case "max_tokens":
+			maxTokens[1] = v
+		case "n_predict":
+			maxTokens[2] = v
 		}
 		return true // later duplicates win, as with encoding/json
 	})
@@ -114,6 +125,11 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 		info.User = user.Str
 	default:
 		return info, badRequest("invalid type for 'user': expected string")
+	}
+	for _, m := range maxTokens {
+		if m.Type == gjson.Number && m.Num >= 1 && info.MaxTokens == 0 {
+			info.MaxTokens = int(min(m.Num, 1<<30))
+		}
 	}
 	present := func(r gjson.Result) bool { return r.Exists() && r.Type != gjson.Null }
 	switch ep {

@@ -66,6 +66,7 @@ type serveConfig struct {
 	memoryUpstream string
 	pprof          string
 	allowAnonymous bool
+	contextProbe   bool
 	adminToken     string
 	consoleEvery   time.Duration
 
@@ -118,6 +119,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.slotDir, "llamacpp-slot-dir", "", "the llama.cpp server's --slot-save-path, shared with the sidecar (--engine llamacpp)")
 	fs.IntVar(&c.slots, "llamacpp-slots", 1, "the llama.cpp server's -np (parallel slots)")
 	fs.StringVar(&c.pprof, "pprof", "", "serve Go's /debug/pprof on this loopback address, e.g. 127.0.0.1:6060 (heap dumps hold prompts: any other address is refused; off when empty)")
+	fs.BoolVar(&c.contextProbe, "context-probe", true, "ask the upstream for its context size and token counts (GET /props and /v1/models, POST /tokenize; at start and every few minutes) so memory is added only within what the engine holds; off: learned from answers and context errors alone")
 	fs.BoolVar(&c.allowAnonymous, "allow-anonymous", false, "let requests without an API key share one tenant named \"anonymous\" (sessions, pool, KV open to every such client); off: they keep no state and the state APIs answer 401")
 	fs.StringVar(&c.adminToken, "admin-token", "", "turn the operator console on at /ui, with its admin API under /admin/v1, for requests carrying Authorization: Bearer <this token> (at least 16 bytes; it sees every tenant); empty: both answer 404")
 	fs.DurationVar(&c.consoleEvery, "console-sample-every", 5*time.Second, "period of the console's KV time series (hit rate, tier occupancy); the last 720 samples are kept")
@@ -419,6 +421,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		WriteTimeout:       c.writeTO,
 		IdleTimeout:        c.connIdle,
 		AllowAnonymous:     c.allowAnonymous,
+		NoContextProbe:     !c.contextProbe,
 		AdminToken:         c.adminToken,
 		ConsoleSampleEvery: c.consoleEvery,
 		Knowledge:          knowledge{mem},
