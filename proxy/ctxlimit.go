@@ -293,7 +293,12 @@ func (c *ctxLimits) post(ctx context.Context, path string, body []byte) ([]byte,
 	return c.do(req)
 }
 
+// ProbeUserAgent is the User-Agent of the sidecar's context probes, so
+// an upstream's logs (and scripted upstreams in tests) can tell them apart.
+const ProbeUserAgent = "kvsidecar-context-probe"
+
 func (c *ctxLimits) do(req *http.Request) ([]byte, error) {
+	req.Header.Set("User-Agent", ProbeUserAgent)
 	resp, err := c.client.Do(req)
 	if err != nil {
 		return nil, err

@@ -19,6 +19,8 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+
+	"github.com/kvsidecar/kvsidecar/proxy"
 )
 
 // When the test binary runs with SIDECAR_TEST_MAIN=1 it is the sidecar
@@ -149,6 +151,10 @@ func newScriptedUpstream(t *testing.T) *scriptedUpstream {
 }
 
 func (u *scriptedUpstream) serve(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("User-Agent") == proxy.ProbeUserAgent {
+		http.NotFound(w, r) // a scripted upstream states no context
+		return
+	}
 	u.mu.Lock()
 	u.headers = append(u.headers, r.Header.Clone())
 	u.mu.Unlock()
