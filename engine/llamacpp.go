@@ -41,7 +41,11 @@ type LlamaCPPOptions struct {
 	// API should not serve it to clients.
 	Namespace string
 	// HTTPClient makes the calls to the server. Nil means a client of its
-	// own.
+	// own, whose idle connections close after 2 s: llama-server closes an
+	// idle keep-alive connection after 5 s, and a request sent on one it
+	// is closing fails. (Every call the connector makes is marked
+	// replayable, so net/http retries one that failed on a reused
+	// connection before the server read it.)
 	HTTPClient *http.Client
 	// SlotTimeout bounds one slot save or restore, including the time the
 	// server defers it while the slot finishes a request. Zero means two
@@ -118,7 +122,7 @@ func (o *LlamaCPPOptions) validate() error {
 		o.Namespace = "engine.llamacpp"
 	}
 	if o.HTTPClient == nil {
-		o.HTTPClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: time.Minute}}
+		o.HTTPClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: 2 * time.Second}}
 	}
 	if o.SlotTimeout == 0 {
 		o.SlotTimeout = 2 * time.Minute
