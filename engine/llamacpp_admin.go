@@ -252,6 +252,7 @@ func (c *LlamaCPP) Stats() Stats {
 		SharedFetches:     c.sharedFetches.Load(),
 		SharedErrors:      c.sharedErrs.Load(),
 	}
+	s.BackgroundCancelled, s.ClientWaits = c.bgCancelled.Load(), c.clientWaits.Load()
 	if s.Saves > 0 {
 		s.MeanSaveMs = float64(c.saveNs.Load()) / float64(s.Saves) / 1e6
 	}
