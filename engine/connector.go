@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -26,19 +27,36 @@ type Request struct {
 	Body []byte
 	// Background marks the sidecar's own calls (summaries, extraction,
 	// reviews) made on behalf of the session: a connector places them so
-	// that they never cost a session its KV.
+	// that they never cost a session its KV, nor a client its turn.
 	Background bool
+	// Cancel, on a Background request, cancels the context the caller
+	// sends the call under. A connector that gives the call's slot to a
+	// client request calls it with ErrPreempted (the engine stops
+	// generating when the connection closes); the caller may send the
+	// call again later. Nil: the call cannot be taken back, and a client
+	// needing its slot waits for it.
+	Cancel context.CancelCauseFunc
 
 	// Set by Before, read by After.
-	assigned bool
-	bgHeld   bool         // holds the connector's background-call token
-	slot     int          // the slot the request went to
-	sk       string       // scheduler key: session key, "~n" stateless, "" background
-	owner    string       // whom a state saved from its slot belongs to
-	fp       string       // model fingerprint when placed
-	chain    chain        // the prompt's prefix hashes
-	restore  *restoreInfo // what Before restored, if anything
+	assigned  bool
+	bgHeld    bool         // holds the connector's background-call token
+	preempted bool         // a client took its slot (Cancel called)
+	slot      int          // the slot the request went to
+	sk        string       // scheduler key: session key, "~n" stateless, "" background
+	owner     string       // whom a state saved from its slot belongs to
+	fp        string       // model fingerprint when placed
+	chain     chain        // the prompt's prefix hashes
+	restore   *restoreInfo // what Before restored, if anything
 }
+
+// ErrPreempted is the cause a connector cancels a Background request's
+// context with (Request.Cancel) when a client request takes its slot.
+var ErrPreempted = errors.New("engine: background call preempted by a client request")
+
+// ErrBusy is returned by Before for a Background request that found no
+// slot it may use (every slot serving clients) before its context ended:
+// the call must not be sent; After is still due.
+var ErrBusy = errors.New("engine: no slot free for a background call")
 
 // Response is what the proxy saw of the upstream's answer to a Request.
 type Response struct {
@@ -186,6 +204,12 @@ type Stats struct {
 	SlotsLost int64 `json:"slots_lost"`
 	// BackgroundCalls counts the sidecar's own calls placed on slots.
 	BackgroundCalls int64 `json:"background_calls"`
+	// BackgroundCancelled counts background calls cancelled because a
+	// client request needed their slot; ClientWaits the client requests
+	// placed on a slot busy with background work (each cancelled it, or
+	// waited for it when it could not be cancelled). The goal is 0 waits.
+	BackgroundCancelled int64 `json:"background_cancelled"`
+	ClientWaits         int64 `json:"client_waits"`
 	// States and StateBytes describe the states kept; StatesByTier where.
 	States           int              `json:"states"`
 	StateBytes       int64            `json:"state_bytes"`

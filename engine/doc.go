@@ -27,6 +27,15 @@
 //     stale or foreign state costs a prefill, never a wrong answer.
 //   - Operations on one slot (save, restore) run one at a time in the
 //     order sessions were assigned to it.
+//   - Background work never delays a client: a Background request starts
+//     only on a slot with nothing in flight, quiet for BackgroundQuiet,
+//     while no client request is on its way to a slot, and a client
+//     request placed on a slot running background calls cancels them
+//     (Request.Cancel, ErrPreempted); Stats.ClientWaits counts the client
+//     requests that met background work (the goal is none).
+//   - Every call to the server is replayable (net/http resends one that
+//     met a kept-alive connection the server closed) and idle connections
+//     are dropped after 2 s and on a detected restart.
 //   - Files the connector writes into the slot directory are named from
 //     hashes ("kvsidecar-<hex>-<slot><op>.slot"), never from client strings, written
 //     through a temporary file and a rename, and removed after use.

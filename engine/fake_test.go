@@ -62,7 +62,12 @@ type fakeLlama struct {
 	failRestore   atomic.Bool
 	corruptSave   atomic.Bool
 	ignoreRestore atomic.Bool // restores "succeed" but leave the slot empty
-	restoreDelay  time.Duration
+	// hold, when set (before the first request), picks the chats that
+	// generate until their client goes away; each sends its slot on held
+	// when it starts, and logs "cancelled <slot>" when its client left.
+	hold         func(prompt string) bool
+	held         chan int
+	restoreDelay time.Duration
 	// restoreCost, when clock is set, advances clock on each restore: a
 	// restore that costs that much without real time passing.
 	restoreCost time.Duration
@@ -72,14 +77,15 @@ type fakeLlama struct {
 	model    int // model seed: its fingerprint
 	task     int
 	slots    [][]int32
-	tasks    []int // id_task per slot, -1 never used
+	tasks    []int           // id_task per slot, -1 never used
+	busy     []chan struct{} // per slot: held while a chat runs there
 	written  map[string][]byte
 	restored map[string][]byte
 	log      []string // "save 0", "restore 1", "chat 0 <cache_n>", "probe 0", "erase 0"
 }
 
 func newFakeLlama(t *testing.T, nslot int) (*fakeLlama, *httptest.Server) {
-	f := &fakeLlama{t: t, dir: t.TempDir(), model: 1, written: map[string][]byte{}, restored: map[string][]byte{}}
+	f := &fakeLlama{t: t, dir: t.TempDir(), model: 1, written: map[string][]byte{}, restored: map[string][]byte{}, held: make(chan int, 16)}
 	f.restart(1, nslot)
 	srv := httptest.NewServer(f)
 	t.Cleanup(srv.Close)
@@ -92,6 +98,12 @@ func (f *fakeLlama) restart(model, nslot int) {
 	defer f.mu.Unlock()
 	f.model, f.task = model, 0
 	f.slots, f.tasks = make([][]int32, nslot), make([]int, nslot)
+	if len(f.busy) != nslot {
+		f.busy = make([]chan struct{}, nslot)
+		for i := range f.busy {
+			f.busy[i] = make(chan struct{}, 1)
+		}
+	}
 	for i := range f.tasks {
 		f.tasks[i] = -1
 	}
@@ -101,7 +113,7 @@ func (f *fakeLlama) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	switch {
 	case r.URL.Path == "/v1/chat/completions":
-		f.chat(w, body)
+		f.chat(w, r, body)
 	case r.URL.Path == "/completion":
 		f.completion(w, body)
 	case r.URL.Path == "/v1/models":
@@ -254,7 +266,7 @@ func (f *fakeLlama) completion(w http.ResponseWriter, body []byte) {
 	fmt.Fprintf(w, `{"content":"x","completion_probabilities":[{"id":1,"top_logprobs":[{"id":%d},{"id":%d}]}]}`, m*7, m*13)
 }
 
-func (f *fakeLlama) chat(w http.ResponseWriter, body []byte) {
+func (f *fakeLlama) chat(w http.ResponseWriter, r *http.Request, body []byte) {
 	var req struct {
 		IDSlot      *int `json:"id_slot"`
 		CachePrompt bool `json:"cache_prompt"`
@@ -274,6 +286,26 @@ func (f *fakeLlama) chat(w http.ResponseWriter, body []byte) {
 	if req.IDSlot != nil && *req.IDSlot >= 0 && *req.IDSlot < len(f.slots) {
 		id = *req.IDSlot
 	}
+	busy := f.busy[id]
+	f.mu.Unlock()
+	// One request at a time per slot, as the server runs them: a request
+	// for a busy slot waits (or gives up when its client goes away).
+	select {
+	case busy <- struct{}{}:
+	case <-r.Context().Done():
+		return
+	}
+	defer func() { <-busy }()
+	if f.hold != nil && f.hold(strings.Join(text, " ")) {
+		// A generation that runs until its client goes away.
+		f.held <- id
+		<-r.Context().Done()
+		f.mu.Lock()
+		f.log = append(f.log, fmt.Sprintf("cancelled %d", id))
+		f.mu.Unlock()
+		return
+	}
+	f.mu.Lock()
 	lcp := 0
 	if req.CachePrompt {
 		for lcp < len(prompt) && lcp < len(f.slots[id]) && prompt[lcp] == f.slots[id][lcp] {
@@ -293,7 +325,7 @@ func (f *fakeLlama) chat(w http.ResponseWriter, body []byte) {
 }
 
 // logOf returns the fake's log entries of one kind ("save", "restore",
-// "chat", "probe", "erase") since mark.
+// "chat", "probe", "erase", "cancelled") since mark.
 func (f *fakeLlama) logOf(kind string, mark int) []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -371,7 +403,8 @@ func newHarness(t *testing.T, slots int, mod func(*LlamaCPPOptions)) *harness {
 	t.Helper()
 	fake, srv := newFakeLlama(t, slots)
 	h := &harness{t: t, fake: fake, srv: srv, dir: t.TempDir(), warns: &countHandler{}}
-	h.opts = LlamaCPPOptions{BaseURL: srv.URL + "/v1", SlotDir: fake.dir, Slots: slots, Logger: slog.New(h.warns), MinSaveTokens: 4}
+	h.opts = LlamaCPPOptions{BaseURL: srv.URL + "/v1", SlotDir: fake.dir, Slots: slots, Logger: slog.New(h.warns), MinSaveTokens: 4,
+		BackgroundQuiet: -1} // tests of the quiet period set it
 	if mod != nil {
 		mod(&h.opts)
 	}

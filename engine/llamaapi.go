@@ -75,6 +75,12 @@ func (a *llamaAPI) call(ctx context.Context, method, path string, body any, limi
 	if body != nil {
 		hr.Header.Set("Content-Type", "application/json")
 	}
+	// Every call here may be sent twice (slot save, restore and erase
+	// name their file; the probe is a temperature-0 completion without
+	// the prompt cache): marked replayable, without sending the header,
+	// so net/http retries a call that failed on a reused connection the
+	// server had closed before reading it.
+	hr.Header["Idempotency-Key"] = nil
 	res, err := a.client.Do(hr)
 	if err != nil {
 		return nil, err
@@ -172,6 +178,8 @@ func (a *llamaAPI) fingerprint(ctx context.Context, probeSlot int) (string, erro
 		return "", fmt.Errorf("GET /props: %w", err)
 	}
 	fmt.Fprintf(h, "\x00%d\x00%s\x00%s\x00%s", p.Settings.NCtx, p.Template, p.BOS, p.EOS)
+	// One token (n_predict 1) is all the fingerprint reads: the probe
+	// holds a slot for a single decoding step.
 	probe, err := a.call(ctx, http.MethodPost, "/completion", map[string]any{
 		"prompt": "kvsidecar model fingerprint: the quick brown fox", "n_predict": 1, "n_probs": 8,
 		"temperature": 0, "cache_prompt": false, "id_slot": probeSlot, "grammar": "root ::= [a-z]",

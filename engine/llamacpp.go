@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -41,7 +42,11 @@ type LlamaCPPOptions struct {
 	// API should not serve it to clients.
 	Namespace string
 	// HTTPClient makes the calls to the server. Nil means a client of its
-	// own.
+	// own, whose idle connections close after 2 s: llama-server closes an
+	// idle keep-alive connection after 5 s, and a request sent on one it
+	// is closing fails. (Every call the connector makes is marked
+	// replayable, so net/http retries one that failed on a reused
+	// connection before the server read it.)
 	HTTPClient *http.Client
 	// SlotTimeout bounds one slot save or restore, including the time the
 	// server defers it while the slot finishes a request. Zero means two
@@ -63,6 +68,16 @@ type LlamaCPPOptions struct {
 	// MaxStates bounds the states kept in all; the least recently used
 	// go first. Zero means 65,536.
 	MaxStates int
+	// BackgroundQuiet is how long a slot must have had no client request
+	// before a background call (Request.Background: the sidecar's own) may
+	// start on it, so that a client sending its turns back to back never
+	// meets one. Zero means 500 ms: a client replaying a conversation sends
+	// its next turn within tens of milliseconds, a person takes seconds.
+	// Negative means none. It doubles, up to 16 times, each time a client
+	// request takes a slot from a background call (the server stops that
+	// call only after the prompt batch it is computing, up to a second or
+	// so), and halves back after each background call that completes.
+	BackgroundQuiet time.Duration
 	// NoSaveOnClose makes Close leave the slots' unsaved KV unsaved.
 	NoSaveOnClose bool
 	// NoBackgroundSave turns the saver off: a slot's KV is then saved only
@@ -118,7 +133,13 @@ func (o *LlamaCPPOptions) validate() error {
 		o.Namespace = "engine.llamacpp"
 	}
 	if o.HTTPClient == nil {
-		o.HTTPClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: time.Minute}}
+		o.HTTPClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: 2 * time.Second}}
+	}
+	switch {
+	case o.BackgroundQuiet == 0:
+		o.BackgroundQuiet = 500 * time.Millisecond
+	case o.BackgroundQuiet < 0:
+		o.BackgroundQuiet = 0
 	}
 	if o.SlotTimeout == 0 {
 		o.SlotTimeout = 2 * time.Minute
@@ -185,7 +206,10 @@ const (
 //     it saves, both measured): its own last state, or a long shared
 //     document another session already computed.
 //   - Background calls borrow the slot whose KV is already saved, so they
-//     cost a session at most a restore, never a prefill.
+//     cost a session at most a restore, never a prefill; they start only
+//     on a slot no client used for BackgroundQuiet, and a client request
+//     that needs their slot cancels them (the caller retries later), so
+//     they never delay a client.
 //
 // Guard rails: states carry the fingerprint of the model and its KV layout
 // and are never restored under another; GET /slots before each request
@@ -216,7 +240,7 @@ type LlamaCPP struct {
 	saves, saveErrs, saveEmpty, parseErrs, storeErrs  atomic.Int64
 	restores, restoreMiss, restoreErrs, restoreSkips  atomic.Int64
 	prefixReuses, refused, unusedRestores, bgCalls    atomic.Int64
-	slotsLost                                         atomic.Int64
+	slotsLost, bgCancelled, clientWaits               atomic.Int64
 	savedB, restoredB, saveNs, restoreNs, deletes     atomic.Int64
 	reusedTokens, replacedPrefillUs, restoredMsTotal  atomic.Int64
 	restoredFrom                                      [4]atomic.Int64
@@ -231,6 +255,11 @@ type LlamaCPP struct {
 	// mu protects the fields below.
 	mu             sync.Mutex
 	sched          *scheduler
+	bgReqs         map[*Request]struct{} // background calls placed, with a Cancel
+	changed        chan struct{}         // closed when a slot's requests or arriving change
+	arriving       int                   // client requests in Before
+	bgWaiting      int                   // background calls waiting for a slot
+	quiet          time.Duration         // BackgroundQuiet, adapted to the clients' pauses
 	lastTask       []int
 	fp, layout     string
 	sessions       map[string]*sessEntry // by sessKey(tenant, session)
@@ -274,6 +303,7 @@ func NewLlamaCPP(opts LlamaCPPOptions) (*LlamaCPP, error) {
 		opts: opts, log: opts.Logger, api: &llamaAPI{base: opts.BaseURL, client: opts.HTTPClient},
 		cat: newCatalog(), ops: make([]sync.Mutex, opts.Slots), bg: make(chan struct{}, 1),
 		sched: newScheduler(opts.Slots), lastTask: make([]int, opts.Slots), sessions: map[string]*sessEntry{},
+		bgReqs: map[*Request]struct{}{}, changed: make(chan struct{}), quiet: opts.BackgroundQuiet,
 		kick: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	for i := range c.lastTask {
@@ -345,11 +375,28 @@ func opFileName(key string, slot int, op string) string {
 // Before places the request on a slot, saving the displaced occupant's KV
 // if no stored state covers it yet and restoring the state sharing the
 // longest prefix with the request when that pays, and returns the body
-// with id_slot and cache_prompt set. Every request while the connector is
+// with id_slot and cache_prompt set. A client request placed on a slot
+// busy with background calls takes it from them (their Request.Cancel,
+// ErrPreempted). A Background request waits, bounded by ctx, until a slot
+// is idle and quiet (see LlamaCPPOptions.BackgroundQuiet) and no client
+// request is on its way to a slot; when ctx ends first it returns ErrBusy
+// and the call must not be sent. Every request while the connector is
 // disabled passes untouched.
 func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 	c.ts.requests.Add(1)
 	req.assigned, req.restore = false, nil
+	if !req.Background {
+		// No background call starts while a client is on its way to a slot.
+		c.mu.Lock()
+		c.arriving++
+		c.mu.Unlock()
+		defer func() {
+			c.mu.Lock()
+			c.arriving--
+			c.signalLocked()
+			c.mu.Unlock()
+		}()
+	}
 	if c.closed.Load() || !c.ensureProbe(ctx) {
 		return req.Body, nil
 	}
@@ -359,28 +406,19 @@ func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 	if fp == "" || c.probe.Load() != probeEnabled {
 		return req.Body, nil // the server cannot be reached: the request fails or passes on its own
 	}
-	if req.Background {
-		select {
-		case c.bg <- struct{}{}:
-		case <-sctx.Done():
-			return req.Body, nil
-		}
-		req.bgHeld = true
-		c.bgCalls.Add(1)
-	}
 	req.chain = requestChain(chainSeed(fp, req.Tenant), req.Body)
 	req.fp = fp
+	if req.Background {
+		return c.beforeBackground(ctx, sctx, req)
+	}
 
 	c.mu.Lock()
 	c.seq++
-	switch {
-	case req.Background:
-		req.sk, req.owner = "", ""
-	case req.SessionID == "":
+	if req.SessionID == "" {
 		// Stateless: a slot key of its own (never resident, never sharing
 		// a slot with a concurrent one), states owned by the tenant.
 		req.sk, req.owner = "~"+strconv.FormatUint(c.seq, 10), statelessOwner(req.Tenant)
-	default:
+	} else {
 		req.sk = sessKey(req.Tenant, req.SessionID)
 		req.owner = req.sk
 		se := c.sessionLocked(req.sk)
@@ -388,6 +426,10 @@ func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 		se.stats.Requests++
 	}
 	p := c.sched.place(req.sk, req.chain)
+	if p.preempt {
+		c.clientWaits.Add(1)
+		c.preemptLocked(p.slot.id)
+	}
 	p.slot.owner = req.owner
 	req.assigned, req.slot = true, p.slot.id
 	if se, ok := c.sessions[req.sk]; ok {
@@ -400,7 +442,7 @@ func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 
 	if p.resident {
 		c.slotHits.Add(1)
-		if c.opts.Shared != nil && !req.Background {
+		if c.opts.Shared != nil {
 			c.refreshResident(sctx, req, p.slot)
 		}
 		return c.rewrite(req)
@@ -411,12 +453,112 @@ func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 		c.evictions.Add(1)
 		c.saveSlot(sctx, p.slot.id, p.prevOwner, p.prevChain, fp, 0)
 	}
-	if !req.Background {
-		c.restoreBest(sctx, req, p.slot, -1)
-	}
+	// On a preempted slot the server defers the restore until the
+	// cancelled call has stopped.
+	c.restoreBest(sctx, req, p.slot, -1)
 	c.ops[p.slot.id].Unlock()
 	return c.rewrite(req)
 }
+
+// beforeBackground places a background call: one at a time (the bg
+// token), on an idle, quiet slot, never while a client request is on its
+// way to a slot; bounded by ctx and the slot timeout.
+func (c *LlamaCPP) beforeBackground(ctx, sctx context.Context, req *Request) ([]byte, error) {
+	busy := func(err error) ([]byte, error) {
+		return nil, fmt.Errorf("engine: llamacpp: background call: %w (%w)", ErrBusy, err)
+	}
+	select {
+	case c.bg <- struct{}{}:
+	case <-ctx.Done():
+		return busy(context.Cause(ctx))
+	case <-sctx.Done():
+		return busy(sctx.Err())
+	case <-c.done:
+		return busy(errClosed)
+	}
+	req.bgHeld = true // After gives the token back
+	c.mu.Lock()
+	var p placement
+	for {
+		var (
+			wait time.Duration
+			ok   bool
+		)
+		if c.arriving == 0 {
+			p, wait, ok = c.sched.placeBackground(req.chain, c.opts.Clock.Now(), c.quiet)
+		}
+		if ok {
+			break
+		}
+		changed := c.changed
+		c.bgWaiting++
+		c.mu.Unlock()
+		var quiet <-chan time.Time
+		if wait > 0 {
+			quiet = c.opts.Clock.After(wait)
+		}
+		var err error
+		select {
+		case <-changed:
+		case <-quiet:
+		case <-ctx.Done():
+			err = context.Cause(ctx)
+		case <-sctx.Done():
+			err = sctx.Err()
+		case <-c.done:
+			err = errClosed
+		}
+		c.mu.Lock()
+		c.bgWaiting--
+		if err != nil {
+			c.mu.Unlock()
+			return busy(err)
+		}
+	}
+	c.seq++
+	req.sk, req.owner = "", ""
+	req.assigned, req.slot = true, p.slot.id
+	if ps, ok := c.sessions[p.prevSess]; ok {
+		ps.stats.Slot = -1
+	}
+	if req.Cancel != nil {
+		c.bgReqs[req] = struct{}{}
+	}
+	c.mu.Unlock()
+	c.bgCalls.Add(1)
+	c.assigns.Add(1)
+	if p.prevDirty {
+		c.ops[p.slot.id].Lock()
+		c.evictions.Add(1)
+		c.saveSlot(sctx, p.slot.id, p.prevOwner, p.prevChain, req.fp, 0)
+		c.ops[p.slot.id].Unlock()
+	}
+	return c.rewrite(req)
+}
+
+// preemptLocked cancels the background calls in flight on slot: a client
+// request takes the slot. Called with c.mu held.
+func (c *LlamaCPP) preemptLocked(slot int) {
+	for r := range c.bgReqs {
+		if r.slot == slot {
+			delete(c.bgReqs, r)
+			r.Cancel(ErrPreempted)
+			c.bgCancelled.Add(1)
+			// The clients pause longer than the quiet period: wait longer.
+			r.preempted = true
+			c.quiet = min(2*c.quiet, 16*c.opts.BackgroundQuiet)
+		}
+	}
+}
+
+// signalLocked wakes the background calls waiting for a slot: a slot's
+// requests or the clients arriving changed. Called with c.mu held.
+func (c *LlamaCPP) signalLocked() {
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+var errClosed = errors.New("engine: llamacpp: connector closed")
 
 func (c *LlamaCPP) rewrite(req *Request) ([]byte, error) {
 	body, err := setSlotFields(req.Body, req.slot)
@@ -488,11 +630,16 @@ func (c *LlamaCPP) After(_ context.Context, req *Request, resp *Response) {
 	req.assigned = false
 	tokens := int(tm.CacheN + tm.PromptN + tm.PredictedN)
 	c.mu.Lock()
+	delete(c.bgReqs, req)
+	c.signalLocked() // a request left its slot
+	if req.Background && ok2xx && !req.preempted {
+		c.quiet = max(c.opts.BackgroundQuiet, c.quiet/2)
+	}
 	if timed && tm.PromptN >= 16 && tm.PromptMs > 0 {
 		c.prefillMsTok.add(tm.PromptMs / float64(tm.PromptN))
 	}
 	sl := c.sched.slots[req.slot]
-	dirty := c.sched.done(sl, req.sk, req.Background, ok2xx, req.chain, tokens)
+	dirty := c.sched.done(sl, req.sk, req.Background, ok2xx, req.chain, tokens, c.opts.Clock.Now())
 	if dirty && (req.chain.len() == 0 || timed && tokens < c.opts.MinSaveTokens) {
 		sl.dirty, dirty = false, false // nothing to index, or cheaper to prefill
 		if strings.HasPrefix(req.sk, "~") {

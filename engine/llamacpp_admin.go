@@ -94,6 +94,7 @@ func (c *LlamaCPP) verify(ctx context.Context) string {
 			c.noSlots.Store(true)
 			c.log.Warn("llamacpp: the server does not list its slots (started with --no-slots?): a restart of the server is noticed only when requests fail", "err", err)
 		case err != nil:
+			c.opts.HTTPClient.CloseIdleConnections() // the server went away: its connections are dead
 			c.mu.Lock()
 			c.fp = "" // unreachable: fingerprint again once it answers
 			c.mu.Unlock()
@@ -166,6 +167,9 @@ func (c *LlamaCPP) refresh(ctx context.Context, stale string) string {
 	}
 	c.mu.Unlock()
 	if !first {
+		// Connections kept alive to the old process are dead: drop them
+		// rather than fail a request on each.
+		c.opts.HTTPClient.CloseIdleConnections()
 		c.restarts.Add(1)
 		c.log.Info("llamacpp: the server (re)started or was unreachable: slots forgotten, states restored from the tiers", "fingerprint", fp)
 	}
@@ -248,6 +252,7 @@ func (c *LlamaCPP) Stats() Stats {
 		SharedFetches:     c.sharedFetches.Load(),
 		SharedErrors:      c.sharedErrs.Load(),
 	}
+	s.BackgroundCancelled, s.ClientWaits = c.bgCancelled.Load(), c.clientWaits.Load()
 	if s.Saves > 0 {
 		s.MeanSaveMs = float64(c.saveNs.Load()) / float64(s.Saves) / 1e6
 	}

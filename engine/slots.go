@@ -4,6 +4,8 @@ package engine
 // move first. It does no I/O and owns no lock (the connector holds its
 // mutex around every call), so its decisions are tested without a server.
 
+import "time"
+
 // slotInfo is what the connector believes one slot holds.
 type slotInfo struct {
 	id int
@@ -23,8 +25,13 @@ type slotInfo struct {
 	// version counts changes of the slot's content, so a save that ran
 	// while the content changed does not mark the newer content clean.
 	version uint64
-	// inflight counts requests sent with this id_slot and not yet After'ed.
-	inflight int
+	// inflight counts requests sent with this id_slot and not yet After'ed;
+	// bg those of them that are background calls.
+	inflight, bg int
+	// clientEnd is when the last client request there ended (zero: none
+	// since the connector started); background calls wait for a quiet
+	// slot.
+	clientEnd time.Time
 	// lastUse orders slots for eviction (scheduler sequence number).
 	lastUse uint64
 	// saveFailed stops background retries of a content that failed to save.
@@ -65,30 +72,81 @@ type placement struct {
 	prevDirty bool
 	prevChain chain
 	prevVer   uint64
+	// preempt: background calls are in flight on the slot; the client
+	// request placed there takes it from them (the connector cancels them).
+	preempt bool
 }
 
-// place picks the slot for a request of session sess ("" for a background
-// call; a stateless request comes with a key of its own) whose prompt is
-// ch, and assigns it: a session keeps
-// its slot; otherwise the choice is, in order, an idle slot holding no
-// session's KV, the least recently used idle slot whose KV is already
-// stored, the least recently used idle slot (its KV to be saved first),
-// then the least recently used slot (the engine queues the request behind
-// the one in flight). A background call never keeps the slot afterwards.
+// place picks the slot for a client request of session sess (a stateless
+// request comes with a key of its own) whose prompt is ch, and assigns it:
+// a session keeps its slot; otherwise the choice is, in order, an idle
+// slot holding no session's KV, the least recently used idle slot whose KV
+// is already stored, the least recently used idle slot (its KV to be saved
+// first), a slot busy only with background calls (taken from them:
+// placement.preempt), then the least recently used slot (the engine queues
+// the request behind the one in flight).
 func (s *scheduler) place(sess string, ch chain) placement {
 	s.seq++
-	if sess != "" {
-		for _, sl := range s.slots {
-			if sl.sess == sess {
-				sl.lastUse = s.seq
-				sl.inflight++
-				sl.next = ch
-				return placement{slot: sl, resident: true}
-			}
+	for _, sl := range s.slots {
+		if sess != "" && sl.sess == sess {
+			sl.lastUse = s.seq
+			sl.inflight++
+			sl.next = ch
+			return placement{slot: sl, resident: true}
 		}
 	}
-	v := s.victim()
-	p := placement{slot: v, prevSess: v.sess, prevOwner: v.owner, prevDirty: v.holds() && (v.dirty || v.inflight > 0), prevChain: v.chain, prevVer: v.version}
+	return s.assign(s.victim(), sess, ch)
+}
+
+// placeBackground places a background call (the sidecar's own) whose
+// prompt is ch on an idle slot, preferring, like place, one holding no
+// session's KV, then one whose KV is stored, then the least recently used
+// (its KV to be saved first); and only on a slot where no client request
+// ended within quiet before now. When none qualifies it reports false and
+// how long until an idle slot becomes quiet (0: none is idle; wait for a
+// request to end). A background call never keeps the slot afterwards.
+func (s *scheduler) placeBackground(ch chain, now time.Time, quiet time.Duration) (placement, time.Duration, bool) {
+	better := func(cur, cand *slotInfo) *slotInfo {
+		if cur == nil || cand.lastUse < cur.lastUse {
+			return cand
+		}
+		return cur
+	}
+	var free, clean, idle *slotInfo
+	var wait time.Duration
+	for _, sl := range s.slots {
+		if sl.inflight > 0 {
+			continue
+		}
+		if left := sl.clientEnd.Add(quiet).Sub(now); !sl.clientEnd.IsZero() && left > 0 {
+			if wait == 0 || left < wait {
+				wait = left
+			}
+			continue
+		}
+		switch {
+		case !sl.holds():
+			free = better(free, sl)
+		case !sl.dirty:
+			clean = better(clean, sl)
+		default:
+			idle = better(idle, sl)
+		}
+	}
+	for _, v := range []*slotInfo{free, clean, idle} {
+		if v != nil {
+			s.seq++
+			return s.assign(v, "", ch), 0, true
+		}
+	}
+	return placement{}, wait, false
+}
+
+// assign gives slot v to sess ("" for a background call) with prompt ch and
+// describes what it displaces.
+func (s *scheduler) assign(v *slotInfo, sess string, ch chain) placement {
+	p := placement{slot: v, prevSess: v.sess, prevOwner: v.owner, prevDirty: v.holds() && (v.dirty || v.inflight > 0), prevChain: v.chain, prevVer: v.version,
+		preempt: sess != "" && v.bg > 0}
 	if v.inflight > 0 && v.next.len() > 0 {
 		// A request still in flight there adds to the occupant's KV: the
 		// engine runs the save once it is done, so the state covers it.
@@ -103,9 +161,14 @@ func (s *scheduler) place(sess string, ch chain) placement {
 	v.version++
 	v.lastUse = s.seq
 	v.inflight++
+	if sess == "" {
+		v.bg++
+	}
 	return p
 }
 
+// victim is the slot a client request not resident anywhere takes (see
+// place).
 func (s *scheduler) victim() *slotInfo {
 	better := func(cur, cand *slotInfo) *slotInfo {
 		if cur == nil || cand.lastUse < cur.lastUse {
@@ -113,10 +176,13 @@ func (s *scheduler) victim() *slotInfo {
 		}
 		return cur
 	}
-	var free, clean, idle, any *slotInfo
+	var free, clean, idle, bgOnly, any *slotInfo
 	for _, sl := range s.slots {
 		any = better(any, sl)
 		if sl.inflight > 0 {
+			if sl.inflight == sl.bg {
+				bgOnly = better(bgOnly, sl)
+			}
 			continue
 		}
 		switch {
@@ -128,7 +194,7 @@ func (s *scheduler) victim() *slotInfo {
 			idle = better(idle, sl)
 		}
 	}
-	for _, v := range []*slotInfo{free, clean, idle} {
+	for _, v := range []*slotInfo{free, clean, idle, bgOnly} {
 		if v != nil {
 			return v
 		}
@@ -136,12 +202,17 @@ func (s *scheduler) victim() *slotInfo {
 	return any
 }
 
-// done records the end of a request placed on sl for sess. ok means the
-// engine answered it successfully, so the slot now covers ch and holds
-// tokens tokens; bg marks a background call, whose KV is scratch. It
+// done records the end, at now, of a request placed on sl for sess. ok
+// means the engine answered it successfully, so the slot now covers ch and
+// holds tokens tokens; bg marks a background call, whose KV is scratch. It
 // reports whether the slot now holds unsaved KV of sess.
-func (s *scheduler) done(sl *slotInfo, sess string, bg, ok bool, ch chain, tokens int) bool {
+func (s *scheduler) done(sl *slotInfo, sess string, bg, ok bool, ch chain, tokens int, now time.Time) bool {
 	sl.inflight = max(0, sl.inflight-1)
+	if bg {
+		sl.bg = max(0, sl.bg-1)
+	} else {
+		sl.clientEnd = now
+	}
 	if sl.sess != sess {
 		return false // another session took the slot meanwhile
 	}

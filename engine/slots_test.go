@@ -1,13 +1,16 @@
 package engine
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // The scheduler's choices, step by step, without a server.
 func TestSchedulerPlacement(t *testing.T) {
 	s := newScheduler(3)
 	ch := chain{hashes: []uint64{1}, bytes: []int64{10}}
 	finish := func(p placement, sess string, saved bool) {
-		if dirty := s.done(p.slot, sess, sess == "", true, ch, 100); dirty && saved {
+		if dirty := s.done(p.slot, sess, sess == "", true, ch, 100, time.Time{}); dirty && saved {
 			p.slot.dirty = false // as the saver does
 		}
 	}
@@ -48,13 +51,16 @@ func TestSchedulerPlacement(t *testing.T) {
 	}
 	// A background call leaves scratch behind: a free slot afterwards.
 	for _, p := range []placement{e, f, g, h} {
-		s.done(p.slot, p.slot.sess, false, true, ch, 100)
+		s.done(p.slot, p.slot.sess, false, true, ch, 100, time.Time{})
 	}
 	for _, sl := range s.slots {
 		sl.dirty = false
 	}
-	bg := s.place("", ch)
-	if !s.done(bg.slot, "", true, true, ch, 50) && bg.slot.holds() {
+	bg, _, ok := s.placeBackground(ch, time.Time{}, 0)
+	if !ok {
+		t.Fatal("no slot for a background call while every slot is idle")
+	}
+	if !s.done(bg.slot, "", true, true, ch, 50, time.Time{}) && bg.slot.holds() {
 		t.Fatalf("background call left %+v", bg.slot)
 	}
 	if next := s.place("I", ch); next.slot != bg.slot || next.prevSess != "" {
@@ -73,17 +79,17 @@ func TestSchedulerDoneAndForget(t *testing.T) {
 	if c.slot != a.slot || !c.prevDirty || c.prevSess != "A" {
 		t.Fatalf("C %+v", c)
 	}
-	if s.done(a.slot, "A", false, true, ch, 10) {
+	if s.done(a.slot, "A", false, true, ch, 10, time.Time{}) {
 		t.Fatal("a response for a slot another session took marked it dirty")
 	}
 	// A failed request leaves the slot's content unknown, not dirty.
-	if s.done(c.slot, "C", false, false, ch, 10) || c.slot.chain.len() != 0 || c.slot.sess != "C" {
+	if s.done(c.slot, "C", false, false, ch, 10, time.Time{}) || c.slot.chain.len() != 0 || c.slot.sess != "C" {
 		t.Fatalf("failed request: %+v", c.slot)
 	}
 	if ids := s.forget("C"); len(ids) != 1 || c.slot.sess != "" {
 		t.Fatalf("forget: %v %+v", ids, c.slot)
 	}
-	if !s.done(b.slot, "B", false, true, ch, 10) || s.pending() != 1 || s.saveCandidate() != b.slot {
+	if !s.done(b.slot, "B", false, true, ch, 10, time.Time{}) || s.pending() != 1 || s.saveCandidate() != b.slot {
 		t.Fatalf("pending %d", s.pending())
 	}
 	b.slot.inflight++
@@ -94,5 +100,47 @@ func TestSchedulerDoneAndForget(t *testing.T) {
 	s.reset()
 	if s.pending() != 0 || s.saveCandidate() != nil {
 		t.Fatal("reset kept unsaved KV")
+	}
+}
+
+// Background calls take only idle, quiet slots; a client takes a slot
+// from background calls before it queues behind another client.
+func TestSchedulerBackground(t *testing.T) {
+	s := newScheduler(2)
+	ch := chain{hashes: []uint64{1}, bytes: []int64{10}}
+	t0 := time.Unix(1000, 0)
+	quiet := time.Second
+	a := s.place("A", ch)
+	s.done(a.slot, "A", false, true, ch, 10, t0)
+	a.slot.dirty = false // saved
+	// The other slot was never used by a client: free and quiet.
+	bg, _, ok := s.placeBackground(ch, t0, quiet)
+	if !ok || bg.slot == a.slot || bg.preempt {
+		t.Fatalf("background call: %+v, %v", bg, ok)
+	}
+	// A's slot is idle but a client used it 400 ms ago: a second call waits
+	// 600 ms for quiet; none waits forever for a slot in flight.
+	if _, wait, ok := s.placeBackground(ch, t0.Add(400*time.Millisecond), quiet); ok || wait != 600*time.Millisecond {
+		t.Fatalf("second background call: %v, wait %v", ok, wait)
+	}
+	b := s.place("B", ch) // takes A's clean, idle slot
+	if b.slot != a.slot || b.preempt {
+		t.Fatalf("B: %+v", b)
+	}
+	if _, wait, ok := s.placeBackground(ch, t0.Add(time.Hour), quiet); ok || wait != 0 {
+		t.Fatalf("background call with every slot in flight: %v, wait %v", ok, wait)
+	}
+	// C: both slots busy, one with a background call only: C takes it.
+	c := s.place("C", ch)
+	if c.slot != bg.slot || !c.preempt || c.prevDirty {
+		t.Fatalf("C: %+v", c)
+	}
+	// The background call ends on a slot C holds: C's KV is untouched.
+	if s.done(bg.slot, "", true, false, ch, 0, t0) || bg.slot.sess != "C" || bg.slot.bg != 0 || bg.slot.inflight != 1 {
+		t.Fatalf("slot after the preempted call: %+v", bg.slot)
+	}
+	// D: both slots serve clients: the least recently used, no preemption.
+	if d := s.place("D", ch); d.preempt {
+		t.Fatalf("D: %+v", d)
 	}
 }

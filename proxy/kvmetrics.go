@@ -66,6 +66,8 @@ func writeEngineMetrics(w io.Writer, c engine.Connector) {
 		{"unused_restores", "Restores the engine accepted but did not reuse.", st.UnusedRestores},
 		{"restarts", "Times the engine was found restarted or unreachable.", st.Restarts},
 		{"background_calls", "The sidecar's own calls placed on slots.", st.BackgroundCalls},
+		{"background_cancelled", "The sidecar's own calls cancelled because a client request needed their slot.", st.BackgroundCancelled},
+		{"client_waits", "Client requests placed on a slot busy with the sidecar's own work (the goal is 0).", st.ClientWaits},
 		{"states_deleted", "States dropped (superseded or over the cap).", st.StatesDeleted},
 		{"reused_tokens", "Prompt tokens the engine did not reprocess thanks to a restore.", st.ReusedTokens},
 		{"shared_puts", "States written through to the fleet's shared store (--remote).", st.SharedPuts},

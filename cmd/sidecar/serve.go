@@ -325,7 +325,10 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 			router = conn
 		}
 	}
-	bg, err := llm.New(llm.Options{BaseURL: memUp, APIKey: c.summaryKey, Model: c.memoryModel, Logger: log, Router: router})
+	// Through the llama.cpp connector the calls are streamed, so that one
+	// a client request takes the slot from stops at its next token.
+	_, preempts := router.(*engine.LlamaCPP)
+	bg, err := llm.New(llm.Options{BaseURL: memUp, APIKey: c.summaryKey, Model: c.memoryModel, Logger: log, Router: router, Stream: preempts})
 	if err != nil {
 		return err
 	}
