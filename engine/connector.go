@@ -269,60 +269,6 @@ func (t *timingStats) fill(s *Stats) {
 	}
 }
 
-// Generic is the connector for engines without a KV transfer API (vLLM,
-// SGLang, OpenAI, TGI, Ollama): it forwards bodies untouched and keeps
-// only statistics from the responses' usage (cached_tokens) and timings.
-// The KV reuse there comes from the engine's own prefix cache, which hits
-// because the memory package keeps the prompt prefix byte-stable; engines
-// that push KV themselves use the kv blob API (/v1/kv/…).
-//
-// The zero value is not usable; call NewGeneric. Safe for concurrent use.
-type Generic struct {
-	ts timingStats
-}
-
-// NewGeneric returns a Generic connector.
-func NewGeneric() *Generic { return &Generic{} }
-
-// Name returns "generic".
-func (g *Generic) Name() string { return "generic" }
-
-// Before returns req.Body unchanged.
-func (g *Generic) Before(_ context.Context, req *Request) ([]byte, error) {
-	g.ts.requests.Add(1)
-	return req.Body, nil
-}
-
-// After records the response's usage and timings.
-func (g *Generic) After(_ context.Context, _ *Request, resp *Response) {
-	g.ts.responses.Add(1)
-	if resp == nil {
-		return
-	}
-	if tm, ok := ParseTimings(resp.Body); ok {
-		g.ts.record(tm)
-	}
-}
-
-// SessionStats returns false: Generic keeps nothing per session.
-func (g *Generic) SessionStats(string, string) (SessionStats, bool) { return SessionStats{}, false }
-
-// Stats returns the counters.
-func (g *Generic) Stats() Stats {
-	s := Stats{Connector: g.Name(), Enabled: true}
-	g.ts.fill(&s)
-	return s
-}
-
-// Forget does nothing: Generic keeps nothing per session.
-func (g *Generic) Forget(context.Context, string, string) error { return nil }
-
-// Settle does nothing: Generic saves no KV.
-func (g *Generic) Settle(context.Context, *Request) {}
-
-// Close does nothing.
-func (g *Generic) Close() error { return nil }
-
 // respTimings is the part of a response ParseTimings reads.
 type respTimings struct {
 	Timings *struct {

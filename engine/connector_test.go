@@ -58,7 +58,7 @@ func TestParseTimings(t *testing.T) {
 }
 
 func TestGeneric(t *testing.T) {
-	g := NewGeneric()
+	g := NewGeneric(GenericOptions{})
 	req := &Request{Tenant: "t", SessionID: "s", Model: "m", Body: []byte(`{"model":"m"}`)}
 	body, err := g.Before(context.Background(), req)
 	if err != nil || string(body) != `{"model":"m"}` {

@@ -41,6 +41,8 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/kvsidecar/kvsidecar/engine"
 )
 
 const (
@@ -295,7 +297,7 @@ func (c *ctxLimits) post(ctx context.Context, path string, body []byte) ([]byte,
 
 // ProbeUserAgent is the User-Agent of the sidecar's context probes, so
 // an upstream's logs (and scripted upstreams in tests) can tell them apart.
-const ProbeUserAgent = "kvsidecar-context-probe"
+const ProbeUserAgent = engine.ProbeUserAgent
 
 func (c *ctxLimits) do(req *http.Request) ([]byte, error) {
 	req.Header.Set("User-Agent", ProbeUserAgent)

@@ -71,17 +71,27 @@ func TestRealEngineBackgroundNeverDelaysClient(t *testing.T) {
 	// of seconds (about 160 tokens/s on one thread), like the issue's.
 	model := llamatest.Model(t, 512, 4, 4, 4, 1408)
 	llama := llamatest.Start(t, llamaserver.Options{Model: model, Slots: 1, CacheRAMMiB: -1, Threads: 1})
-	llamaAddr := strings.TrimPrefix(llama.URL(), "http://")
 	const turns = 8
 
 	direct := openai.NewClient(option.WithBaseURL(llama.URL()+"/v1/"), option.WithMaxRetries(0))
 	directReplay, _ := dropInTurns(t, direct, "direct-replay", turns, 0)
 	directPaused, _ := dropInTurns(t, direct, "direct-paused", turns, time.Second)
-	predictedBefore := metric(t, llamaAddr, "llamacpp:tokens_predicted_total")
 
+	for _, eng := range []string{"llamacpp", "generic"} {
+		t.Run(eng, func(t *testing.T) { backgroundNeverDelays(t, llama, eng, turns, directReplay, directPaused) })
+	}
+}
+
+// backgroundNeverDelays drives the drop-in client through a sidecar with
+// the engine connector eng in front of llama (one slot, no --n-predict).
+func backgroundNeverDelays(t *testing.T, llama *llamaserver.Server, eng string, turns int, directReplay, directPaused []time.Duration) {
+	llamaAddr := strings.TrimPrefix(llama.URL(), "http://")
+	predictedBefore := metric(t, llamaAddr, "llamacpp:tokens_predicted_total")
 	s := &realStack{t: t, llama: llama, dataDir: t.TempDir(), log: filepath.Join(t.TempDir(), "sidecar.log")}
-	s.args = []string{"--upstream", llama.URL(), "--data-dir", s.dataDir, "--engine", "llamacpp",
-		"--llamacpp-slot-dir", llama.SlotDir(), "--llamacpp-slots", "1"}
+	s.args = []string{"--upstream", llama.URL(), "--data-dir", s.dataDir, "--engine", eng}
+	if eng == "llamacpp" {
+		s.args = append(s.args, "--llamacpp-slot-dir", llama.SlotDir(), "--llamacpp-slots", "1")
+	}
 	t.Cleanup(func() {
 		if t.Failed() || os.Getenv("BGDEBUG") != "" {
 			b, _ := os.ReadFile(s.log)

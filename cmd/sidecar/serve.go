@@ -295,7 +295,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	switch c.engine {
 	case "none", "":
 	case "generic":
-		conn = engine.NewGeneric()
+		conn = engine.NewGeneric(engine.GenericOptions{BaseURL: c.upstream})
 	case "llamacpp":
 		lo := engine.LlamaCPPOptions{BaseURL: c.upstream, SlotDir: c.slotDir, Slots: c.slots, Cache: kvc, Logger: log}
 		if fl != nil {
@@ -325,10 +325,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 			router = conn
 		}
 	}
-	// Through the llama.cpp connector the calls are streamed, so that one
-	// a client request takes the slot from stops at its next token.
-	_, preempts := router.(*engine.LlamaCPP)
-	bg, err := llm.New(llm.Options{BaseURL: memUp, APIKey: c.summaryKey, Model: c.memoryModel, Logger: log, Router: router, Stream: preempts})
+	// Through a connector the calls are streamed, so that one a client
+	// request takes the slot from stops at its next token.
+	bg, err := llm.New(llm.Options{BaseURL: memUp, APIKey: c.summaryKey, Model: c.memoryModel, Logger: log, Router: router, Stream: router != nil})
 	if err != nil {
 		return err
 	}

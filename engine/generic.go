@@ -1,0 +1,254 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tidwall/gjson"
+)
+
+// ProbeUserAgent is the User-Agent of the sidecar's requests that ask the
+// engine what it is (its context, its slots), so an upstream's logs and
+// scripted upstreams in tests can tell them from client traffic.
+const ProbeUserAgent = "kvsidecar-context-probe"
+
+// GenericOptions configure a Generic connector. The zero value is usable:
+// statistics only, and background calls gated by what the engine states.
+type GenericOptions struct {
+	// BaseURL is the engine's root (the proxy's upstream). Empty: the
+	// connector asks the engine nothing, and Slots alone gates background
+	// calls.
+	BaseURL string
+	// Slots is how many requests the engine runs at once, for the
+	// background gate: a client request that finds every slot busy takes
+	// one from a background call (Request.Cancel, ErrPreempted), and a
+	// background call starts only while a slot is free and no client
+	// request came for BackgroundQuiet. Zero: learned from the engine's
+	// /props (llama.cpp's total_slots); an engine that states none batches
+	// requests (vLLM, SGLang) and background calls are never held back.
+	// Negative: never held back.
+	Slots int
+	// BackgroundQuiet is how long after the last client request a
+	// background call may start. Zero: 500 ms.
+	BackgroundQuiet time.Duration
+	// HTTPClient asks the engine for /props. Nil: one of its own.
+	HTTPClient *http.Client
+}
+
+// Generic is the connector for engines without a KV transfer API (vLLM,
+// SGLang, OpenAI, TGI, Ollama, or llama.cpp without --engine llamacpp): it
+// forwards bodies untouched and keeps statistics from the responses' usage
+// (cached_tokens) and timings. The KV reuse there comes from the engine's
+// own prefix cache, which hits because the memory package keeps the prompt
+// prefix byte-stable; engines that push KV themselves use the kv blob API
+// (/v1/kv/…).
+//
+// It also keeps the sidecar's own calls (Request.Background) from delaying
+// a client on an engine with few slots (a local llama-server with -np 1):
+// see GenericOptions.Slots.
+//
+// The zero value is not usable; call NewGeneric. Safe for concurrent use.
+type Generic struct {
+	opts GenericOptions
+	ts   timingStats
+
+	bgCalls, bgCancelled, clientWaits atomic.Int64
+
+	// mu protects the fields below.
+	mu         sync.Mutex
+	slots      int // 0: unknown yet; <0: not held back
+	probedAt   time.Time
+	clients    int                   // client requests in flight
+	bg         map[*Request]struct{} // background calls in flight
+	lastClient time.Time
+	// quiet is the wait after a client request before a background call
+	// may start: BackgroundQuiet, doubled (up to 16 times) each time a
+	// client took a slot back from one, halved after each that finished
+	// undisturbed — clients that pause briefly between turns are not
+	// interrupted again and again.
+	quiet   time.Duration
+	changed chan struct{} // closed and replaced when a count drops
+}
+
+// NewGeneric returns a Generic connector.
+func NewGeneric(opts GenericOptions) *Generic {
+	if opts.BackgroundQuiet == 0 {
+		opts.BackgroundQuiet = 500 * time.Millisecond
+	}
+	if opts.HTTPClient == nil {
+		opts.HTTPClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+			Proxy: nil, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Second}}
+	}
+	opts.BaseURL = strings.TrimSuffix(strings.TrimRight(opts.BaseURL, "/"), "/v1")
+	g := &Generic{opts: opts, slots: opts.Slots, bg: map[*Request]struct{}{}, quiet: opts.BackgroundQuiet, changed: make(chan struct{})}
+	if g.slots == 0 && opts.BaseURL == "" {
+		g.slots = -1
+	}
+	return g
+}
+
+// Name returns "generic".
+func (g *Generic) Name() string { return "generic" }
+
+// Before returns req.Body unchanged. A client request on an engine whose
+// slots are all busy takes one from a background call; a background call
+// waits, bounded by ctx, for a free slot and a quiet moment, and returns
+// ErrBusy (the call must not be sent) when ctx ends first.
+func (g *Generic) Before(ctx context.Context, req *Request) ([]byte, error) {
+	g.ts.requests.Add(1)
+	if req.Background {
+		return g.beforeBackground(ctx, req)
+	}
+	g.mu.Lock()
+	g.clients++
+	req.assigned = true
+	g.lastClient = time.Now()
+	if g.slots > 0 && g.clients+len(g.bg) > g.slots {
+		for r := range g.bg {
+			if g.clients+len(g.bg) <= g.slots {
+				break
+			}
+			if r.Cancel != nil && !r.preempted {
+				r.preempted = true
+				r.Cancel(ErrPreempted)
+				g.bgCancelled.Add(1)
+				g.quiet = min(2*g.quiet, 16*g.opts.BackgroundQuiet)
+				delete(g.bg, r) // its slot is the client's now
+			}
+		}
+		if len(g.bg) > 0 && g.clients+len(g.bg) > g.slots {
+			g.clientWaits.Add(1) // a background call that cannot be taken back
+		}
+	}
+	g.mu.Unlock()
+	return req.Body, nil
+}
+
+func (g *Generic) beforeBackground(ctx context.Context, req *Request) ([]byte, error) {
+	g.learnSlots(ctx)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for {
+		if g.slots <= 0 {
+			break
+		}
+		quietFor := g.quiet - time.Since(g.lastClient)
+		if g.clients+len(g.bg) < g.slots && quietFor <= 0 {
+			break
+		}
+		ch := g.changed
+		g.mu.Unlock()
+		t := time.NewTimer(max(quietFor, time.Second)) // looked at again at least once a second
+		select {
+		case <-ch:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			g.mu.Lock()
+			return nil, fmt.Errorf("engine: generic: background call: %w (%w)", ErrBusy, ctx.Err())
+		}
+		t.Stop()
+		g.mu.Lock()
+	}
+	g.bg[req] = struct{}{}
+	req.bgHeld = true
+	g.bgCalls.Add(1)
+	return req.Body, nil
+}
+
+// learnSlots asks the engine for its slots (llama.cpp /props total_slots)
+// when they are unknown, at most once a minute.
+func (g *Generic) learnSlots(ctx context.Context) {
+	g.mu.Lock()
+	if g.slots != 0 || time.Since(g.probedAt) < time.Minute {
+		g.mu.Unlock()
+		return
+	}
+	g.probedAt = time.Now()
+	g.mu.Unlock()
+	n := -1 // answered, but states no slots: a batching engine
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(pctx, http.MethodGet, g.opts.BaseURL+"/props", nil)
+	if err != nil {
+		return
+	}
+	req.Header.Set("User-Agent", ProbeUserAgent)
+	resp, err := g.opts.HTTPClient.Do(req)
+	if err != nil {
+		return // unreachable: ask again later
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		if s := gjson.GetBytes(b, "total_slots").Int(); s > 0 {
+			n = int(s)
+		}
+	}
+	g.mu.Lock()
+	if g.slots == 0 {
+		g.slots = n
+	}
+	g.mu.Unlock()
+}
+
+// After records the response's usage and timings, and frees what Before
+// counted.
+func (g *Generic) After(_ context.Context, req *Request, resp *Response) {
+	g.ts.responses.Add(1)
+	g.mu.Lock()
+	switch {
+	case req.bgHeld:
+		req.bgHeld = false
+		delete(g.bg, req)
+		if !req.preempted {
+			g.quiet = max(g.opts.BackgroundQuiet, g.quiet/2)
+		}
+	case req.assigned:
+		req.assigned = false
+		g.clients--
+	}
+	close(g.changed)
+	g.changed = make(chan struct{})
+	g.mu.Unlock()
+	if resp == nil {
+		return
+	}
+	if tm, ok := ParseTimings(resp.Body); ok {
+		g.ts.record(tm)
+	}
+}
+
+// SessionStats returns false: Generic keeps nothing per session.
+func (g *Generic) SessionStats(string, string) (SessionStats, bool) { return SessionStats{}, false }
+
+// Stats returns the counters.
+func (g *Generic) Stats() Stats {
+	s := Stats{Connector: g.Name(), Enabled: true}
+	g.ts.fill(&s)
+	s.BackgroundCalls, s.BackgroundCancelled, s.ClientWaits = g.bgCalls.Load(), g.bgCancelled.Load(), g.clientWaits.Load()
+	g.mu.Lock()
+	s.Slots = max(g.slots, 0)
+	g.mu.Unlock()
+	return s
+}
+
+// Forget does nothing: Generic keeps nothing per session.
+func (g *Generic) Forget(context.Context, string, string) error { return nil }
+
+// Settle does nothing: Generic saves no KV.
+func (g *Generic) Settle(context.Context, *Request) {}
+
+// Close drops idle connections.
+func (g *Generic) Close() error {
+	g.opts.HTTPClient.CloseIdleConnections()
+	return nil
+}
