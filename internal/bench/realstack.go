@@ -44,11 +44,25 @@ type RealParts struct {
 	Model string
 	// Threads is each llama-server's -t.
 	Threads int
-	// LlamaArgs are added to every llama-server's command line. Nil:
-	// --n-predict 128, which bounds the sidecar's own background calls (a
-	// random-weight model never ends an answer; the client's turns set
-	// max_tokens anyway).
+	// LlamaArgs are added to every llama-server's command line. Nil: none,
+	// the server on its own defaults as users run it. Notably no
+	// --n-predict cap: a random-weight model never ends an answer, so a
+	// sidecar call without its own max_tokens generates until the slot's
+	// context is full (the client's turns set max_tokens).
 	LlamaArgs []string
+	// PerUser names each session its own end user (the OpenAI "user"
+	// field), as a multi-user app that identifies its users does. The
+	// default is how most apps call: one API key for all their end users
+	// and no user id, so the sidecar must keep each session's memory to
+	// the session.
+	PerUser bool
+	// DrainBeforeKill waits, before each kill -9 of an engine (bench
+	// sessions' EngineRestartAfter, bench fleet's KillAfter), until the
+	// sidecar's background queue drained, as in a pause between users'
+	// turns. The default kills right after the round's last answer,
+	// whatever the sidecar still has queued or in flight: engines crash at
+	// any time.
+	DrainBeforeKill bool
 	// SidecarCommand runs the sidecar: the binary and the arguments before
 	// its flags, e.g. {os.Executable(), "serve"}. Required.
 	SidecarCommand []string
@@ -81,7 +95,7 @@ func (p *RealParts) setDefaults(sessions, rounds, threads int) {
 	def(&p.MaxTokens, 8)
 	def(&p.Threads, threads)
 	if p.LlamaArgs == nil {
-		p.LlamaArgs = []string{"--n-predict", "128"}
+		p.LlamaArgs = []string{}
 	}
 	if p.TurnTimeout == 0 {
 		p.TurnTimeout = 2 * time.Minute
@@ -135,6 +149,32 @@ func (p *RealParts) startLlama(ctx context.Context, dir string) (*llamaserver.Se
 		Binary: p.LlamaServer, Model: p.Model, Slots: p.Slots, CacheRAMMiB: p.CacheRAMMiB, Threads: p.Threads, Args: p.LlamaArgs,
 		SlotDir: filepath.Join(dir, "slots"), LogFile: filepath.Join(dir, "llama-server.log"),
 	})
+}
+
+// user is the OpenAI "user" field a session's turns carry: the session
+// itself with PerUser, else none.
+func (p *RealParts) user(session string) string {
+	if p.PerUser {
+		return session
+	}
+	return ""
+}
+
+// clientText describes the clients' identity in a report's heading.
+func clientText(perUser bool) string {
+	if perUser {
+		return "each session its own end user (OpenAI user field)"
+	}
+	return "one API key, no user id"
+}
+
+// killNote says when an engine was killed: right after the round, or (with
+// DrainBeforeKill) once the sidecar's queue drained, as sc.drain tells.
+func (p *RealParts) killNote(ctx context.Context, sc *sidecarProc) string {
+	if p.DrainBeforeKill {
+		return sc.drain(ctx)
+	}
+	return "right after the round's last answer, whatever the sidecar still had queued or in flight"
 }
 
 // cacheRAMText describes a --cache-ram setting in a report's heading.

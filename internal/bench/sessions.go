@@ -26,15 +26,12 @@ type SessionsOptions struct {
 	// RealParts: Sessions 8, Rounds 4 (taken round-robin), Threads half the
 	// CPUs (at least one), so the two servers side by side do not
 	// oversubscribe them. Slots is also the sidecar's --llamacpp-slots.
+	// The client is one API key without user ids unless PerUser.
 	RealParts
-	// SharedUser sends every session as one end user (no OpenAI "user"
-	// field, so the sidecar's user scope is the API key's), which lets
-	// sessions recall one another's turns. The default names each session
-	// its own user, as a multi-user app does with the "user" field.
-	SharedUser bool
 	// EngineRestartAfter, when positive, kills both llama-servers with
-	// SIGKILL after that round and starts them again (same port, slot
-	// folder, model).
+	// SIGKILL after that round (right after its last answer, unless
+	// DrainBeforeKill) and starts them again (same port, slot folder,
+	// model).
 	EngineRestartAfter int
 	// SidecarRestartAfter, when positive, kills the sidecar with SIGKILL
 	// after that round, once its background queue drained, and starts it
@@ -63,7 +60,8 @@ type SessionsReport struct {
 	DocTokens           int      `json:"doc_tokens"`
 	CacheRAMMiB         int      `json:"cache_ram_mib"`
 	MaxTokens           int      `json:"max_tokens"`
-	SharedUser          bool     `json:"shared_user,omitempty"`
+	PerUser             bool     `json:"per_user,omitempty"`
+	DrainBeforeKill     bool     `json:"drain_before_kill,omitempty"`
 	Threads             int      `json:"threads"`
 	EngineRestartAfter  int      `json:"engine_restart_after,omitempty"`
 	SidecarRestartAfter int      `json:"sidecar_restart_after,omitempty"`
@@ -179,7 +177,7 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 		return SessionsReport{}, err
 	}
 	r := SessionsReport{Sessions: o.Sessions, Rounds: o.Rounds, Slots: o.Slots, DocTokens: o.DocTokens, CacheRAMMiB: o.CacheRAMMiB,
-		MaxTokens: o.MaxTokens, SharedUser: o.SharedUser, Threads: o.Threads, EngineRestartAfter: o.EngineRestartAfter, SidecarRestartAfter: o.SidecarRestartAfter,
+		MaxTokens: o.MaxTokens, PerUser: o.PerUser, DrainBeforeKill: o.DrainBeforeKill, Threads: o.Threads, EngineRestartAfter: o.EngineRestartAfter, SidecarRestartAfter: o.SidecarRestartAfter,
 		Model: o.Model, LlamaArgs: o.LlamaArgs, SidecarArgs: append([]string{}, o.SidecarArgs...)}
 
 	direct := &side{name: "direct"}
@@ -218,7 +216,7 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 	for round := 1; round <= o.Rounds; round++ {
 		rs := SessionsRound{Round: round}
 		if round-1 == o.EngineRestartAfter && round > 1 {
-			note := sc.drain(ctx)
+			note := o.killNote(ctx, sc)
 			for _, s := range []*side{direct, via} {
 				s.llama.Kill()
 				if err := s.llama.Restart(ctx); err != nil {
@@ -257,11 +255,7 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 				}
 				msgs := append(s.hist[i], chatMsg{Role: "user", Content: q})
 				session := fmt.Sprintf("bench-%03d", i)
-				user := session
-				if o.SharedUser {
-					user = ""
-				}
-				tr, err := streamTurn(ctx, client, s.base(), session, user, msgs, o.MaxTokens)
+				tr, err := streamTurn(ctx, client, s.base(), session, o.user(session), msgs, o.MaxTokens)
 				st.Turns++
 				if err != nil {
 					st.Errors++
