@@ -321,7 +321,7 @@ func (f *fleet) addReplica(ctx context.Context, o FleetOptions, redisURL, dir st
 	if redisURL != "" {
 		args = append(args, "--remote", redisURL, "--remote-lease-ttl", "3s")
 	}
-	sc, err := startSidecar(ctx, o.SidecarCommand, args, nil, l, dir)
+	sc, err := startSidecar(ctx, o.SidecarCommand, args, nil, l.URL(), l, dir)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/internal/launch"
 	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/recordup"
 )
 
 // RealParts is what the benchmarks on real parts (sessions, fleet) share:
@@ -174,7 +175,7 @@ func (p *RealParts) killNote(ctx context.Context, sc *sidecarProc) string {
 	if p.DrainBeforeKill {
 		return sc.drain(ctx)
 	}
-	return "right after the round's last answer, whatever the sidecar still had queued or in flight"
+	return "right after the round's last answer (whatever the sidecar still had queued or in flight)"
 }
 
 // cacheRAMText describes a --cache-ram setting in a report's heading.
@@ -213,6 +214,18 @@ func makeDocs(ctx context.Context, srv *llamaserver.Server, n, tokens int) ([]st
 	return docs, nil
 }
 
+// engineIdleClose is how long the recording proxy in front of a
+// llama-server keeps an idle keep-alive connection: llama-server's and
+// uvicorn's own 5 s, so the proxy changes nothing a client sees of it.
+const engineIdleClose = 5 * time.Second
+
+// recordEngine starts a recording proxy in front of up (internal/recordup):
+// the benchmark reads what reached the engine, the sidecar's own calls
+// included.
+func recordEngine(up *llamaserver.Server) (*recordup.Proxy, error) {
+	return recordup.Start(recordup.Options{Upstream: up.URL(), IdleTimeout: engineIdleClose})
+}
+
 // sidecarProc is the sidecar run as a child process in front of a
 // llama-server, restartable with the same flags (port, data folder).
 type sidecarProc struct {
@@ -221,9 +234,10 @@ type sidecarProc struct {
 }
 
 // startSidecar runs the sidecar (command, then the flags that put it before
-// up with its data under dir, then args; env added to its environment),
-// its log under dir, and returns once GET /healthz answers 200.
-func startSidecar(ctx context.Context, command, args, env []string, up *llamaserver.Server, dir string) (*sidecarProc, error) {
+// up, reached at upURL, with its data under dir, then args; env added to
+// its environment), its log under dir, and returns once GET /healthz
+// answers 200.
+func startSidecar(ctx context.Context, command, args, env []string, upURL string, up *llamaserver.Server, dir string) (*sidecarProc, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -234,7 +248,7 @@ func startSidecar(ctx context.Context, command, args, env []string, up *llamaser
 	}
 	argv := func(port int) []string {
 		a := append(append([]string(nil), command[1:]...),
-			"--listen", "127.0.0.1:"+strconv.Itoa(port), "--upstream", up.URL(), "--data-dir", filepath.Join(dir, "data"),
+			"--listen", "127.0.0.1:"+strconv.Itoa(port), "--upstream", upURL, "--data-dir", filepath.Join(dir, "data"),
 			"--engine", "llamacpp", "--llamacpp-slot-dir", up.SlotDir(), "--llamacpp-slots", strconv.Itoa(up.Slots()),
 			"--log-format", "json")
 		return append(a, args...)
