@@ -12,7 +12,7 @@ export SIDECAR_UPSTREAM ?= http://127.0.0.1:8000
 export SIDECAR_LISTEN   ?= 127.0.0.1:8080
 export SIDECAR_DATA_DIR ?= ./data
 
-.PHONY: help build run test test-race test-hostile bench bench-proxy bench-kv bench-policy bench-recall bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet fleet docker-cuda fuzz lint clean
+.PHONY: help build run test test-race test-hostile test-differential bench bench-proxy bench-kv bench-policy bench-recall bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet fleet docker-cuda fuzz lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -35,6 +35,9 @@ test-hostile: ## the binary against a fault-injecting upstream and hostile clien
 	SIDECAR_HOSTILE_DURATION=$(HOSTILE_DURATION) SIDECAR_HOSTILE_REPORT=$(CURDIR)/out/hostile.json \
 	  $(GO) test -race -count=1 -v -timeout 20m -run 'Hostile' ./cmd/sidecar
 
+test-differential: ## the differential test alone: app clients direct vs through the sidecar on a real llama-server (kill -9, idle closes, one key)
+	KVSIDECAR_REQUIRE_LLAMA=1 $(GO) test -race -count=1 -v -timeout 20m -run 'TestDifferentialAgainstRealEngine' ./cmd/sidecar
+
 bench: ## go test benchmarks, then sidecar bench (amortization)
 	$(GO) test -run '^$$' -bench . -benchtime 200x -timeout 30m $(PKGS)
 	$(GO) run ./cmd/sidecar bench
@@ -46,12 +49,13 @@ bench-amortization: ## cost per turn of a session prefix's KV, T = 1..64 (plot i
 	mkdir -p out
 	$(GO) run ./cmd/sidecar bench amortization --plot out/amortization.svg
 
-bench-sessions: build ## real llama-server, direct vs through the sidecar: engine kill -9 after round 2, then also a sidecar kill -9 after round 3 (plots in out/)
+bench-sessions: build ## real llama-server, direct vs through the sidecar, one key and no user id: engine kill -9 after round 2 (no drain), then also a sidecar kill -9 after round 3, then each session its own user (plots in out/)
 	mkdir -p out
 	$(BIN) bench sessions --engine-restart-after 2 --plot out/sessions.svg
 	$(BIN) bench sessions --engine-restart-after 2 --sidecar-restart-after 3 --plot out/sessions-sidecar-restart.svg
+	$(BIN) bench sessions --engine-restart-after 2 --per-user --plot out/sessions-per-user.svg
 
-bench-fleet: build ## two replicas (sidecar + llama-server) with and without a shared redis-server: kill -9 of a replica after round 3, of Redis after round 4
+bench-fleet: build ## two replicas (sidecar + llama-server) with and without a shared redis-server, one key and no user id: kill -9 of a replica after round 3 (no drain), of Redis after round 4
 	$(BIN) bench fleet --kill-after 3 --redis-restart-after 4
 	$(BIN) bench fleet --kill-after 3 --redis-restart-after 4 --sidecar-arg=--recall-share=0
 

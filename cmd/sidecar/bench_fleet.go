@@ -15,7 +15,7 @@ func benchFleet(args []string) error {
 	fs.IntVar(&o.Sessions, "sessions", 4, "conversations, each with its own document")
 	fs.IntVar(&o.Rounds, "rounds", 6, "turns per session; round r of session i goes to replica (i+r) mod replicas")
 	fs.IntVar(&o.Threads, "threads", 1, "each llama-server's -t")
-	fs.IntVar(&o.KillAfter, "kill-after", 0, "kill -9 replica 1 (sidecar and llama-server) after this round in both fleets (0: never)")
+	fs.IntVar(&o.KillAfter, "kill-after", 0, "kill -9 replica 1 (sidecar and llama-server) after this round in both fleets, right after its last answer (0: never)")
 	fs.IntVar(&o.RedisRestartAfter, "redis-restart-after", 0, "kill -9 redis-server after this round and restart it on its AOF (0: never)")
 	fs.StringVar(&o.AppendFsync, "appendfsync", "always", "redis-server's AOF fsync policy: always or everysec")
 	fs.StringVar(&o.RedisServer, "redis-server", "", "redis-server binary (default $REDIS_SERVER, else redis-server or valkey-server on PATH)")

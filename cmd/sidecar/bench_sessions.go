@@ -14,9 +14,8 @@ func benchSessions(args []string) error {
 	plot := fs.String("plot", "", "also write an SVG bar chart of tokens reprocessed per round to this file")
 	fs.IntVar(&o.Sessions, "sessions", 8, "conversations, each with its own document")
 	fs.IntVar(&o.Rounds, "rounds", 4, "turns per session, round-robin")
-	fs.BoolVar(&o.SharedUser, "shared-user", false, "send every session as one end user (no OpenAI user field): sessions then recall one another's turns")
 	fs.IntVar(&o.Threads, "threads", 0, "each llama-server's -t (default: half the CPUs, as the two run side by side)")
-	fs.IntVar(&o.EngineRestartAfter, "engine-restart-after", 0, "kill -9 and restart both llama-servers after this round (0: never)")
+	fs.IntVar(&o.EngineRestartAfter, "engine-restart-after", 0, "kill -9 and restart both llama-servers after this round, right after its last answer (0: never)")
 	fs.IntVar(&o.SidecarRestartAfter, "sidecar-restart-after", 0, "kill -9 and restart the sidecar after this round, once its background queue drained (0: never)")
 	if err := newRealFlags(fs, &o.RealParts, "both llama-servers").parse(fs, args); err != nil {
 		return err

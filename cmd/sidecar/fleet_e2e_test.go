@@ -26,13 +26,15 @@ import (
 // replica with empty disks serving every session from the store. The
 // per-turn recall block is off (--recall-share=0) so the prompt grows by
 // exactly what a turn adds, and what a moved turn reprocesses beyond that
-// is the fleet's doing.
+// is the fleet's doing. The replica dies once its queue drained
+// (--drain-before-kill): a kill right after an answer may lose that turn's
+// KV, and this test measures the restore of the last saved one.
 func TestFleetRealParts(t *testing.T) {
 	redistest.Require(t)
 	llamatest.Require(t)
 	var r bench.FleetReport
 	stderr := runBenchJSON(t, &r, "fleet", "--sessions", "3", "--rounds", "5", "--slots", "1",
-		"--doc-tokens", "1500", "--kill-after", "3", "--redis-restart-after", "4", "--sidecar-arg=--recall-share=0",
+		"--doc-tokens", "1500", "--kill-after", "3", "--drain-before-kill", "--redis-restart-after", "4", "--sidecar-arg=--recall-share=0",
 		"--sidecar-arg=--extract=false")
 	t.Logf("%s", stderr)
 	if len(r.RoundStats) != 5 || r.RoundStats[3].Event == "" || r.RoundStats[4].Event != "redis restart" {

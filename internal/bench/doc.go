@@ -7,7 +7,10 @@
 // (memory.go), sessions on a real llama-server with and without the sidecar
 // (sessions*.go) and a fleet of replicas sharing Redis (fleet*.go); those
 // two start their llama-servers and sidecars the same way (realstack.go,
-// on internal/launch).
+// on internal/launch); bench sessions puts a recording proxy
+// (internal/recordup) in front of each llama-server and sorts what reached
+// it into the clients' turns and the sidecar's own generations
+// (owncalls.go).
 //
 // It is internal: only cmd/sidecar uses it (the bench subcommands, `sidecar
 // gpu`'s probe, and `serve --kv-trace`, which records KV accesses through

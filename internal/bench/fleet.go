@@ -22,11 +22,13 @@ type FleetOptions struct {
 	// Replicas per fleet. Zero: 2.
 	Replicas int
 	// RealParts: Sessions 4, Rounds 6, Threads 1 (2·Replicas servers share
-	// the machine). SidecarArgs are added to every replica's flags.
+	// the machine). SidecarArgs are added to every replica's flags. The
+	// client is one API key without user ids unless PerUser.
 	RealParts
 	// KillAfter, when positive, kills replica 1 (its sidecar and its
-	// llama-server, SIGKILL) in both fleets after that round; its sessions
-	// go on on the others.
+	// llama-server, SIGKILL) in both fleets after that round (right after
+	// its last answer, unless DrainBeforeKill); its sessions go on on the
+	// others.
 	KillAfter int
 	// RedisRestartAfter, when positive, kills the Redis server (SIGKILL)
 	// after that round and starts it again on its AOF.
@@ -73,7 +75,10 @@ type FleetReport struct {
 	KillAfter         int      `json:"kill_after,omitempty"`
 	RedisRestartAfter int      `json:"redis_restart_after,omitempty"`
 	AppendFsync       string   `json:"appendfsync"`
+	PerUser           bool     `json:"per_user,omitempty"`
+	DrainBeforeKill   bool     `json:"drain_before_kill,omitempty"`
 	Model             string   `json:"model"`
+	LlamaArgs         []string `json:"llama_args"`
 	SidecarArgs       []string `json:"sidecar_args"`
 
 	RoundStats []FleetRound `json:"rounds_detail"`

@@ -70,7 +70,8 @@ func RunFleet(ctx context.Context, o FleetOptions) (FleetReport, error) {
 	}
 	r := FleetReport{Replicas: o.Replicas, Sessions: o.Sessions, Rounds: o.Rounds, Slots: o.Slots, DocTokens: o.DocTokens,
 		CacheRAMMiB: o.CacheRAMMiB, MaxTokens: o.MaxTokens, Threads: o.Threads, KillAfter: o.KillAfter,
-		RedisRestartAfter: o.RedisRestartAfter, AppendFsync: o.AppendFsync, Model: o.Model, SidecarArgs: append([]string{}, o.SidecarArgs...)}
+		RedisRestartAfter: o.RedisRestartAfter, AppendFsync: o.AppendFsync, PerUser: o.PerUser, DrainBeforeKill: o.DrainBeforeKill,
+		Model: o.Model, LlamaArgs: o.LlamaArgs, SidecarArgs: append([]string{}, o.SidecarArgs...)}
 
 	redis, err := redisserver.Start(ctx, redisserver.Options{Binary: o.RedisServer, Dir: filepath.Join(dir, "redis"), AppendFsync: o.AppendFsync})
 	if err != nil {
@@ -129,12 +130,14 @@ func RunFleet(ctx context.Context, o FleetOptions) (FleetReport, error) {
 			killed = 1
 			var note string
 			for _, f := range []*fleet{shared, local} {
-				// As between users' turns: the last turn's KV is saved (a
-				// kill right after an answer loses that turn's KV, never
-				// its history).
-				f.scs[killed].drain(ctx)
-				time.Sleep(200 * time.Millisecond)
-				note = f.scs[killed].drain(ctx)
+				// With DrainBeforeKill, as between users' turns: the last
+				// turn's KV is saved. Without, a kill right after an answer
+				// may lose that turn's KV, never its history.
+				if o.DrainBeforeKill {
+					f.scs[killed].drain(ctx)
+					time.Sleep(200 * time.Millisecond)
+				}
+				note = o.killNote(ctx, f.scs[killed])
 				f.scs[killed].kill()
 				f.llamas[killed].Kill()
 				f.alive[killed] = false
@@ -166,10 +169,10 @@ func RunFleet(ctx context.Context, o FleetOptions) (FleetReport, error) {
 				moved := f.at[i] >= 0 && f.at[i] != k
 				fromKilled := f.at[i] == killed && killed >= 0
 				msgs := append(f.hist[i], chatMsg{Role: "user", Content: q})
-				// Each session is an end user of its own (as in bench
-				// sessions): no recall across the sessions.
+				// One API key, no user id (as most apps call), or each
+				// session an end user of its own (PerUser).
 				id := fmt.Sprintf("fleet-%03d", i)
-				tr, err := streamTurn(ctx, client, f.scs[k].url(), id, id, msgs, o.MaxTokens)
+				tr, err := streamTurn(ctx, client, f.scs[k].url(), id, o.user(id), msgs, o.MaxTokens)
 				st.Turns++
 				f.at[i] = k
 				if err != nil {
@@ -254,7 +257,7 @@ func RunFleet(ctx context.Context, o FleetOptions) (FleetReport, error) {
 		q := sessionQuestion(i, o.Rounds+1)
 		msgs := append(shared.hist[i], chatMsg{Role: "user", Content: q})
 		id := fmt.Sprintf("fleet-%03d", i)
-		tr, err := streamTurn(ctx, client, joiner.url(), id, id, msgs, o.MaxTokens)
+		tr, err := streamTurn(ctx, client, joiner.url(), id, o.user(id), msgs, o.MaxTokens)
 		r.Joiner.Turns++
 		if err != nil {
 			r.Joiner.Errors++
@@ -318,7 +321,7 @@ func (f *fleet) addReplica(ctx context.Context, o FleetOptions, redisURL, dir st
 	if redisURL != "" {
 		args = append(args, "--remote", redisURL, "--remote-lease-ttl", "3s")
 	}
-	sc, err := startSidecar(ctx, o.SidecarCommand, args, nil, l, dir)
+	sc, err := startSidecar(ctx, o.SidecarCommand, args, nil, l.URL(), l, dir)
 	if err != nil {
 		return nil, err
 	}

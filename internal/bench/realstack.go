@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/internal/launch"
 	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/recordup"
 )
 
 // RealParts is what the benchmarks on real parts (sessions, fleet) share:
@@ -44,11 +45,25 @@ type RealParts struct {
 	Model string
 	// Threads is each llama-server's -t.
 	Threads int
-	// LlamaArgs are added to every llama-server's command line. Nil:
-	// --n-predict 128, which bounds the sidecar's own background calls (a
-	// random-weight model never ends an answer; the client's turns set
-	// max_tokens anyway).
+	// LlamaArgs are added to every llama-server's command line. Nil: none,
+	// the server on its own defaults as users run it. Notably no
+	// --n-predict cap: a random-weight model never ends an answer, so a
+	// sidecar call without its own max_tokens generates until the slot's
+	// context is full (the client's turns set max_tokens).
 	LlamaArgs []string
+	// PerUser names each session its own end user (the OpenAI "user"
+	// field), as a multi-user app that identifies its users does. The
+	// default is how most apps call: one API key for all their end users
+	// and no user id, so the sidecar must keep each session's memory to
+	// the session.
+	PerUser bool
+	// DrainBeforeKill waits, before each kill -9 of an engine (bench
+	// sessions' EngineRestartAfter, bench fleet's KillAfter), until the
+	// sidecar's background queue drained, as in a pause between users'
+	// turns. The default kills right after the round's last answer,
+	// whatever the sidecar still has queued or in flight: engines crash at
+	// any time.
+	DrainBeforeKill bool
 	// SidecarCommand runs the sidecar: the binary and the arguments before
 	// its flags, e.g. {os.Executable(), "serve"}. Required.
 	SidecarCommand []string
@@ -81,7 +96,7 @@ func (p *RealParts) setDefaults(sessions, rounds, threads int) {
 	def(&p.MaxTokens, 8)
 	def(&p.Threads, threads)
 	if p.LlamaArgs == nil {
-		p.LlamaArgs = []string{"--n-predict", "128"}
+		p.LlamaArgs = []string{}
 	}
 	if p.TurnTimeout == 0 {
 		p.TurnTimeout = 2 * time.Minute
@@ -137,6 +152,32 @@ func (p *RealParts) startLlama(ctx context.Context, dir string) (*llamaserver.Se
 	})
 }
 
+// user is the OpenAI "user" field a session's turns carry: the session
+// itself with PerUser, else none.
+func (p *RealParts) user(session string) string {
+	if p.PerUser {
+		return session
+	}
+	return ""
+}
+
+// clientText describes the clients' identity in a report's heading.
+func clientText(perUser bool) string {
+	if perUser {
+		return "each session its own end user (OpenAI user field)"
+	}
+	return "one API key, no user id"
+}
+
+// killNote says when an engine was killed: right after the round, or (with
+// DrainBeforeKill) once the sidecar's queue drained, as sc.drain tells.
+func (p *RealParts) killNote(ctx context.Context, sc *sidecarProc) string {
+	if p.DrainBeforeKill {
+		return sc.drain(ctx)
+	}
+	return "right after the round's last answer (whatever the sidecar still had queued or in flight)"
+}
+
 // cacheRAMText describes a --cache-ram setting in a report's heading.
 func cacheRAMText(mib int) string {
 	if mib < 0 {
@@ -173,6 +214,18 @@ func makeDocs(ctx context.Context, srv *llamaserver.Server, n, tokens int) ([]st
 	return docs, nil
 }
 
+// engineIdleClose is how long the recording proxy in front of a
+// llama-server keeps an idle keep-alive connection: llama-server's and
+// uvicorn's own 5 s, so the proxy changes nothing a client sees of it.
+const engineIdleClose = 5 * time.Second
+
+// recordEngine starts a recording proxy in front of up (internal/recordup):
+// the benchmark reads what reached the engine, the sidecar's own calls
+// included.
+func recordEngine(up *llamaserver.Server) (*recordup.Proxy, error) {
+	return recordup.Start(recordup.Options{Upstream: up.URL(), IdleTimeout: engineIdleClose})
+}
+
 // sidecarProc is the sidecar run as a child process in front of a
 // llama-server, restartable with the same flags (port, data folder).
 type sidecarProc struct {
@@ -181,9 +234,10 @@ type sidecarProc struct {
 }
 
 // startSidecar runs the sidecar (command, then the flags that put it before
-// up with its data under dir, then args; env added to its environment),
-// its log under dir, and returns once GET /healthz answers 200.
-func startSidecar(ctx context.Context, command, args, env []string, up *llamaserver.Server, dir string) (*sidecarProc, error) {
+// up, reached at upURL, with its data under dir, then args; env added to
+// its environment), its log under dir, and returns once GET /healthz
+// answers 200.
+func startSidecar(ctx context.Context, command, args, env []string, upURL string, up *llamaserver.Server, dir string) (*sidecarProc, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -194,7 +248,7 @@ func startSidecar(ctx context.Context, command, args, env []string, up *llamaser
 	}
 	argv := func(port int) []string {
 		a := append(append([]string(nil), command[1:]...),
-			"--listen", "127.0.0.1:"+strconv.Itoa(port), "--upstream", up.URL(), "--data-dir", filepath.Join(dir, "data"),
+			"--listen", "127.0.0.1:"+strconv.Itoa(port), "--upstream", upURL, "--data-dir", filepath.Join(dir, "data"),
 			"--engine", "llamacpp", "--llamacpp-slot-dir", up.SlotDir(), "--llamacpp-slots", strconv.Itoa(up.Slots()),
 			"--log-format", "json")
 		return append(a, args...)

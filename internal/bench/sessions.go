@@ -6,6 +6,8 @@ package bench
 // an identical one through the sidecar, side by side in one run, with
 // optional kill -9 restarts of the engines or of the sidecar between rounds.
 // The measure is llama.cpp's own: tokens reprocessed (timings.prompt_n).
+// Each llama-server sits behind a recording proxy (internal/recordup), which
+// shows what the sidecar asked of its engine on its own.
 
 import (
 	"context"
@@ -18,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/recordup"
 )
 
 // SessionsOptions configure RunSessions. SidecarCommand is required; every
@@ -26,15 +29,12 @@ type SessionsOptions struct {
 	// RealParts: Sessions 8, Rounds 4 (taken round-robin), Threads half the
 	// CPUs (at least one), so the two servers side by side do not
 	// oversubscribe them. Slots is also the sidecar's --llamacpp-slots.
+	// The client is one API key without user ids unless PerUser.
 	RealParts
-	// SharedUser sends every session as one end user (no OpenAI "user"
-	// field, so the sidecar's user scope is the API key's), which lets
-	// sessions recall one another's turns. The default names each session
-	// its own user, as a multi-user app does with the "user" field.
-	SharedUser bool
 	// EngineRestartAfter, when positive, kills both llama-servers with
-	// SIGKILL after that round and starts them again (same port, slot
-	// folder, model).
+	// SIGKILL after that round (right after its last answer, unless
+	// DrainBeforeKill) and starts them again (same port, slot folder,
+	// model).
 	EngineRestartAfter int
 	// SidecarRestartAfter, when positive, kills the sidecar with SIGKILL
 	// after that round, once its background queue drained, and starts it
@@ -63,7 +63,8 @@ type SessionsReport struct {
 	DocTokens           int      `json:"doc_tokens"`
 	CacheRAMMiB         int      `json:"cache_ram_mib"`
 	MaxTokens           int      `json:"max_tokens"`
-	SharedUser          bool     `json:"shared_user,omitempty"`
+	PerUser             bool     `json:"per_user,omitempty"`
+	DrainBeforeKill     bool     `json:"drain_before_kill,omitempty"`
 	Threads             int      `json:"threads"`
 	EngineRestartAfter  int      `json:"engine_restart_after,omitempty"`
 	SidecarRestartAfter int      `json:"sidecar_restart_after,omitempty"`
@@ -115,9 +116,18 @@ type SessionsSide struct {
 	// EngineReprocessed is the llama-server's own count of prompt tokens
 	// processed in the round (llamacpp:prompt_tokens_total): the client's
 	// turns plus, behind the sidecar, its background calls.
-	EngineReprocessed int64   `json:"engine_reprocessed_tokens"`
-	TTFTP50Ms         float64 `json:"ttft_p50_ms"`
-	TTFTP99Ms         float64 `json:"ttft_p99_ms"`
+	EngineReprocessed int64 `json:"engine_reprocessed_tokens"`
+	// EngineGenerated is the llama-server's own count of tokens generated
+	// in the round (llamacpp:tokens_predicted_total): the client's replies
+	// plus, behind the sidecar, what its own calls generated.
+	EngineGenerated int64 `json:"engine_generated_tokens"`
+	// OwnGenerations counts the generations the sidecar asked of its
+	// engine on its own in the round (recorded in front of the engine;
+	// zero on the direct side); OwnUnbounded those without a max_tokens.
+	OwnGenerations int     `json:"own_generations"`
+	OwnUnbounded   int     `json:"own_unbounded_generations"`
+	TTFTP50Ms      float64 `json:"ttft_p50_ms"`
+	TTFTP99Ms      float64 `json:"ttft_p99_ms"`
 	// The sidecar's engine figures for the round, from its /metrics
 	// (zero on the direct side; -1 when the sidecar does not export them).
 	Restores      float64 `json:"restores"`
@@ -148,10 +158,12 @@ type SessionsGoal struct {
 // this share of the tokens the direct client does (issue 10).
 const sessionsGoalRatio = 0.10
 
-// side is one llama-server and, for the sidecar side, the sidecar in front.
+// side is one llama-server with its recording proxy and, for the sidecar
+// side, the sidecar in front.
 type side struct {
 	name    string
 	llama   *llamaserver.Server
+	rec     *recordup.Proxy
 	sidecar *sidecarProc // nil on the direct side
 	hist    [][]chatMsg  // per session
 	last    []int64      // per session: the previous turn's prompt tokens
@@ -161,7 +173,7 @@ func (s *side) base() string {
 	if s.sidecar != nil {
 		return s.sidecar.url()
 	}
-	return s.llama.URL()
+	return s.rec.URL()
 }
 
 // RunSessions runs the benchmark; see SessionsOptions.
@@ -179,20 +191,22 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 		return SessionsReport{}, err
 	}
 	r := SessionsReport{Sessions: o.Sessions, Rounds: o.Rounds, Slots: o.Slots, DocTokens: o.DocTokens, CacheRAMMiB: o.CacheRAMMiB,
-		MaxTokens: o.MaxTokens, SharedUser: o.SharedUser, Threads: o.Threads, EngineRestartAfter: o.EngineRestartAfter, SidecarRestartAfter: o.SidecarRestartAfter,
+		MaxTokens: o.MaxTokens, PerUser: o.PerUser, DrainBeforeKill: o.DrainBeforeKill, Threads: o.Threads, EngineRestartAfter: o.EngineRestartAfter, SidecarRestartAfter: o.SidecarRestartAfter,
 		Model: o.Model, LlamaArgs: o.LlamaArgs, SidecarArgs: append([]string{}, o.SidecarArgs...)}
 
 	direct := &side{name: "direct"}
 	via := &side{name: "sidecar"}
-	if direct.llama, err = o.startLlama(ctx, filepath.Join(dir, "direct")); err != nil {
-		return r, err
+	for _, s := range []*side{direct, via} {
+		if s.llama, err = o.startLlama(ctx, filepath.Join(dir, s.name)); err != nil {
+			return r, err
+		}
+		defer s.llama.Close()
+		if s.rec, err = recordEngine(s.llama); err != nil {
+			return r, err
+		}
+		defer s.rec.Close()
 	}
-	defer direct.llama.Close()
-	if via.llama, err = o.startLlama(ctx, filepath.Join(dir, "sidecar")); err != nil {
-		return r, err
-	}
-	defer via.llama.Close()
-	sc, err := startSidecar(ctx, o.SidecarCommand, o.SidecarArgs, o.SidecarEnv, via.llama, filepath.Join(dir, "sidecar"))
+	sc, err := startSidecar(ctx, o.SidecarCommand, o.SidecarArgs, o.SidecarEnv, via.rec.URL(), via.llama, filepath.Join(dir, "sidecar"))
 	if err != nil {
 		return r, err
 	}
@@ -218,9 +232,10 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 	for round := 1; round <= o.Rounds; round++ {
 		rs := SessionsRound{Round: round}
 		if round-1 == o.EngineRestartAfter && round > 1 {
-			note := sc.drain(ctx)
+			note := o.killNote(ctx, sc)
 			for _, s := range []*side{direct, via} {
 				s.llama.Kill()
+				s.rec.DropConns() // its connections die with it
 				if err := s.llama.Restart(ctx); err != nil {
 					return r, fmt.Errorf("bench: sessions: restart %s llama-server: %w", s.name, err)
 				}
@@ -243,6 +258,7 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 			m0[s], _ = ScrapeMetrics(ctx, s.llama.URL()+"/metrics")
 		}
 		scBefore, _ := ScrapeMetrics(ctx, sc.url()+"/metrics")
+		recBefore := via.rec.Len()
 		var ttft = map[*side][]time.Duration{}
 		for i := 0; i < o.Sessions; i++ {
 			q := sessionQuestion(i, round)
@@ -257,11 +273,7 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 				}
 				msgs := append(s.hist[i], chatMsg{Role: "user", Content: q})
 				session := fmt.Sprintf("bench-%03d", i)
-				user := session
-				if o.SharedUser {
-					user = ""
-				}
-				tr, err := streamTurn(ctx, client, s.base(), session, user, msgs, o.MaxTokens)
+				tr, err := streamTurn(ctx, client, s.base(), session, o.user(session), msgs, o.MaxTokens)
 				st.Turns++
 				if err != nil {
 					st.Errors++
@@ -307,8 +319,13 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 				b, _ := m0[s].Get("llamacpp:prompt_tokens_total")
 				a, _ := m1.Get("llamacpp:prompt_tokens_total")
 				st.EngineReprocessed = int64(delta(b, a))
+				b, _ = m0[s].Get("llamacpp:tokens_predicted_total")
+				a, _ = m1.Get("llamacpp:tokens_predicted_total")
+				st.EngineGenerated = int64(delta(b, a))
 			}
 		}
+		rs.Sidecar.OwnGenerations, rs.Sidecar.OwnUnbounded = OwnGenerations(via.rec.Requests()[recBefore:],
+			func(r recordup.Request) bool { return strings.HasPrefix(r.Header.Get("X-Session-ID"), "bench-") })
 		scAfter, err := ScrapeMetrics(ctx, sc.url()+"/metrics")
 		if err == nil {
 			fillEngineFigures(&rs.Sidecar, scBefore, scAfter)
@@ -316,8 +333,9 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 		rs.Ratio = ratio(float64(rs.Sidecar.Reprocessed), float64(rs.Direct.Reprocessed))
 		rs.Floor = ratio(float64(rs.Sidecar.NewTokens), float64(rs.Direct.Reprocessed))
 		r.RoundStats = append(r.RoundStats, rs)
-		fmt.Fprintf(o.Progress, "round %d: reprocessed direct %d, sidecar %d (ratio %.3f, floor %.3f); errors %d/%d\n",
-			round, rs.Direct.Reprocessed, rs.Sidecar.Reprocessed, rs.Ratio, rs.Floor, rs.Direct.Errors, rs.Sidecar.Errors)
+		fmt.Fprintf(o.Progress, "round %d: reprocessed direct %d, sidecar %d (ratio %.3f, floor %.3f); errors %d/%d; generated direct %d, sidecar %d (its own calls %d, %d without max_tokens)\n",
+			round, rs.Direct.Reprocessed, rs.Sidecar.Reprocessed, rs.Ratio, rs.Floor, rs.Direct.Errors, rs.Sidecar.Errors,
+			rs.Direct.EngineGenerated, rs.Sidecar.EngineGenerated, rs.Sidecar.OwnGenerations, rs.Sidecar.OwnUnbounded)
 	}
 
 	r.TTFT = SessionsTTFT{RestoredTurns: len(restoredTTFT), RestoredP50Ms: percentileMs(restoredTTFT, 0.5),
@@ -333,6 +351,11 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 		}
 		r.Goals = append(r.Goals, SessionsGoal{Name: name, Value: rs.Ratio, Limit: sessionsGoalRatio, Met: ok})
 	}
+	unbounded := 0
+	for _, rs := range r.RoundStats {
+		unbounded += rs.Sidecar.OwnUnbounded
+	}
+	r.Goals = append(r.Goals, SessionsGoal{Name: "the sidecar's own generations without a max_tokens", Value: float64(unbounded), Met: unbounded == 0})
 	r.Seconds = time.Since(t0).Seconds()
 	return r, nil
 }

@@ -26,19 +26,19 @@ func writeGoalsAndNotes(w io.Writer, goals []SessionsGoal, notes []string) {
 // WriteSessionsTable writes r as a table for people.
 func WriteSessionsTable(w io.Writer, r SessionsReport) error {
 	cache := cacheRAMText(r.CacheRAMMiB)
-	fmt.Fprintf(w, "Sessions on a real llama.cpp server, direct vs through the sidecar: %d sessions × %d rounds over %d slots, %d-token documents, %s, -t %d, model %s\n",
-		r.Sessions, r.Rounds, r.Slots, r.DocTokens, cache, r.Threads, filepath.Base(r.Model))
+	fmt.Fprintf(w, "Sessions on a real llama.cpp server, direct vs through the sidecar: %d sessions × %d rounds over %d slots, %d-token documents, %s, %s, -t %d, model %s\n",
+		r.Sessions, r.Rounds, r.Slots, r.DocTokens, clientText(r.PerUser), cache, r.Threads, filepath.Base(r.Model))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "round\tevent\treprocessed direct\tsidecar\tsidecar/direct\tfloor\tprompt tokens d/s\tcached d/s\tengine tokens d/s\tTTFT p50 ms d/s\tTTFT p99 ms d/s\trestores\tsaves\trestore ms\tsave ms\terrors d/s\t\n")
+	fmt.Fprintf(tw, "round\tevent\treprocessed direct\tsidecar\tsidecar/direct\tfloor\tprompt tokens d/s\tcached d/s\tengine tokens d/s\tgenerated d/s\town calls (unbounded)\tTTFT p50 ms d/s\tTTFT p99 ms d/s\trestores\tsaves\trestore ms\tsave ms\terrors d/s\t\n")
 	for _, rs := range r.RoundStats {
 		d, s := rs.Direct, rs.Sidecar
 		ev := rs.Event
 		if ev == "" {
 			ev = "-"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%.3f\t%.3f\t%d / %d\t%d / %d\t%d / %d\t%.0f / %.0f\t%.0f / %.0f\t%s\t%s\t%s\t%s\t%d / %d\t\n",
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%.3f\t%.3f\t%d / %d\t%d / %d\t%d / %d\t%d / %d\t%d (%d)\t%.0f / %.0f\t%.0f / %.0f\t%s\t%s\t%s\t%s\t%d / %d\t\n",
 			rs.Round, ev, d.Reprocessed, s.Reprocessed, rs.Ratio, rs.Floor, d.PromptTokens, s.PromptTokens, d.Cached, s.Cached,
-			d.EngineReprocessed, s.EngineReprocessed, d.TTFTP50Ms, s.TTFTP50Ms, d.TTFTP99Ms, s.TTFTP99Ms,
+			d.EngineReprocessed, s.EngineReprocessed, d.EngineGenerated, s.EngineGenerated, s.OwnGenerations, s.OwnUnbounded, d.TTFTP50Ms, s.TTFTP50Ms, d.TTFTP99Ms, s.TTFTP99Ms,
 			orNA(s.Restores, "%.0f"), orNA(s.Saves, "%.0f"), orNA(s.RestoreMeanMs, "%.1f"), orNA(s.SaveMeanMs, "%.1f"), d.Errors, s.Errors)
 	}
 	if err := tw.Flush(); err != nil {
