@@ -95,3 +95,37 @@ func TestFailedTurnIsNotHistory(t *testing.T) {
 		t.Fatalf("a failed turn under a later one: %q", got)
 	}
 }
+
+// TestRetryAfterPartialReplyIsStoredOnce: an upstream broke a streamed
+// answer after some content (recorded as a partial reply); the drop-in
+// client retries the same message: the session holds the message once,
+// with the retry's answer and not the partial one.
+func TestRetryAfterPartialReplyIsStoredOnce(t *testing.T) {
+	s := openStore(t, t.TempDir(), nil)
+	tr := prepare(t, s, "t", "a", ModeAuto, text("system", "sys"), text("user", "tell me a story"))
+	if err := tr.CompletePartial(text("assistant", "Once upon a")); err != nil {
+		t.Fatal(err)
+	}
+	tr = prepare(t, s, "t", "a", ModeAuto, text("system", "sys"), text("user", "tell me a story"))
+	if tr.Stats.Match != "retry" {
+		t.Fatalf("match %q", tr.Stats.Match)
+	}
+	if err := tr.Complete(text("assistant", "Once upon a time, the end.")); err != nil {
+		t.Fatal(err)
+	}
+	v, _ := s.Session("t", "a")
+	var got []string
+	for _, m := range v.Messages {
+		got = append(got, m.Role+":"+m.Content)
+	}
+	want := []string{"system:sys", "user:tell me a story", "assistant:Once upon a time, the end."}
+	if !equalStrings(got, want) {
+		t.Fatalf("history %q, want %q", got, want)
+	}
+	// The same message after a whole answer is a new turn.
+	tr = prepare(t, s, "t", "a", ModeAuto, text("user", "tell me a story"))
+	if tr.Stats.Match == "retry" {
+		t.Fatal("a repeated message after a complete answer taken for a retry")
+	}
+	tr.Abort()
+}

@@ -53,8 +53,9 @@ type TurnStats struct {
 	ModeDetected bool
 	// Match is how the request related to the stored history: "new",
 	// "extend", "trimmed" (a full-history client dropped old turns itself),
-	// "diverged" (edit, branch or regenerate: stored history was cut) or
-	// "append".
+	// "diverged" (edit, branch or regenerate: stored history was cut),
+	// "append", or "retry" (an append repeating the stored turn whose
+	// reply the upstream broke off: that partial reply is discarded).
 	Match string
 	// User is the user scope of the session ("" for the tenant's default).
 	User string
@@ -227,6 +228,29 @@ type plan struct {
 	sys        []*entry // the session's system messages after the request
 	keep       int      // stored history messages kept (the rest is cut)
 	add        []*entry // new history messages
+	// dropPartial: the request retries the stored turn whose reply the
+	// upstream broke off (a partial reply): that reply is discarded and
+	// the stored messages are the turn (see retryOfPartial).
+	dropPartial bool
+}
+
+// retryOfPartial reports whether tail, the new messages of an append,
+// repeats the turn that ends hist with a partial reply: a client whose
+// stream broke retries the same message, which is then stored once.
+func retryOfPartial(hist []*entry, tail []Message) bool {
+	n := len(hist)
+	if len(tail) == 0 || n < len(tail)+1 || tail[len(tail)-1].Role != "user" {
+		return false
+	}
+	if last := hist[n-1]; last.msg.Role != "assistant" || !last.partial {
+		return false
+	}
+	for i := range tail {
+		if hist[n-1-len(tail)+i].key != tail[i].matchKey() {
+			return false
+		}
+	}
+	return true
 }
 
 // planLocked relates the request to the stored history.
@@ -240,6 +264,9 @@ func (s *Store) planLocked(sess *session, req *TurnRequest, now time.Time) plan 
 	var p plan
 	var tail []Message
 	p.mode, p.keep, tail, p.match = matchRequest(sess, rest, req.Mode)
+	if p.mode == ModeAppend && retryOfPartial(sess.hist[:p.keep], tail) {
+		p.dropPartial, p.keep, tail, p.match = true, p.keep-1, nil, "retry"
+	}
 	p.sysChanged = !sameMessages(reqSys, sess.sys)
 	if p.mode == ModeAppend && nsys == 0 {
 		p.sysChanged = false // an append without system messages keeps the stored ones
@@ -326,7 +353,11 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	}
 	if p.keep < len(sess.hist) {
 		k := p.keep
-		recs = append(recs, &record{K: "trunc", T: now.UnixNano(), Keep: &k})
+		kind := "trunc"
+		if p.dropPartial {
+			kind = "undo"
+		}
+		recs = append(recs, &record{K: kind, T: now.UnixNano(), Keep: &k})
 	}
 	for _, e := range p.add {
 		recs = append(recs, &record{K: "msg", T: now.UnixNano(), Seq: e.seq, Msg: e.msg.Raw, Enc: enc.String(), Tok: []int{e.cost(tk, enc)}})
@@ -358,7 +389,11 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	}
 	if p.keep < len(sess.hist) {
 		k := p.keep
-		if err := sess.apply(&record{K: "trunc", T: now.UnixNano(), Keep: &k}, nil, tk); err != nil {
+		kind := "trunc"
+		if p.dropPartial {
+			kind = "undo"
+		}
+		if err := sess.apply(&record{K: kind, T: now.UnixNano(), Keep: &k}, nil, tk); err != nil {
 			return nil, err
 		}
 	}
