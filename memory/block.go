@@ -204,6 +204,9 @@ func (s *Store) recallBlock(ctx context.Context, sess *session, um *userMem, p w
 		if !g.drop {
 			for _, e := range sess.hist[g.lo:g.hi] {
 				seen[e.contentHash()] = true
+				for _, h := range e.blockHashes {
+					seen[h] = true // shown by an earlier block still in the window
+				}
 			}
 		}
 	}
@@ -288,6 +291,10 @@ func (s *Store) recallBlock(ctx context.Context, sess *session, um *userMem, p w
 	}
 	w.recall, w.recallTokens = s.assembleBlock(p.enc, parts)
 	w.recalled = len(kept)
+	w.recallHashes = make([]uint64, 0, len(kept))
+	for _, it := range kept {
+		w.recallHashes = append(w.recallHashes, textHash(it.text))
+	}
 }
 
 // assembleBlock makes a system message of segs; its cost is the sum of the

@@ -151,7 +151,9 @@ func (o *ReviewerOptions) validate() error {
 // ToolContextOptions configure tool-result context (toolctx.go): the tool
 // calls and results a request brings are condensed in the background into
 // one or two sentences, shown in the recall block of the session's next
-// turn only (within Recall.Share), never stored. The condensing call shares
+// turn (within Recall.Share) and made for that turn only; the block stays
+// in the transcript as it was sent, and no memory unit holds it. The
+// condensing call shares
 // the extraction queue and workers.
 type ToolContextOptions struct {
 	// Enabled turns it on. It needs Extraction.Extractor and recall

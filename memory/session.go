@@ -26,6 +26,14 @@ type entry struct {
 	dropped bool // left the window (it then has a msg-<seq> unit)
 	tokens  [numEncodings]int32
 
+	// block is the recall block sent right before this message (a user
+	// message that began a turn), kept in the transcript where it was
+	// sent so that the next prompt extends this one byte for byte; nil
+	// when none. blockHashes are the textHash of each memory it shows:
+	// what later recall need not show again while it is in the window.
+	block       *entry
+	blockHashes []uint64
+
 	// chash is the hash of the text (textHash), 0 until first use.
 	chash uint64
 
@@ -92,6 +100,8 @@ func (e *entry) text() string {
 //	trunc history cut to Keep messages (the rest become archive units)
 //	undo  history cut to Keep messages, the rest discarded: the messages of
 //	      a turn whose upstream answer failed (Turn.Fail)
+//	blk   the recall block Msg (with the hashes H of what it shows) was sent
+//	      right before message Seq (the last one for a message wins)
 //	unit  a memory unit's full state (upsert, last one wins)
 //	acc   access counts of units
 //	del   a unit deleted (ID)
@@ -117,6 +127,7 @@ type record struct {
 	Acc     []accessRecord    `json:"acc,omitempty"`
 	ID      string            `json:"id,omitempty"`
 	Triple  *Triple           `json:"triple,omitempty"`
+	H       []uint64          `json:"h,omitempty"`
 }
 
 type accessRecord struct {
@@ -358,6 +369,17 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 		}
 		clear(s.hist[*r.Keep:])
 		s.hist = s.hist[:*r.Keep]
+	case "blk":
+		i := s.histIndex(r.Seq)
+		if i < 0 {
+			return nil // its message was cut since
+		}
+		m, err := parse(0, r.Msg)
+		if err != nil {
+			return err
+		}
+		s.hist[i].block = mkEntry(0, m, 0)
+		s.hist[i].blockHashes = r.H
 	case "unit":
 		if r.Unit == nil || r.Unit.ID == "" {
 			return fmt.Errorf("memory: bad unit record: %w", errCorrupt)

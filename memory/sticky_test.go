@@ -11,9 +11,10 @@ import (
 // TestPromptPrefixStableAndRecallPerTurn drives a client that sends only
 // its newest message (no mode header) through topic changes with a small
 // window. On every turn without eviction the previous prompt, its recall
-// block aside, is a prefix of the new one message for message (the stable
-// part never moves between evictions); the recall block sits right before
-// the newest user message and follows the topic of each turn.
+// block included, then its reply, lead the new one message for message
+// (prompts only grow between evictions, also across a restart); the recall
+// block sits right before the newest user message and follows the topic
+// of each turn.
 func TestPromptPrefixStableAndRecallPerTurn(t *testing.T) {
 	s := openStore(t, t.TempDir(), func(o *Options) {
 		o.Window.Limit = 1200
@@ -22,7 +23,7 @@ func TestPromptPrefixStableAndRecallPerTurn(t *testing.T) {
 	ctx := context.Background()
 	topics := []string{"volcano eruptions and ash clouds", "sourdough bread and starter feeding", "chess openings like the Sicilian"}
 	var prev []json.RawMessage
-	var prevBlock json.RawMessage
+	var prevReply Message
 	noEvict, evictions, onTopic, withBlock := 0, 0, 0, 0
 	for n := 0; n < 60; n++ {
 		topic := topics[(n/4)%len(topics)]
@@ -54,26 +55,44 @@ func TestPromptPrefixStableAndRecallPerTurn(t *testing.T) {
 			}
 		}
 		if prev != nil && turn.Stats.Evicted == 0 {
+			// Prompts only grow: the previous prompt, its recall block
+			// included, then its reply, lead the new one byte for byte.
 			noEvict++
-			var stable []json.RawMessage
-			for _, m := range prev {
-				if string(m) != string(prevBlock) {
-					stable = append(stable, m)
-				}
+			if p := commonPrefix(prev, cur); p.Messages != len(prev) {
+				t.Fatalf("turn %d: no eviction, but only %d of the previous prompt's %d messages lead the new one",
+					n, p.Messages, len(prev))
 			}
-			if p := commonPrefix(stable, cur); p.Messages != len(stable) {
-				t.Fatalf("turn %d: no eviction, but only %d of the previous prompt's %d messages (recall block aside) lead the new one",
-					n, p.Messages, len(stable))
+			if string(cur[len(prev)]) != string(prevReply.Raw) {
+				t.Fatalf("turn %d: the previous reply does not follow the previous prompt", n)
 			}
 		}
 		if turn.Stats.Evicted > 0 {
 			evictions++
 		}
-		if err := turn.Complete(NewMessage("assistant", fmt.Sprintf("Noted %d: %s matters.", n, topic))); err != nil {
+		reply := NewMessage("assistant", fmt.Sprintf("Noted %d: %s matters.", n, topic))
+		if err := turn.Complete(reply); err != nil {
 			t.Fatal(err)
 		}
-		prev, prevBlock = cur, turn.Block
+		prev, prevReply = cur, reply
 	}
+	// The blocks are in the log: after a restart the next prompt still
+	// extends the last one (unless this turn evicts).
+	dir := s.opts.Dir
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, dir, func(o *Options) {
+		o.Window.Limit = 1200
+		o.Recall.Share = 0.15
+	})
+	turn, err := s.Prepare(ctx, TurnRequest{Tenant: "tenant", SessionID: "sticky", Model: "gpt-4o", Messages: []Message{NewMessage("user", "One more question about chess openings.")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := commonPrefix(prev, turn.Messages); turn.Stats.Evicted == 0 && p.Messages != len(prev) {
+		t.Fatalf("after a restart only %d of the previous prompt's %d messages lead the new one", p.Messages, len(prev))
+	}
+	turn.Abort()
 	if evictions == 0 || noEvict == 0 || withBlock == 0 {
 		t.Fatalf("evictions %d, turns without eviction %d, blocks %d: the test does not exercise the window", evictions, noEvict, withBlock)
 	}

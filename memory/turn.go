@@ -33,6 +33,12 @@ type Turn struct {
 	store   *Store
 	sess    *session
 	lastSeq uint64 // seq of the last history message when prepared
+	// The recall block made for this turn, kept in the transcript before
+	// message blockSeq once the turn completes (nil: none new).
+	block       json.RawMessage
+	blockTokens int
+	blockHashes []uint64
+	blockSeq    uint64
 	// What Fail takes back: the history messages this request appended,
 	// and the system messages it replaced (when sysChanged).
 	added      int
@@ -436,7 +442,11 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	}
 	sess.pending = make(chan struct{})
 	t := &Turn{Messages: w.msgs, Block: w.recall, Stable: w.stable, Stats: st, store: s, sess: sess, pending: sess.pending, enc: enc,
-		added: len(p.add), sysChanged: p.sysChanged, prevSys: prevSys}
+		added: len(p.add), sysChanged: p.sysChanged, prevSys: prevSys,
+		block: w.recall, blockTokens: w.recallTokens, blockHashes: w.recallHashes, blockSeq: w.recallSeq}
+	if w.recallSeq == 0 {
+		t.block = nil // none, or kept from before
+	}
 	if n := len(sess.hist); n > 0 {
 		t.lastSeq = sess.hist[n-1].seq
 	}
@@ -622,7 +632,17 @@ func (t *Turn) recordLocked(m *Message, partial bool) error {
 	switch {
 	case pos == len(sess.hist):
 	case pos >= 0 && pos < len(sess.hist) && sess.hist[pos].key == e.key:
-		return nil // the client already sent this reply back to us
+		// The client already sent this reply back to us; the block stays
+		// where it was sent all the same.
+		framed, blk, err := t.blockRecord(nil, now)
+		if err != nil || blk < 0 {
+			return err
+		}
+		if err := s.writeLocked(sess, framed, now); err != nil {
+			return fmt.Errorf("memory: record recall block: %w", err)
+		}
+		t.attachBlock(blk)
+		return nil
 	default:
 		// History moved on: keep the reply as an archive unit, not in order
 		// (unless a unit already holds it).
@@ -637,7 +657,11 @@ func (t *Turn) recordLocked(m *Message, partial bool) error {
 		s.stats.orphan.Add(1)
 		return nil
 	}
-	framed, err := encodeRecord(nil, &record{K: "msg", T: now.UnixNano(), Seq: e.seq, Msg: e.msg.Raw,
+	framed, blk, err := t.blockRecord(nil, now)
+	if err != nil {
+		return err
+	}
+	framed, err = encodeRecord(framed, &record{K: "msg", T: now.UnixNano(), Seq: e.seq, Msg: e.msg.Raw,
 		Enc: t.enc.String(), Tok: []int{e.cost(s.tok, t.enc)}, Partial: partial})
 	if err != nil {
 		return err
@@ -645,10 +669,47 @@ func (t *Turn) recordLocked(m *Message, partial bool) error {
 	if err := s.writeLocked(sess, framed, now); err != nil {
 		return fmt.Errorf("memory: record reply: %w", err)
 	}
+	t.attachBlock(blk)
 	sess.hist = append(sess.hist, e)
 	sess.nextSeq++
 	sess.updated = now
 	s.stats.appended.Add(1)
 	s.stats.completes.Add(1)
 	return nil
+}
+
+// blockRecord appends to dst the "blk" record that keeps the turn's recall
+// block in the transcript, and returns the index in history of the message
+// it goes before; -1 (dst unchanged) when the turn made none or that
+// message is gone. Called with sess.mu held.
+func (t *Turn) blockRecord(dst []byte, now time.Time) ([]byte, int, error) {
+	if t.block == nil {
+		return dst, -1, nil
+	}
+	i := t.sess.histIndex(t.blockSeq)
+	if i < 0 {
+		return dst, -1, nil
+	}
+	out, err := encodeRecord(dst, &record{K: "blk", T: now.UnixNano(), Seq: t.blockSeq, Msg: t.block,
+		Enc: t.enc.String(), Tok: []int{t.blockTokens}, H: t.blockHashes})
+	if err != nil {
+		return dst, -1, err
+	}
+	return out, i, nil
+}
+
+// attachBlock keeps the turn's recall block before history message i
+// (from blockRecord), as replaying its record does.
+func (t *Turn) attachBlock(i int) {
+	if i < 0 {
+		return
+	}
+	var m Message
+	if json.Unmarshal(t.block, &m) != nil {
+		return
+	}
+	m.Raw = t.block
+	b := newEntry(0, m, t.store.opts.Clock.Now())
+	b.tokens[t.enc] = int32(t.blockTokens)
+	t.sess.hist[i].block, t.sess.hist[i].blockHashes = b, t.blockHashes
 }

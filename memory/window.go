@@ -16,10 +16,13 @@ import (
 //
 // The stable block (pinned memories, summaries) changes only when history
 // leaves the window or what it shows changed; history leaves in large steps
-// (Window.EvictTo); so the prompt's start stays byte-identical from one turn
-// to the next and the upstream's prefix cache keeps hitting. The recall
-// block is made for every turn from the newest user message and sits right
-// before it: only the prompt's tail changes with it.
+// (Window.EvictTo). The recall block is made for each turn from the newest
+// user message and sits right before it; once the turn is complete it stays
+// in the transcript there (entry.block), so it is part of the history the
+// next windows show. Between evictions every prompt is the previous one,
+// byte for byte, plus the reply, the new turn's recall block (only what
+// the window does not already hold) and the new message: the engine's
+// prefix cache keeps every earlier token.
 
 // window is the result of building the window.
 type window struct {
@@ -29,6 +32,8 @@ type window struct {
 	stableTokens int
 	recall       json.RawMessage
 	recallTokens int
+	recallHashes []uint64 // textHash of each memory the recall block shows
+	recallSeq    uint64   // the message the recall block goes before (new blocks only)
 	sysTokens    int
 	histTokens   int // kept history + current turn
 	evicted      int
@@ -119,15 +124,31 @@ func (s *Store) buildWindow(ctx context.Context, sess *session, um *userMem, p w
 			continue
 		}
 		for _, e := range sess.hist[g.lo:g.hi] {
+			if e.block != nil {
+				c := e.block.cost(tk, p.enc)
+				add(e.block.msg.Raw, c)
+				w.histTokens += c
+			}
 			c := e.cost(tk, p.enc)
 			add(e.msg.Raw, c)
 			w.histTokens += c
 		}
 	}
-	if b.recall > 0 && cur < len(sess.hist) {
+	switch {
+	case cur < len(sess.hist) && sess.hist[cur].block != nil:
+		// The turn was sent before (a regenerate, or a retry of a turn
+		// whose reply was kept): its block stays as it was sent.
+		blk := sess.hist[cur].block
+		if c := blk.cost(tk, p.enc); c <= b.recall {
+			w.recall, w.recallTokens, w.recallHashes = blk.msg.Raw, c, sess.hist[cur].blockHashes
+			w.recallMode = "kept"
+			add(w.recall, w.recallTokens)
+		}
+	case b.recall > 0 && cur < len(sess.hist):
 		s.recallBlock(ctx, sess, um, p, cur, groups, stable, b.recall, w)
 		if w.recall != nil {
 			add(w.recall, w.recallTokens)
+			w.recallSeq = sess.hist[cur].seq
 		}
 	}
 	for _, e := range sess.hist[cur:] {
@@ -160,7 +181,7 @@ func (s *Store) historyGroups(sess *session, cur int, p windowParams, w *window)
 		g := group{lo: lo, hi: hi}
 		anyDropped := false
 		for _, e := range hist[lo:hi] {
-			g.cost += e.cost(s.tok, p.enc)
+			g.cost += e.costWithBlock(s.tok, p.enc)
 			anyDropped = anyDropped || e.dropped
 		}
 		if anyDropped {
@@ -289,6 +310,16 @@ func scoreGroups(groups []group, hist []*entry, q *bow) {
 		recency := float64(i+1) / float64(n)
 		g.score = 0.4*sem + 0.3*recency + 0.2*emph + 0.1*strct
 	}
+}
+
+// costWithBlock is e's cost in the window: the message and the recall
+// block kept before it.
+func (e *entry) costWithBlock(t *Tokenizer, enc Encoding) int {
+	c := e.cost(t, enc)
+	if e.block != nil {
+		c += e.block.cost(t, enc)
+	}
+	return c
 }
 
 // evict marks e as left the window and gives it a working unit.

@@ -70,6 +70,7 @@ func mem001(t testing.TB, seed uint64, limitRaw, toolsRaw uint16, turns int, kno
 	}
 	conv := append([]Message(nil), sys...) // what a full-history client holds
 	sysSent := false
+	var sentBlocks []json.RawMessage
 	for turn := 0; turn < turns; turn++ {
 		var newMsgs []Message
 		if r.IntN(8) == 0 && turn > 0 {
@@ -151,7 +152,7 @@ func mem001(t testing.TB, seed uint64, limitRaw, toolsRaw uint16, turns int, kno
 		if want := map[bool]string{true: "full", false: "append"}[fullClient]; tr.Stats.Mode != want && tr.Stats.Match != "new" {
 			t.Fatalf("turn %d: a %s client taken as %s (%s)", turn, want, tr.Stats.Mode, tr.Stats.Match)
 		}
-		assertSubsequence(t, tr.Messages[len(sys):], conv, tr.Block, tr.Stable)
+		assertSubsequence(t, tr.Messages[len(sys):], conv, append([]json.RawMessage{tr.Block, tr.Stable}, sentBlocks...)...)
 
 		reply := text("assistant", fmt.Sprintf("a%d %s", turn, randText(r, r.IntN(120))))
 		switch r.IntN(10) {
@@ -162,6 +163,9 @@ func mem001(t testing.TB, seed uint64, limitRaw, toolsRaw uint16, turns int, kno
 			tr.CompletePartial(reply)
 		default:
 			tr.Complete(reply)
+		}
+		if tr.Block != nil {
+			sentBlocks = append(sentBlocks, tr.Block) // kept in the transcript
 		}
 		conv = append(conv, reply)
 	}

@@ -72,6 +72,7 @@ func RunEngine(o EngineOptions) (EngineReport, error) {
 				"messages": []memMsg{{"system", memorySystem}, {"user", t.user}}})
 			req, _ := http.NewRequest(http.MethodPost, strings.TrimSuffix(o.Sidecar, "/")+"/v1/chat/completions", bytes.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer bench-memory")
 			req.Header.Set("X-Session-ID", c.ID+"/engine")
 			resp, err := hc.Do(req)
 			if err != nil {
