@@ -317,8 +317,8 @@ func (s *Server) upstreamRequest(req *fasthttp.Request, in *fasthttp.Request, bo
 	req.Header.DisableNormalizing()
 	req.Header.SetMethodBytes(in.Header.Method())
 	path, query := in.URI().PathOriginal(), in.URI().QueryString()
-	uri := make([]byte, 0, len(s.base.Path)+len(path)+1+len(query))
-	uri = append(append(uri, s.base.Path...), path...)
+	uri := make([]byte, 0, len(s.basePath)+len(path)+1+len(query))
+	uri = append(append(uri, s.basePath...), path...)
 	if len(query) > 0 {
 		uri = append(append(uri, '?'), query...)
 	}

@@ -19,8 +19,11 @@ import (
 // a documented default.
 type Options struct {
 	// Upstream is the base URL of the OpenAI-compatible server, e.g.
-	// http://127.0.0.1:8000. A trailing /v1 is allowed: it is not doubled.
-	// Required.
+	// http://127.0.0.1:8000. A path is kept and each route is appended to
+	// it (as nginx's proxy_pass with a URI): http://gw/prefix forwards
+	// /v1/chat/completions to /prefix/v1/chat/completions. A trailing /v1
+	// names the API root and is not doubled: http://gw/prefix/v1 forwards
+	// to the same place. Required.
 	Upstream string
 
 	// MaxBodyBytes bounds a request body; larger bodies get 413.
@@ -183,9 +186,12 @@ func (o *Options) validate() (*url.URL, error) {
 	if u.RawQuery != "" || u.Fragment != "" {
 		return nil, fmt.Errorf("proxy: upstream %q: must not carry a query or fragment", o.Upstream)
 	}
-	u.Path = strings.TrimSuffix(u.Path, "/")
-	u.Path = strings.TrimSuffix(u.Path, "/v1")
-	u.RawPath = ""
+	// The path as escaped on the wire: "/a%2Fb" stays one segment.
+	p := strings.TrimSuffix(strings.TrimSuffix(u.EscapedPath(), "/"), "/v1")
+	if u.Path, err = url.PathUnescape(p); err != nil {
+		return nil, fmt.Errorf("proxy: upstream %q: %w", o.Upstream, err)
+	}
+	u.RawPath = p
 	for _, d := range []struct {
 		name string
 		v    time.Duration

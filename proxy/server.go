@@ -26,6 +26,10 @@ type Server struct {
 	metrics *Metrics
 	srv     *fasthttp.Server
 
+	// basePath is the upstream URL's path as escaped on the wire, without
+	// a trailing "/" or "/v1"; every upstream request path starts with it.
+	basePath string
+
 	ready atomic.Pointer[readyState]
 	// probeMu serialises /readyz probes; callers that find it held reuse the
 	// last result.
@@ -78,6 +82,7 @@ func New(opts Options) (*Server, error) {
 		metrics: newMetrics(),
 		up:      newUpClient(base, &opts),
 	}
+	s.basePath = base.EscapedPath()
 	s.stopping, s.stop = context.WithCancel(context.Background())
 	s.quiet.cond.L = &s.quiet.mu
 	s.bg.quiet = &s.quiet
@@ -325,7 +330,7 @@ func (s *Server) probe() error {
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
 	req.Header.SetMethod(fasthttp.MethodGet)
-	req.Header.SetRequestURI(s.base.Path + "/v1/models")
+	req.Header.SetRequestURI(s.basePath + "/v1/models")
 	req.Header.SetHost(s.base.Host)
 	resp := fasthttp.AcquireResponse()
 	timeout := min(s.opts.DialTimeout+2*time.Second, 10*time.Second)
