@@ -58,6 +58,14 @@ type Options struct {
 	// Default 256.
 	MaxIdleConnsPerHost int
 
+	// UpstreamIdleTimeout closes a pooled upstream connection idle this
+	// long. Default 2 seconds: below the 5 s after which llama-server and
+	// uvicorn (vLLM, SGLang) close idle keep-alive connections, so the
+	// pool seldom holds one the upstream already closed. (One it does hold
+	// is found on checkout, and a request that meets one anyway is sent
+	// again on a fresh connection.)
+	UpstreamIdleTimeout time.Duration
+
 	// ReadyCacheTTL is how long a /readyz probe result is reused.
 	// Default 2 seconds.
 	ReadyCacheTTL time.Duration
@@ -153,6 +161,9 @@ func (o *Options) setDefaults() {
 	if o.MaxIdleConnsPerHost == 0 {
 		o.MaxIdleConnsPerHost = 256
 	}
+	if o.UpstreamIdleTimeout == 0 {
+		o.UpstreamIdleTimeout = 2 * time.Second
+	}
 	if o.ReadyCacheTTL == 0 {
 		o.ReadyCacheTTL = 2 * time.Second
 	}
@@ -200,6 +211,7 @@ func (o *Options) validate() (*url.URL, error) {
 		{"dial timeout", o.DialTimeout}, {"read timeout", o.ReadTimeout},
 		{"write timeout", o.WriteTimeout}, {"idle timeout", o.IdleTimeout},
 		{"ready cache TTL", o.ReadyCacheTTL}, {"console sample period", o.ConsoleSampleEvery},
+		{"upstream idle timeout", o.UpstreamIdleTimeout},
 	} {
 		if d.v < 0 {
 			return nil, fmt.Errorf("proxy: %s must not be negative, got %s", d.name, d.v)

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -10,7 +11,222 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
+
+// poolUpstream is a net/http upstream on loopback whose connections the
+// test closes the way real upstreams do: idle ones after their keep-alive
+// bound (closeIdle), all of them on a restart, or a pooled one just as
+// the next request arrives (closeOnReuse).
+type poolUpstream struct {
+	t    *testing.T
+	addr string
+	srv  *http.Server
+	// closeOnReuse: a connection's second request is read, then the
+	// connection is closed without an answer.
+	closeOnReuse bool
+	// hold makes the handler wait until that many requests are in flight
+	// (a burst that opens as many connections), then it is cleared.
+	hold     atomic.Pointer[burst]
+	accepted atomic.Int64 // connections
+	requests atomic.Int64
+
+	// mu protects idle.
+	mu   sync.Mutex
+	idle map[net.Conn]bool
+}
+
+type burst struct {
+	n    atomic.Int64
+	want int64
+	all  chan struct{}
+}
+
+type connCount struct{}
+
+func newPoolUpstream(t *testing.T, addr string) *poolUpstream {
+	u := &poolUpstream{t: t, idle: map[net.Conn]bool{}}
+	u.start(addr)
+	t.Cleanup(func() { _ = u.srv.Close() })
+	return u
+}
+
+func (u *poolUpstream) start(addr string) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		u.t.Fatal(err)
+	}
+	u.addr = ln.Addr().String()
+	u.srv = &http.Server{
+		Handler: http.HandlerFunc(u.serve),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connCount{}, new(atomic.Int64))
+		},
+		ConnState: func(c net.Conn, st http.ConnState) {
+			u.mu.Lock()
+			defer u.mu.Unlock()
+			switch st {
+			case http.StateNew:
+				u.accepted.Add(1)
+			case http.StateIdle:
+				u.idle[c] = true
+			case http.StateActive:
+				u.idle[c] = false
+			default:
+				delete(u.idle, c)
+			}
+		},
+	}
+	go u.srv.Serve(ln) //nolint:errcheck
+}
+
+func (u *poolUpstream) serve(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.ReadAll(r.Body)
+	u.requests.Add(1)
+	if n := r.Context().Value(connCount{}).(*atomic.Int64).Add(1); n > 1 && u.closeOnReuse {
+		c, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			_ = c.Close()
+		}
+		return
+	}
+	if b := u.hold.Load(); b != nil {
+		if b.n.Add(1) == b.want {
+			close(b.all)
+		}
+		<-b.all
+	}
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprint(w, `{"id":"c","object":"chat.completion","choices":[]}`)
+}
+
+// closeIdle waits until every connection is idle (net/http marks one so
+// just after its response went out), then closes them all, as an
+// upstream's keep-alive timeout does; with reset, by RST instead of FIN.
+func (u *poolUpstream) closeIdle(reset bool) {
+	eventually(u.t, func() bool {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		for _, idle := range u.idle {
+			if !idle {
+				return false
+			}
+		}
+		return true
+	})
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for c := range u.idle {
+		if tc, ok := c.(*net.TCPConn); ok && reset {
+			_ = tc.SetLinger(0)
+		}
+		_ = c.Close()
+	}
+}
+
+// restart closes the listener and every connection and serves again on
+// the same port, as a restarted engine does.
+func (u *poolUpstream) restart() {
+	_ = u.srv.Close()
+	u.start(u.addr)
+}
+
+// burstOf sends n requests at once, each held at the upstream until all
+// arrived, so the sidecar pools n connections.
+func burstOf(t *testing.T, base string, u *poolUpstream, n int) {
+	t.Helper()
+	u.hold.Store(&burst{want: int64(n), all: make(chan struct{})})
+	defer u.hold.Store(nil)
+	var wg sync.WaitGroup
+	codes := make([]int, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, _ := post(t, base+"/v1/chat/completions", chatBody, nil)
+			codes[i] = resp.StatusCode
+		}()
+	}
+	wg.Wait()
+	for i, c := range codes {
+		if c != 200 {
+			t.Fatalf("burst request %d: %d", i, c)
+		}
+	}
+}
+
+// TestStalePooledConnectionsNeverFailARequest: after a burst fills the
+// pool, the upstream closes its connections (idle timeout, a reset, a
+// restart, or just as a pooled connection's next request arrives); every
+// request after that succeeds.
+func TestStalePooledConnectionsNeverFailARequest(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		idle  time.Duration // Options.UpstreamIdleTimeout
+		reuse bool          // the upstream closes a connection on its second request
+		kill  func(u *poolUpstream)
+		// dials is how many connections the sequential requests open;
+		// retries how many of them were sent twice.
+		dials, retries int64
+	}{
+		// The check on checkout finds the closed connections (once their
+		// end reached the sidecar's sockets) and empties the pool at the
+		// first: one new connection serves every request.
+		{name: "idle closed, default bound", kill: func(u *poolUpstream) { u.closeIdle(false) }, dials: 1},
+		{name: "idle closed, bound high", idle: time.Hour, kill: func(u *poolUpstream) { u.closeIdle(false) }, dials: 1},
+		{name: "idle reset, bound high", idle: time.Hour, kill: func(u *poolUpstream) { u.closeIdle(true) }, dials: 1},
+		{name: "restart on the same port", idle: time.Hour, kill: func(u *poolUpstream) { u.restart() }, dials: 1},
+		// The check on checkout cannot see this one: the retry on a
+		// freshly dialed connection is what saves each request.
+		{name: "closed as the request arrives", idle: time.Hour, reuse: true, kill: func(*poolUpstream) {}, dials: 5, retries: 5},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			u := newPoolUpstream(t, "127.0.0.1:0")
+			u.closeOnReuse = c.reuse
+			base, s := startSidecar(t, "http://"+u.addr, func(o *Options) { o.UpstreamIdleTimeout = c.idle })
+			burstOf(t, base, u, 4)
+			c.kill(u)
+			if !c.reuse {
+				waitPoolClosed(t, s)
+			}
+			before := u.accepted.Load()
+			const n = 5
+			for i := range n {
+				resp, b := post(t, base+"/v1/chat/completions", chatBody, nil)
+				if resp.StatusCode != 200 {
+					t.Fatalf("request %d after the close: %d %s", i, resp.StatusCode, b)
+				}
+			}
+			if got := u.accepted.Load() - before; got != c.dials {
+				t.Errorf("the %d requests opened %d connections, want %d", n, got, c.dials)
+			}
+			if got := s.up.retries.Load(); got != c.retries {
+				t.Errorf("%d requests sent again, want %d", got, c.retries)
+			}
+			for _, kind := range []string{upErrUnreachable, upErrTimeout} {
+				if _, ok := s.metrics.upErrors.Load(kind); ok {
+					t.Errorf("an upstream error of kind %s was counted", kind)
+				}
+			}
+		})
+	}
+}
+
+// waitPoolClosed waits until the end of every pooled connection reached
+// the sidecar's sockets (the upstream closed them).
+func waitPoolClosed(t *testing.T, s *Server) {
+	t.Helper()
+	eventually(t, func() bool {
+		s.up.mu.Lock()
+		defer s.up.mu.Unlock()
+		for _, uc := range s.up.idle {
+			if uc.probe.alive() {
+				return false
+			}
+		}
+		return true
+	})
+}
 
 // rawUpstream answers each request on a loopback port with the bytes
 // answer returns for it (conn and req count from 1), then keeps the
@@ -70,6 +286,49 @@ func rawUpstream(t *testing.T, answer func(conn, req int) (reply string, keep bo
 }
 
 const okReply = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+// TestRequestsTheUpstreamReadAreNotRetried: a retry happens only on a
+// reused connection that ended before any response byte; a fresh
+// connection's failure, or a response cut short, is one 502.
+func TestRequestsTheUpstreamReadAreNotRetried(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		answer  func(conn, req int) (string, bool)
+		warm    bool   // one good request first, so the failing one reuses its connection
+		message string // in the client's error
+	}{
+		{name: "fresh connection closed unanswered", answer: func(int, int) (string, bool) { return "", false },
+			message: "before answering"},
+		{name: "reused connection, head cut short", warm: true, answer: func(_, req int) (string, bool) {
+			if req == 1 {
+				return okReply, true
+			}
+			return "HTTP/1.1 200 OK\r\nContent-Ty", false
+		}, message: "cut short"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			up, accepted, requests := rawUpstream(t, c.answer)
+			base, _ := startSidecar(t, up, func(o *Options) { o.UpstreamIdleTimeout = time.Hour })
+			if c.warm {
+				if resp, b := post(t, base+"/v1/chat/completions", chatBody, nil); resp.StatusCode != 200 {
+					t.Fatalf("warm-up: %d %s", resp.StatusCode, b)
+				}
+			}
+			before := requests.Load()
+			resp, b := post(t, base+"/v1/chat/completions", chatBody, nil)
+			wantOpenAIError(t, resp, b, 502, "upstream_unreachable")
+			if !strings.Contains(string(b), c.message) {
+				t.Errorf("message %s, want it to say %q", b, c.message)
+			}
+			if n := requests.Load() - before; n != 1 {
+				t.Errorf("the upstream read the failing request %d times, want 1", n)
+			}
+			if n := accepted.Load(); n != 1 {
+				t.Errorf("%d connections, want 1", n)
+			}
+		})
+	}
+}
 
 // TestUpstreamPathPrefix: an upstream URL with a path keeps it, for
 // forwarded requests and the readiness probe; a trailing /v1 is the API
@@ -161,4 +420,37 @@ func newPathRecorder(t *testing.T, target string, seen func(string)) string {
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// TestPoolReaperClosesIdleConnections: a pooled connection idle for
+// UpstreamIdleTimeout is closed; younger ones stay.
+func TestPoolReaperClosesIdleConnections(t *testing.T) {
+	now := time.Unix(1000, 0)
+	u := &upClient{maxIdle: 8, idleFor: time.Hour, now: func() time.Time { return now }}
+	defer u.closeIdle(true)
+	var peers []net.Conn
+	for i := range 3 {
+		a, b := net.Pipe()
+		peers = append(peers, b)
+		u.put(&upConn{c: a, br: bufio.NewReader(a)})
+		if i < 2 {
+			now = now.Add(30 * time.Minute)
+		}
+	}
+	now = now.Add(time.Minute) // idle 61, 31 and 1 minutes
+	u.reap()
+	if len(u.idle) != 2 {
+		t.Fatalf("%d pooled after the reap, want 2", len(u.idle))
+	}
+	if _, err := peers[0].Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("the expired connection is open: %v", err)
+	}
+	now = now.Add(time.Hour)
+	u.reap()
+	if len(u.idle) != 0 {
+		t.Fatalf("%d pooled, want none", len(u.idle))
+	}
+	if u.reaperArmed {
+		t.Error("the reaper stays armed over an empty pool")
+	}
 }

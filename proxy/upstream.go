@@ -52,7 +52,7 @@ func newUpClient(base *url.URL, o *Options) *upClient {
 			addr = net.JoinHostPort(base.Hostname(), "80")
 		}
 	}
-	u := &upClient{addr: addr, dialTimeout: o.DialTimeout, maxIdle: o.MaxIdleConnsPerHost, idleFor: 30 * time.Second}
+	u := &upClient{addr: addr, dialTimeout: o.DialTimeout, maxIdle: o.MaxIdleConnsPerHost, idleFor: o.UpstreamIdleTimeout, now: time.Now}
 	if base.Scheme == "https" {
 		u.tls = &tls.Config{ServerName: base.Hostname(), MinVersion: tls.VersionTLS12}
 	}
