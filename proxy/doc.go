@@ -35,6 +35,9 @@
 //     and a request that fails on a reused connection before any response
 //     byte is sent again, once, on a freshly dialed one. A fresh
 //     connection's failure is one 502.
+//   - No error message a client reads quotes the upstream's bytes. A
+//     response head that even a lenient reading refuses (upstream.go,
+//     repairFraming) is a 502 upstream_bad_response.
 //   - No *fasthttp.RequestCtx is kept after its handler returns.
 //
 // The operator console (admin.go, console.go): with Options.AdminToken the

@@ -136,7 +136,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 		}
 		s.metrics.countUpstreamError(kind)
 		s.log.Warn("upstream request failed", append(sessLog, "route", r.String(), "kind", kind, "err", err)...)
-		msg := "upstream unreachable: " + err.Error()
+		msg := upstreamMessage(err)
 		if status == fasthttp.StatusGatewayTimeout {
 			msg = fmt.Sprintf("upstream did not answer within %s", s.opts.UpstreamTimeout)
 		}

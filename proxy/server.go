@@ -337,7 +337,8 @@ func (s *Server) probe() error {
 	uc, err := s.up.roundTrip(req, resp, timeout, timeout, new(cancelSlot))
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
-		return fmt.Errorf("upstream unreachable: %w", err)
+		s.log.Debug("readiness probe failed", "err", err)
+		return errors.New(upstreamMessage(err)) // never the upstream's bytes
 	}
 	ub := &upBody{u: s.up, uc: uc, r: resp.BodyStream(), idle: timeout, slot: new(cancelSlot), resp: resp, reuse: !resp.ConnectionClose()}
 	_, _ = readAllLimit(ub, 1<<20)

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -87,6 +88,17 @@ func (e *cutResponseError) Error() string {
 	return "upstream response head cut short: " + e.err.Error()
 }
 func (e *cutResponseError) Unwrap() error { return e.err }
+
+// badResponseError: the upstream's response head is not HTTP/1.1 that even
+// a lenient reading accepts. err, fasthttp's, quotes the upstream's bytes:
+// for logs only.
+type badResponseError struct {
+	err      error
+	tooLarge bool // the head exceeds maxHeadBytes
+}
+
+func (e *badResponseError) Error() string { return "upstream response malformed: " + e.err.Error() }
+func (e *badResponseError) Unwrap() error { return e.err }
 
 func (u *upClient) dial() (*upConn, error) {
 	d := net.Dialer{Timeout: u.dialTimeout, KeepAlive: 30 * time.Second}
@@ -307,10 +319,50 @@ func (u *upClient) exchange(uc *upConn, req *fasthttp.Request, resp *fasthttp.Re
 	if err == nil || isTimeout(err) {
 		return err
 	}
-	if connBroken(err) {
+	var small *fasthttp.ErrSmallBuffer
+	if !errors.As(err, &small) && connBroken(err) {
 		return &cutResponseError{err}
 	}
-	return err
+	// A head fasthttp refuses for its size or its framing headers is read
+	// again, whole, with its framing repaired the way lenient clients read
+	// it (see repairFraming). Any other is refused now: its bytes may
+	// never reach an end of head to wait for.
+	buffered, _ := uc.br.Peek(uc.br.Buffered())
+	if !errors.As(err, &small) && !errors.Is(err, fasthttp.ErrDuplicateContentLength) && !hasHeaderLine(buffered, "Transfer-Encoding") {
+		return &badResponseError{err: err}
+	}
+	err2 := rereadHead(uc, resp, skip)
+	switch {
+	case err2 == nil:
+		return nil
+	case isTimeout(err2):
+		return err2
+	case errors.Is(err2, errHeadTooLarge):
+		return &badResponseError{err: err2, tooLarge: true}
+	case connBroken(err2):
+		return &cutResponseError{err2}
+	}
+	return &badResponseError{err: err}
+}
+
+// rereadHead reads the response head at the front of uc.br itself (up to
+// maxHeadBytes, more than the connection's buffer holds), repairs its
+// framing and parses it again. The response is read through a reader of
+// its own that then continues on the connection, which is never reused.
+func rereadHead(uc *upConn, resp *fasthttp.Response, skipBody bool) error {
+	head, err := readHead(uc.br, maxHeadBytes)
+	if err != nil {
+		return err
+	}
+	head = repairFraming(head)
+	br := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(head), uc.br), len(head)+4096)
+	resp.StreamBody = true
+	resp.SkipBody = skipBody
+	if err := resp.Read(br); err != nil {
+		return err
+	}
+	resp.SetConnectionClose()
+	return nil
 }
 
 // isTimeout reports a deadline that passed.

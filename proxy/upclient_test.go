@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -203,7 +205,7 @@ func TestStalePooledConnectionsNeverFailARequest(t *testing.T) {
 			if got := s.up.retries.Load(); got != c.retries {
 				t.Errorf("%d requests sent again, want %d", got, c.retries)
 			}
-			for _, kind := range []string{upErrUnreachable, upErrTimeout} {
+			for _, kind := range []string{upErrUnreachable, upErrBadResponse, upErrTimeout} {
 				if _, ok := s.metrics.upErrors.Load(kind); ok {
 					t.Errorf("an upstream error of kind %s was counted", kind)
 				}
@@ -298,13 +300,13 @@ func TestRequestsTheUpstreamReadAreNotRetried(t *testing.T) {
 		message string // in the client's error
 	}{
 		{name: "fresh connection closed unanswered", answer: func(int, int) (string, bool) { return "", false },
-			message: "before answering"},
+			message: "without answering"},
 		{name: "reused connection, head cut short", warm: true, answer: func(_, req int) (string, bool) {
 			if req == 1 {
 				return okReply, true
 			}
 			return "HTTP/1.1 200 OK\r\nContent-Ty", false
-		}, message: "cut short"},
+		}, message: "in the middle of its response headers"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			up, accepted, requests := rawUpstream(t, c.answer)
@@ -327,6 +329,113 @@ func TestRequestsTheUpstreamReadAreNotRetried(t *testing.T) {
 				t.Errorf("%d connections, want 1", n)
 			}
 		})
+	}
+}
+
+// TestMalformedUpstreamResponses: heads fasthttp refuses are read the way
+// lenient clients read them where that is unambiguous (an unknown
+// Transfer-Encoding, a repeated Content-Length, a large head); anything
+// else is a 502 upstream_bad_response whose message quotes none of the
+// upstream's bytes.
+func TestMalformedUpstreamResponses(t *testing.T) {
+	const secret = "S3CR3T"
+	big := strings.Repeat("x", 100<<10)
+	huge := strings.Repeat("x", 300<<10)
+	for _, c := range []struct {
+		name  string
+		reply string
+		keep  bool // the upstream keeps the connection open after it
+		body  string
+		bad   bool
+	}{
+		{name: "unknown transfer-encoding with content-length", keep: true,
+			reply: "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Up: " + secret + "\r\nTransfer-Encoding: string\r\nContent-Length: 11\r\n\r\n{\"a\":\"b12\"}",
+			body:  `{"a":"b12"}`},
+		{name: "unknown transfer-encoding, body to the close",
+			reply: "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: string\r\n\r\n{\"a\":1}",
+			body:  `{"a":1}`},
+		{name: "codings before chunked", keep: true,
+			reply: "HTTP/1.1 200 OK\r\nTransfer-Encoding: identity, chunked\r\nContent-Length: 99\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+			body:  "hello"},
+		{name: "two transfer-encoding headers", keep: true,
+			reply: "HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+			body:  "hello"},
+		{name: "content-length repeated with one value", keep: true,
+			reply: "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+			body:  "hello"},
+		{name: "head larger than the connection buffer", keep: true,
+			reply: "HTTP/1.1 200 OK\r\nX-Big: " + big + "\r\nContent-Length: 5\r\n\r\nhello",
+			body:  "hello"},
+		{name: "conflicting content-lengths", bad: true,
+			reply: "HTTP/1.1 200 OK\r\nX-Up: " + secret + "\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!"},
+		{name: "garbage status line", bad: true,
+			reply: "HTXP/1.1 2oo " + secret + "\r\nContent-Length: 2\r\n\r\n{}"},
+		{name: "not http at all", bad: true, reply: secret + " hello\r\n\r\n"},
+		{name: "not http, no end of head, connection kept", bad: true, keep: true, reply: secret + " hello\r\n"},
+		{name: "bad status code, no end of head, connection kept", bad: true, keep: true, reply: "HTTP/1.1 2x0 " + secret + "\r\n"},
+		{name: "NUL in a header value", bad: true,
+			reply: "HTTP/1.1 200 OK\r\nX-Up: a\x00" + secret + "\r\nContent-Length: 2\r\n\r\n{}"},
+		{name: "control byte in a header name", bad: true,
+			reply: "HTTP/1.1 200 OK\r\nX-" + secret + "\x01: a\r\nContent-Length: 2\r\n\r\n{}"},
+		{name: "bad content-length", bad: true,
+			reply: "HTTP/1.1 200 OK\r\nContent-Length: 2" + secret + "\r\n\r\n{}"},
+		{name: "head larger than 256 KiB", bad: true,
+			reply: "HTTP/1.1 200 OK\r\nX-" + secret + ": " + huge + "\r\nContent-Length: 2\r\n\r\n{}"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			up, _, _ := rawUpstream(t, func(int, int) (string, bool) { return c.reply, c.keep })
+			base, s := startSidecar(t, up, nil)
+			resp, b := post(t, base+"/v1/chat/completions", chatBody, nil)
+			if !c.bad {
+				if resp.StatusCode != 200 || string(b) != c.body {
+					t.Fatalf("got %d %q, want 200 %q", resp.StatusCode, b, c.body)
+				}
+				if te := resp.Header.Get("Transfer-Encoding"); te != "" && te != "chunked" {
+					t.Errorf("Transfer-Encoding %q reached the client", te)
+				}
+				return
+			}
+			wantOpenAIError(t, resp, b, 502, "upstream_bad_response")
+			var e struct{ Error struct{ Message string } }
+			_ = json.Unmarshal(b, &e)
+			for _, leak := range []string{secret, "HTXP", "hello", "Content-Length", "xxxx"} {
+				if strings.Contains(e.Error.Message, leak) {
+					t.Errorf("the message echoes the upstream's bytes (%q): %s", leak, e.Error.Message)
+				}
+			}
+			if v, ok := s.metrics.upErrors.Load(upErrBadResponse); !ok || v.(*atomic.Uint64).Load() != 1 {
+				t.Errorf("bad_response not counted once")
+			}
+			var m bytes.Buffer
+			s.metrics.WritePrometheus(&m)
+			if !strings.Contains(m.String(), `sidecar_upstream_errors_total{kind="bad_response"} 1`) {
+				t.Errorf("metrics lack the bad_response count")
+			}
+			// /readyz says the same, in the same words.
+			r2, err := noPoolClient.Get(base + "/readyz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b2, _ := io.ReadAll(r2.Body)
+			r2.Body.Close()
+			if r2.StatusCode != 503 || bytes.Contains(b2, []byte(secret)) {
+				t.Errorf("/readyz: %d %s", r2.StatusCode, b2)
+			}
+		})
+	}
+}
+
+// TestMalformedHeadStreams: a stream whose head carries an unknown
+// Transfer-Encoding beside its Content-Length is relayed event by event.
+func TestMalformedHeadStreams(t *testing.T) {
+	events := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
+	up, _, _ := rawUpstream(t, func(int, int) (string, bool) {
+		return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: string\r\nContent-Length: %d\r\n\r\n%s", len(events), events), true
+	})
+	base, _ := startSidecar(t, up, nil)
+	resp, b := post(t, base+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	if resp.StatusCode != 200 || string(b) != events {
+		t.Fatalf("got %d %q", resp.StatusCode, b)
 	}
 }
 
@@ -453,4 +562,69 @@ func TestPoolReaperClosesIdleConnections(t *testing.T) {
 	if u.reaperArmed {
 		t.Error("the reaper stays armed over an empty pool")
 	}
+}
+
+func TestReadHeadAndRepairFraming(t *testing.T) {
+	for _, c := range []struct{ in, head, out string }{
+		{in: "HTTP/1.1 200 OK\r\nA: b\r\n\r\nbody", head: "HTTP/1.1 200 OK\r\nA: b\r\n\r\n", out: "HTTP/1.1 200 OK\r\nA: b\r\n\r\n"},
+		{in: "HTTP/1.1 200 OK\nA: b\n\nbody", head: "HTTP/1.1 200 OK\nA: b\n\n", out: "HTTP/1.1 200 OK\nA: b\n\n"},
+		{in: "HTTP/1.1 200 OK\r\nTransfer-Encoding: string\r\nContent-Length: 3\r\n\r\nabc",
+			head: "HTTP/1.1 200 OK\r\nTransfer-Encoding: string\r\nContent-Length: 3\r\n\r\n",
+			out:  "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n"},
+		{in: "HTTP/1.1 200 OK\r\ntransfer-encoding : gzip\r\nX: y\r\n\r\n",
+			head: "HTTP/1.1 200 OK\r\ntransfer-encoding : gzip\r\nX: y\r\n\r\n",
+			out:  "HTTP/1.1 200 OK\r\nX: y\r\n\r\n"},
+		{in: "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n",
+			head: "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n",
+			out:  "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"},
+		{in: "HTTP/1.1 200 OK\r\nContent-Length: 3, 3\r\n\r\n", head: "HTTP/1.1 200 OK\r\nContent-Length: 3, 3\r\n\r\n",
+			out: "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n"},
+		{in: "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", head: "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+			out: "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n"},
+	} {
+		head, err := readHead(bufio.NewReaderSize(strings.NewReader(c.in), 16), 1<<10)
+		if err != nil || string(head) != c.head {
+			t.Errorf("readHead(%q) = %q, %v; want %q", c.in, head, err, c.head)
+			continue
+		}
+		if got := repairFraming(head); string(got) != c.out {
+			t.Errorf("repairFraming(%q) = %q, want %q", head, got, c.out)
+		}
+	}
+	if _, err := readHead(bufio.NewReaderSize(strings.NewReader("HTTP/1.1 200 OK\r\nA: "+strings.Repeat("b", 100)+"\r\n\r\n"), 16), 64); err != errHeadTooLarge {
+		t.Errorf("a head over the limit: %v", err)
+	}
+	for in, want := range map[string]bool{
+		"HTTP/1.1 200 OK\r\ntransfer-encoding : x\r\n": true, "HTTP/1.1 200 OK\r\nX: y\r\nTransfer-Encoding:x": true,
+		"Transfer-Encoding: x\r\n": false, "HTTP/1.1 200 OK\r\nX-Transfer-Encoding: x\r\n": false, "": false,
+	} {
+		if got := hasHeaderLine([]byte(in), "Transfer-Encoding"); got != want {
+			t.Errorf("hasHeaderLine(%q) = %v", in, got)
+		}
+	}
+	if _, err := readHead(bufio.NewReader(strings.NewReader("HTTP/1.1 200 OK\r\nA: b")), 64); err != io.EOF {
+		t.Errorf("a head cut short: %v", err)
+	}
+}
+
+// FuzzRepairFraming: any head repairs without a panic into one that keeps
+// its status line and, once repaired, frames the body at most one way.
+func FuzzRepairFraming(f *testing.F) {
+	f.Add([]byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: string\r\nContent-Length: 3\r\n\r\n"))
+	f.Add([]byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 3, 3\r\n\r\n"))
+	f.Add([]byte("HTTP/1.1 200 OK\nContent-Length: 3\nContent-Length: 3\n\n"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		head, err := readHead(bufio.NewReaderSize(bytes.NewReader(in), 16), 4<<10)
+		if err != nil {
+			return
+		}
+		out := repairFraming(head)
+		first := bytes.SplitAfter(head, []byte("\n"))[0]
+		if !bytes.HasPrefix(out, first) {
+			t.Fatalf("status line lost: %q -> %q", head, out)
+		}
+		if !bytes.HasSuffix(out, []byte("\n")) {
+			t.Fatalf("head end lost: %q -> %q", head, out)
+		}
+	})
 }
