@@ -29,6 +29,15 @@
 //   - Hop-by-hop headers are stripped in both directions; Authorization and
 //     every end-to-end header pass through unchanged, and so does the body.
 //   - A client that disconnects cancels its upstream request.
+//   - A request never fails on an upstream connection the upstream already
+//     closed (upclient.go): pooled connections idle for
+//     Options.UpstreamIdleTimeout are closed, each is checked on checkout,
+//     and a request that fails on a reused connection before any response
+//     byte is sent again, once, on a freshly dialed one. A fresh
+//     connection's failure is one 502.
+//   - No error message a client reads quotes the upstream's bytes. A
+//     response head that even a lenient reading refuses (upstream.go,
+//     repairFraming) is a 502 upstream_bad_response.
 //   - No *fasthttp.RequestCtx is kept after its handler returns.
 //
 // The operator console (admin.go, console.go): with Options.AdminToken the

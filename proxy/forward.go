@@ -170,7 +170,7 @@ func (s *Server) forwardOnce(ctx *fasthttp.RequestCtx, x *exchange) (stream, aga
 		}
 		s.metrics.countUpstreamError(kind)
 		s.log.Warn("upstream request failed", append(sessLog, "route", r.String(), "kind", kind, "err", err)...)
-		msg := "upstream unreachable: " + err.Error()
+		msg := upstreamMessage(err)
 		if status == fasthttp.StatusGatewayTimeout {
 			msg = fmt.Sprintf("upstream did not answer within %s", s.opts.UpstreamTimeout)
 		}
@@ -379,8 +379,8 @@ func (s *Server) upstreamRequest(req *fasthttp.Request, in *fasthttp.Request, bo
 	req.Header.DisableNormalizing()
 	req.Header.SetMethodBytes(in.Header.Method())
 	path, query := in.URI().PathOriginal(), in.URI().QueryString()
-	uri := make([]byte, 0, len(s.base.Path)+len(path)+1+len(query))
-	uri = append(append(uri, s.base.Path...), path...)
+	uri := make([]byte, 0, len(s.basePath)+len(path)+1+len(query))
+	uri = append(append(uri, s.basePath...), path...)
 	if len(query) > 0 {
 		uri = append(append(uri, '?'), query...)
 	}

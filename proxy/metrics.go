@@ -48,6 +48,9 @@ const (
 	upErrBroken      = "broken"
 	upErrTooLarge    = "too_large"
 	upErrGarbage     = "garbage"
+	// upErrBadResponse: a response head that is not HTTP/1.1 (status
+	// line, headers, conflicting framing).
+	upErrBadResponse = "bad_response"
 	// upErrIncomplete: an event stream that ended without its terminator
 	// ([DONE]) before every choice had a finish_reason.
 	upErrIncomplete = "incomplete"
@@ -196,7 +199,7 @@ func (m *Metrics) WritePrometheus(out io.Writer) {
 
 	fmt.Fprintln(w, "# HELP sidecar_upstream_errors_total Upstream failures, by kind.")
 	fmt.Fprintln(w, "# TYPE sidecar_upstream_errors_total counter")
-	for _, kind := range []string{upErrUnreachable, upErrTimeout, upErrBroken, upErrTooLarge, upErrGarbage, upErrIncomplete} {
+	for _, kind := range []string{upErrUnreachable, upErrTimeout, upErrBroken, upErrTooLarge, upErrGarbage, upErrBadResponse, upErrIncomplete} {
 		var n uint64
 		if v, ok := m.upErrors.Load(kind); ok {
 			n = v.(*atomic.Uint64).Load()

@@ -19,8 +19,11 @@ import (
 // a documented default.
 type Options struct {
 	// Upstream is the base URL of the OpenAI-compatible server, e.g.
-	// http://127.0.0.1:8000. A trailing /v1 is allowed: it is not doubled.
-	// Required.
+	// http://127.0.0.1:8000. A path is kept and each route is appended to
+	// it (as nginx's proxy_pass with a URI): http://gw/prefix forwards
+	// /v1/chat/completions to /prefix/v1/chat/completions. A trailing /v1
+	// names the API root and is not doubled: http://gw/prefix/v1 forwards
+	// to the same place. Required.
 	Upstream string
 
 	// MaxBodyBytes bounds a request body; larger bodies get 413.
@@ -54,6 +57,14 @@ type Options struct {
 	// MaxIdleConnsPerHost is the upstream connection pool size.
 	// Default 256.
 	MaxIdleConnsPerHost int
+
+	// UpstreamIdleTimeout closes a pooled upstream connection idle this
+	// long. Default 2 seconds: below the 5 s after which llama-server and
+	// uvicorn (vLLM, SGLang) close idle keep-alive connections, so the
+	// pool seldom holds one the upstream already closed. (One it does hold
+	// is found on checkout, and a request that meets one anyway is sent
+	// again on a fresh connection.)
+	UpstreamIdleTimeout time.Duration
 
 	// ReadyCacheTTL is how long a /readyz probe result is reused.
 	// Default 2 seconds.
@@ -155,6 +166,9 @@ func (o *Options) setDefaults() {
 	if o.MaxIdleConnsPerHost == 0 {
 		o.MaxIdleConnsPerHost = 256
 	}
+	if o.UpstreamIdleTimeout == 0 {
+		o.UpstreamIdleTimeout = 2 * time.Second
+	}
 	if o.ReadyCacheTTL == 0 {
 		o.ReadyCacheTTL = 2 * time.Second
 	}
@@ -188,9 +202,12 @@ func (o *Options) validate() (*url.URL, error) {
 	if u.RawQuery != "" || u.Fragment != "" {
 		return nil, fmt.Errorf("proxy: upstream %q: must not carry a query or fragment", o.Upstream)
 	}
-	u.Path = strings.TrimSuffix(u.Path, "/")
-	u.Path = strings.TrimSuffix(u.Path, "/v1")
-	u.RawPath = ""
+	// The path as escaped on the wire: "/a%2Fb" stays one segment.
+	p := strings.TrimSuffix(strings.TrimSuffix(u.EscapedPath(), "/"), "/v1")
+	if u.Path, err = url.PathUnescape(p); err != nil {
+		return nil, fmt.Errorf("proxy: upstream %q: %w", o.Upstream, err)
+	}
+	u.RawPath = p
 	for _, d := range []struct {
 		name string
 		v    time.Duration
@@ -199,6 +216,7 @@ func (o *Options) validate() (*url.URL, error) {
 		{"dial timeout", o.DialTimeout}, {"read timeout", o.ReadTimeout},
 		{"write timeout", o.WriteTimeout}, {"idle timeout", o.IdleTimeout},
 		{"ready cache TTL", o.ReadyCacheTTL}, {"console sample period", o.ConsoleSampleEvery},
+		{"upstream idle timeout", o.UpstreamIdleTimeout},
 	} {
 		if d.v < 0 {
 			return nil, fmt.Errorf("proxy: %s must not be negative, got %s", d.name, d.v)

@@ -26,6 +26,10 @@ type Server struct {
 	metrics *Metrics
 	srv     *fasthttp.Server
 
+	// basePath is the upstream URL's path as escaped on the wire, without
+	// a trailing "/" or "/v1"; every upstream request path starts with it.
+	basePath string
+
 	ready atomic.Pointer[readyState]
 	// probeMu serialises /readyz probes; callers that find it held reuse the
 	// last result.
@@ -81,6 +85,7 @@ func New(opts Options) (*Server, error) {
 		metrics: newMetrics(),
 		up:      newUpClient(base, &opts),
 	}
+	s.basePath = base.EscapedPath()
 	s.stopping, s.stop = context.WithCancel(context.Background())
 	s.quiet.cond.L = &s.quiet.mu
 	s.bg.quiet = &s.quiet
@@ -336,14 +341,15 @@ func (s *Server) probe() error {
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
 	req.Header.SetMethod(fasthttp.MethodGet)
-	req.Header.SetRequestURI(s.base.Path + "/v1/models")
+	req.Header.SetRequestURI(s.basePath + "/v1/models")
 	req.Header.SetHost(s.base.Host)
 	resp := fasthttp.AcquireResponse()
 	timeout := min(s.opts.DialTimeout+2*time.Second, 10*time.Second)
 	uc, err := s.up.roundTrip(req, resp, timeout, timeout, new(cancelSlot))
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
-		return fmt.Errorf("upstream unreachable: %w", err)
+		s.log.Debug("readiness probe failed", "err", err)
+		return errors.New(upstreamMessage(err)) // never the upstream's bytes
 	}
 	ub := &upBody{u: s.up, uc: uc, r: resp.BodyStream(), idle: timeout, slot: new(cancelSlot), resp: resp, reuse: !resp.ConnectionClose()}
 	_, _ = readAllLimit(ub, 1<<20)

@@ -2,11 +2,13 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,17 +21,36 @@ import (
 // client that went away must not keep the LLM generating), and every body
 // read gets its own idle deadline. net/http does the same with two
 // goroutines per connection; this costs none (see BenchmarkProxyChat).
+//
+// Upstreams close idle keep-alive connections (llama-server and uvicorn,
+// so vLLM and SGLang, after 5 s) and engines restart at any time, so a
+// pooled connection may be dead when it is taken. Three things keep that
+// from failing a request the upstream never saw: connections idle for
+// idleFor are closed (a timer, below the upstreams' own bounds); a pooled
+// connection is checked on checkout with one non-blocking peek at its
+// socket (upalive_linux.go), and a dead one empties the whole pool (its
+// neighbours died with it); and a request that fails on a reused
+// connection before any response byte came is sent again once, on a
+// freshly dialed connection. A fresh connection that fails is never
+// retried.
 type upClient struct {
 	addr        string // host:port
 	tls         *tls.Config
 	dialTimeout time.Duration
 	maxIdle     int
 	idleFor     time.Duration
+	now         func() time.Time // time.Now; tests step it
+	// retries counts requests sent again on a fresh connection.
+	retries atomic.Int64
 
 	// mu protects the fields below.
 	mu     sync.Mutex
-	idle   []*upConn // most recently used last
+	idle   []*upConn // oldest first, most recently used last
 	closed bool
+	// reaper closes connections idle for idleFor; armed while idle is not
+	// empty.
+	reaper      *time.Timer
+	reaperArmed bool
 }
 
 // upConn is one upstream connection with its buffers.
@@ -38,7 +59,46 @@ type upConn struct {
 	br       *bufio.Reader
 	bw       *bufio.Writer
 	lastUsed time.Time
+	probe    connProbe
 }
+
+// dialError is a failure to connect (or to complete a TLS handshake): the
+// upstream never saw the request.
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+// noResponseError: the request could not be written, or the connection
+// ended (EOF, reset) before the first byte of a response. On a reused
+// connection that is a connection the upstream closed while it was idle,
+// so the request is sent again on a fresh one.
+type noResponseError struct{ err error }
+
+func (e *noResponseError) Error() string {
+	return "upstream closed the connection before answering: " + e.err.Error()
+}
+func (e *noResponseError) Unwrap() error { return e.err }
+
+// cutResponseError: the connection ended in the middle of a response head.
+// The upstream read the request: it is never sent again.
+type cutResponseError struct{ err error }
+
+func (e *cutResponseError) Error() string {
+	return "upstream response head cut short: " + e.err.Error()
+}
+func (e *cutResponseError) Unwrap() error { return e.err }
+
+// badResponseError: the upstream's response head is not HTTP/1.1 that even
+// a lenient reading accepts. err, fasthttp's, quotes the upstream's bytes:
+// for logs only.
+type badResponseError struct {
+	err      error
+	tooLarge bool // the head exceeds maxHeadBytes
+}
+
+func (e *badResponseError) Error() string { return "upstream response malformed: " + e.err.Error() }
+func (e *badResponseError) Unwrap() error { return e.err }
 
 func (u *upClient) dial() (*upConn, error) {
 	d := net.Dialer{Timeout: u.dialTimeout, KeepAlive: 30 * time.Second}
@@ -50,32 +110,43 @@ func (u *upClient) dial() (*upConn, error) {
 		c, err = d.Dial("tcp", u.addr)
 	}
 	if err != nil {
-		return nil, err
+		return nil, &dialError{err}
 	}
-	return &upConn{c: c, br: bufio.NewReaderSize(c, 32<<10), bw: bufio.NewWriterSize(c, 32<<10)}, nil
+	uc := &upConn{c: c, br: bufio.NewReaderSize(c, 32<<10), bw: bufio.NewWriterSize(c, 32<<10)}
+	uc.probe.init(c)
+	return uc, nil
 }
 
-// get returns an idle connection (reused true) or a new one.
+// get returns a live idle connection (reused true) or a new one. Pooled
+// connections are taken newest first; one found dead (or idle too long)
+// takes the whole pool with it.
 func (u *upClient) get() (uc *upConn, reused bool, err error) {
-	now := time.Now()
+	now := u.now()
 	u.mu.Lock()
-	for len(u.idle) > 0 {
-		uc = u.idle[len(u.idle)-1]
-		u.idle = u.idle[:len(u.idle)-1]
+	if n := len(u.idle); n > 0 {
+		uc = u.idle[n-1]
+		u.idle[n-1] = nil
+		u.idle = u.idle[:n-1]
 		if now.Sub(uc.lastUsed) < u.idleFor {
 			u.mu.Unlock()
-			return uc, true, nil
+			if uc.br.Buffered() == 0 && uc.probe.alive() {
+				return uc, true, nil
+			}
+			u.mu.Lock()
 		}
-		_ = uc.c.Close()
+		dead := append(u.takeIdleLocked(), uc)
+		u.mu.Unlock()
+		closeConns(dead)
+	} else {
+		u.mu.Unlock()
 	}
-	u.mu.Unlock()
 	uc, err = u.dial()
 	return uc, false, err
 }
 
 // put returns a connection whose response was read to its end.
 func (u *upClient) put(uc *upConn) {
-	uc.lastUsed = time.Now()
+	uc.lastUsed = u.now()
 	_ = uc.c.SetDeadline(time.Time{})
 	u.mu.Lock()
 	if u.closed || len(u.idle) >= u.maxIdle {
@@ -84,19 +155,63 @@ func (u *upClient) put(uc *upConn) {
 		return
 	}
 	u.idle = append(u.idle, uc)
+	if !u.reaperArmed {
+		u.reaperArmed = true
+		if u.reaper == nil {
+			u.reaper = time.AfterFunc(u.idleFor, u.reap)
+		} else {
+			u.reaper.Reset(u.idleFor)
+		}
+	}
 	u.mu.Unlock()
+}
+
+// reap closes the connections idle for idleFor and re-arms itself for the
+// oldest one left.
+func (u *upClient) reap() {
+	now := u.now()
+	u.mu.Lock()
+	n := 0
+	for n < len(u.idle) && now.Sub(u.idle[n].lastUsed) >= u.idleFor {
+		n++
+	}
+	expired := append([]*upConn(nil), u.idle[:n]...)
+	k := copy(u.idle, u.idle[n:])
+	clear(u.idle[k:])
+	u.idle = u.idle[:k]
+	if k == 0 || u.closed {
+		u.reaperArmed = false
+	} else {
+		u.reaper.Reset(u.idle[0].lastUsed.Add(u.idleFor).Sub(now))
+	}
+	u.mu.Unlock()
+	closeConns(expired)
+}
+
+// takeIdleLocked empties the pool and returns what it held; u.mu is held.
+func (u *upClient) takeIdleLocked() []*upConn {
+	idle := u.idle
+	u.idle = nil
+	return idle
+}
+
+func closeConns(ucs []*upConn) {
+	for _, uc := range ucs {
+		_ = uc.c.Close()
+	}
 }
 
 // closeIdle closes pooled connections; with final, later puts close too.
 func (u *upClient) closeIdle(final bool) {
 	u.mu.Lock()
-	idle := u.idle
-	u.idle = nil
 	u.closed = u.closed || final
-	u.mu.Unlock()
-	for _, uc := range idle {
-		_ = uc.c.Close()
+	idle := u.takeIdleLocked()
+	if final && u.reaper != nil {
+		u.reaper.Stop()
+		u.reaperArmed = false
 	}
+	u.mu.Unlock()
+	closeConns(idle)
 }
 
 // cancelSlot lets another goroutine abort a request at any time by closing
@@ -140,11 +255,16 @@ func (s *cancelSlot) isCancelled() bool {
 var errCancelled = errors.New("proxy: upstream request cancelled")
 
 // roundTrip writes req and reads the response head into resp, whose body is
-// then resp.BodyStream(), read through upBody. A stale pooled connection (the
-// upstream closed it while idle) is retried once on a fresh one.
+// then resp.BodyStream(), read through upBody. A request that fails on a
+// reused connection before any response byte came is sent again, once, on
+// a freshly dialed connection, and the rest of the pool is dropped: the
+// upstream closed them or restarted. Such a request was most likely never
+// read (an idle connection closed as it arrived); if the upstream did read
+// it and died, sending it again is what the OpenAI SDKs do on a connection
+// error too, and a model call changes nothing beyond its answer.
 func (u *upClient) roundTrip(req *fasthttp.Request, resp *fasthttp.Response, headerTimeout, writeTimeout time.Duration, slot *cancelSlot) (*upConn, error) {
-	for attempt := 0; ; attempt++ {
-		uc, reused, err := u.get()
+	uc, reused, err := u.get()
+	for {
 		if err != nil {
 			return nil, err
 		}
@@ -159,9 +279,14 @@ func (u *upClient) roundTrip(req *fasthttp.Request, resp *fasthttp.Response, hea
 		if slot.isCancelled() {
 			return nil, errCancelled
 		}
-		if !reused || attempt > 0 || !staleConnError(err) {
+		var nothing *noResponseError
+		if !reused || !errors.As(err, &nothing) {
 			return nil, err
 		}
+		u.retries.Add(1)
+		u.closeIdle(false)
+		uc, err = u.dial()
+		reused = false
 	}
 }
 
@@ -171,25 +296,87 @@ func (u *upClient) exchange(uc *upConn, req *fasthttp.Request, resp *fasthttp.Re
 		_ = uc.c.SetWriteDeadline(now.Add(writeTimeout))
 	}
 	if err := req.Write(uc.bw); err != nil {
-		return err
+		return &noResponseError{err}
 	}
 	if err := uc.bw.Flush(); err != nil {
-		return err
+		return &noResponseError{err}
 	}
 	if headerTimeout > 0 {
 		_ = uc.c.SetReadDeadline(time.Now().Add(headerTimeout))
 	}
+	// The first byte tells a connection that was dead before the upstream
+	// read the request from a response that went wrong.
+	if _, err := uc.br.Peek(1); err != nil {
+		if isTimeout(err) {
+			return err
+		}
+		return &noResponseError{err}
+	}
 	resp.StreamBody = true
-	resp.SkipBody = req.Header.IsHead() // a HEAD answer has no body, whatever its Content-Length
-	return resp.Read(uc.br)
+	skip := req.Header.IsHead() // a HEAD answer has no body, whatever its Content-Length
+	resp.SkipBody = skip
+	err := resp.Read(uc.br)
+	if err == nil || isTimeout(err) {
+		return err
+	}
+	var small *fasthttp.ErrSmallBuffer
+	if !errors.As(err, &small) && connBroken(err) {
+		return &cutResponseError{err}
+	}
+	// A head fasthttp refuses for its size or its framing headers is read
+	// again, whole, with its framing repaired the way lenient clients read
+	// it (see repairFraming). Any other is refused now: its bytes may
+	// never reach an end of head to wait for.
+	buffered, _ := uc.br.Peek(uc.br.Buffered())
+	if !errors.As(err, &small) && !errors.Is(err, fasthttp.ErrDuplicateContentLength) && !hasHeaderLine(buffered, "Transfer-Encoding") {
+		return &badResponseError{err: err}
+	}
+	err2 := rereadHead(uc, resp, skip)
+	switch {
+	case err2 == nil:
+		return nil
+	case isTimeout(err2):
+		return err2
+	case errors.Is(err2, errHeadTooLarge):
+		return &badResponseError{err: err2, tooLarge: true}
+	case connBroken(err2):
+		return &cutResponseError{err2}
+	}
+	return &badResponseError{err: err}
 }
 
-// staleConnError reports errors that mean a pooled connection was already
-// closed by the upstream before it read the request.
-func staleConnError(err error) bool {
-	var nothing fasthttp.ErrNothingRead
-	return errors.As(err, &nothing) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+// rereadHead reads the response head at the front of uc.br itself (up to
+// maxHeadBytes, more than the connection's buffer holds), repairs its
+// framing and parses it again. The response is read through a reader of
+// its own that then continues on the connection, which is never reused.
+func rereadHead(uc *upConn, resp *fasthttp.Response, skipBody bool) error {
+	head, err := readHead(uc.br, maxHeadBytes)
+	if err != nil {
+		return err
+	}
+	head = repairFraming(head)
+	br := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(head), uc.br), len(head)+4096)
+	resp.StreamBody = true
+	resp.SkipBody = skipBody
+	if err := resp.Read(br); err != nil {
+		return err
+	}
+	resp.SetConnectionClose()
+	return nil
+}
+
+// isTimeout reports a deadline that passed.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, fasthttp.ErrTimeout) || errors.As(err, &ne) && ne.Timeout()
+}
+
+// connBroken reports errors of the connection itself (closed, reset), not
+// of the bytes on it.
+func connBroken(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.As(err, &op)
 }
 
 // upBody reads an upstream response body with an idle deadline per read and

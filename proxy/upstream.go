@@ -1,8 +1,11 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -52,7 +55,7 @@ func newUpClient(base *url.URL, o *Options) *upClient {
 			addr = net.JoinHostPort(base.Hostname(), "80")
 		}
 	}
-	u := &upClient{addr: addr, dialTimeout: o.DialTimeout, maxIdle: o.MaxIdleConnsPerHost, idleFor: 30 * time.Second}
+	u := &upClient{addr: addr, dialTimeout: o.DialTimeout, maxIdle: o.MaxIdleConnsPerHost, idleFor: o.UpstreamIdleTimeout, now: time.Now}
 	if base.Scheme == "https" {
 		u.tls = &tls.Config{ServerName: base.Hostname(), MinVersion: tls.VersionTLS12}
 	}
@@ -86,11 +89,41 @@ func copyResponseHeaders(dst *fasthttp.ResponseHeader, src *fasthttp.ResponseHea
 // classifyUpstreamError maps a failed round trip to a status, an error code
 // and a metrics kind.
 func classifyUpstreamError(err error) (status int, code, kind string) {
-	var ne net.Error
-	if errors.Is(err, fasthttp.ErrTimeout) || errors.As(err, &ne) && ne.Timeout() {
+	var bad *badResponseError
+	switch {
+	case isTimeout(err):
 		return fasthttp.StatusGatewayTimeout, "upstream_timeout", upErrTimeout
+	case errors.As(err, &bad):
+		return fasthttp.StatusBadGateway, "upstream_bad_response", upErrBadResponse
 	}
 	return fasthttp.StatusBadGateway, "upstream_unreachable", upErrUnreachable
+}
+
+// upstreamMessage is what a client reads about a failed round trip. It
+// never carries the upstream's bytes (fasthttp's parse errors quote the
+// head they refused; the log has them), only what the sidecar did.
+func upstreamMessage(err error) string {
+	var (
+		bad     *badResponseError
+		cut     *cutResponseError
+		nothing *noResponseError
+		dial    *dialError
+	)
+	switch {
+	case isTimeout(err):
+		return "upstream did not answer in time"
+	case errors.As(err, &bad) && bad.tooLarge:
+		return fmt.Sprintf("upstream response headers exceed %d KiB", maxHeadBytes>>10)
+	case errors.As(err, &bad):
+		return "upstream sent a malformed response (its status line or headers are not valid HTTP/1.1)"
+	case errors.As(err, &cut):
+		return "upstream closed the connection in the middle of its response headers"
+	case errors.As(err, &nothing):
+		return "upstream closed the connection without answering"
+	case errors.As(err, &dial):
+		return "upstream unreachable: " + dial.Error()
+	}
+	return "upstream unreachable"
 }
 
 // classifyBodyError maps a failure while reading an upstream response body:
@@ -145,4 +178,128 @@ func readLimited(r io.Reader, limit int64, emit func([]byte)) error {
 			return err
 		}
 	}
+}
+
+// maxHeadBytes bounds a response head read by rereadHead, past the
+// connection buffer's 32 KiB (curl takes up to 300 KiB).
+const maxHeadBytes = 256 << 10
+
+var errHeadTooLarge = errors.New("response head too large")
+
+// readHead reads one response head (status line, headers, the empty line)
+// from br, at most limit bytes.
+func readHead(br *bufio.Reader, limit int) ([]byte, error) {
+	var head []byte
+	line := 0 // where the current line starts
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if len(head)+len(chunk) > limit {
+			return nil, errHeadTooLarge
+		}
+		head = append(head, chunk...)
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if l := head[line:]; line > 0 && (len(l) == 1 || len(l) == 2 && l[0] == '\r') {
+			return head, nil
+		}
+		line = len(head)
+	}
+}
+
+// repairFraming rewrites the framing headers of a response head the way
+// lenient clients (curl 8, Python's http.client) read them, where
+// fasthttp refuses the head:
+//   - a Transfer-Encoding whose last coding is chunked becomes one
+//     "Transfer-Encoding: chunked" and any Content-Length goes (chunked
+//     wins, RFC 9112 §6.3); the codings before it are not undone;
+//   - any other Transfer-Encoding (an unknown coding, "identity") is
+//     ignored: Content-Length frames the body or, without one, the
+//     connection's end does;
+//   - a Content-Length repeated with one value ("5" twice, "5, 5") is
+//     kept once. Lengths that disagree are left for the parser to refuse.
+//
+// Every other line is kept byte for byte. head is a whole head from
+// readHead; the result may share its memory.
+func repairFraming(head []byte) []byte {
+	var te, cl [][]byte
+	found := false
+	lines := splitLines(head)
+	for _, l := range lines[1:] {
+		k, v, ok := bytes.Cut(l, []byte(":"))
+		if !ok {
+			continue
+		}
+		k = bytes.TrimRight(k, " \t")
+		isTE, isCL := bytes.EqualFold(k, []byte("Transfer-Encoding")), bytes.EqualFold(k, []byte("Content-Length"))
+		if !isTE && !isCL {
+			continue
+		}
+		found = true
+		for _, f := range bytes.Split(bytes.TrimRight(v, "\r\n"), []byte(",")) {
+			if f = bytes.Trim(f, " \t"); len(f) == 0 {
+				continue
+			}
+			if isTE {
+				te = append(te, f)
+			} else {
+				cl = append(cl, f)
+			}
+		}
+	}
+	if !found {
+		return head
+	}
+	var framing string
+	switch {
+	case len(te) > 0 && bytes.EqualFold(te[len(te)-1], []byte("chunked")):
+		framing = "Transfer-Encoding: chunked\r\n"
+	case len(cl) > 0:
+		for _, v := range cl[1:] {
+			if !bytes.Equal(v, cl[0]) {
+				return head // conflicting lengths
+			}
+		}
+		framing = "Content-Length: " + string(cl[0]) + "\r\n"
+	}
+	out := make([]byte, 0, len(head)+len(framing))
+	out = append(out, lines[0]...)
+	for _, l := range lines[1 : len(lines)-1] {
+		k, _, _ := bytes.Cut(l, []byte(":"))
+		k = bytes.TrimRight(k, " \t")
+		if bytes.EqualFold(k, []byte("Transfer-Encoding")) || bytes.EqualFold(k, []byte("Content-Length")) {
+			continue
+		}
+		out = append(out, l...)
+	}
+	out = append(out, framing...)
+	return append(out, lines[len(lines)-1]...)
+}
+
+// hasHeaderLine reports whether a line of b (after the first) names the
+// header name, in any case.
+func hasHeaderLine(b []byte, name string) bool {
+	for _, l := range splitLines(b)[min(1, len(b)):] {
+		if k, _, ok := bytes.Cut(l, []byte(":")); ok && bytes.EqualFold(bytes.TrimRight(k, " \t"), []byte(name)) {
+			return true
+		}
+	}
+	return false
+}
+
+// splitLines cuts b after each '\n'.
+func splitLines(b []byte) [][]byte {
+	var lines [][]byte
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n') + 1
+		if i == 0 {
+			i = len(b)
+		}
+		lines = append(lines, b[:i])
+		b = b[i:]
+	}
+	return lines
 }

@@ -34,6 +34,7 @@ import (
 type serveConfig struct {
 	listen, upstream, dataDir string
 	upstreamTimeout, idleTO   time.Duration
+	upstreamIdle              time.Duration
 	readTO, writeTO, connIdle time.Duration
 	shutdownTimeout           time.Duration
 	maxBody                   int
@@ -87,6 +88,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.dataDir, "data-dir", "./data", "folder for sessions, KV archive and indexes")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 10*time.Minute, "wait for the upstream's response headers before answering 504")
 	fs.DurationVar(&c.idleTO, "stream-idle-timeout", 5*time.Minute, "longest silence inside an upstream response body before it is aborted")
+	fs.DurationVar(&c.upstreamIdle, "upstream-idle-timeout", 2*time.Second, "pooled upstream connections idle this long are closed (keep it below the upstream's keep-alive timeout: 5s for llama-server, vLLM, SGLang)")
 	fs.DurationVar(&c.readTO, "read-timeout", 60*time.Second, "time to read a client's request")
 	fs.DurationVar(&c.writeTO, "write-timeout", 60*time.Second, "time to write one response chunk to a client")
 	fs.DurationVar(&c.connIdle, "idle-timeout", 120*time.Second, "idle keep-alive client connections are closed after this")
@@ -428,6 +430,8 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		ConsoleSampleEvery: c.consoleEvery,
 		Knowledge:          knowledge{mem},
 		Logger:             log,
+
+		UpstreamIdleTimeout: c.upstreamIdle,
 	})
 	if err != nil {
 		return err
