@@ -347,11 +347,12 @@ func (c *ctxLimits) observe(model string, ours, engine int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	m := c.modelLocked(model)
-	switch {
-	case r > m.ratio:
-		m.ratio = r // up at once: an underestimate costs a failed request
-	default:
-		m.ratio += (r - m.ratio) / 16 // down slowly
+	// Only up, and only past a step: an underestimate costs a failed
+	// request, and a limit that moved with every answer would move the
+	// history budget, and so evict, at random (the prompt's start, and
+	// the engine's prefix cache, would move with it).
+	if r > m.ratio*1.02 {
+		m.ratio = r
 	}
 }
 

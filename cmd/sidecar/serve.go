@@ -321,7 +321,8 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	// its slot.
 	memUp := c.memoryUpstream
 	var router llm.Router
-	if memUp == "" || strings.TrimSuffix(memUp, "/") == strings.TrimSuffix(c.upstream, "/") {
+	apiRoot := func(u string) string { return strings.TrimSuffix(strings.TrimSuffix(u, "/"), "/v1") }
+	if memUp == "" || apiRoot(memUp) == apiRoot(c.upstream) {
 		memUp = c.upstream
 		if conn != nil {
 			router = conn

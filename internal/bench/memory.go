@@ -107,8 +107,8 @@ type MemoryClient struct {
 // (the previous prompt, its recall block aside, leads the new one).
 type PrefixReport struct {
 	Turns     int `json:"turns"`
-	Stable    int `json:"stable_turns"`   // nothing left the window
-	Evictions int `json:"eviction_turns"` // history left the window
+	Stable    int `json:"stable_turns"`   // the previous prompt leads the new one whole
+	Evictions int `json:"eviction_turns"` // it does not: history left the window
 	// SharedPct is Σ shared / Σ previous prompt tokens over stable turns;
 	// MeanPct, P10Pct and MinPct describe the per-turn shares.
 	SharedPct float64 `json:"shared_pct"`
@@ -119,6 +119,11 @@ type PrefixReport struct {
 	// of PromptTokens on average.
 	SharedTokens float64 `json:"shared_tokens"`
 	PromptTokens float64 `json:"prompt_tokens"`
+	// CachedPct is, over every turn (evictions included), Σ tokens of the
+	// previous prompt the new one repeats from its start / Σ the new
+	// prompts' tokens: the share an engine's prefix cache holding the
+	// previous prompt serves (the reply it generated aside).
+	CachedPct float64 `json:"cached_pct"`
 }
 
 const memorySystem = "You are a helpful assistant in a long-running chat. Answer briefly."

@@ -14,6 +14,9 @@ import (
 type prefixAcc struct {
 	rep          PrefixReport
 	shared, prev float64
+	// cached and prompts sum, over every turn, the previous prompt's
+	// leading tokens the new one repeats and the new one's tokens.
+	cached, prompts float64
 	shares       []float64
 	prevPrompt   *promptInfo
 }
@@ -25,36 +28,30 @@ func (a *prefixAcc) add(cur promptInfo) {
 		return
 	}
 	a.rep.Turns++
-	// Nothing left the window when the previous prompt, its recall block
-	// aside, leads the new one message for message.
-	j := 0
-	stable := true
-	for i, raw := range prev.raws {
-		if i == prev.block {
-			continue
-		}
-		if j >= len(cur.raws) || !bytes.Equal(raw, cur.raws[j]) {
-			stable = false
-			break
-		}
-		j++
+	// The longest run of the previous prompt's messages that leads the
+	// new one: what an engine's prefix cache holding the previous prompt
+	// serves of the new one.
+	shared := 0
+	for shared < len(prev.raws) && shared < len(cur.raws) && bytes.Equal(prev.raws[shared], cur.raws[shared]) {
+		shared++
 	}
-	if !stable {
-		a.rep.Evictions++
+	sharedTok, total, curTotal := 0, 0, 0
+	for i, t := range prev.tokens {
+		total += t
+		if i < shared {
+			sharedTok += t
+		}
+	}
+	for _, t := range cur.tokens {
+		curTotal += t
+	}
+	a.cached += float64(sharedTok)
+	a.prompts += float64(curTotal)
+	if shared < len(prev.raws) {
+		a.rep.Evictions++ // the prompt did not only grow: history left the window
 		return
 	}
 	a.rep.Stable++
-	shared, total := 0, 0
-	for i, raw := range prev.raws {
-		total += prev.tokens[i]
-		if i == shared && i < len(cur.raws) && bytes.Equal(raw, cur.raws[i]) {
-			shared++
-		}
-	}
-	sharedTok := 0
-	for _, t := range prev.tokens[:shared] {
-		sharedTok += t
-	}
 	a.shared += float64(sharedTok)
 	a.prev += float64(total)
 	a.shares = append(a.shares, 100*float64(sharedTok)/float64(max(total, 1)))
@@ -62,6 +59,9 @@ func (a *prefixAcc) add(cur promptInfo) {
 
 func (a *prefixAcc) report() PrefixReport {
 	rep := a.rep
+	if a.prompts > 0 {
+		rep.CachedPct = recallRound1(100 * a.cached / a.prompts)
+	}
 	if len(a.shares) > 0 {
 		rep.SharedPct = recallRound1(100 * a.shared / a.prev)
 		s := slices.Clone(a.shares)
