@@ -689,6 +689,11 @@ func TestConsoleKVViewInBrowser(t *testing.T) {
 	p.waitText("#engine-facts", fmt.Sprintf("%d (", v.Engine.States))
 	p.waitCount("#plot-hitrate svg path", 3) // every series has values
 	p.distinctSwatches(9)
+	var th struct{ Thresholds []map[string]any }
+	adminGet(t, s.sc.addr, "kv", &th)
+	for _, x := range th.Thresholds {
+		t.Logf("threshold %v: known %v, value %.4g (limit %v), breached %v", x["alert"], x["known"], x["value"], x["limit"], x["breached"])
+	}
 	p.shot("06-kv")
 	p.noProblems("KV page")
 }
