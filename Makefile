@@ -7,12 +7,13 @@ PKGS     := ./...
 FUZZTIME ?= 30s
 LOCOMO   ?= ../shared/data/locomo-dev.json
 HOSTILE_DURATION ?= 60s
+PROMTOOL ?= promtool
 
 export SIDECAR_UPSTREAM ?= http://127.0.0.1:8000
 export SIDECAR_LISTEN   ?= 127.0.0.1:8080
 export SIDECAR_DATA_DIR ?= ./data
 
-.PHONY: help build run test test-race test-hostile test-differential bench bench-proxy bench-kv bench-policy bench-recall bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet fleet docker-cuda fuzz lint clean
+.PHONY: help build run test test-race test-hostile test-differential bench bench-proxy bench-kv bench-policy bench-recall bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet fleet docker-cuda fuzz lint check-deploy clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -90,11 +91,18 @@ fuzz: ## run every fuzz target for $(FUZZTIME) each
 	  done; \
 	done
 
-lint: ## gofmt and go vet
+lint: ## gofmt and go vet, then check-deploy
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	cd bench/simulator && $(GO) vet ./...
 	cd bench/redisclients && $(GO) vet ./...
+	$(MAKE) check-deploy
+
+check-deploy: ## promtool check rules and test rules on deploy/prometheus, then the rules and deploy/grafana against a live sidecar's /metrics (needs promtool: apt-get install prometheus)
+	@command -v $(PROMTOOL) >/dev/null || { echo "check-deploy needs promtool (apt-get install prometheus, or PROMTOOL=path)"; exit 1; }
+	$(PROMTOOL) check rules deploy/prometheus/*.rules.yml
+	cd deploy/prometheus && $(PROMTOOL) test rules *.rules.test.yml
+	KVSIDECAR_REQUIRE_PROMTOOL=1 KVSIDECAR_PROMTOOL=$$(command -v $(PROMTOOL)) $(GO) test -count=1 -run 'TestSelectors|TestDeploy' ./cmd/sidecar
 
 clean: ## remove build output
 	rm -rf bin out

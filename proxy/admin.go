@@ -12,6 +12,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -444,6 +445,8 @@ type kvView struct {
 	Memory        *memory.Stats         `json:"memory"`
 	Samples       []KVSample            `json:"samples"`
 	SampleEveryMs int64                 `json:"sample_every_ms"`
+	// Thresholds are the design's alert thresholds, judged now.
+	Thresholds []Threshold `json:"thresholds"`
 }
 
 func (a *adminReq) kv() {
@@ -465,5 +468,6 @@ func (a *adminReq) kv() {
 	}
 	v.Samples = a.s.series.snapshot()
 	v.SampleEveryMs = a.s.opts.ConsoleSampleEvery.Milliseconds()
+	v.Thresholds = a.s.thresholds(time.Now())
 	a.ok(fasthttp.StatusOK, v)
 }

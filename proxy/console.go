@@ -32,6 +32,9 @@ type KVSample struct {
 	// Memory: windows built and their tokens.
 	Turns        uint64 `json:"turns"`
 	WindowTokens uint64 `json:"window_tokens"`
+
+	// alert is what the console's thresholds read (console_thresholds.go).
+	alert *alertPoint
 }
 
 // TierSample is one KV tier's usage in a sample.
@@ -44,7 +47,7 @@ type TierSample struct {
 
 // sample reads the counters now.
 func (s *Server) sample(now time.Time) KVSample {
-	x := KVSample{At: now, Turns: s.mem.turns.Load(), WindowTokens: s.mem.windowTokens.Load()}
+	x := KVSample{At: now, Turns: s.mem.turns.Load(), WindowTokens: s.mem.windowTokens.Load(), alert: s.readAlertPoint()}
 	if c := s.opts.KV; c != nil {
 		st := c.Stats()
 		x.KVHits, x.KVMisses = st.Hits, st.Misses

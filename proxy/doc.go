@@ -45,7 +45,9 @@
 // that bearer token only; the token acts for any tenant a call names. Without
 // it both are 404. The console keeps two bounded things in memory: a ring of
 // KV samples (filled by a sampler goroutine that Serve starts and Shutdown
-// waits for) and the last window of recently served sessions.
+// waits for; each also keeps the counters and histograms the alert
+// thresholds of console_thresholds.go are judged from) and the last window
+// of recently served sessions.
 //
 // Session plumbing: a request's session id comes from the X-Session-ID header,
 // else the body's prompt_cache_key; its tenant is a hash of the Authorization

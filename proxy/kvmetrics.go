@@ -5,6 +5,7 @@ import (
 	"io"
 
 	"github.com/kvsidecar/kvsidecar/engine"
+	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
 // writeKVMetrics writes the KV cache's hit, miss, tier and amortization
@@ -17,6 +18,15 @@ func writeKVMetrics(w io.Writer, c KV) {
 	for _, t := range st.Tiers {
 		fmt.Fprintf(w, "sidecar_kv_tier_bytes{tier=%q} %d\n", t.Tier, t.Bytes)
 	}
+	fmt.Fprintln(w, "# HELP sidecar_kv_tier_max_bytes Byte budget per tier (0: none).\n# TYPE sidecar_kv_tier_max_bytes gauge")
+	for _, t := range st.Tiers {
+		fmt.Fprintf(w, "sidecar_kv_tier_max_bytes{tier=%q} %d\n", t.Tier, t.MaxBytes)
+	}
+	var raw int64
+	for _, t := range st.Tiers {
+		raw += t.RawBytes
+	}
+	fmt.Fprintf(w, "# HELP sidecar_kv_archive_raw_bytes Bytes the Archive's blocks hold before compression (their files: sidecar_kv_tier_bytes{tier=\"archive\"}).\n# TYPE sidecar_kv_archive_raw_bytes gauge\nsidecar_kv_archive_raw_bytes %d\n", raw)
 	fmt.Fprintln(w, "# HELP sidecar_kv_tier_entries Blocks held per tier.\n# TYPE sidecar_kv_tier_entries gauge")
 	for _, t := range st.Tiers {
 		fmt.Fprintf(w, "sidecar_kv_tier_entries{tier=%q} %d\n", t.Tier, t.Entries)
@@ -25,9 +35,31 @@ func writeKVMetrics(w io.Writer, c KV) {
 	for _, t := range st.Tiers {
 		fmt.Fprintf(w, "sidecar_kv_tier_hits_total{tier=%q} %d\n", t.Tier, t.Hits)
 	}
+	fmt.Fprintln(w, "# HELP sidecar_kv_tier_misses_total Lookups that reached a tier and did not find the block there.\n# TYPE sidecar_kv_tier_misses_total counter")
+	for _, t := range st.Tiers {
+		fmt.Fprintf(w, "sidecar_kv_tier_misses_total{tier=%q} %d\n", t.Tier, t.Misses)
+	}
 	fmt.Fprintln(w, "# HELP sidecar_kv_tier_demotions_total Blocks moved down from a tier.\n# TYPE sidecar_kv_tier_demotions_total counter")
 	for _, t := range st.Tiers {
 		fmt.Fprintf(w, "sidecar_kv_tier_demotions_total{tier=%q} %d\n", t.Tier, t.Demotions)
+	}
+	fmt.Fprintln(w, "# HELP sidecar_kv_tier_promotions_total Blocks moved up into a tier.\n# TYPE sidecar_kv_tier_promotions_total counter")
+	for _, t := range st.Tiers {
+		fmt.Fprintf(w, "sidecar_kv_tier_promotions_total{tier=%q} %d\n", t.Tier, t.Promotions)
+	}
+	// Every series of the two histograms is written, empty ones too, so
+	// rules and dashboards find them on any sidecar.
+	lat := map[string]tiers.TierStats{}
+	for _, t := range st.Tiers {
+		lat[t.Tier] = t
+	}
+	fmt.Fprintln(w, "# HELP sidecar_kv_promotion_seconds Time to serve a lookup from below Focus, by the tier the block came from: read, decoding and checks, and the move up when the block is hot enough.\n# TYPE sidecar_kv_promotion_seconds histogram")
+	for _, name := range []string{"working", "archive"} {
+		lat[name].PromotionLatency.WritePrometheus(w, "sidecar_kv_promotion_seconds", fmt.Sprintf("tier=%q,", name))
+	}
+	fmt.Fprintln(w, "# HELP sidecar_kv_demotion_seconds Time to move a block down one tier, by the tier it left (from Working: compression and a durable write to the Archive).\n# TYPE sidecar_kv_demotion_seconds histogram")
+	for _, name := range []string{"focus", "working"} {
+		lat[name].DemotionLatency.WritePrometheus(w, "sidecar_kv_demotion_seconds", fmt.Sprintf("tier=%q,", name))
 	}
 	a := c.AmortizationStats()
 	fmt.Fprintf(w, "# HELP sidecar_kv_compute_seconds_mean Mean measured cost of computing a prefix's KV.\n# TYPE sidecar_kv_compute_seconds_mean gauge\nsidecar_kv_compute_seconds_mean %g\n", a.MeanComputeCost.Seconds())

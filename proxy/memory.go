@@ -15,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvsidecar/kvsidecar/engine"
+	"github.com/kvsidecar/kvsidecar/internal/histogram"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
@@ -34,6 +35,28 @@ type memMetrics struct {
 	// contextRetries counts turns the upstream refused for its context
 	// and that were sent again with a window built for it.
 	contextRetries atomic.Uint64
+	// windowLimit sums the limits those windows were built within, so
+	// windowTokens / windowLimit is how full the Focus (the context
+	// window) runs.
+	windowLimit atomic.Uint64
+	// prepare times memory.Prepare, window and recall, by how recall was
+	// chosen (recallKinds).
+	prepare [len(recallKinds)]histogram.Histogram
+}
+
+// recallKinds label sidecar_memory_prepare_seconds: memory.TurnStats.Recall,
+// with "none" for a turn that recalled nothing.
+var recallKinds = [...]string{"full", "reuse", "none"}
+
+// recallKind is the index in recallKinds of a turn's Recall.
+func recallKind(recall string) int {
+	switch recall {
+	case "full":
+		return 0
+	case "reuse":
+		return 1
+	}
+	return 2
 }
 
 func (m *memMetrics) write(w io.Writer, st memory.Stats) {
@@ -43,6 +66,7 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 	}{
 		{"sidecar_memory_turns_total", "Chat requests whose window was built from session memory.", m.turns.Load()},
 		{"sidecar_memory_window_tokens_total", "Tokens of the windows sent upstream.", m.windowTokens.Load()},
+		{"sidecar_memory_window_limit_tokens_total", "The token limits those windows were built within (what fits the engine's context beside the reply, else the configured window): window_tokens over this is the Focus (context window) utilisation.", m.windowLimit.Load()},
 		{"sidecar_memory_prefix_shared_tokens_total", "Tokens each window shared with its session's previous window (prompt-cache friendliness).", m.prefixTokens.Load()},
 		{"sidecar_memory_prefix_shared_bytes_total", "Bytes each window shared with its session's previous window.", m.prefixBytes.Load()},
 		{"sidecar_memory_evicted_messages_total", "Messages that left the window (kept as memory units).", m.evicted.Load()},
@@ -119,6 +143,10 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 	fmt.Fprintf(w, "# HELP sidecar_memory_background_calls_per_turn The sidecar's own upstream calls per completed client turn.\n# TYPE sidecar_memory_background_calls_per_turn gauge\nsidecar_memory_background_calls_per_turn %g\n", perTurn)
 	fmt.Fprintf(w, "# HELP sidecar_memory_full_recall_rate Full recalls over all recalls.\n# TYPE sidecar_memory_full_recall_rate gauge\nsidecar_memory_full_recall_rate %g\n", st.FullRecallRate)
 	fmt.Fprintf(w, "# HELP sidecar_memory_sessions_loaded Sessions held in memory.\n# TYPE sidecar_memory_sessions_loaded gauge\nsidecar_memory_sessions_loaded %d\n", st.Sessions)
+	fmt.Fprintf(w, "# HELP sidecar_memory_prepare_seconds Time session memory took to prepare a turn (window and recall) on the request path, by how recall was chosen (full search, reuse of the working memory, none).\n# TYPE sidecar_memory_prepare_seconds histogram\n")
+	for i, k := range recallKinds {
+		m.prepare[i].Snapshot().WritePrometheus(w, "sidecar_memory_prepare_seconds", fmt.Sprintf("recall=%q,", k))
+	}
 	for _, g := range []struct {
 		name, help string
 		v          int64
@@ -154,9 +182,13 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 		return nil, nil, true
 	}
 	if err == nil {
+		start := time.Now()
 		turn, err = st.Prepare(s.stopping, memory.TurnRequest{Tenant: sess.Tenant, SessionID: sess.ID, UserID: user,
 			Mode: memory.ParseMode(string(ctx.Request.Header.Peek("X-Session-Mode"))), Model: info.Model,
 			Messages: msgs, ToolsTokens: tools, Limit: s.limits.windowFor(info.Model, info.MaxTokens)})
+		if err == nil {
+			s.mem.prepare[recallKind(turn.Stats.Recall)].Observe(time.Since(start))
+		}
 	}
 	switch {
 	case err == nil:
@@ -202,6 +234,7 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 	}
 	s.mem.turns.Add(1)
 	s.mem.windowTokens.Add(uint64(ts.TotalTokens))
+	s.mem.windowLimit.Add(uint64(max(ts.Limit, 0)))
 	s.mem.prefixTokens.Add(uint64(ts.Prefix.Tokens))
 	s.mem.prefixBytes.Add(uint64(ts.Prefix.Bytes))
 	s.mem.evicted.Add(uint64(ts.Evicted))

@@ -7,10 +7,11 @@ import (
 	"os"
 	"runtime"
 	"sort"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/histogram"
 )
 
 // route names a family of endpoints in metrics and logs.
@@ -56,43 +57,10 @@ const (
 	upErrIncomplete = "incomplete"
 )
 
-// latencyBuckets are histogram upper bounds in seconds, from loopback
-// overheads to long generations.
-var latencyBuckets = []float64{
-	0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
-}
+// latency is a request-time histogram (package histogram's buckets).
+type latency struct{ histogram.Histogram }
 
-// histogram is a lock-free Prometheus histogram with fixed buckets.
-type histogram struct {
-	counts [19]atomic.Uint64 // len(latencyBuckets)+1, the last is +Inf
-	sumNS  atomic.Uint64
-}
-
-func (h *histogram) observe(d time.Duration) {
-	s := d.Seconds()
-	i := sort.SearchFloat64s(latencyBuckets, s)
-	h.counts[i].Add(1)
-	h.sumNS.Add(uint64(d))
-}
-
-func (h *histogram) write(w io.Writer, name, labels string) {
-	var cum uint64
-	for i, ub := range latencyBuckets {
-		cum += h.counts[i].Load()
-		fmt.Fprintf(w, "%s_bucket{%sle=\"%s\"} %d\n", name, labels, strconv.FormatFloat(ub, 'g', -1, 64), cum)
-	}
-	cum += h.counts[len(latencyBuckets)].Load()
-	fmt.Fprintf(w, "%s_bucket{%sle=\"+Inf\"} %d\n", name, labels, cum)
-	fmt.Fprintf(w, "%s_sum{%s} %g\n", name, trimComma(labels), time.Duration(h.sumNS.Load()).Seconds())
-	fmt.Fprintf(w, "%s_count{%s} %d\n", name, trimComma(labels), cum)
-}
-
-func trimComma(s string) string {
-	if n := len(s); n > 0 && s[n-1] == ',' {
-		return s[:n-1]
-	}
-	return s
-}
+func (l *latency) observe(d time.Duration) { l.Observe(d) }
 
 type routeCode struct {
 	route route
@@ -103,8 +71,8 @@ type routeCode struct {
 // Server makes one. Collectors added with AddCollector write extra families.
 type Metrics struct {
 	requests    sync.Map // routeCode -> *atomic.Uint64
-	duration    [numRoutes]histogram
-	ttfb        [numRoutes]histogram
+	duration    [numRoutes]latency
+	ttfb        [numRoutes]latency
 	upErrors    sync.Map // string -> *atomic.Uint64
 	bytesIn     atomic.Uint64
 	bytesOut    atomic.Uint64
@@ -189,12 +157,12 @@ func (m *Metrics) WritePrometheus(out io.Writer) {
 	fmt.Fprintln(w, "# HELP sidecar_http_request_duration_seconds Time from request received to response finished, by route.")
 	fmt.Fprintln(w, "# TYPE sidecar_http_request_duration_seconds histogram")
 	for r := route(0); r < numRoutes; r++ {
-		m.duration[r].write(w, "sidecar_http_request_duration_seconds", fmt.Sprintf("route=%q,", r.String()))
+		m.duration[r].Snapshot().WritePrometheus(w, "sidecar_http_request_duration_seconds", fmt.Sprintf("route=%q,", r.String()))
 	}
 	fmt.Fprintln(w, "# HELP sidecar_http_ttfb_seconds Time from request received to the first response byte (streams: the first event), by route.")
 	fmt.Fprintln(w, "# TYPE sidecar_http_ttfb_seconds histogram")
 	for _, r := range []route{routeChat, routeCompletions, routeEmbeddings, routeModels, routePassthrough} {
-		m.ttfb[r].write(w, "sidecar_http_ttfb_seconds", fmt.Sprintf("route=%q,", r.String()))
+		m.ttfb[r].Snapshot().WritePrometheus(w, "sidecar_http_ttfb_seconds", fmt.Sprintf("route=%q,", r.String()))
 	}
 
 	fmt.Fprintln(w, "# HELP sidecar_upstream_errors_total Upstream failures, by kind.")
@@ -227,19 +195,19 @@ func (m *Metrics) WritePrometheus(out io.Writer) {
 
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	fmt.Fprintln(w, "# TYPE process_resident_memory_bytes gauge")
+	fmt.Fprintln(w, "# HELP process_resident_memory_bytes Resident memory size in bytes.\n# TYPE process_resident_memory_bytes gauge")
 	fmt.Fprintf(w, "process_resident_memory_bytes %d\n", residentBytes())
 	if n, ok := openFDs(); ok {
-		fmt.Fprintln(w, "# TYPE process_open_fds gauge")
+		fmt.Fprintln(w, "# HELP process_open_fds Number of open file descriptors.\n# TYPE process_open_fds gauge")
 		fmt.Fprintf(w, "process_open_fds %d\n", n)
 	}
-	fmt.Fprintln(w, "# TYPE process_start_time_seconds gauge")
+	fmt.Fprintln(w, "# HELP process_start_time_seconds Start time of the process since the Unix epoch in seconds.\n# TYPE process_start_time_seconds gauge")
 	fmt.Fprintf(w, "process_start_time_seconds %d\n", m.start.Unix())
-	fmt.Fprintln(w, "# TYPE go_goroutines gauge")
+	fmt.Fprintln(w, "# HELP go_goroutines Number of goroutines that currently exist.\n# TYPE go_goroutines gauge")
 	fmt.Fprintf(w, "go_goroutines %d\n", runtime.NumGoroutine())
-	fmt.Fprintln(w, "# TYPE go_memstats_heap_inuse_bytes gauge")
+	fmt.Fprintln(w, "# HELP go_memstats_heap_inuse_bytes Number of heap bytes that are in use.\n# TYPE go_memstats_heap_inuse_bytes gauge")
 	fmt.Fprintf(w, "go_memstats_heap_inuse_bytes %d\n", ms.HeapInuse)
-	fmt.Fprintln(w, "# TYPE go_memstats_mallocs_total counter")
+	fmt.Fprintln(w, "# HELP go_memstats_mallocs_total Total number of heap objects allocated.\n# TYPE go_memstats_mallocs_total counter")
 	fmt.Fprintf(w, "go_memstats_mallocs_total %d\n", ms.Mallocs)
 
 	m.mu.Lock()

@@ -108,6 +108,7 @@ type Archive struct {
 	idx     map[string]*archEntry
 	lru     *list.List // of *archEntry; front is most recent
 	bytes   int64      // file bytes
+	raw     int64      // the blocks' bytes before compression
 	tokens  int64
 	shards  map[string]bool // shard folders known to exist
 	reports []Quarantine
@@ -263,6 +264,7 @@ func (a *Archive) index(key, name string, h *fileHeader, size int64) {
 	e.elem = a.lru.PushFront(e)
 	a.idx[key] = e
 	a.bytes += size
+	a.raw += e.rawLen
 	a.tokens += h.meta.Tokens
 }
 
@@ -270,6 +272,7 @@ func (a *Archive) dropLocked(e *archEntry) {
 	a.lru.Remove(e.elem)
 	delete(a.idx, e.key)
 	a.bytes -= e.fileSize
+	a.raw -= e.rawLen
 	a.tokens -= e.meta.Tokens
 }
 
@@ -488,10 +491,10 @@ func (a *Archive) Bytes() int64 {
 // Stats describes the archive.
 func (a *Archive) Stats() TierStats {
 	a.mu.Lock()
-	n, b, tok := len(a.idx), a.bytes, a.tokens
+	n, b, raw, tok := len(a.idx), a.bytes, a.raw, a.tokens
 	a.mu.Unlock()
 	return TierStats{
-		Tier: TierArchive.String(), Entries: n, Bytes: b, MaxBytes: a.opts.Budget.MaxBytes,
+		Tier: TierArchive.String(), Entries: n, Bytes: b, RawBytes: raw, MaxBytes: a.opts.Budget.MaxBytes,
 		Tokens: tok, MaxTokens: a.opts.Budget.MaxTokens,
 		Hits: a.hits.Load(), Misses: a.misses.Load(), Puts: a.puts.Load(),
 		Evictions: a.evictions.Load(), Quarantined: a.quarantined.Load(),

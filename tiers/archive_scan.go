@@ -69,6 +69,7 @@ func (a *Archive) load(name, id string) {
 	e.elem = a.lru.PushBack(e)
 	a.idx[h.key] = e
 	a.bytes += size
+	a.raw += e.rawLen
 	a.tokens += h.meta.Tokens
 }
 

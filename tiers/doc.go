@@ -15,7 +15,10 @@
 // otter's W-TinyLFU on traces a Store records through Options.Trace. Blocks
 // move down (Focus→Working→Archive) when a tier passes its soft watermark,
 // done by one goroutine the store owns, and up one tier when an access lifts
-// a block's hot score to the promotion threshold.
+// a block's hot score to the promotion threshold. Stats times both, by the
+// tier a block left (TierStats.PromotionLatency: lookups served from Working
+// or the Archive; DemotionLatency: each move down), and counts the Archive's
+// bytes before compression (RawBytes) for its compression ratio.
 //
 // Invariants:
 //   - A key is in at most one of Focus and Working. If the Archive holds it

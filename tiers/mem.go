@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/gpu"
+	"github.com/kvsidecar/kvsidecar/internal/histogram"
 )
 
 // backing is where a memory tier keeps bytes: host slices (Working) or
@@ -297,19 +298,31 @@ func (t *memTier) stats() TierStats {
 
 // TierStats describes one tier.
 type TierStats struct {
-	Tier       string `json:"tier"`
-	Entries    int    `json:"entries"`
-	Bytes      int64  `json:"bytes"`
-	MaxBytes   int64  `json:"max_bytes"`
-	Tokens     int64  `json:"tokens"`
-	MaxTokens  int64  `json:"max_tokens"`
-	Hits       int64  `json:"hits"`
-	Misses     int64  `json:"misses"`
-	Puts       int64  `json:"puts"`
-	Demotions  int64  `json:"demotions"`
-	Promotions int64  `json:"promotions"`
+	Tier    string `json:"tier"`
+	Entries int    `json:"entries"`
+	Bytes   int64  `json:"bytes"`
+	// RawBytes is, for the Archive, what its blocks hold before
+	// compression (Bytes is their files): 1 − Bytes/RawBytes is the
+	// share compression saves. 0 for the memory tiers.
+	RawBytes   int64 `json:"raw_bytes,omitempty"`
+	MaxBytes   int64 `json:"max_bytes"`
+	Tokens     int64 `json:"tokens"`
+	MaxTokens  int64 `json:"max_tokens"`
+	Hits       int64 `json:"hits"`
+	Misses     int64 `json:"misses"`
+	Puts       int64 `json:"puts"`
+	Demotions  int64 `json:"demotions"`
+	Promotions int64 `json:"promotions"`
 	// Evictions counts entries dropped for good (archive budget).
 	Evictions int64 `json:"evictions"`
 	// Quarantined counts archive files that failed their checks.
 	Quarantined int64 `json:"quarantined,omitempty"`
+	// PromotionLatency times the lookups this tier served from below
+	// Focus (Working, Archive): the read, decoding and checks, and the
+	// move up when the block is hot enough. Empty for Focus.
+	PromotionLatency histogram.Snapshot `json:"-"`
+	// DemotionLatency times the blocks moved down from this tier (Focus
+	// to Working, Working to the Archive: compression and a durable
+	// write). Empty for the Archive, whose blocks are evicted, not moved.
+	DemotionLatency histogram.Snapshot `json:"-"`
 }

@@ -88,6 +88,7 @@ func (s *Store) demoteOne(t *memTier, held string, try bool) bool {
 		}
 		defer mu.Unlock()
 	}
+	start := s.opts.Clock.Now()
 	e, v, ok, err := t.take(victim)
 	if !ok {
 		return true // removed meanwhile
@@ -109,6 +110,7 @@ func (s *Store) demoteOne(t *memTier, held string, try bool) bool {
 	// Archive already.
 	_ = err
 	t.removeEntry(e)
+	s.demoteLat[t.tier].Observe(s.opts.Clock.Now().Sub(start))
 	t.demotions.Add(1)
 	s.moves.Add(1)
 	return true

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/gpu"
 	"github.com/kvsidecar/kvsidecar/internal/clock"
+	"github.com/kvsidecar/kvsidecar/internal/histogram"
 )
 
 // Options configure a Store. The zero value is a store with Focus on a CPU
@@ -145,6 +146,11 @@ type Store struct {
 	// moves counts blocks moved between tiers, so a Get that misses
 	// everywhere while a block moved can look again.
 	moves atomic.Uint64
+
+	// promoteLat and demoteLat time moves, by the tier a block left:
+	// lookups served from Working or the Archive, demotions from Focus
+	// or Working (TierStats.PromotionLatency, DemotionLatency).
+	promoteLat, demoteLat [TierArchive + 1]histogram.Histogram
 
 	maintMu sync.Mutex // one maintenance pass at a time
 	kick    chan struct{}
@@ -312,6 +318,7 @@ func (s *Store) get(key string) (Value, Tier, error) {
 			if s.focus != nil && hot >= s.opts.PromoteThreshold {
 				s.promote(key)
 			}
+			s.promoteLat[TierWorking].Observe(s.opts.Clock.Now().Sub(now))
 			return v, TierWorking, nil
 		}
 		if s.archive != nil {
@@ -320,6 +327,7 @@ func (s *Store) get(key string) (Value, Tier, error) {
 				if hot >= s.opts.PromoteThreshold {
 					s.promoteFromArchive(key, v, agen)
 				}
+				s.promoteLat[TierArchive].Observe(s.opts.Clock.Now().Sub(now))
 				return v, TierArchive, nil
 			}
 			if errors.Is(err, errCorrupt) {
@@ -442,12 +450,16 @@ type Stats struct {
 // Stats returns per-tier usage and counters, fastest tier first.
 func (s *Store) Stats() Stats {
 	st := Stats{Strategy: s.opts.Strategy}
-	if s.focus != nil {
-		st.Tiers = append(st.Tiers, s.focus.stats())
+	add := func(t Tier, ts TierStats) {
+		ts.PromotionLatency, ts.DemotionLatency = s.promoteLat[t].Snapshot(), s.demoteLat[t].Snapshot()
+		st.Tiers = append(st.Tiers, ts)
 	}
-	st.Tiers = append(st.Tiers, s.working.stats())
+	if s.focus != nil {
+		add(TierFocus, s.focus.stats())
+	}
+	add(TierWorking, s.working.stats())
 	if s.archive != nil {
-		st.Tiers = append(st.Tiers, s.archive.Stats())
+		add(TierArchive, s.archive.Stats())
 	}
 	return st
 }

@@ -6,6 +6,13 @@
   const $ = id => document.getElementById(id);
   const CATEGORIES = ["fact", "core", "episode", "system"];
   const TIER_COLORS = {focus: "#2563eb", working: "#0891b2", archive: "#7c3aed"};
+  // SERIES_COLORS: one colour per series the KV page plots, none shared
+  // with another series or a tier (whose colours the tier plot uses), so
+  // every legend swatch names one line.
+  const SERIES_COLORS = {
+    kvInterval: "#dc2626", kvCumulative: "#f59e0b", enginePerInterval: "#16a34a",
+    engineReused: "#92400e", prefilled: "#db2777", restored: "#475569",
+  };
   const CAT_COLORS = {system: "#475569", core: "#b45309", fact: "#2563eb", episode: "#0d9488"};
 
   const state = {
@@ -20,6 +27,7 @@
     memories: [],
     selected: null,   // the memory row being edited
     kvTimer: 0,
+    kvSamples: null,  // the KV page's last samples, to plot again on resize
   };
 
   // latest gives each call of a loader a number; an answer that arrives
@@ -599,6 +607,7 @@
         `${fmtInt(en.requests)} requests, ${fmtInt(en.saves)} saves, ${fmtInt(en.restores)} restores`));
     }
     if (mem) cards.appendChild(statCard("card-memory", "Sessions loaded", fmtInt(mem.Sessions), `${fmtInt(mem.Prepares)} windows built, ${fmtInt(mem.Evicted)} messages left windows`));
+    renderThresholds(d.thresholds || [], cards);
 
     const tb = $("tiers-table").tBodies[0];
     tb.textContent = "";
@@ -636,7 +645,33 @@
     plotKV(d.samples);
   }
 
+  // renderThresholds fills the alert thresholds table (the MemGPT design's
+  // thresholds, judged by the sidecar as its Prometheus rules do), adds a
+  // card counting the breached ones and marks the KV tab while any is.
+  function renderThresholds(ths, cards) {
+    const fmt = (unit, v) => unit === "seconds" ? (v < 1 ? Math.round(v * 1000) + " ms" : fmtNum(v) + " s") : fmtPct(v);
+    const tb = $("thresholds-table").tBodies[0];
+    tb.textContent = "";
+    let breached = 0, unknown = 0;
+    for (const th of ths) {
+      const state = th.breached ? "breached" : th.known ? "ok" : "unknown";
+      if (th.breached) breached++;
+      if (!th.known) unknown++;
+      tb.appendChild(h("tr", {"data-alert": th.alert, "data-state": state, title: th.alert},
+        h("td", {}, th.name), h("td", {class: "num"}, th.known ? fmt(th.unit, th.value) : "–"),
+        h("td", {class: "num"}, (th.above ? "> " : "< ") + fmt(th.unit, th.limit)),
+        h("td", {class: "state"}, state === "unknown" ? "no data" : state)));
+    }
+    const card = statCard("card-thresholds", "Alert thresholds", `${breached} breached`,
+      `of ${ths.length}; ${unknown} without data yet`);
+    if (breached) card.classList.add("breached");
+    cards.appendChild(card);
+    $("tab-kv").dataset.alerts = String(breached);
+    $("tab-kv").title = breached ? breached + " alert threshold(s) breached" : "";
+  }
+
   function plotKV(samples) {
+    state.kvSamples = samples;
     const t = s => new Date(s.at).getTime();
     const hit = [], prompt = [], cumulative = [];
     for (const s of samples) {
@@ -651,18 +686,18 @@
       prompt.push([t(b), dc + dp > 0 ? 100 * dc / (dc + dp) : NaN]);
     }
     Plot.lines($("plot-hitrate"), {title: "hit rate per interval", yMax: 100, yFmt: v => Math.round(v) + "%",
-      series: [{name: "KV cache, per interval", color: "#2563eb", points: hit},
-        {name: "KV cache, since start", color: "#2563eb", dashed: true, points: cumulative},
-        {name: "engine prompt tokens reused, per interval", color: "#0d9488", points: prompt}],
+      series: [{name: "KV cache, per interval", color: SERIES_COLORS.kvInterval, points: hit},
+        {name: "KV cache, since start", color: SERIES_COLORS.kvCumulative, dashed: true, points: cumulative},
+        {name: "engine prompt tokens reused, per interval", color: SERIES_COLORS.enginePerInterval, points: prompt}],
       empty: "Collecting samples… (one every " + Math.round((state.kvEvery || 5000) / 1000) + " s)"});
     const tiers = {};
     for (const s of samples) for (const x of s.tiers || []) (tiers[x.tier] = tiers[x.tier] || []).push([t(s), x.bytes]);
     Plot.lines($("plot-tiers"), {title: "bytes per tier", yFmt: fmtBytes,
       series: Object.keys(tiers).map(k => ({name: k, color: TIER_COLORS[k] || "#64748b", points: tiers[k]}))});
     Plot.lines($("plot-tokens"), {title: "tokens not reprocessed", yFmt: v => fmtInt(Math.round(v)),
-      series: [{name: "prompt tokens reused (engine)", color: "#0d9488", points: samples.map(s => [t(s), s.cached_tokens])},
-        {name: "prompt tokens prefilled", color: "#b45309", points: samples.map(s => [t(s), s.prefilled_tokens])},
-        {name: "reused thanks to restores", color: "#7c3aed", points: samples.map(s => [t(s), s.reused_tokens])}]});
+      series: [{name: "prompt tokens reused (engine)", color: SERIES_COLORS.engineReused, points: samples.map(s => [t(s), s.cached_tokens])},
+        {name: "prompt tokens prefilled", color: SERIES_COLORS.prefilled, points: samples.map(s => [t(s), s.prefilled_tokens])},
+        {name: "reused thanks to restores", color: SERIES_COLORS.restored, points: samples.map(s => [t(s), s.reused_tokens])}]});
   }
 
   // ---- wiring
@@ -715,6 +750,15 @@
     $("export-stats-json").addEventListener("click", () => exportFile("stats", "json"));
     $("export-memories-csv").addEventListener("click", () => exportFile("memories", "csv"));
     window.addEventListener("hashchange", () => { if (state.token) showTab(location.hash.slice(1)); });
+    // Plots are drawn as wide as their card: draw them again when the
+    // window's width changes (once it settles).
+    let resizeTimer = 0, lastWidth = window.innerWidth;
+    window.addEventListener("resize", () => {
+      if (window.innerWidth === lastWidth) return;
+      lastWidth = window.innerWidth;
+      clearTimeout(resizeTimer);
+      resizeTimer = setTimeout(() => { if (state.tab === "kv" && state.kvSamples) plotKV(state.kvSamples); }, 150);
+    });
     if (state.token) signIn(); else signOut("");
   }
 

@@ -12,7 +12,8 @@ package ui
 
 import "embed"
 
-// Files are the console's files: index.html, app.css, app.js, plot.js.
+// Files are the console's files: index.html, app.css, app.js, plot.js and
+// favicon.svg (the page links it, so the browser asks for no /favicon.ico).
 //
-//go:embed index.html app.css app.js plot.js
+//go:embed index.html app.css app.js plot.js favicon.svg
 var Files embed.FS

@@ -84,8 +84,10 @@
     legend.className = "legend";
     for (const s of series) {
       const span = document.createElement("span");
+      span.dataset.series = s.name;
       const sw = document.createElement("i");
-      sw.style.background = s.color;
+      sw.style.backgroundColor = s.color;
+      if (s.dashed) sw.className = "dashed";
       span.appendChild(sw);
       const last = s.points[s.points.length - 1][1];
       span.appendChild(document.createTextNode(s.name + (isFinite(last) ? " — now " + fmt(last) : "")));

@@ -66,3 +66,20 @@ func TestScriptsNeverParseMarkup(t *testing.T) {
 		t.Error("index.html holds inline script, style or event handlers, which the console's Content-Security-Policy blocks")
 	}
 }
+
+// TestPageHasIcon: the page links an embedded icon, so no browser asks
+// the sidecar for /favicon.ico (a 404 in the console on the first load).
+func TestPageHasIcon(t *testing.T) {
+	index, err := fs.ReadFile(Files, "index.html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`<link rel="icon" href="([^"]+)"`).FindSubmatch(index)
+	if m == nil {
+		t.Fatal("index.html links no icon")
+	}
+	b, err := fs.ReadFile(Files, string(m[1]))
+	if err != nil || !strings.HasPrefix(string(b), "<svg ") {
+		t.Fatalf("the icon %s: %v %.40q", m[1], err, b)
+	}
+}

@@ -14,6 +14,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
@@ -21,12 +23,16 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/cdproto/cdp"
+	cdplog "github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -64,6 +70,73 @@ type page struct {
 	base      string // http://addr
 	artifacts string
 	downloads string
+
+	// mu protects the fields below, which the event listener fills.
+	mu       sync.Mutex
+	problems []string                     // console errors, exceptions, failed requests
+	urls     map[network.RequestID]string // requests seen, by id
+	favicon  int                          // responses to favicon requests
+}
+
+// watch records what a person would see as a fault in DevTools: console
+// errors and assertions, uncaught exceptions, error entries of the
+// browser's log (a resource that failed to load), responses of 400 and
+// above and requests that failed. It runs in chromedp's event loop: it
+// only records.
+func (p *page) watch(ev any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch e := ev.(type) {
+	case *runtime.EventConsoleAPICalled:
+		if e.Type == runtime.ConsoleAPICalledTypeError || e.Type == runtime.ConsoleAPICalledTypeAssert {
+			var args []string
+			for _, a := range e.Args {
+				args = append(args, string(a.Value)+a.Description)
+			}
+			p.problems = append(p.problems, fmt.Sprintf("console.%s: %s", e.Type, strings.Join(args, " ")))
+		}
+	case *runtime.EventExceptionThrown:
+		d := e.ExceptionDetails
+		msg := d.Text
+		if d.Exception != nil {
+			msg += " " + d.Exception.Description
+		}
+		p.problems = append(p.problems, fmt.Sprintf("exception at %s:%d: %s", d.URL, d.LineNumber+1, msg))
+	case *cdplog.EventEntryAdded:
+		if e.Entry.Level == cdplog.EntryLevelError {
+			p.problems = append(p.problems, fmt.Sprintf("log (%s): %s %s", e.Entry.Source, e.Entry.Text, e.Entry.URL))
+		}
+	case *network.EventRequestWillBeSent:
+		if p.urls == nil {
+			p.urls = map[network.RequestID]string{}
+		}
+		p.urls[e.RequestID] = e.Request.URL
+	case *network.EventResponseReceived:
+		if strings.Contains(e.Response.URL, "favicon") {
+			p.favicon++
+		}
+		if e.Response.Status >= 400 {
+			p.problems = append(p.problems, fmt.Sprintf("HTTP %d for %s", e.Response.Status, e.Response.URL))
+		}
+	case *network.EventLoadingFailed:
+		if !e.Canceled {
+			p.problems = append(p.problems, fmt.Sprintf("request for %s failed: %s", p.urls[e.RequestID], e.ErrorText))
+		}
+	}
+}
+
+// noProblems fails the test if the page showed a fault since the last
+// call, and forgets those it saw.
+func (p *page) noProblems(stage string) {
+	p.t.Helper()
+	p.mu.Lock()
+	got := p.problems
+	p.problems = nil
+	p.mu.Unlock()
+	if len(got) > 0 {
+		p.shot("failed-" + p.t.Name())
+		p.t.Fatalf("%s: the page showed %d faults:\n%s", stage, len(got), strings.Join(got, "\n"))
+	}
 }
 
 // openConsole starts Chromium with a fresh profile and loads /ui/.
@@ -100,7 +173,27 @@ func openConsole(t *testing.T, addr string) *page {
 	if err := os.MkdirAll(p.artifacts, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := chromedp.Listen(ctx, p.watch); err != nil {
+		t.Fatalf("browser: %v", err)
+	}
 	p.do(chromedp.Navigate(p.base + "/ui/"))
+	// The first load: the page, its scripts and styles, and the icon the
+	// browser asks for once it loaded, with no fault.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		p.mu.Lock()
+		icon := p.favicon
+		p.mu.Unlock()
+		if icon > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the browser never got an icon for the page")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	p.do(chromedp.WaitVisible(chromedp.ID("login-form")))
+	p.noProblems("first load")
 	// Downloads (the exports) go to a folder the test reads.
 	if _, err := cdp.Call(ctx, chromedp.FromContext(ctx).Browser, browser.SetDownloadBehavior,
 		browser.SetDownloadBehaviorParams{Behavior: browser.SetDownloadBehaviorBehaviorAllow, DownloadPath: p.downloads}); err != nil {
@@ -594,7 +687,15 @@ func TestConsoleKVViewInBrowser(t *testing.T) {
 		p.waitText(fmt.Sprintf(`#tiers-table tr[data-tier=%q] td:nth-child(2)`, tr.Tier), thousands(int64(tr.Entries)))
 	}
 	p.waitText("#engine-facts", fmt.Sprintf("%d (", v.Engine.States))
+	p.waitCount("#plot-hitrate svg path", 3) // every series has values
+	p.distinctSwatches(9)
+	var th struct{ Thresholds []map[string]any }
+	adminGet(t, s.sc.addr, "kv", &th)
+	for _, x := range th.Thresholds {
+		t.Logf("threshold %v: known %v, value %.4g (limit %v), breached %v", x["alert"], x["known"], x["value"], x["limit"], x["breached"])
+	}
 	p.shot("06-kv")
+	p.noProblems("KV page")
 }
 
 // thousands formats n as the page does (en-US grouping).
@@ -604,4 +705,203 @@ func thousands(n int64) string {
 		s = s[:i] + "," + s[i:]
 	}
 	return s
+}
+
+// fits checks, at the viewport's current size, that the page is no wider
+// than the window; on failure it names the widest elements.
+func (p *page) fits(stage string) {
+	p.t.Helper()
+	var r struct {
+		Scroll, Inner int
+		Wide          []string
+	}
+	p.eval(`(() => {
+		const inner = window.innerWidth, wide = [];
+		for (const el of document.querySelectorAll("body *")) {
+			const b = el.getBoundingClientRect();
+			if (b.width > 0 && b.right > inner + 0.5 && ![...el.children].some(c => c.getBoundingClientRect().right > inner + 0.5))
+				wide.push(el.tagName.toLowerCase() + (el.id ? "#" + el.id : "") + (el.className && typeof el.className === "string" ? "." + el.className.split(" ").join(".") : "") + " right=" + Math.round(b.right));
+		}
+		return {scroll: document.documentElement.scrollWidth, inner, wide: wide.slice(0, 12)};
+	})()`, &r)
+	if r.Scroll > r.Inner {
+		p.shot("failed-" + p.t.Name())
+		p.t.Fatalf("%s: the page is %d px wide in a window of %d px; widest elements: %v", stage, r.Scroll, r.Inner, r.Wide)
+	}
+}
+
+// swatch is one legend entry of a plot: its series name and colour, and
+// the colour of the line drawn for it.
+type swatch struct {
+	Plot, Name, Color, Line string
+}
+
+// swatches reads every plot's legend on the KV page.
+func (p *page) swatches() []swatch {
+	var out []swatch
+	p.eval(`[...document.querySelectorAll("#page-kv .plot")].flatMap(plot =>
+		[...plot.querySelectorAll(".legend span")].map(s => {
+			const name = s.dataset.series, path = [...plot.querySelectorAll("svg path[data-series]")].find(x => x.dataset.series === name);
+			const rgb = c => { const d = document.createElement("i"); d.style.color = c; document.body.appendChild(d); const v = getComputedStyle(d).color; d.remove(); return v; };
+			return {plot: plot.id, name, color: getComputedStyle(s.querySelector("i")).backgroundColor, line: path ? rgb(path.getAttribute("stroke")) : ""};
+		}))`, &out)
+	return out
+}
+
+// distinctSwatches checks the KV page's legends: every series has a
+// swatch of the colour of its line, far from every other swatch's colour
+// on the page (within a plot and across plots), and at least minLines
+// series have lines.
+func (p *page) distinctSwatches(minLines int) {
+	p.t.Helper()
+	sw := p.swatches()
+	if len(sw) < 9 {
+		p.t.Fatalf("the KV page's legends: %+v", sw)
+	}
+	lines := 0
+	for i, a := range sw {
+		if a.Line != "" { // a series with no value yet has no line
+			lines++
+			if a.Line != a.Color {
+				p.t.Errorf("%s %q: swatch %s, line %s", a.Plot, a.Name, a.Color, a.Line)
+			}
+		}
+		for _, b := range sw[i+1:] {
+			if d := rgbDistance(a.Color, b.Color); d < 60 {
+				p.t.Errorf("%s %q (%s) and %s %q (%s) share a swatch colour (distance %.0f)", a.Plot, a.Name, a.Color, b.Plot, b.Name, b.Color, d)
+			}
+		}
+	}
+	if lines < minLines {
+		p.t.Errorf("only %d of the KV page's series have lines: %+v", lines, sw)
+	}
+}
+
+// rgbDistance is the Euclidean distance of two "rgb(r, g, b)" colours.
+func rgbDistance(a, b string) float64 {
+	var r1, g1, b1, r2, g2, b2 float64
+	fmt.Sscanf(a, "rgb(%f, %f, %f)", &r1, &g1, &b1)
+	fmt.Sscanf(b, "rgb(%f, %f, %f)", &r2, &g2, &b2)
+	return math.Sqrt((r1-r2)*(r1-r2) + (g1-g2)*(g1-g2) + (b1-b2)*(b1-b2))
+}
+
+// TestConsoleCleanLoadSwatchesAndNarrowWindowInBrowser (issue 24, the
+// held-out browser check): the first load shows no console error or
+// failed request (the page has its icon), nor does signing in or any tab;
+// every series the KV page plots has a swatch of its own colour, told
+// apart from every other on the page and matching its line; at 400 px no
+// page is wider than the window; and the KV page marks the breached alert
+// threshold (an archive holding incompressible bytes) as the admin API
+// judges it.
+func TestConsoleCleanLoadSwatchesAndNarrowWindowInBrowser(t *testing.T) {
+	chromiumPath(t)
+	up := newScriptedUpstream(t)
+	sc := startChild(t, nil, "--upstream", up.URL, "--admin-token", consoleToken, "--console-sample-every", "250ms")
+	post := func(method, path, key string, body []byte, header ...string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, "http://"+sc.addr+path, bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, b)
+		}
+	}
+	for i, text := range []string{"I plan a long walk along the Kumano Kodo trail in late October with a friend.",
+		"We want to stay in small guesthouses and carry light packs.", "Which stretch should we start with?"} {
+		body, _ := json.Marshal(map[string]any{"model": "gpt-4o", "messages": []map[string]string{{"role": "user", "content": text}}})
+		post("POST", "/v1/chat/completions", "sk-narrow", body, "X-Session-ID", "walk-"+strconv.Itoa(i%2), "X-User-ID", "dana",
+			"Content-Type", "application/json")
+	}
+	// Incompressible bytes in the Archive: its compression saves nothing.
+	noise := make([]byte, 256<<10)
+	_, _ = rand.NewChaCha8([32]byte{24}).Read(noise)
+	post("PUT", "/v1/kv/narrow/blob", "sk-narrow", noise, "Content-Type", "application/octet-stream")
+
+	p := openConsole(t, sc.addr) // no fault on the first load, and an icon
+	p.do(chromedp.EmulateViewport(400, 900))
+	p.fits("sign-in page at 400 px")
+	p.signIn()
+	p.noProblems("sign in")
+	tenant := tenantWith(t, sc.addr, "walk-0")
+	p.choose("#tenant", tenant)
+
+	p.click("#tab-sessions")
+	p.waitCount("#sessions-table tbody tr", 2)
+	p.click(`#sessions-table tr[data-session="walk-0"]`)
+	p.waitText("#session-title", "walk-0")
+	p.waitCount("#messages-table tbody tr", 4)
+	p.fits("sessions page at 400 px")
+	p.shot("07-sessions-400px")
+	p.click("#tab-memories")
+	p.do(chromedp.WaitVisible(chromedp.ID("page-memories")))
+	p.waitText("#memories-count", "(")
+	p.fits("memories page at 400 px")
+	p.shot("08-memories-400px")
+	p.click("#tab-knowledge")
+	p.do(chromedp.WaitVisible(chromedp.ID("page-knowledge")))
+	p.fits("knowledge page at 400 px")
+	p.click("#tab-kv")
+	p.do(chromedp.WaitVisible(chromedp.ID("page-kv")))
+	p.waitCount("#plot-hitrate svg", 1)
+	p.waitCount("#plot-tokens svg", 1)
+	p.waitCount("#plot-tiers svg", 1)
+	p.waitCount("#thresholds-table tbody tr", 7)
+	p.fits("KV page at 400 px")
+	p.shot("09-kv-400px")
+	p.noProblems("every tab at 400 px")
+
+	// The thresholds as the API judges them, marked on the page.
+	var v struct {
+		Thresholds []struct {
+			Alert           string
+			Known, Breached bool
+		}
+	}
+	adminGet(t, sc.addr, "kv", &v)
+	breached := 0
+	for _, th := range v.Thresholds {
+		want := "ok"
+		switch {
+		case th.Breached:
+			want, breached = "breached", breached+1
+		case !th.Known:
+			want = "unknown"
+		}
+		row := fmt.Sprintf(`#thresholds-table tr[data-alert=%q]`, th.Alert)
+		var state string
+		p.eval(fmt.Sprintf(`(document.querySelector(%q) || {dataset: {}}).dataset.state || ""`, row), &state)
+		if state != want {
+			t.Errorf("threshold %s: the page marks it %q, the API says %q", th.Alert, state, want)
+		}
+		if th.Alert == "KVSidecarArchiveCompressionLow" && !th.Breached {
+			t.Errorf("an archive of incompressible bytes is not a breached compression threshold: %+v", th)
+		}
+		if th.Alert == "KVSidecarContextWindowFull" && (!th.Known || th.Breached) {
+			t.Errorf("three short turns judged %+v", th)
+		}
+	}
+	p.waitText("#card-thresholds .v", fmt.Sprintf("%d breached", breached))
+	var breachedStyle struct{ Color, Tab string }
+	p.eval(`({color: getComputedStyle(document.querySelector('#thresholds-table tr[data-state="breached"] td.state')).color,
+		tab: document.getElementById("tab-kv").dataset.alerts || ""})`, &breachedStyle)
+	if breachedStyle.Color != "rgb(192, 57, 43)" || breachedStyle.Tab != strconv.Itoa(breached) {
+		t.Errorf("a breached threshold is not marked (state colour %s, KV tab says %q)", breachedStyle.Color, breachedStyle.Tab)
+	}
+
+	// Swatches: one colour per series, distinct within a plot and across
+	// the page, and the colour of the series' line.
+	p.do(chromedp.EmulateViewport(1440, 1000))
+	p.waitCount("#plot-hitrate .legend span", 3)
+	p.waitCount("#plot-tokens .legend span", 3)
+	p.distinctSwatches(6)
+	p.shot("10-kv-swatches")
+	p.noProblems("KV page")
 }

@@ -192,8 +192,15 @@ func (u *scriptedUpstream) serve(w http.ResponseWriter, r *http.Request) {
 		if n := len(req.Messages); n > 0 {
 			echo = req.Messages[n-1].Content
 		}
-		if u.bg != nil && r.Header.Get("X-Session-Id") == "" && !req.Stream {
+		if u.bg != nil && r.Header.Get("X-Session-Id") == "" {
 			reply, _ := json.Marshal(u.bg(echo)) // JSON, not Go, escapes
+			// The sidecar streams its own calls (internal/llm).
+			if req.Stream {
+				w.Header().Set("Content-Type", "text/event-stream")
+				fmt.Fprintf(w, "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":%s}}]}\n\n", reply)
+				fmt.Fprint(w, "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
+				return
+			}
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprintf(w, `{"id":"c1","object":"chat.completion","created":1,"model":"tiny","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":%s}}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`, reply)
 			return
