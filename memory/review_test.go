@@ -514,7 +514,6 @@ func TestToolContextRejected(t *testing.T) {
 	}
 }
 
-
 // TestReviewLogBoundedAndRepaired: the decisions log keeps the newest
 // LogSize decisions (compacted on disk), survives a torn tail, and a log
 // copied from another scope is set aside.

@@ -17,8 +17,8 @@ type prefixAcc struct {
 	// cached and prompts sum, over every turn, the previous prompt's
 	// leading tokens the new one repeats and the new one's tokens.
 	cached, prompts float64
-	shares       []float64
-	prevPrompt   *promptInfo
+	shares          []float64
+	prevPrompt      *promptInfo
 }
 
 func (a *prefixAcc) add(cur promptInfo) {
