@@ -236,6 +236,7 @@ func benchMemory(args []string) error {
 	window := fs.Int("window-tokens", 8192, "the sidecar's window (passed to the sidecar it starts; used by the trimming baseline)")
 	perReplay := fs.Int("questions-per-replay", 0, "questions asked per replay of a conversation (0: all, one after the other)")
 	convs := fs.Int("conversations", 0, "replay only the first N conversations (0: all)")
+	only := fs.String("only", "", "replay only these conversations: comma-separated zero-based positions in the file (leave-one-out tuning)")
 	target := fs.String("sidecar", "", "base URL of a sidecar already running (its upstream must be --upstream-listen)")
 	upListen := fs.String("upstream-listen", "127.0.0.1:0", "address of the scripted upstream")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
@@ -316,8 +317,18 @@ func benchMemory(args []string) error {
 		}
 		return emit(*asJSON, r, bench.WriteEngineTable)
 	}
+	var onlyIdx []int
+	for _, f := range strings.Split(*only, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			i, err := strconv.Atoi(f)
+			if err != nil {
+				return fmt.Errorf("--only %q: %w", *only, err)
+			}
+			onlyIdx = append(onlyIdx, i)
+		}
+	}
 	r, err := bench.RunMemory(bench.MemoryOptions{Data: *data, Sidecar: sidecar, Upstream: up, WindowTokens: *window,
-		QuestionsPerReplay: *perReplay, Conversations: *convs, Progress: progress})
+		QuestionsPerReplay: *perReplay, Conversations: *convs, Only: onlyIdx, Progress: progress})
 	if err != nil {
 		return err
 	}

@@ -43,6 +43,9 @@ type serveConfig struct {
 
 	windowTokens    int
 	recallShare     float64
+	recallK         int
+	recallCoverage  float64
+	evictTo         float64
 	graphWeight     float64
 	modelWindows    string
 	userScope       string
@@ -97,6 +100,9 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.Int64Var(&c.maxResponse, "max-response-bytes", 256<<20, "largest non-streamed upstream response relayed (502 beyond; streams are not bounded as a whole)")
 	fs.IntVar(&c.windowTokens, "window-tokens", 8192, "hard token limit of the window sent upstream (the Focus window)")
 	fs.Float64Var(&c.recallShare, "recall-share", 0.08, "share of the window for the per-turn recall block next to the newest user message (0 turns recall off)")
+	fs.IntVar(&c.recallK, "recall-k", 0, "most memories one recall block shows (0: the default)")
+	fs.Float64Var(&c.recallCoverage, "recall-min-coverage", 0, "share of the question's information a memory must hold to be recalled on its words (0: the default)")
+	fs.Float64Var(&c.evictTo, "evict-to", 0, "when history overflows the window it is cut to this share of its budget, in one step (0: the default)")
 	fs.Float64Var(&c.graphWeight, "recall-graph-weight", 0, "the knowledge graph's weight in hybrid recall, session and user scope (0: the default 0.2; negative turns graph recall off)")
 	fs.StringVar(&c.userScope, "user-scope", "session", "who shares memory when a request names no end user (X-User-ID or the body's user): session (each session recalls only its own memory) or tenant (every session of an API key shares ONE memory: anyone holding the key recalls everyone's words)")
 	fs.StringVar(&c.modelWindows, "model-window-tokens", "", "per-model window limits, e.g. 'gpt-4o=128000,llama-3*=32768' (a trailing * matches a prefix)")
@@ -383,8 +389,8 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	}
 	mem, err := memory.Open(memory.Options{
 		Dir: filepath.Join(dataDir, "sessions"), Fsync: fsyncPolicy, SharedLog: sharedLog,
-		Window:      memory.WindowOptions{Limit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy},
-		Recall:      memory.RecallOptions{Index: idx, Share: share, TenantUserScope: tenantScope},
+		Window:      memory.WindowOptions{Limit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy, EvictTo: c.evictTo},
+		Recall:      memory.RecallOptions{Index: idx, Share: share, K: c.recallK, MinCoverage: c.recallCoverage, TenantUserScope: tenantScope},
 		Extraction:  memory.ExtractionOptions{Summarizer: bg, Extractor: extractor},
 		Reviewer:    memory.ReviewerOptions{Enabled: c.review},
 		ToolContext: memory.ToolContextOptions{Enabled: c.toolContext},

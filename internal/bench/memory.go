@@ -45,6 +45,9 @@ type MemoryOptions struct {
 	QuestionsPerReplay int
 	// Conversations limits the conversations replayed. Zero: all.
 	Conversations int
+	// Only, when set, replays only the conversations with these
+	// (zero-based) positions in the file, for leave-one-out tuning.
+	Only []int
 	// Settle is how long the cross-session client waits after its replay
 	// before asking (the sidecar indexes a turn just after its response).
 	// Zero: 1s.
@@ -285,6 +288,15 @@ func RunMemory(o MemoryOptions) (MemoryReport, error) {
 	convs, err := LoadLocomo(o.Data)
 	if err != nil {
 		return MemoryReport{}, err
+	}
+	if len(o.Only) > 0 {
+		var keep []LocomoConversation
+		for _, i := range o.Only {
+			if i >= 0 && i < len(convs) {
+				keep = append(keep, convs[i])
+			}
+		}
+		convs = keep
 	}
 	if o.Conversations > 0 && o.Conversations < len(convs) {
 		convs = convs[:o.Conversations]
