@@ -71,9 +71,11 @@ func mustJSON(t *testing.T, raws []json.RawMessage) []byte {
 	return b
 }
 
-// TestPrefixAccounting: a turn that repeats the previous prompt (its recall
-// block aside) is stable and its shared tokens are the leading messages
-// both prompts have; a turn that dropped history counts as an eviction.
+// TestPrefixAccounting: a turn whose prompt starts with the whole previous
+// one (its recall block included: blocks stay in the transcript) is
+// stable; a turn that dropped history counts as an eviction; the cached
+// share counts, over every turn, the previous prompt's leading messages
+// the new one repeats, of the new prompt's tokens.
 func TestPrefixAccounting(t *testing.T) {
 	r := &memRun{tok: memory.NewTokenizer(0), enc: memory.CL100K}
 	prompt := func(msgs ...memMsg) promptInfo {
@@ -84,22 +86,32 @@ func TestPrefixAccounting(t *testing.T) {
 		}
 		return p
 	}
+	sum := func(p promptInfo, n int) (s int) {
+		for _, t := range p.tokens[:n] {
+			s += t
+		}
+		return s
+	}
 	sys, h1, h2 := memMsg{"system", "sys"}, memMsg{"user", "h one"}, memMsg{"assistant", "h two"}
 	blk := memMsg{"system", memory.RecallBlockPrefix + ": x"}
 	u1, a1, u2 := memMsg{"user", "q1"}, memMsg{"assistant", "a1"}, memMsg{"user", "q2"}
+	first := prompt(sys, h1, h2, blk, u1)
+	second := prompt(sys, h1, h2, blk, u1, a1, u2) // grows: stable
+	third := prompt(sys, h2, u1, a1, u2)           // h1 left the window
 	var acc prefixAcc
-	acc.add(prompt(sys, h1, h2, blk, u1))
-	acc.add(prompt(sys, h1, h2, u1, a1, blk, u2)) // stable: 3 of 5 messages shared
-	acc.add(prompt(sys, h2, u1, a1, u2))          // h1 left the window
+	acc.add(first)
+	acc.add(second)
+	acc.add(third)
 	rep := acc.report()
 	if rep.Turns != 2 || rep.Stable != 1 || rep.Evictions != 1 {
 		t.Fatalf("%+v", rep)
 	}
-	first := prompt(sys, h1, h2, blk, u1)
-	shared := first.tokens[0] + first.tokens[1] + first.tokens[2]
-	total := shared + first.tokens[3] + first.tokens[4]
-	if want := recallRound1(100 * float64(shared) / float64(total)); rep.SharedPct != want {
-		t.Fatalf("shared %.1f%%, want %.1f%%", rep.SharedPct, want)
+	if rep.SharedPct != 100 {
+		t.Fatalf("shared %.1f%% on a stable turn, want 100%%", rep.SharedPct)
+	}
+	cached := sum(first, 5) + sum(second, 1)
+	if want := recallRound1(100 * float64(cached) / float64(sum(second, 7)+sum(third, 5))); rep.CachedPct != want {
+		t.Fatalf("cached %.1f%%, want %.1f%%", rep.CachedPct, want)
 	}
 }
 
