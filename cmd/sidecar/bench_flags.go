@@ -41,6 +41,7 @@ func newRealFlags(fs *flag.FlagSet, p *bench.RealParts, servers string) *realFla
 	fs.StringVar(&p.Model, "model", "", "GGUF model for "+servers+" (default: a tiny random model from ../shared/llama/tiny_gguf.py)")
 	fs.StringVar(&r.llamaArgs, "llama-args", "", "extra arguments for "+servers+", space-separated (default none: the server's own defaults, no --n-predict cap)")
 	fs.BoolVar(&p.PerUser, "per-user", false, "name each session its own end user (OpenAI user field); default: one API key and no user id, as most apps call")
+	fs.BoolVar(&p.SharedUser, "shared-user", false, "name every session the same end user: one person with several conversations, recalling across them")
 	fs.BoolVar(&p.DrainBeforeKill, "drain-before-kill", false, "before each engine kill -9, wait until the sidecar's background queue drained (default: kill right after the round's last answer)")
 	fs.Var(&r.sidecarArgs, "sidecar-arg", "extra flag for each sidecar, repeated (e.g. --sidecar-arg=--extract=false)")
 	fs.StringVar(&p.Dir, "dir", "", "folder for the servers' slots, data and logs (default: a temporary folder, removed)")

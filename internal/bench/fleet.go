@@ -76,6 +76,7 @@ type FleetReport struct {
 	RedisRestartAfter int      `json:"redis_restart_after,omitempty"`
 	AppendFsync       string   `json:"appendfsync"`
 	PerUser           bool     `json:"per_user,omitempty"`
+	SharedUser        bool     `json:"shared_user,omitempty"`
 	DrainBeforeKill   bool     `json:"drain_before_kill,omitempty"`
 	Model             string   `json:"model"`
 	LlamaArgs         []string `json:"llama_args"`

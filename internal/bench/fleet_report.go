@@ -11,7 +11,7 @@ import (
 func WriteFleetTable(w io.Writer, r FleetReport) error {
 	cache := cacheRAMText(r.CacheRAMMiB)
 	fmt.Fprintf(w, "A fleet of %d sidecars, each before its own llama-server, with a shared Redis store (appendfsync %s) and without, and one replica where sessions never move: %d sessions × %d rounds, round r of session i on replica (i+r) mod %d, %d slots each, %d-token documents, %s, %s, -t %d, model %s\n",
-		r.Replicas, r.AppendFsync, r.Sessions, r.Rounds, r.Replicas, r.Slots, r.DocTokens, clientText(r.PerUser), cache, r.Threads, filepath.Base(r.Model))
+		r.Replicas, r.AppendFsync, r.Sessions, r.Rounds, r.Replicas, r.Slots, r.DocTokens, clientText(r.PerUser, r.SharedUser), cache, r.Threads, filepath.Base(r.Model))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "round\tevent\tmoved turns\treprocessed on them shared\tlocal\tshared/local\tnew tokens\tprompt tokens\tTTFT p50 ms s/l\tTTFT p99 ms s/l\terrors s/l\t\n")
 	for _, rs := range r.RoundStats {

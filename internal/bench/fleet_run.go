@@ -70,7 +70,7 @@ func RunFleet(ctx context.Context, o FleetOptions) (FleetReport, error) {
 	}
 	r := FleetReport{Replicas: o.Replicas, Sessions: o.Sessions, Rounds: o.Rounds, Slots: o.Slots, DocTokens: o.DocTokens,
 		CacheRAMMiB: o.CacheRAMMiB, MaxTokens: o.MaxTokens, Threads: o.Threads, KillAfter: o.KillAfter,
-		RedisRestartAfter: o.RedisRestartAfter, AppendFsync: o.AppendFsync, PerUser: o.PerUser, DrainBeforeKill: o.DrainBeforeKill,
+		RedisRestartAfter: o.RedisRestartAfter, AppendFsync: o.AppendFsync, PerUser: o.PerUser, SharedUser: o.SharedUser, DrainBeforeKill: o.DrainBeforeKill,
 		Model: o.Model, LlamaArgs: o.LlamaArgs, SidecarArgs: append([]string{}, o.SidecarArgs...)}
 
 	redis, err := redisserver.Start(ctx, redisserver.Options{Binary: o.RedisServer, Dir: filepath.Join(dir, "redis"), AppendFsync: o.AppendFsync})

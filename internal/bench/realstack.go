@@ -57,6 +57,9 @@ type RealParts struct {
 	// and no user id, so the sidecar must keep each session's memory to
 	// the session.
 	PerUser bool
+	// SharedUser names every session the same end user: one person with
+	// several conversations, who recalls across them.
+	SharedUser bool `json:"shared_user,omitempty"`
 	// DrainBeforeKill waits, before each kill -9 of an engine (bench
 	// sessions' EngineRestartAfter, bench fleet's KillAfter), until the
 	// sidecar's background queue drained, as in a pause between users'
@@ -155,14 +158,20 @@ func (p *RealParts) startLlama(ctx context.Context, dir string) (*llamaserver.Se
 // user is the OpenAI "user" field a session's turns carry: the session
 // itself with PerUser, else none.
 func (p *RealParts) user(session string) string {
-	if p.PerUser {
+	switch {
+	case p.SharedUser:
+		return "bench-user"
+	case p.PerUser:
 		return session
 	}
 	return ""
 }
 
 // clientText describes the clients' identity in a report's heading.
-func clientText(perUser bool) string {
+func clientText(perUser, sharedUser bool) string {
+	if sharedUser {
+		return "one end user for every session (OpenAI user field)"
+	}
 	if perUser {
 		return "each session its own end user (OpenAI user field)"
 	}

@@ -64,6 +64,7 @@ type SessionsReport struct {
 	CacheRAMMiB         int      `json:"cache_ram_mib"`
 	MaxTokens           int      `json:"max_tokens"`
 	PerUser             bool     `json:"per_user,omitempty"`
+	SharedUser          bool     `json:"shared_user,omitempty"`
 	DrainBeforeKill     bool     `json:"drain_before_kill,omitempty"`
 	Threads             int      `json:"threads"`
 	EngineRestartAfter  int      `json:"engine_restart_after,omitempty"`
@@ -191,7 +192,7 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 		return SessionsReport{}, err
 	}
 	r := SessionsReport{Sessions: o.Sessions, Rounds: o.Rounds, Slots: o.Slots, DocTokens: o.DocTokens, CacheRAMMiB: o.CacheRAMMiB,
-		MaxTokens: o.MaxTokens, PerUser: o.PerUser, DrainBeforeKill: o.DrainBeforeKill, Threads: o.Threads, EngineRestartAfter: o.EngineRestartAfter, SidecarRestartAfter: o.SidecarRestartAfter,
+		MaxTokens: o.MaxTokens, PerUser: o.PerUser, SharedUser: o.SharedUser, DrainBeforeKill: o.DrainBeforeKill, Threads: o.Threads, EngineRestartAfter: o.EngineRestartAfter, SidecarRestartAfter: o.SidecarRestartAfter,
 		Model: o.Model, LlamaArgs: o.LlamaArgs, SidecarArgs: append([]string{}, o.SidecarArgs...)}
 
 	direct := &side{name: "direct"}

@@ -27,7 +27,7 @@ func writeGoalsAndNotes(w io.Writer, goals []SessionsGoal, notes []string) {
 func WriteSessionsTable(w io.Writer, r SessionsReport) error {
 	cache := cacheRAMText(r.CacheRAMMiB)
 	fmt.Fprintf(w, "Sessions on a real llama.cpp server, direct vs through the sidecar: %d sessions × %d rounds over %d slots, %d-token documents, %s, %s, -t %d, model %s\n",
-		r.Sessions, r.Rounds, r.Slots, r.DocTokens, clientText(r.PerUser), cache, r.Threads, filepath.Base(r.Model))
+		r.Sessions, r.Rounds, r.Slots, r.DocTokens, clientText(r.PerUser, r.SharedUser), cache, r.Threads, filepath.Base(r.Model))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "round\tevent\treprocessed direct\tsidecar\tsidecar/direct\tfloor\tprompt tokens d/s\tcached d/s\tengine tokens d/s\tgenerated d/s\town calls (unbounded)\tTTFT p50 ms d/s\tTTFT p99 ms d/s\trestores\tsaves\trestore ms\tsave ms\terrors d/s\t\n")
 	for _, rs := range r.RoundStats {
