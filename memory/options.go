@@ -204,12 +204,13 @@ type WindowOptions struct {
 	// EvictTo is the hysteresis of eviction: when history overflows, it is
 	// cut down to EvictTo × its budget, so history leaves the window in
 	// large steps, the next turns append without evicting again, and the
-	// prompt's stable prefix moves rarely. In (0, 1]. Zero: 0.6 (a step
-	// of 40% of the history budget, as the Loom design's compaction from
-	// 80% down to 60%: since each turn's recall block stays in the
-	// transcript, history grows faster than the conversation, and a
-	// smaller step evicts every few turns; higher values keep more
-	// history but move the prompt's start more often).
+	// prompt's stable prefix moves rarely. In (0, 1]. Zero: 0.3 (a step
+	// of 70% of the history budget). Chosen by leave-one-conversation-out
+	// on the LoCoMo dev file (docs/BENCHMARKS.md, "Prefill and recall,
+	// tuned"): each turn's recall block stays in the transcript, so
+	// history grows faster than the conversation, and every eviction moves
+	// the prompt's start (the engine reprocesses what follows it); a large,
+	// rare step costs the least reprocessing for the same recall.
 	EvictTo float64
 	// StableMaxTokens caps the stable memory block after the client's
 	// system messages (pinned system and core memories, summaries);
@@ -234,7 +235,7 @@ func (o *WindowOptions) ensureDefaults() {
 		o.Limit = 8192
 	}
 	if o.EvictTo == 0 {
-		o.EvictTo = 0.6
+		o.EvictTo = 0.3
 	}
 	if o.StableMaxTokens == 0 {
 		o.StableMaxTokens = 1024

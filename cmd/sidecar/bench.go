@@ -242,6 +242,7 @@ func benchMemory(args []string) error {
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	engineURL := fs.String("engine-url", "", "instead: replay (drop-in, no questions) through a sidecar in front of this llama.cpp server and report its prompt-cache figures")
 	turns := fs.Int("turns", 0, "with --engine-url: turns per conversation (0: all)")
+	noDirect := fs.Bool("no-direct", false, "with --engine-url: skip the direct full-history replay after the sidecar's")
 	triples := fs.Bool("triples", false, "the scripted upstream answers extraction with each turn as a fact and rule-based triples on it (bench.LocomoExtraction), for graph recall; -- --recall-graph-weight -1 turns the graph off")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -311,7 +312,11 @@ func benchMemory(args []string) error {
 		progress = nil
 	}
 	if *engineURL != "" {
-		r, err := bench.RunEngine(bench.EngineOptions{Data: *data, Sidecar: sidecar, Conversations: *convs, Turns: *turns, Progress: progress})
+		direct := ""
+		if !*noDirect {
+			direct = *engineURL
+		}
+		r, err := bench.RunEngine(bench.EngineOptions{Data: *data, Sidecar: sidecar, Direct: direct, Conversations: *convs, Turns: *turns, Progress: progress})
 		if err != nil {
 			return err
 		}
