@@ -29,6 +29,7 @@ workloads:
   gpu        Focus put/get latency and host<->device bandwidth (--device, --full)
   sessions   sessions on a real llama-server, direct vs through the sidecar, with restarts (tokens reprocessed)
   fleet      sessions moving between replicas (sidecar + llama-server each) with and without a shared Redis store
+  serve      a serving benchmark of your own deployment: multi-turn streamed conversations, TTFT/ITL/E2EL as vLLM reports them (--target URL ...)
   upstream   serve a scripted OpenAI-compatible upstream (for proxy benchmarks and demos)
 
 With no workload, sidecar bench runs amortization (about 20 s on 2 cores). --json prints one JSON
@@ -52,6 +53,8 @@ func cmdBench(args []string) int {
 		err = benchMemory(args)
 	case "proxy":
 		err = benchProxy(args)
+	case "serve":
+		err = benchServe(args)
 	case "upstream":
 		err = benchUpstream(args)
 	case "gpu":

@@ -183,6 +183,11 @@ func (m *MockUpstream) handle(ctx *fasthttp.RequestCtx) {
 		}
 		ctx.SetContentType("text/event-stream")
 		n, gap := m.opts.StreamEvents, m.opts.EventGap
+		// With stream_options.include_usage, a last chunk carries the usage
+		// (no choices), as OpenAI's API and vLLM send it; prompt tokens are
+		// the body's bytes / 4.
+		usage := gjson.GetBytes(ctx.Request.Body(), "stream_options.include_usage").Bool()
+		promptTokens := len(ctx.Request.Body()) / 4
 		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 			for i := 0; i < n; i++ {
 				if i > 0 && gap > 0 {
@@ -192,6 +197,10 @@ func (m *MockUpstream) handle(ctx *fasthttp.RequestCtx) {
 				if w.Flush() != nil {
 					return
 				}
+			}
+			if usage {
+				fmt.Fprintf(w, "data: {\"id\":\"chatcmpl-mock\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"mock\",\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n",
+					promptTokens, n, promptTokens+n)
 			}
 			w.WriteString("data: [DONE]\n\n")
 			_ = w.Flush()
