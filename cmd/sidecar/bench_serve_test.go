@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -97,4 +98,24 @@ func concText(c int) string {
 		return "no cap"
 	}
 	return "concurrency " + strconv.Itoa(c)
+}
+
+func TestBenchProxyTargetFlag(t *testing.T) {
+	var f targetsFlag
+	for _, v := range []string{"direct=127.0.0.1:1", "sidecar-session=127.0.0.1:2,metrics,session,pid=10,pid=11"} {
+		if err := f.Set(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if f[0].Addr != "127.0.0.1:1" || f[0].Session || f[0].MetricsAddr != "" || len(f[0].PIDs) != 0 {
+		t.Errorf("%+v", f[0])
+	}
+	if s := f[1]; s.Name != "sidecar-session" || s.Addr != "127.0.0.1:2" || s.MetricsAddr != s.Addr || !s.Session || !slices.Equal(s.PIDs, []int{10, 11}) {
+		t.Errorf("%+v", s)
+	}
+	for _, bad := range []string{"x", "=h:1", "a=", "a=h:1,pid=x", "a=h:1,what"} {
+		if err := f.Set(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
 }
