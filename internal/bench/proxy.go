@@ -747,9 +747,10 @@ func WriteProxyTable(w io.Writer, r ProxyReport) error {
 	return err
 }
 
-// ratioText is a ratio, or n/a where its denominator was not positive.
+// ratioText is a ratio, or n/a where it is not positive (one of the added
+// figures it divides came out at or below zero: noise around direct).
 func ratioText(v float64) string {
-	if v == 0 {
+	if v <= 0 {
 		return "n/a"
 	}
 	return fmt.Sprintf("%.2f", v)

@@ -477,11 +477,12 @@ func runServeLevel(ctx context.Context, c *http.Client, t ServeTarget, o ServeOp
 	start := time.Now()
 	next := start
 loop:
-	for {
-		if o.RequestRate > 0 {
-			// Poisson arrivals on an absolute schedule: an arrival that
-			// waited (no idle conversation, the cap reached) does not delay
-			// the ones after it.
+	for sent := 0; ; sent++ {
+		if o.RequestRate > 0 && sent > 0 {
+			// Poisson arrivals on an absolute schedule, the first at once
+			// (as vLLM sends them): an arrival that waited (no idle
+			// conversation, the cap reached) does not delay the ones after
+			// it.
 			next = next.Add(time.Duration(arrivals.ExpFloat64() / o.RequestRate * float64(time.Second)))
 			if d := time.Until(next); d > 0 {
 				select {

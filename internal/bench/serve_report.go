@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"path"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -86,7 +87,7 @@ func WriteServeSVG(w io.Writer, r ServeReport) error {
 	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
 	p(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
 	p(`<text x="16" y="22" font-size="14">Serving benchmark: %s, %d conversations (%s), %d requests per run, request rate %s</text>`+"\n",
-		xmlEscape(r.Model), r.Conversations, xmlEscape(r.Dataset), r.Requests, rateText(r.RequestRate))
+		xmlEscape(path.Base(r.Model)), r.Conversations, xmlEscape(r.Dataset), r.Requests, rateText(r.RequestRate))
 	lx := 16.0
 	for i, t := range targets {
 		c := serveColors[i%len(serveColors)]
