@@ -31,6 +31,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -448,7 +449,16 @@ func runServeLevel(ctx context.Context, c *http.Client, t ServeTarget, o ServeOp
 	convs []serveConv, conc int, tag string) ServeResult {
 	states := make([]*convState, len(convs))
 	idle := make(chan int, len(convs)) // conversations ready for their next turn, FIFO
-	var convWG sync.WaitGroup
+	// allDone closes when the last conversation ended (all its turns sent,
+	// or one failed).
+	allDone := make(chan struct{})
+	var active atomic.Int64
+	active.Store(int64(len(convs)))
+	ended := func() {
+		if active.Add(-1) == 0 {
+			close(allDone)
+		}
+	}
 	for i, cv := range convs {
 		st := &convState{session: fmt.Sprintf("bench-serve-%s-%d", tag, i), users: cv.Users}
 		head := fmt.Sprintf("Conversation %s-%d.", tag, i)
@@ -459,10 +469,7 @@ func runServeLevel(ctx context.Context, c *http.Client, t ServeTarget, o ServeOp
 		}
 		states[i] = st
 		idle <- i
-		convWG.Add(1)
 	}
-	allDone := make(chan struct{})
-	go func() { convWG.Wait(); close(allDone) }()
 
 	var sem chan struct{}
 	if conc > 0 {
@@ -522,13 +529,13 @@ loop:
 			results = append(results, rec)
 			mu.Unlock()
 			if rec.Err != nil {
-				convWG.Done() // a conversation whose turn failed ends there
+				ended() // a conversation whose turn failed ends there
 				return
 			}
 			st.msgs = append(msgs, chatMsg{Role: "assistant", Content: rec.Reply})
 			st.users = st.users[1:]
 			if len(st.users) == 0 {
-				convWG.Done()
+				ended()
 				return
 			}
 			idle <- i

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -417,4 +418,44 @@ func TestServeOptionsAndJSON(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil || back.Runs[0].TTFT != r.TTFT || back.Runs[0].ITL != r.ITL || back.RequestRate != 0 {
 		t.Errorf("round trip: %+v, %v", back, err)
 	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestServeStopsOnCancel: a cancelled context ends the run with its error
+// and leaves no goroutine behind (the bubble would report it blocked).
+func TestServeStopsOnCancel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var calls atomic.Int64
+		tr := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			first := calls.Add(1) == 1
+			pr, pw := io.Pipe()
+			go func() {
+				if !first { // the test request answers at once
+					select {
+					case <-time.After(time.Second):
+					case <-req.Context().Done():
+						pw.CloseWithError(req.Context().Err())
+						return
+					}
+				}
+				chunk(pw, "x")
+				fmt.Fprint(pw, "data: [DONE]\n\n")
+				pw.Close()
+			}()
+			return &http.Response{StatusCode: 200, Body: pr, Request: req}, nil
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 2500*time.Millisecond)
+		defer cancel()
+		_, err := RunServe(ctx, ServeOptions{
+			Targets:       []ServeTarget{{Name: "a", URL: "http://a.invalid"}},
+			Conversations: 4, Turns: 4, Concurrency: []int{2}, Model: "m",
+			Client: &http.Client{Transport: tr},
+		})
+		if err != context.DeadlineExceeded {
+			t.Fatalf("err %v, want the context's", err)
+		}
+	})
 }
