@@ -43,7 +43,7 @@ bench: ## go test benchmarks, then sidecar bench (amortization)
 	$(GO) test -run '^$$' -bench . -benchtime 200x -timeout 30m $(PKGS)
 	$(GO) run ./cmd/sidecar bench
 
-bench-proxy: ## added latency of sidecar vs nginx over a loopback upstream
+bench-proxy: ## sidecar vs nginx side by side over a loopback upstream: 8 and 64 connections, streamed or not, pass-through and session path, req/s and CPU per 10K requests
 	scripts/bench-proxy.sh
 
 bench-amortization: ## cost per turn of a session prefix's KV, T = 1..64 (plot in out/amortization.svg)

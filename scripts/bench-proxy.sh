@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# Proxy overhead: one loopback mock upstream reached directly, through the
-# sidecar and through nginx (proxy buffering off, keep-alive upstream), with
-# the same bounded load. Prints added latency per path and sidecar/nginx
-# ratios, allocations per proxied request and the sidecar's RSS before and
-# after the run. Usage: scripts/bench-proxy.sh [--json] [extra bench flags]
+# Proxy overhead, side by side in one run: one loopback mock upstream
+# (`sidecar bench upstream`) reached directly, through nginx (proxy
+# buffering off, keep-alive upstream pool, $NGINX_WORKERS workers, default 1),
+# through a sidecar on the stateless pass-through path (requests without an
+# API key) and through a second sidecar on the session path (API key and
+# session id, memory on, --fsync interval). `sidecar bench proxy` sends the
+# same load to each path at 8 and 64 connections, non-streamed and streamed
+# (time to first event and to the last), and reports added latency over
+# direct, requests/s at that concurrency, CPU seconds per 10K requests of
+# each process (from /proc/PID/stat utime+stime) and sidecar/nginx ratios.
+# Usage: scripts/bench-proxy.sh [--json] [extra bench proxy flags]
+# Environment: NGINX_WORKERS (1), SIDECAR_ENV (e.g. "GOGC=400 GOMAXPROCS=1"),
+# SIDECAR_ARGS (extra serve flags for both sidecars), SIDECAR_PPROF (a
+# loopback address for the pass-through sidecar's pprof).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,21 +30,26 @@ work=$(mktemp -d)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid")" 2>/dev/null || true
   wait 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-UP=$(free_port); SC=$(free_port); NG=$(free_port)
+UP=$(free_port); SC=$(free_port); SS=$(free_port); NG=$(free_port)
 
-bin/sidecar bench upstream --listen "127.0.0.1:$UP" 2>"$work/upstream.log" & pids+=($!)
-${SIDECAR_ENV:-} bin/sidecar serve --listen "127.0.0.1:$SC" --upstream "http://127.0.0.1:$UP" \
-  --data-dir "$work/data" --log-level warn ${SIDECAR_PPROF:+--pprof $SIDECAR_PPROF} 2>"$work/sidecar.log" & pids+=($!)
+bin/sidecar bench upstream --listen "127.0.0.1:$UP" 2>"$work/upstream.log" & UPPID=$!; pids+=($UPPID)
+# shellcheck disable=SC2086
+env ${SIDECAR_ENV:-} bin/sidecar serve --listen "127.0.0.1:$SC" --upstream "http://127.0.0.1:$UP" \
+  --data-dir "$work/data" --log-level warn ${SIDECAR_PPROF:+--pprof $SIDECAR_PPROF} ${SIDECAR_ARGS:-} \
+  2>"$work/sidecar.log" & SCPID=$!; pids+=($SCPID)
+# shellcheck disable=SC2086
+env ${SIDECAR_ENV:-} bin/sidecar serve --listen "127.0.0.1:$SS" --upstream "http://127.0.0.1:$UP" \
+  --data-dir "$work/data-session" --log-level warn --fsync interval ${SIDECAR_ARGS:-} \
+  2>"$work/sidecar-session.log" & SSPID=$!; pids+=($SSPID)
 
 cat >"$work/nginx.conf" <<CONF
-worker_processes 2;
+worker_processes ${NGINX_WORKERS:-1};
 pid $work/nginx.pid;
 error_log $work/nginx-error.log warn;
 daemon off;
@@ -62,9 +76,11 @@ http {
   }
 }
 CONF
-"$NGINX" -c "$work/nginx.conf" -p "$work" & pids+=($!)
+# daemon off: $! is the master; its workers are its children, which the
+# benchmark charges to nginx too.
+"$NGINX" -c "$work/nginx.conf" -p "$work" 2>"$work/nginx.log" & NGPID=$!; pids+=($NGPID)
 
-for port in "$UP" "$SC" "$NG"; do
+for port in "$UP" "$SC" "$SS" "$NG"; do
   for _ in $(seq 1 100); do
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
     sleep 0.1
@@ -73,5 +89,7 @@ done
 
 bin/sidecar bench proxy \
   --target "direct=127.0.0.1:$UP" \
-  --target "sidecar=127.0.0.1:$SC,metrics" \
-  --target "nginx=127.0.0.1:$NG" "$@"
+  --target "nginx=127.0.0.1:$NG,pid=$NGPID" \
+  --target "sidecar=127.0.0.1:$SC,metrics,pid=$SCPID" \
+  --target "sidecar-session=127.0.0.1:$SS,metrics,session,pid=$SSPID" \
+  --upstream-pid "$UPPID" "$@"

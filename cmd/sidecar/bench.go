@@ -29,6 +29,7 @@ workloads:
   gpu        Focus put/get latency and host<->device bandwidth (--device, --full)
   sessions   sessions on a real llama-server, direct vs through the sidecar, with restarts (tokens reprocessed)
   fleet      sessions moving between replicas (sidecar + llama-server each) with and without a shared Redis store
+  serve      a serving benchmark of your own deployment: multi-turn streamed conversations, TTFT/ITL/E2EL as vLLM reports them (--target URL ...)
   upstream   serve a scripted OpenAI-compatible upstream (for proxy benchmarks and demos)
 
 With no workload, sidecar bench runs amortization (about 20 s on 2 cores). --json prints one JSON
@@ -52,6 +53,8 @@ func cmdBench(args []string) int {
 		err = benchMemory(args)
 	case "proxy":
 		err = benchProxy(args)
+	case "serve":
+		err = benchServe(args)
 	case "upstream":
 		err = benchUpstream(args)
 	case "gpu":
@@ -165,18 +168,33 @@ type recallWithScale struct {
 	Scale bench.RecallScaleReport `json:"scale"`
 }
 
-// targetsFlag collects --target name=host:port[,metrics] values.
+// targetsFlag collects --target name=host:port[,metrics][,session][,pid=N…]
+// values.
 type targetsFlag []bench.ProxyTarget
 
 func (t *targetsFlag) String() string { return fmt.Sprint(*t) }
 func (t *targetsFlag) Set(v string) error {
-	name, addr, ok := strings.Cut(v, "=")
-	if !ok || name == "" || addr == "" {
-		return fmt.Errorf("want name=host:port, got %q", v)
+	name, rest, ok := strings.Cut(v, "=")
+	parts := strings.Split(rest, ",")
+	if !ok || name == "" || parts[0] == "" {
+		return fmt.Errorf("want name=host:port[,metrics][,session][,pid=N], got %q", v)
 	}
-	pt := bench.ProxyTarget{Name: name, Addr: addr}
-	if a, m, ok := strings.Cut(addr, ",metrics"); ok && m == "" {
-		pt.Addr, pt.MetricsAddr = a, a
+	pt := bench.ProxyTarget{Name: name, Addr: parts[0]}
+	for _, opt := range parts[1:] {
+		switch {
+		case opt == "metrics":
+			pt.MetricsAddr = pt.Addr
+		case opt == "session":
+			pt.Session = true
+		case strings.HasPrefix(opt, "pid="):
+			pid, err := strconv.Atoi(strings.TrimPrefix(opt, "pid="))
+			if err != nil || pid < 1 {
+				return fmt.Errorf("bad %q in %q", opt, v)
+			}
+			pt.PIDs = append(pt.PIDs, pid)
+		default:
+			return fmt.Errorf("unknown %q in %q: want metrics, session or pid=N", opt, v)
+		}
 	}
 	*t = append(*t, pt)
 	return nil
@@ -186,14 +204,20 @@ func benchProxy(args []string) error {
 	fs := flag.NewFlagSet("bench proxy", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	var targets targetsFlag
-	fs.Var(&targets, "target", "name=host:port to measure, repeated; 'direct' is the baseline; append ',metrics' to scrape its /metrics")
-	n := fs.Int("requests", 10000, "non-streaming requests per target")
-	ns := fs.Int("stream-requests", 2000, "streaming requests per target")
-	c := fs.Int("concurrency", 8, "requests in flight")
+	var conc, upPIDs intsFlag
+	fs.Var(&targets, "target", "name=host:port to measure, repeated; 'direct' is the baseline, 'sidecar' and 'nginx' are compared; append ',metrics' to scrape its /metrics, ',session' to send an API key and session ids (the session path), ',pid=N' (repeatable) for the CPU of its processes")
+	n := fs.Int("requests", 10000, "non-streaming requests per target and concurrency")
+	ns := fs.Int("stream-requests", 2000, "streaming requests per target and concurrency")
+	fs.Var(&conc, "concurrency", "connections (requests in flight), a comma-separated list measured one after the other (default 8,64)")
+	fs.Var(&upPIDs, "upstream-pid", "the upstream's process ids, comma-separated: its CPU per request over every path")
+	rounds := fs.Int("rounds", 5, "rounds the targets are interleaved in")
+	warmup := fs.Int("warmup", 500, "warm-up requests per target and concurrency")
+	sessionTurns := fs.Int("session-turns", 16, "requests per session on a session path")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	r, err := bench.RunProxy(bench.ProxyOptions{Targets: targets, Requests: *n, StreamRequests: *ns, Concurrency: *c})
+	r, err := bench.RunProxy(bench.ProxyOptions{Targets: targets, Requests: *n, StreamRequests: *ns, Concurrency: conc,
+		UpstreamPIDs: upPIDs, Rounds: *rounds, Warmup: *warmup, SessionTurns: *sessionTurns})
 	if err != nil {
 		return err
 	}

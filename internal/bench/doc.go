@@ -10,7 +10,10 @@
 // on internal/launch); bench sessions puts a recording proxy
 // (internal/recordup) in front of each llama-server and sorts what reached
 // it into the clients' turns and the sidecar's own generations
-// (owncalls.go).
+// (owncalls.go). bench serve (serve*.go) is the one that measures the
+// user's own deployment instead of starting parts: multi-turn streamed
+// conversations against any OpenAI-compatible targets, with vLLM's
+// benchmark_serving.py figures.
 //
 // It is internal: only cmd/sidecar uses it (the bench subcommands, `sidecar
 // gpu`'s probe, and `serve --kv-trace`, which records KV accesses through
