@@ -108,7 +108,7 @@ func Open(opts Options) (*Store, error) {
 	s.workerWG.Add(1)
 	go s.worker()
 	s.retentionWG.Add(1)
-	go s.retention()
+	go s.retention(sweepPeriod(&opts.Storage))
 	if opts.Extraction.Extractor != nil {
 		for range max(1, opts.Extraction.Workers) {
 			s.extractWG.Add(1)
