@@ -273,9 +273,7 @@ func (s *Store) removeSessionFile(path string) bool {
 	}
 	sess.mu.Unlock()
 	s.mu.Lock()
-	if s.sessions[sess.key] == sess {
-		delete(s.sessions, sess.key)
-	}
+	s.dropSessionLocked(sess)
 	s.mu.Unlock()
 	s.forgetSessionDocs(path)
 	return true
