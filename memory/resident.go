@@ -96,7 +96,7 @@ func (s *Store) userBytes(um *userMem) int64 {
 		n += int64(x.Len()) * (s.docSize() + 256) // the texts: a message and its context
 	}
 	um.mu.Lock()
-	n += int64(um.nLinks)*256 + int64(len(um.docs))*64
+	n += int64(um.nLinks)*256 + int64(len(um.docs))*64 + int64(len(um.listed))*48
 	um.mu.Unlock()
 	return n
 }
@@ -196,11 +196,12 @@ func (s *Store) idleLocked(sess *session, saved bool) bool {
 // shrinkSessionsLocked enforces MaxLoadedSessions on the request path:
 // idle sessions whose index is saved leave from the back of the list,
 // down to 7/8 of the bound, without waiting for any lock (a busy one is
-// skipped; the worker's trim finishes the job). Called with s.mu held.
-func (s *Store) shrinkSessionsLocked(keep *session) {
+// skipped; the worker's trim finishes the job). Called with s.mu held; the
+// caller closes the logs it returns once it let go of s.mu.
+func (s *Store) shrinkSessionsLocked(keep *session) []*logFile {
 	over := s.res.sessions.Len() - s.opts.MaxLoadedSessions
 	if over <= 0 {
-		return
+		return nil
 	}
 	over += s.opts.MaxLoadedSessions / 8
 	var logs []*logFile
@@ -225,7 +226,7 @@ func (s *Store) shrinkSessionsLocked(keep *session) {
 	if over > 0 {
 		s.signalTrim()
 	}
-	s.closeLogs(logs)
+	return logs
 }
 
 // closeLogs closes the logs of sessions that left memory.
@@ -324,9 +325,17 @@ func nthFromBack[T any](l *list.List, n int) T {
 	return e.Value.(T)
 }
 
-// unloadSession saves the session's index if it changed, then drops the
-// session from memory if it is still idle and unused. Worker only.
+// unloadSession writes what the session left unwritten and saves its
+// index if it changed, then drops the session from memory if it is still
+// idle and unused. Worker only.
 func (s *Store) unloadSession(sess *session) bool {
+	sess.mu.Lock()
+	// Left unwritten when its sync did not fit in a full queue: write it.
+	unwritten := sess.pending == nil && !sess.queued.Load() && !sess.extracting && sess.hasUnpersisted()
+	sess.mu.Unlock()
+	if unwritten {
+		s.sync(sess)
+	}
 	sess.mu.Lock()
 	dirty := sess.ix != nil && sess.ixVer != sess.ixSaved
 	sess.mu.Unlock()

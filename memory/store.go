@@ -306,19 +306,21 @@ func (s *Store) session(tenant, id string, create bool) (*session, error) {
 	}
 	sess := s.sessions[key]
 	added := sess == nil || sess.gone.Load()
+	var idled []*logFile
 	if added {
 		if sess != nil {
 			s.dropSessionLocked(sess)
 		}
 		sess = newSession(s.opts.Dir, tenant, id)
 		s.addSessionLocked(sess)
-		s.shrinkSessionsLocked(sess)
+		idled = s.shrinkSessionsLocked(sess)
 	} else {
 		s.res.sessions.MoveToFront(sess.lru)
 	}
 	sess.lastUse = now
 	sess.refs.Add(1) // under s.mu: never unloaded while looked up (resident.go)
 	s.mu.Unlock()
+	s.closeLogs(idled)
 	sess.loadOnce.Do(func() { sess.loadErr = s.load(sess) })
 	if sess.loadErr != nil {
 		s.unpin(sess)
