@@ -13,7 +13,7 @@ export SIDECAR_UPSTREAM ?= http://127.0.0.1:8000
 export SIDECAR_LISTEN   ?= 127.0.0.1:8080
 export SIDECAR_DATA_DIR ?= ./data
 
-.PHONY: help build run test test-race test-hostile test-differential bench bench-proxy bench-kv bench-policy bench-recall bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet fleet docker-cuda fuzz lint check-deploy clean
+.PHONY: help build run test test-race test-hostile test-differential bench bench-proxy bench-kv bench-policy bench-recall bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet bench-scale fleet docker-cuda fuzz lint check-deploy clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -59,6 +59,10 @@ bench-sessions: build ## real llama-server, direct vs through the sidecar, one k
 bench-fleet: build ## two replicas (sidecar + llama-server) with and without a shared redis-server, one key and no user id: kill -9 of a replica after round 3 (no drain), of Redis after round 4
 	$(BIN) bench fleet --kill-after 3 --redis-restart-after 4
 	$(BIN) bench fleet --kill-after 3 --redis-restart-after 4 --sidecar-arg=--recall-share=0
+
+bench-scale: build ## sessions at scale (issue 22): 100,000 new sessions in batches of 10,000 on a scripted upstream, each its own user, then without user ids (turn latency, RSS, open files, disk per session)
+	$(BIN) bench scale --target 100000 --batch 10000
+	$(BIN) bench scale --target 100000 --batch 10000 --no-user
 
 fleet: build ## start Redis, two llama-servers and two sidecars sharing it (scripts/fleet.sh; Ctrl-C stops them)
 	scripts/fleet.sh

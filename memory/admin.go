@@ -204,6 +204,7 @@ func (s *Store) UpdateMemory(tenant, sessionID, unitID string, e MemoryEdit) (Un
 	if err != nil {
 		return Unit{}, err
 	}
+	defer s.unpin(sess)
 	sess.mu.Lock()
 	u := sess.units[unitID]
 	if u == nil || !sess.exists || sess.gone.Load() {

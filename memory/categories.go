@@ -245,6 +245,7 @@ func (s *Store) AddMemory(tenant, sessionID string, c Category, text string, imp
 	if err != nil {
 		return Unit{}, err
 	}
+	defer s.unpin(sess)
 	sess.mu.Lock()
 	if !sess.exists || sess.gone.Load() {
 		sess.mu.Unlock()
@@ -277,6 +278,7 @@ func (s *Store) DeleteMemory(tenant, sessionID, unitID string) error {
 	if err != nil {
 		return err
 	}
+	defer s.unpin(sess)
 	sess.mu.Lock()
 	if _, ok := sess.units[unitID]; !ok || !sess.exists {
 		sess.mu.Unlock()
@@ -295,6 +297,7 @@ func (s *Store) Boost(tenant, sessionID, unitID string) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
+	defer s.unpin(sess)
 	sess.mu.Lock()
 	u := sess.units[unitID]
 	if u == nil || !sess.exists {

@@ -42,6 +42,7 @@ func (s *Store) Delete(tenant, sessionID string) error {
 	if err != nil {
 		return err
 	}
+	defer s.unpin(sess)
 	um := s.userFor(sess, "")
 	defer s.dropUserDocs(um, userDocPrefix(sess))
 	sess.mu.Lock()
@@ -55,9 +56,7 @@ func (s *Store) Delete(tenant, sessionID string) error {
 	err = s.removeLocked(sess, s.opts.Fsync != FsyncNever)
 	sess.mu.Unlock()
 	s.mu.Lock()
-	if s.sessions[sess.key] == sess {
-		delete(s.sessions, sess.key)
-	}
+	s.dropSessionLocked(sess)
 	s.mu.Unlock()
 	return err
 }

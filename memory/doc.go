@@ -34,6 +34,13 @@
 //     retention goroutine deletes sessions past Storage.SessionTTL and keeps
 //     Dir plus the KV archive under Storage.MaxDiskBytes; a recorded reply
 //     is capped at Storage.MaxReplyBytes.
+//   - What stays in memory (resident.go): loaded sessions and user indexes
+//     in least-recently-used lists with estimated sizes; idle ones leave
+//     beyond Options.MemoryBudget (256 MiB) or MaxLoadedSessions (4096),
+//     after their index is saved, and load again on their next turn. A
+//     session looked up (Store.session pins it until unpin), with a turn
+//     in flight, background work queued or unwritten units never leaves.
+//     No per-turn work depends on how many sessions are held.
 //   - The window builder (Store.Prepare, window.go): the client's system
 //     messages, the stable block (block.go: pinned memories and summaries,
 //     kept byte for byte until history next leaves the window), the
@@ -57,8 +64,13 @@
 //     default user). One index per
 //     (tenant, user) holds every message, fact, episode and added memory of
 //     the user's sessions, so a new session recalls the earlier ones; it is
-//     derived from the logs (each log's meta record names its user) and
-//     checked against them when loaded. The pool is what users share.
+//     derived from the logs and checked against them when loaded; the
+//     user's sessions are found through the user's session list
+//     (userlist.go, <user hash>.usess, appended when a session is created),
+//     never by reading the tenant's other logs. The index loads only once
+//     the user has a second session (a single session recalls only its
+//     own memory), and an index of one session's documents is not saved.
+//     The pool is what users share.
 //   - Per-turn recall (recall.go, block.go): the query is the newest user
 //     message (with the message before it when it is short); the session's
 //     index and the user's index are searched, their hits interleaved,

@@ -111,6 +111,7 @@ func (s *Store) maybeExtractLocked(sess *session) {
 	job.model = sess.lastModel
 	select {
 	case s.extractQ <- job:
+		sess.refs.Add(1) // resident until the job ran (runExtract)
 		sess.extracting = true
 		sess.extractTurn = sess.turns
 	default:
@@ -237,6 +238,7 @@ func (s *Store) extractWorker() {
 }
 
 func (s *Store) runExtract(job *extractJob) {
+	defer s.unpin(job.sess)
 	switch job.kind {
 	case jobReview:
 		s.runReview(job)

@@ -165,9 +165,16 @@ type Options struct {
 	// Zero: 2s; negative: do not wait.
 	PendingWait time.Duration
 	// MaxLoadedSessions bounds sessions kept in memory; idle ones are
-	// dropped from memory (never from disk) beyond it. It also bounds the
-	// user indexes kept in memory. Zero: 4096.
+	// dropped from memory (never from disk) beyond it, least recently used
+	// first. It also bounds the user indexes kept in memory. Zero: 4096.
 	MaxLoadedSessions int
+	// MemoryBudget bounds the estimated bytes that loaded sessions and user
+	// indexes hold in memory (messages, memory units, index documents):
+	// beyond it the worker unloads idle ones, least recently used first,
+	// after saving their indexes; they load again from disk on their next
+	// turn (resident.go). Zero: 256 MiB; negative: no bound but
+	// MaxLoadedSessions.
+	MemoryBudget int64
 
 	// SharedLog, when set, is a fleet's shared copy of every session's log
 	// (see SharedLog and Store.Sync): records are written there first, and
@@ -525,6 +532,9 @@ func (o *Options) EnsureDefaults() *Options {
 	if o.MaxLoadedSessions == 0 {
 		o.MaxLoadedSessions = 4096
 	}
+	if o.MemoryBudget == 0 {
+		o.MemoryBudget = DefaultMemoryBudget
+	}
 	if o.SharedLogTimeout == 0 {
 		o.SharedLogTimeout = 10 * time.Second
 	}
@@ -562,6 +572,9 @@ func (o *Options) Validate() error {
 	return errors.Join(o.Window.validate(o.Recall.share()), o.Recall.validate(), o.Decay.validate(),
 		o.Extraction.validate(), o.Reviewer.validate(), o.ToolContext.validate(), o.Pool.validate(), o.Storage.validate())
 }
+
+// DefaultMemoryBudget is Options.MemoryBudget's default.
+const DefaultMemoryBudget = 256 << 20
 
 // lookupModel finds model in m: exact key first, then the longest key
 // ending in "*" that prefixes it.

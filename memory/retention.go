@@ -44,10 +44,23 @@ type agedFile struct {
 	mtime time.Time
 }
 
-// retention is the Store's retention goroutine.
-func (s *Store) retention() {
+// idleSweepEvery is the sweep's period without SessionTTL and
+// MaxDiskBytes: the sweep then only deletes leftovers and measures the
+// disk, and its walk of Dir is linear in the sessions stored.
+const idleSweepEvery = time.Hour
+
+// sweepPeriod is the retention sweep's period for o.
+func sweepPeriod(o *StorageOptions) time.Duration {
+	if o.SessionTTL == 0 && o.MaxDiskBytes == 0 {
+		return max(o.SweepEvery, idleSweepEvery)
+	}
+	return o.SweepEvery
+}
+
+// retention is the Store's retention goroutine, sweeping every period.
+func (s *Store) retention(every time.Duration) {
 	defer s.retentionWG.Done()
-	t := time.NewTicker(s.opts.Storage.SweepEvery)
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
@@ -260,9 +273,7 @@ func (s *Store) removeSessionFile(path string) bool {
 	}
 	sess.mu.Unlock()
 	s.mu.Lock()
-	if s.sessions[sess.key] == sess {
-		delete(s.sessions, sess.key)
-	}
+	s.dropSessionLocked(sess)
 	s.mu.Unlock()
 	s.forgetSessionDocs(path)
 	return true

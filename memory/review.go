@@ -204,6 +204,7 @@ func (s *Store) maybeReviewLocked(sess *session) {
 	}
 	select {
 	case s.extractQ <- &extractJob{sess: sess, kind: jobReview, review: task, model: sess.lastModel, enc: sess.lastEnc}:
+		sess.refs.Add(1) // resident until the job ran (runExtract)
 		if r.inflight == nil {
 			r.inflight = map[string]bool{}
 		}

@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"container/list"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -151,6 +152,14 @@ type session struct {
 	queued   atomic.Bool // in the worker queue
 	gone     atomic.Bool // deleted or dropped from memory: look it up again
 
+	// lru is the session's place in the Store's list of loaded sessions
+	// and lastUse its last lookup (protected by the Store's mu; lru nil:
+	// not resident); size is its estimated resident bytes (resident.go).
+	lru     *list.Element
+	lastUse time.Time
+	size    atomic.Int64
+	refs    atomic.Int32 // lookups not yet unpinned (Store.session)
+
 	// mu protects the fields below.
 	mu          sync.Mutex
 	log         *logFile // nil until the first append
@@ -170,7 +179,7 @@ type session struct {
 	summarizing bool
 	coveredSeq  uint64 // highest message seq covered by a summary
 	accessDirty map[string]bool
-	lastUsed    time.Time
+	syncing     bool // the worker is syncing it (worker.go)
 
 	// Unit indexes for the request path, rebuilt when unitsVer moves.
 	unitsVer uint64
@@ -186,6 +195,7 @@ type session struct {
 	// id → textHash; uSeq is the last message seq and uUnitsVer the units
 	// version synced (see syncUserDocs). uidx is nil until the first sync.
 	uidx      map[string]uint64
+	uGen      uint64 // the userMem.gen of the copy of the user's index the marks describe
 	uSeq      uint64
 	uUnitsVer uint64
 	uKbVer    uint64   // kb.ver of the links last given to the user's graph

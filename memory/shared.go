@@ -64,6 +64,7 @@ func (s *Store) Sync(ctx context.Context, tenant, sessionID string) error {
 	if err != nil {
 		return err
 	}
+	defer s.unpin(sess)
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	return s.syncLocked(ctx, sess)
@@ -183,6 +184,12 @@ func (s *Store) rebuildLocked(sess *session, payloads [][]byte) error {
 	}
 	if err := durable.MkdirAll(filepath.Dir(sess.path), 0o755); err != nil {
 		return err
+	}
+	if !sess.exists {
+		// New on this machine: its user's list names it (userlist.go).
+		if err := s.listSession(sess.tenant, first.User, sess.id); err != nil {
+			return err
+		}
 	}
 	if err := durable.WriteFile(sess.path, image); err != nil {
 		return fmt.Errorf("memory: rebuild from the shared log: %w", err)
@@ -439,6 +446,7 @@ func (s *Store) syncUserShared(um *userMem) {
 		err = s.syncLocked(ctx, sess)
 		changed := sess.sharedN != before
 		sess.mu.Unlock()
+		s.unpin(sess) // what follows copes with a session unloaded meanwhile
 		if err != nil {
 			s.opts.Logger.Warn("memory: a session of the user from the shared log", "err", err)
 			continue

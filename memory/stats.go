@@ -43,19 +43,26 @@ func (st *storeStats) countMode(m Mode, detected bool) {
 
 // Stats are cumulative counters for metrics.
 type Stats struct {
-	Sessions      int   // sessions loaded in memory
-	Prepares      int64 // Prepare calls that returned a window
-	Appended      int64 // messages appended to logs
-	AppendBytes   int64 // framed bytes appended on the request path
-	Evicted       int64 // messages that left the window
-	Completes     int64 // turns completed with a reply
-	Orphans       int64 // replies that arrived after the history moved on (kept as units)
-	Summaries     int64 // summaries made
-	SummaryErrors int64
-	QueueFull     int64 // background syncs deferred because the queue was full
-	Quarantined   int64 // logs repaired or quarantined on open (damage skipped, torn tail cut)
-	RecordsLost   int64 // damaged log records skipped on open (every intact one is kept)
-	RepliesCut    int64 // replies recorded cut to Storage.MaxReplyBytes
+	Sessions int // sessions loaded in memory
+	// What loaded sessions and user indexes hold (resident.go): user
+	// indexes loaded, the estimated bytes of both against MemoryBudget,
+	// and how many of each were unloaded to stay within it (or within
+	// MaxLoadedSessions).
+	Users                           int
+	ResidentBytes, MemoryBudget     int64
+	SessionsUnloaded, UsersUnloaded int64
+	Prepares                        int64 // Prepare calls that returned a window
+	Appended                        int64 // messages appended to logs
+	AppendBytes                     int64 // framed bytes appended on the request path
+	Evicted                         int64 // messages that left the window
+	Completes                       int64 // turns completed with a reply
+	Orphans                         int64 // replies that arrived after the history moved on (kept as units)
+	Summaries                       int64 // summaries made
+	SummaryErrors                   int64
+	QueueFull                       int64 // background syncs deferred because the queue was full
+	Quarantined                     int64 // logs repaired or quarantined on open (damage skipped, torn tail cut)
+	RecordsLost                     int64 // damaged log records skipped on open (every intact one is kept)
+	RepliesCut                      int64 // replies recorded cut to Storage.MaxReplyBytes
 	// Undone counts messages of failed turns taken out of the history
 	// again (Turn.Fail); UserMismatch requests refused (ErrUserMismatch)
 	// because they named another end user than the session's.
@@ -128,11 +135,13 @@ type Stats struct {
 // Stats returns cumulative counters.
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
-	n := len(s.sessions)
+	n, users := len(s.sessions), len(s.users)
 	s.mu.Unlock()
 	st := &s.stats
 	out := Stats{
-		Sessions: n, Prepares: st.prepares.Load(), Appended: st.appended.Load(),
+		Sessions: n, Users: users, ResidentBytes: s.res.bytes.Load(), MemoryBudget: s.opts.MemoryBudget,
+		SessionsUnloaded: s.res.sessionsUnloaded.Load(), UsersUnloaded: s.res.usersUnloaded.Load(),
+		Prepares: st.prepares.Load(), Appended: st.appended.Load(),
 		AppendBytes: st.appendBytes.Load(), Evicted: st.evicted.Load(), Completes: st.completes.Load(),
 		Orphans: st.orphan.Load(), Summaries: st.summaries.Load(), SummaryErrors: st.summaryErrors.Load(),
 		QueueFull: st.queueFull.Load(), Quarantined: st.quarantined.Load(), WriteErrors: st.writeErrors.Load(),

@@ -26,8 +26,10 @@ type StorageOptions struct {
 	// Nil: none.
 	Shared DiskUser
 	// SweepEvery is the period of the retention sweep (a walk of
-	// Options.Dir in the Store's own goroutine, never on the request path).
-	// Zero: one minute. It runs only when SessionTTL or MaxDiskBytes is set.
+	// Options.Dir in the Store's own goroutine, never on the request path,
+	// linear in the sessions stored). Zero: one minute. Without SessionTTL
+	// and MaxDiskBytes it runs hourly at most (temporary files, orphaned
+	// indexes, old quarantine, the disk figure of Stats).
 	SweepEvery time.Duration
 	// QuarantineTTL deletes quarantined files (damaged log bytes kept for
 	// inspection) older than this. Zero: 7 days.

@@ -63,7 +63,16 @@ type Store struct {
 
 	// users are the loaded user memories, by tenant "\x00" user; s.mu
 	// protects the map.
-	users map[string]*userMem
+	users   map[string]*userMem
+	userGen uint64 // counts the user memories loaded (userMem.gen)
+
+	lists userLists // the users' session lists (userlist.go)
+
+	// res orders the loaded sessions and user indexes by last use and
+	// sums their estimated sizes (resident.go); trimC wakes the worker to
+	// unload idle ones.
+	res   residentSet
+	trimC chan struct{}
 
 	rev reviewer    // the memory reviewer's decisions logs and counters (review.go)
 	tcs toolCtxStat // tool-result context counters (toolctx.go)
@@ -88,6 +97,7 @@ func Open(opts Options) (*Store, error) {
 		files:      durable.NewFiles(opts.Storage.MaxOpenFiles),
 		sessions:   map[string]*session{},
 		queue:      make(chan *session, opts.QueueSize),
+		trimC:      make(chan struct{}, 1),
 		stop:       make(chan struct{}),
 		sumSem:     make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries)),
 		ixOpts:     opts.Recall.Index,
@@ -108,7 +118,7 @@ func Open(opts Options) (*Store, error) {
 	s.workerWG.Add(1)
 	go s.worker()
 	s.retentionWG.Add(1)
-	go s.retention()
+	go s.retention(sweepPeriod(&opts.Storage))
 	if opts.Extraction.Extractor != nil {
 		for range max(1, opts.Extraction.Workers) {
 			s.extractWG.Add(1)
@@ -183,6 +193,7 @@ func (s *Store) Shutdown(ctx context.Context) error {
 		}
 		s.saveUser(um, true)
 	}
+	s.syncLists()
 	errs = append(errs, s.closePools(), s.closeReviewLogs())
 	skipped := 0
 	for _, sess := range loaded {
@@ -201,7 +212,9 @@ func (s *Store) Shutdown(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("memory: shutdown: %d sessions still busy: %w", skipped, ctx.Err()))
 	}
 	s.mu.Lock()
-	clear(s.sessions)
+	for _, sess := range loaded {
+		s.dropSessionLocked(sess)
+	}
 	s.mu.Unlock()
 	return errors.Join(errs...)
 }
@@ -280,38 +293,59 @@ func (s *Store) CountTokensContext(ctx context.Context, model, text string) (int
 	return n, nil
 }
 
-// session returns the loaded session, loading it from disk on first use.
-// With create false a session without a log is ErrNotFound.
+// session returns the loaded session, loading it from disk on first use,
+// pinned in memory: the caller unpins it (unpin) when done with it. With
+// create false a session without a log is ErrNotFound.
 func (s *Store) session(tenant, id string, create bool) (*session, error) {
 	key := sessionKey(tenant, id)
+	now := s.opts.Clock.Now()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return nil, ErrClosed
 	}
 	sess := s.sessions[key]
-	if sess == nil || sess.gone.Load() {
+	added := sess == nil || sess.gone.Load()
+	var idled []*logFile
+	if added {
+		if sess != nil {
+			s.dropSessionLocked(sess)
+		}
 		sess = newSession(s.opts.Dir, tenant, id)
-		s.sessions[key] = sess
-		s.sessGen++
-		s.shrinkLocked(sess)
+		s.addSessionLocked(sess)
+		idled = s.shrinkSessionsLocked(sess)
+	} else {
+		s.res.sessions.MoveToFront(sess.lru)
 	}
+	sess.lastUse = now
+	sess.refs.Add(1) // under s.mu: never unloaded while looked up (resident.go)
 	s.mu.Unlock()
+	s.closeLogs(idled)
 	sess.loadOnce.Do(func() { sess.loadErr = s.load(sess) })
 	if sess.loadErr != nil {
+		s.unpin(sess)
 		s.forget(sess, true)
 		return nil, sess.loadErr
 	}
 	sess.mu.Lock()
-	sess.lastUsed = s.opts.Clock.Now()
 	exists := sess.exists
 	sess.mu.Unlock()
 	if !create && !exists {
+		s.unpin(sess)
 		s.forget(sess, false)
 		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
+	if added {
+		s.noteSession(sess)
+		if s.opts.MemoryBudget > 0 && s.res.bytes.Load() > s.opts.MemoryBudget {
+			s.signalTrim()
+		}
+	}
 	return sess, nil
 }
+
+// unpin ends a session lookup (see session).
+func (s *Store) unpin(sess *session) { sess.refs.Add(-1) }
 
 // forget drops sess from memory if it is idle (always when failed).
 func (s *Store) forget(sess *session, failed bool) {
@@ -328,43 +362,9 @@ func (s *Store) forget(sess *session, failed bool) {
 			return
 		}
 	}
-	sess.gone.Store(true)
 	s.mu.Lock()
-	if s.sessions[sess.key] == sess {
-		delete(s.sessions, sess.key)
-	}
+	s.dropSessionLocked(sess)
 	s.mu.Unlock()
-}
-
-// shrinkLocked drops idle sessions from memory when over
-// MaxLoadedSessions. Called with s.mu held; never blocks on a session.
-func (s *Store) shrinkLocked(keep *session) {
-	over := len(s.sessions) - s.opts.MaxLoadedSessions
-	if over <= 0 {
-		return
-	}
-	over += s.opts.MaxLoadedSessions / 8
-	for k, sess := range s.sessions {
-		if over <= 0 {
-			break
-		}
-		if sess == keep || sess.queued.Load() || !sess.mu.TryLock() {
-			continue
-		}
-		idle := sess.pending == nil && !sess.summarizing && !sess.hasUnpersisted()
-		if idle {
-			if sess.log != nil {
-				if err := sess.log.close(); err != nil {
-					s.opts.Logger.Warn("memory: close idle session log", "err", err)
-				}
-				sess.log = nil
-			}
-			sess.gone.Store(true)
-			delete(s.sessions, k)
-			over--
-		}
-		sess.mu.Unlock()
-	}
 }
 
 func (sess *session) hasUnpersisted() bool {
@@ -511,7 +511,7 @@ func (sess *session) reset() {
 	sess.deleted, sess.delDirty, sess.lastDecay, sess.lastRecall = nil, nil, time.Time{}, ""
 	sess.drops, sess.dedup = nil, dedupIndex{}
 	sess.ix, sess.ixVer, sess.ixSaved = nil, 0, 0
-	sess.uidx, sess.uSeq, sess.uUnitsVer, sess.uKbVer = nil, 0, 0, 0
+	sess.uidx, sess.uSeq, sess.uUnitsVer, sess.uKbVer, sess.uGen = nil, 0, 0, 0, 0
 	sess.sticky = cachedBlock{}
 	sess.wm.reset()
 	sess.kb = knowledge{}
@@ -546,6 +546,11 @@ func (s *Store) writeLocked(sess *session, framed []byte, now time.Time) error {
 		}
 	}
 	if sess.log == nil {
+		if !sess.exists {
+			if err := s.listSession(sess.tenant, sess.user, sess.id); err != nil {
+				return err
+			}
+		}
 		lf, err := s.createLog(sess.path, appendRecord(nil, meta))
 		if err != nil {
 			return err

@@ -107,6 +107,7 @@ func (s *Store) maybeToolCtxLocked(sess *session) {
 	job := &extractJob{sess: sess, kind: jobToolCtx, prompt: s.toolCtxPrompt(src), model: sess.lastModel, enc: sess.lastEnc, forPrepare: tc.prepares}
 	select {
 	case s.extractQ <- job:
+		sess.refs.Add(1) // resident until the job ran (runExtract)
 	default:
 		s.tcs.dropped.Add(1)
 	}

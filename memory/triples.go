@@ -427,6 +427,7 @@ func (s *Store) Triples(tenant, user string, limit int) ([]Triple, error) {
 			}
 		}
 		sess.mu.Unlock()
+		s.unpin(sess)
 	}
 	slices.SortFunc(out, func(a, b Triple) int {
 		if c := b.At.Compare(a.At); c != 0 {
@@ -470,9 +471,11 @@ func (s *Store) DeleteTriple(tenant, user, id string) error {
 			sess.kb.dels = append(sess.kb.dels, id)
 			sess.mu.Unlock()
 			s.enqueue(sess)
+			s.unpin(sess)
 			return nil
 		}
 		sess.mu.Unlock()
+		s.unpin(sess)
 	}
 	return notFound
 }

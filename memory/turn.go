@@ -187,6 +187,7 @@ func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
 		if err != nil {
 			return nil, err
 		}
+		defer s.unpin(sess) // at most one per attempt
 		if err := s.waitPending(ctx, sess); err != nil {
 			return nil, err
 		}

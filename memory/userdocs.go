@@ -153,6 +153,11 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 		sess.mu.Unlock()
 		return
 	}
+	if sess.uGen != um.gen {
+		// Marks describe what another copy of the user's index got (it was
+		// unloaded and loaded again since): start over with this one.
+		sess.uidx, sess.uSeq, sess.uUnitsVer, sess.uKbVer, sess.uGen = nil, 0, 0, 0, um.gen
+	}
 	first := sess.uidx == nil
 	links, linksChanged := sess.userLinksLocked(first)
 	docs, stale, marks := sess.userDocsLocked()

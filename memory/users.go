@@ -2,6 +2,7 @@ package memory
 
 import (
 	"bytes"
+	"container/list"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -10,9 +11,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
@@ -44,18 +45,32 @@ import (
 // userMem is one user's cross-session memory.
 type userMem struct {
 	tenant, user string
+	key          string // tenant "\x00" user: its key in Store.users
+	gen          uint64 // distinguishes the copies loaded one after the other (never 0)
 	path         string
 	tenantDir    string
 
-	once sync.Once
-	x    *index.Index // set by once; nil when recall across sessions is off
+	// Protected by the Store's mu: lru is the index's place in the list
+	// of loaded user indexes (nil: not resident), lastUse its last
+	// lookup, busy the lookups still loading or syncing it. size is its
+	// estimated resident bytes (resident.go).
+	lru     *list.Element
+	lastUse time.Time
+	busy    int
+	size    atomic.Int64
+
+	// x is the user's index: nil until a session of the user asks while
+	// the user has another session (ensureIndex; one session recalls only
+	// its own memory, so it needs none), and when recall across sessions
+	// is off. loadMu serialises its loading.
+	loadMu sync.Mutex
+	x      atomic.Pointer[index.Index]
 
 	// mu protects the fields below.
 	mu       sync.Mutex
 	ver      uint64 // changes
 	saved    uint64 // ver last written
 	lastSave time.Time
-	lastUsed time.Time
 	docs     map[string]int // documents in the index by session hash
 	// The user's knowledge graph (usergraph.go): links by session hash,
 	// their count, their version and the version last attached.
@@ -63,7 +78,14 @@ type userMem struct {
 	nLinks   int
 	linksVer uint64
 	graphVer uint64
-	graphSet bool
+	// linksWritten is linksVer+1 when the graph file was last written or
+	// read (0: not since loaded).
+	linksWritten uint64
+	graphSet     bool
+	// listed are the ids in the user's session list (userlist.go), read
+	// on first use (listRead) and kept up to date by listSession.
+	listed   []string
+	listRead bool
 }
 
 // countDocs adds n documents of the session hash h (n < 0 removes).
@@ -97,7 +119,7 @@ func (um *userMem) index() *index.Index {
 	if um == nil {
 		return nil
 	}
-	return um.x
+	return um.x.Load()
 }
 
 func (um *userMem) changed() {
@@ -126,16 +148,9 @@ func userIndexPath(root, tenant, user string) string {
 // Recall.TenantUserScope: its userMem holds no index, so it recalls only
 // its own memory and nothing of it reaches another session.
 func (s *Store) userFor(sess *session, requested string) *userMem {
-	sess.mu.Lock()
-	user := requested
-	if sess.exists {
-		user = sess.user
-	}
-	sess.mu.Unlock()
-	if s.private(user) {
-		return &userMem{tenant: sess.tenant, tenantDir: tenantDir(s.opts.Dir, sess.tenant)}
-	}
-	return s.userMem(sess.tenant, user)
+	um := s.holdUserFor(sess, requested)
+	s.releaseUser(um)
+	return um
 }
 
 // private reports whether sessions of user keep their memory to
@@ -146,48 +161,89 @@ func (s *Store) private(user string) bool {
 }
 
 func (s *Store) userMem(tenant, user string) *userMem {
+	um := s.holdUser(tenant, user, "")
+	s.releaseUser(um)
+	return um
+}
+
+// holdUser is userMem, keeping the user index resident until releaseUser.
+// asking is the id of the session that asks ("" for none): the index
+// loads only when the user has a session other than it.
+func (s *Store) holdUser(tenant, user, asking string) *userMem {
 	key := tenant + "\x00" + user
 	now := s.opts.Clock.Now()
 	s.mu.Lock()
 	um := s.users[key]
 	if um == nil {
-		um = &userMem{tenant: tenant, user: user, path: userIndexPath(s.opts.Dir, tenant, user), tenantDir: tenantDir(s.opts.Dir, tenant)}
+		s.userGen++
+		um = &userMem{gen: s.userGen, tenant: tenant, user: user, key: key, path: userIndexPath(s.opts.Dir, tenant, user), tenantDir: tenantDir(s.opts.Dir, tenant)}
 		s.users[key] = um
-		s.shrinkUsersLocked(now)
+		um.lru = s.res.users.PushFront(um)
+		s.shrinkUsersLocked(um)
+	} else if um.lru != nil {
+		s.res.users.MoveToFront(um.lru)
 	}
+	um.lastUse = now
+	um.busy++ // not unloaded while it loads or syncs (resident.go)
 	closed := s.closed
 	s.mu.Unlock()
-	um.mu.Lock()
-	um.lastUsed = now
-	um.mu.Unlock()
 	if !s.opts.Recall.IndexDisabled && !closed {
-		um.once.Do(func() { s.loadUser(um) })
+		s.ensureIndex(um, asking)
 		if s.opts.SharedLog != nil {
 			// A fleet: the user's sessions served on other replicas.
 			s.syncUserShared(um)
+			s.ensureIndex(um, asking)
 		}
 	}
 	return um
 }
 
-// shrinkUsersLocked drops saved, idle user indexes from memory beyond
-// MaxLoadedSessions. Called with s.mu held.
-func (s *Store) shrinkUsersLocked(now time.Time) {
-	over := len(s.users) - s.opts.MaxLoadedSessions
-	for k, um := range s.users {
-		if over <= 0 {
-			return
-		}
-		if !um.mu.TryLock() {
-			continue
-		}
-		idle := um.ver == um.saved && now.Sub(um.lastUsed) > time.Minute
-		um.mu.Unlock()
-		if idle {
-			delete(s.users, k)
-			over--
+// ensureIndex loads the user's index (loadUser) unless it is loaded or
+// the user has no session but asking.
+func (s *Store) ensureIndex(um *userMem, asking string) {
+	if um.index() != nil {
+		return
+	}
+	um.loadMu.Lock()
+	defer um.loadMu.Unlock()
+	if um.index() != nil {
+		return
+	}
+	need := false
+	for _, id := range s.userListed(um) {
+		if id != asking {
+			need = true
+			break
 		}
 	}
+	if need {
+		s.loadUser(um)
+		s.noteUser(um)
+	}
+}
+
+// releaseUser ends a holdUser (nil: nothing to release).
+func (s *Store) releaseUser(um *userMem) {
+	if um == nil || um.key == "" {
+		return
+	}
+	s.mu.Lock()
+	um.busy--
+	s.mu.Unlock()
+}
+
+// holdUserFor is userFor, keeping a user index resident until releaseUser.
+func (s *Store) holdUserFor(sess *session, requested string) *userMem {
+	sess.mu.Lock()
+	user := requested
+	if sess.exists {
+		user = sess.user
+	}
+	sess.mu.Unlock()
+	if s.private(user) {
+		return &userMem{tenant: sess.tenant, tenantDir: tenantDir(s.opts.Dir, sess.tenant)}
+	}
+	return s.holdUser(sess.tenant, user, sess.id)
 }
 
 // loadUser loads the user's index and reconciles it with the logs.
@@ -207,6 +263,11 @@ func (s *Store) loadUser(um *userMem) {
 			since = time.Time{}
 		case gt.Before(since):
 			since = gt
+			fallthrough
+		default:
+			um.mu.Lock()
+			um.linksWritten = um.linksVer + 1
+			um.mu.Unlock()
 		}
 	} else {
 		if !errors.Is(err, fs.ErrNotExist) {
@@ -259,50 +320,23 @@ func (s *Store) loadUser(um *userMem) {
 		um.countDocs(docSession(id), 1)
 		return true
 	})
-	um.x = x
-	for _, id := range s.userSessions(um, since) {
+	um.x.Store(x)
+	um.mu.Lock()
+	um.lastSave = s.opts.Clock.Now() // what loaded is on disk: the next save waits IndexSaveInterval
+	um.mu.Unlock()
+	for _, id := range s.listUserSessions(um, since) {
 		sess, err := s.session(um.tenant, id, false)
 		if err != nil {
 			continue
 		}
-		s.syncUserDocs(sess, um)
-	}
-}
-
-// userSessions lists the ids of the user's sessions whose log changed after
-// since (all of them when since is zero), from the logs' meta records.
-func (s *Store) userSessions(um *userMem, since time.Time) []string {
-	shards, err := os.ReadDir(um.tenantDir)
-	if err != nil {
-		return nil
-	}
-	var ids []string
-	for _, sh := range shards {
-		if !sh.IsDir() || len(sh.Name()) != 2 {
-			continue
+		sess.mu.Lock()
+		mine := sess.user == um.user
+		sess.mu.Unlock()
+		if mine { // not an id reused by another user after a deletion
+			s.syncUserDocs(sess, um)
 		}
-		dir := filepath.Join(um.tenantDir, sh.Name())
-		files, err := os.ReadDir(dir)
-		if err != nil {
-			continue
-		}
-		for _, f := range files {
-			if !strings.HasSuffix(f.Name(), ".log") {
-				continue
-			}
-			if !since.IsZero() {
-				if fi, err := f.Info(); err != nil || !fi.ModTime().After(since) {
-					continue
-				}
-			}
-			meta, err := readLogMeta(filepath.Join(dir, f.Name()), s.opts.MaxRecordBytes)
-			if err == nil && meta.K == "meta" && meta.Tenant == um.tenant && meta.User == um.user && meta.Session != "" {
-				ids = append(ids, meta.Session)
-			}
-		}
+		s.unpin(sess)
 	}
-	slices.Sort(ids)
-	return ids
 }
 
 // readLogMeta reads a log's first record (its meta record) without opening
@@ -355,6 +389,14 @@ func (s *Store) saveUser(um *userMem, force bool) {
 	if due {
 		um.lastSave = now
 	}
+	if due && len(um.docs) <= 1 && len(um.links) <= 1 {
+		// One session's documents at most: loading rebuilds them from that
+		// session's log (listed, and changed after any older file), which
+		// a returning session reads anyway; two files written per new user
+		// would cost more than they save.
+		um.saved = ver
+		due = false
+	}
 	um.mu.Unlock()
 	if !due {
 		return
@@ -364,7 +406,19 @@ func (s *Store) saveUser(um *userMem, force bool) {
 		err = x.Save(um.path)
 	}
 	if err == nil {
-		err = um.saveLinks()
+		// The graph's file is rewritten only when its links changed since
+		// it was last written; otherwise its time moves with the index's
+		// (loadUser reconciles from the older of the two).
+		um.mu.Lock()
+		links, written := um.linksVer, um.linksWritten
+		um.mu.Unlock()
+		if written == 0 || written != links+1 || os.Chtimes(userGraphPath(um.path), now, now) != nil {
+			if err = um.saveLinks(); err == nil {
+				um.mu.Lock()
+				um.linksWritten = links + 1
+				um.mu.Unlock()
+			}
+		}
 	}
 	if err != nil {
 		s.stats.indexErrors.Add(1)

@@ -45,6 +45,7 @@ func settle(t *testing.T, s *Store, tenant, session string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer s.unpin(sess)
 	s.syncUser(sess) // what the worker does after a turn, done now
 }
 
@@ -124,6 +125,9 @@ func TestUserMemorySurvivesRestartAndRebuilds(t *testing.T) {
 	dir := t.TempDir()
 	s := openStore(t, dir, nil)
 	talk(t, s, "t", "a", "ada", "My sister Lena lives in Porto", "Porto is lovely.")
+	// A second session: an index of one session's documents is not saved
+	// (loading rebuilds it from that session's log, see saveUser).
+	talk(t, s, "t", "a0", "ada", "I collect stamps", "A fine hobby.")
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

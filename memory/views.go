@@ -61,6 +61,7 @@ func (s *Store) Session(tenant, sessionID string) (SessionView, error) {
 	if err != nil {
 		return SessionView{}, err
 	}
+	defer s.unpin(sess)
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	if !sess.exists {
@@ -108,6 +109,7 @@ func (s *Store) Memory(tenant, sessionID string) (MemoryView, error) {
 	if err != nil {
 		return MemoryView{}, err
 	}
+	defer s.unpin(sess)
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	if !sess.exists {

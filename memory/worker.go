@@ -22,6 +22,10 @@ func (s *Store) enqueue(sess *session) {
 	}
 }
 
+// trimBatch bounds the sessions and user indexes one trim unloads, so the
+// worker goes back to its queue between batches.
+const trimBatch = 64
+
 // worker is the goroutine the Store owns: it syncs dirty sessions and, for
 // FsyncInterval, fsyncs logs periodically. It drains the queue on Close.
 func (s *Store) worker() {
@@ -37,6 +41,15 @@ func (s *Store) worker() {
 		case sess := <-s.queue:
 			sess.queued.Store(false)
 			s.sync(sess)
+			s.syncLists()
+			s.noteSession(sess)
+			if s.overBudget() {
+				s.trim(trimBatch)
+			}
+		case <-s.trimC:
+			if s.trim(trimBatch) == trimBatch {
+				s.signalTrim() // more, after the queue's next session
+			}
 		case <-tick:
 			s.syncLogs()
 		case <-s.stop:
@@ -83,6 +96,12 @@ func (s *Store) sync(sess *session) {
 		sess.mu.Unlock()
 		return
 	}
+	sess.syncing = true // not unloaded meanwhile (resident.go)
+	defer func() {
+		sess.mu.Lock()
+		sess.syncing = false
+		sess.mu.Unlock()
+	}()
 	now := s.opts.Clock.Now()
 	s.maybeDecayLocked(sess, now)
 	s.demoteLocked(sess, now)
@@ -107,9 +126,13 @@ func (s *Store) syncUser(sess *session) {
 	if s.opts.Recall.IndexDisabled {
 		return
 	}
-	um := s.userFor(sess, "")
+	um := s.holdUserFor(sess, "")
+	defer s.releaseUser(um)
 	s.syncUserDocs(sess, um)
 	s.saveUser(um, false)
+	if um.key != "" {
+		s.noteUser(um)
+	}
 }
 
 // demoteLocked moves working units to archive when they were not accessed

@@ -103,6 +103,8 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{"quarantine_removed", "Quarantined files deleted (age or disk budget).", st.QuarantineRemoved},
 		{"disk_budget_kv_trims", "Times the KV archive was trimmed to stay under the disk budget.", st.SharedTrims},
 		{"log_reopens", "Idle session logs reopened (open files are bounded).", st.FileReopens},
+		{"sessions_unloaded", "Idle sessions unloaded from memory (memory budget or session bound); they load again on their next turn.", st.SessionsUnloaded},
+		{"users_unloaded", "Idle user indexes unloaded from memory (memory budget or bound).", st.UsersUnloaded},
 		{"reviews", "Memory reviews finished (any decision).", st.Reviews},
 		{"review_errors", "Memory reviews abandoned because a model call failed (nothing changed).", st.ReviewErrors},
 		{"reviews_dropped", "Memory reviews not queued because the background queue was full.", st.ReviewsDropped},
@@ -155,6 +157,9 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{"sidecar_kv_archive_disk_bytes", "Bytes of KV archive blocks on disk at the last retention sweep.", st.SharedDiskBytes},
 		{"sidecar_disk_budget_bytes", "The disk budget of sessions and KV archive together (0: none).", st.MaxDiskBytes},
 		{"sidecar_memory_open_files", "Session and pool log files open now.", int64(st.OpenFiles)},
+		{"sidecar_memory_users_loaded", "User indexes held in memory.", int64(st.Users)},
+		{"sidecar_memory_resident_bytes", "Estimated bytes held in memory by loaded sessions and user indexes.", st.ResidentBytes},
+		{"sidecar_memory_budget_bytes", "The memory budget of loaded sessions and user indexes (negative: none).", st.MemoryBudget},
 		{"sidecar_memory_open_files_max", "The bound on open log files (from RLIMIT_NOFILE unless set).", int64(st.MaxOpenFiles)},
 	} {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n%s %d\n", g.name, g.help, g.name, g.name, g.v)

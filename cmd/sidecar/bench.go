@@ -29,6 +29,7 @@ workloads:
   gpu        Focus put/get latency and host<->device bandwidth (--device, --full)
   sessions   sessions on a real llama-server, direct vs through the sidecar, with restarts (tokens reprocessed)
   fleet      sessions moving between replicas (sidecar + llama-server each) with and without a shared Redis store
+  scale      sessions in batches up to 100,000 on a scripted upstream: turn latency, RSS, open files, disk per session
   serve      a serving benchmark of your own deployment: multi-turn streamed conversations, TTFT/ITL/E2EL as vLLM reports them (--target URL ...)
   upstream   serve a scripted OpenAI-compatible upstream (for proxy benchmarks and demos)
 
@@ -63,6 +64,8 @@ func cmdBench(args []string) int {
 		err = benchSessions(args)
 	case "fleet":
 		err = benchFleet(args)
+	case "scale":
+		err = benchScale(args)
 	case "help", "-h", "--help":
 		fmt.Print(benchUsage)
 		return 0

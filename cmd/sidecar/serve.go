@@ -76,6 +76,7 @@ type serveConfig struct {
 
 	sessionTTL   time.Duration
 	maxDiskBytes int64
+	memoryBudget byteSize
 
 	remote         string
 	remotePrefix   string
@@ -112,6 +113,8 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.overflow, "overflow", "importance", "when history overflows the window: importance, tail or summary")
 	fs.StringVar(&c.fsync, "fsync", "always", "session log fsync policy: always, interval or never")
 	fs.DurationVar(&c.sessionTTL, "session-ttl", 0, "delete a session (log and index) once nothing was written to it for this long (0: never)")
+	c.memoryBudget = memory.DefaultMemoryBudget
+	fs.Var(&c.memoryBudget, "memory-budget", "bound on the memory that loaded sessions and user indexes hold (estimated): idle ones beyond it leave RAM, least recently used first, and load again from disk on their next turn; bytes or with a unit, e.g. 256MiB (negative: no bound but 4,096 sessions)")
 	fs.Int64Var(&c.maxDiskBytes, "max-disk-bytes", 0, "bound on the bytes of sessions and KV archive under --data-dir together; over it the KV archive is trimmed first, then the least recently written sessions are deleted (0: none)")
 	fs.BoolVar(&c.extract, "extract", true, "extract facts and episodes from conversations in the background through the upstream model")
 	fs.BoolVar(&c.review, "review", true, "review facts whose importance crossed 2.5 or fell below 0.5 in the background (promote to core, keep or delete; needs --extract)")
@@ -387,8 +390,11 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	if fl != nil {
 		sharedLog = fl.Log()
 	}
+	if c.memoryBudget == 0 {
+		return errors.New("--memory-budget 0: give a size, or a negative one for no bound")
+	}
 	mem, err := memory.Open(memory.Options{
-		Dir: filepath.Join(dataDir, "sessions"), Fsync: fsyncPolicy, SharedLog: sharedLog,
+		Dir: filepath.Join(dataDir, "sessions"), Fsync: fsyncPolicy, SharedLog: sharedLog, MemoryBudget: int64(c.memoryBudget),
 		Window:      memory.WindowOptions{Limit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy, EvictTo: c.evictTo},
 		Recall:      memory.RecallOptions{Index: idx, Share: share, K: c.recallK, MinCoverage: c.recallCoverage, TenantUserScope: tenantScope},
 		Extraction:  memory.ExtractionOptions{Summarizer: bg, Extractor: extractor},
@@ -411,7 +417,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		return mem.Shutdown(ctx)
 	})
 	log.Info("opened session memory", "ms", time.Since(t).Milliseconds(), "window_tokens", c.windowTokens, "overflow", strategy.String(),
-		"session_ttl", c.sessionTTL.String(), "max_disk_bytes", c.maxDiskBytes, "max_open_logs", mem.Stats().MaxOpenFiles)
+		"session_ttl", c.sessionTTL.String(), "max_disk_bytes", c.maxDiskBytes, "max_open_logs", mem.Stats().MaxOpenFiles, "memory_budget", int64(c.memoryBudget))
 
 	var pf proxy.Fleet
 	if fl != nil {

@@ -187,6 +187,17 @@ func (p *Process) Addr() string {
 
 func (p *Process) addrLocked() string { return "127.0.0.1:" + strconv.Itoa(p.port) }
 
+// Pid is the process id of the latest child, 0 before the first start.
+// Benchmarks read its /proc entries (RSS, open files).
+func (p *Process) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.child == nil {
+		return 0
+	}
+	return p.child.cmd.Process.Pid
+}
+
 // Running reports whether the child is alive.
 func (p *Process) Running() bool {
 	p.mu.Lock()
