@@ -12,7 +12,9 @@
 //     Stateless, so the sidecar keeps no MCP session per client (nothing to
 //     expire, nothing that grows with clients): each POST is a whole
 //     exchange; GET and DELETE answer 405, which clients read as "no
-//     server-initiated stream".
+//     server-initiated stream", and a subscriptions/listen request (a
+//     stream of the 2026-07-28 protocol) gets a JSON-RPC "method not found"
+//     at once: the server sends no notifications.
 //   - The bridge from the sidecar's fasthttp front (Server.Serve): the
 //     request is converted to a net/http request whose context is bounded by
 //     Options.Timeout and carries the caller, the SDK's handler runs

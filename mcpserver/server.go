@@ -154,6 +154,17 @@ func (s *Server) Serve(parent context.Context, ctx *fasthttp.RequestCtx, c Calle
 		writeError(ctx, fasthttp.StatusUnauthorized, "invalid_request_error", "missing_api_key", "the MCP endpoint needs an API key (Authorization: Bearer …)")
 		return
 	}
+	if id, ok := isListen(ctx); ok {
+		// A subscription stream (protocol 2026-07-28) stays open until the
+		// client leaves; this server sends no notifications and answers
+		// in one buffered body, so it refuses one at once.
+		b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id,
+			"error": map[string]any{"code": -32601, "message": "subscriptions/listen is not offered: this server sends no notifications"}})
+		ctx.SetStatusCode(fasthttp.StatusOK)
+		ctx.SetContentType("application/json")
+		ctx.SetBody(b)
+		return
+	}
 	rctx, cancel := context.WithTimeout(context.WithValue(parent, callerKey{}, c), s.opts.Timeout)
 	defer cancel()
 	r, err := httpRequest(rctx, ctx)
@@ -191,6 +202,42 @@ func (s *Server) Serve(parent context.Context, ctx *fasthttp.RequestCtx, c Calle
 	}
 	ctx.SetBody(body)
 }
+
+// isListen reports whether the request asks for a subscription stream
+// (subscriptions/listen, alone or in a batch), and its id.
+func isListen(ctx *fasthttp.RequestCtx) (json.RawMessage, bool) {
+	if string(ctx.Request.Header.Peek("Mcp-Method")) == methodListen {
+		return json.RawMessage("null"), true
+	}
+	body := bytes.TrimSpace(ctx.PostBody())
+	if !bytes.Contains(body, []byte(methodListen)) {
+		return nil, false
+	}
+	type msg struct {
+		ID     json.RawMessage `json:"id"`
+		Method string          `json:"method"`
+	}
+	var msgs []msg
+	if len(body) > 0 && body[0] == '[' {
+		_ = json.Unmarshal(body, &msgs)
+	} else {
+		var m msg
+		if json.Unmarshal(body, &m) == nil {
+			msgs = append(msgs, m)
+		}
+	}
+	for _, m := range msgs {
+		if m.Method == methodListen {
+			if len(m.ID) == 0 {
+				m.ID = json.RawMessage("null")
+			}
+			return m.ID, true
+		}
+	}
+	return nil, false
+}
+
+const methodListen = "subscriptions/listen"
 
 // httpRequest copies the fasthttp request into a net/http one with ctx:
 // strings and body are copies, so nothing refers to the fasthttp buffers

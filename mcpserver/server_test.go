@@ -232,7 +232,8 @@ func TestSessionRecallThroughGoClient(t *testing.T) {
 // error shape; an oversized body is 413; a request without a caller is
 // 401.
 func TestTransportErrors(t *testing.T) {
-	s, err := New(Options{Memory: &fakeMemory{}, MaxBodyBytes: 1024})
+	// A long timeout: a request that waited for it would hang the test.
+	s, err := New(Options{Memory: &fakeMemory{}, MaxBodyBytes: 1024, Timeout: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,6 +264,12 @@ func TestTransportErrors(t *testing.T) {
 	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`
 	if code, h, body := do("POST", "application/json", init, true); code != 200 || !strings.HasPrefix(h.Get("Content-Type"), "application/json") || !strings.Contains(body, `"serverInfo"`) {
 		t.Fatalf("initialize: %d %v %s", code, h, body)
+	}
+	// A subscription stream is refused at once (a buffered answer could
+	// only end at the timeout).
+	listen := `{"jsonrpc":"2.0","id":7,"method":"subscriptions/listen","params":{"notifications":{"toolsListChanged":true}}}`
+	if code, _, body := do("POST", "application/json", listen, true); code != 200 || !strings.Contains(body, `"id":7`) || !strings.Contains(body, `-32601`) {
+		t.Fatalf("subscriptions/listen: %d %s", code, body)
 	}
 	for _, c := range []struct {
 		method, ct, body string
@@ -309,5 +316,61 @@ func TestOptionsValidate(t *testing.T) {
 	}
 	if _, err := New(Options{Memory: &fakeMemory{}, MaxTextBytes: 4}); err == nil {
 		t.Fatal("MaxTextBytes 4 accepted")
+	}
+}
+
+// TestConcurrentRecallsAndTurns: tool calls from several clients at once,
+// while the session takes chat turns, on a real memory.Store (run with
+// -race): every call answers, none fails.
+func TestConcurrentRecallsAndTurns(t *testing.T) {
+	st, err := memory.Open(memory.Options{Dir: t.TempDir(), Fsync: memory.FsyncNever})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	turn := func(text string) {
+		tr, err := st.Prepare(context.Background(), memory.TurnRequest{Tenant: "k", SessionID: "s", UserID: "u",
+			Mode: memory.ModeAppend, Messages: []memory.Message{memory.NewMessage("user", text)}})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if err := tr.Complete(memory.NewMessage("assistant", "noted")); err != nil {
+			t.Error(err)
+		}
+	}
+	turn("hello")
+	for _, f := range []string{"The user's greyhound is called Comet.", "Comet loves the beach at Brighton.", "The user is allergic to walnuts."} {
+		if _, err := st.AddMemory("k", "s", memory.CategoryFact, f, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := New(Options{Memory: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := serve(t, s)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range 10 {
+			turn(fmt.Sprintf("turn %d: tell me about the greyhound", i))
+		}
+	})
+	for range 4 {
+		cs := connect(t, url, map[string]string{"Authorization": "Bearer k", "X-User-ID": "u"})
+		wg.Go(func() {
+			for range 10 {
+				res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "session_recall",
+					Arguments: map[string]any{"query": "What is my greyhound called?", "session_id": "s"}})
+				if err != nil || res.IsError {
+					t.Errorf("call: %v %+v", err, res)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if st := s.Stats(); st.Full+st.Reuse != 40 || st.Errors != 0 {
+		t.Fatalf("stats %+v, want 40 recalls", st)
 	}
 }
