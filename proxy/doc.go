@@ -49,6 +49,13 @@
 // thresholds of console_thresholds.go are judged from) and the last window
 // of recently served sessions.
 //
+// The MCP endpoint (mcp.go): with Options.MCP, /mcp (exact path) is the
+// Model Context Protocol server of package mcpserver. The proxy bounds the
+// body and authenticates the caller as on every state route (the bearer's
+// tenant, 401 without one; the X-User-ID end user) and hands both over;
+// the tool never takes the caller from its arguments. Without it /mcp is
+// 404.
+//
 // Session plumbing: a request's session id comes from the X-Session-ID header,
 // else the body's prompt_cache_key; its tenant is a hash of the Authorization
 // bearer, so one key never sees another key's sessions. Without a session id,

@@ -31,13 +31,14 @@ const (
 	routePool
 	routeConsole
 	routeAdmin
+	routeMCP
 	routeNotFound
 	numRoutes
 )
 
 var routeNames = [numRoutes]string{
 	"chat_completions", "completions", "embeddings", "models", "passthrough",
-	"healthz", "readyz", "metrics", "sessions", "kv", "pool", "console", "admin", "not_found",
+	"healthz", "readyz", "metrics", "sessions", "kv", "pool", "console", "admin", "mcp", "not_found",
 }
 
 func (r route) String() string { return routeNames[r] }

@@ -95,6 +95,12 @@ type Options struct {
 	// DELETE /v1/sessions/{id} also has it Forget the session's KV.
 	Engine engine.Connector
 
+	// MCP serves the Model Context Protocol endpoint at /mcp (package
+	// mcpserver: the tool session_recall over the caller's own memory),
+	// usually a *mcpserver.Server over the same Memory. Nil: /mcp answers
+	// 404. The Server does not close it.
+	MCP MCP
+
 	// Fleet, when set, serializes each session's turns across the replicas
 	// of a fleet that share one store (package fleet): a chat or
 	// completions request of a session holds the session's lease from

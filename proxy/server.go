@@ -107,6 +107,9 @@ func New(opts Options) (*Server, error) {
 	if opts.Engine != nil {
 		s.metrics.AddCollector(func(w io.Writer) { writeEngineMetrics(w, opts.Engine) })
 	}
+	if opts.MCP != nil {
+		s.metrics.AddCollector(func(w io.Writer) { writeMCPMetrics(w, opts.MCP.Stats()) })
+	}
 	s.srv = &fasthttp.Server{
 		Handler:               s.handle,
 		ErrorHandler:          s.handleParseError,
@@ -238,6 +241,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
 		s.metrics.WritePrometheus(ctx)
 		s.finish(routeMetrics, ctx.Response.StatusCode(), start)
+		return
+	}
+	if string(raw) == "/mcp" {
+		s.handleMCP(ctx)
+		s.finish(routeMCP, ctx.Response.StatusCode(), start)
 		return
 	}
 	if string(raw) == "/ui" || bytes.HasPrefix(raw, []byte("/ui/")) {

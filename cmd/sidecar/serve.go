@@ -24,6 +24,7 @@ import (
 	"github.com/kvsidecar/kvsidecar/internal/fleet"
 	"github.com/kvsidecar/kvsidecar/internal/llm"
 	"github.com/kvsidecar/kvsidecar/kv"
+	"github.com/kvsidecar/kvsidecar/mcpserver"
 	"github.com/kvsidecar/kvsidecar/memory"
 	"github.com/kvsidecar/kvsidecar/proxy"
 	"github.com/kvsidecar/kvsidecar/remote"
@@ -73,6 +74,7 @@ type serveConfig struct {
 	contextProbe   bool
 	adminToken     string
 	consoleEvery   time.Duration
+	mcp            bool
 
 	sessionTTL   time.Duration
 	maxDiskBytes int64
@@ -133,6 +135,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.BoolVar(&c.contextProbe, "context-probe", true, "ask the upstream for its context size and token counts (GET /props and /v1/models, POST /tokenize; at start and every few minutes) so memory is added only within what the engine holds; off: learned from answers and context errors alone")
 	fs.BoolVar(&c.allowAnonymous, "allow-anonymous", false, "let requests without an API key share one tenant named \"anonymous\" (sessions, pool, KV open to every such client); off: they keep no state and the state APIs answer 401")
 	fs.StringVar(&c.adminToken, "admin-token", "", "turn the operator console on at /ui, with its admin API under /admin/v1, for requests carrying Authorization: Bearer <this token> (at least 16 bytes; it sees every tenant); empty: both answer 404")
+	fs.BoolVar(&c.mcp, "mcp", true, "serve the MCP endpoint at /mcp (Streamable HTTP): the tool session_recall(query, session_id) over the caller's own session memory, API key and X-User-ID as on every route")
 	fs.DurationVar(&c.consoleEvery, "console-sample-every", 5*time.Second, "period of the console's KV time series (hit rate, tier occupancy); the last 720 samples are kept")
 	fs.StringVar(&c.remote, "remote", "", "shared store of a fleet of sidecars: redis://[user:pass@]host:port/db, rediss://… (TLS), or redis://host1:port1?addr=host2:port2 (Redis Cluster); sessions and engine states are written through to it and any replica serves any session (empty: this machine only)")
 	fs.StringVar(&c.remotePrefix, "remote-prefix", "kvs", "prefix of every key in the --remote store (several deployments can share one store)")
@@ -423,7 +426,16 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	if fl != nil {
 		pf = fl
 	}
+	var mcpSrv proxy.MCP
+	if c.mcp {
+		ms, err := mcpserver.New(mcpserver.Options{Memory: mem, Version: versionString(), Logger: log})
+		if err != nil {
+			return err
+		}
+		mcpSrv = ms
+	}
 	srv, err := proxy.New(proxy.Options{
+		MCP:                mcpSrv,
 		Fleet:              pf,
 		Memory:             mem,
 		KV:                 kvc,
