@@ -267,7 +267,7 @@ func (s *Store) runExtract(job *extractJob) {
 	if err != nil {
 		sess.mu.Unlock()
 		s.stats.extractErrs.Add(1)
-		s.opts.Logger.Warn("memory: extraction", "err", err)
+		s.logBackground(err, "memory: extraction", "err", err)
 		return
 	}
 	now := s.opts.Clock.Now()

@@ -29,6 +29,10 @@ var (
 	// the session belongs to. Nothing was written; the proxy forwards the
 	// request without session memory.
 	ErrUserMismatch = errors.New("memory: the session belongs to another end user")
+	// ErrDeferred: a background call (Summarizer, Extractor) did not run
+	// because clients needed the engine; the work is tried again after a
+	// later turn. Logged at debug level, not as a failure.
+	ErrDeferred = errors.New("memory: background call deferred: clients needed the engine")
 	// ErrClosed: the Store was closed.
 	ErrClosed = errors.New("memory: store closed")
 )

@@ -240,7 +240,7 @@ func (s *Store) runReview(job *extractJob) {
 		cancel()
 		if err != nil {
 			s.rev.errs.Add(1)
-			s.opts.Logger.Warn("memory: review", "session", sess.id, "fact", task.id, "err", err)
+			s.logBackground(err, "memory: review", "session", sess.id, "fact", task.id, "err", err)
 			return // nothing decided; the fact is reviewed again once it changes
 		}
 		if step, err = parseReview(out); err != nil {

@@ -1,6 +1,9 @@
 package memory
 
-import "sync/atomic"
+import (
+	"errors"
+	"sync/atomic"
+)
 
 type storeStats struct {
 	prepares, appended, appendBytes, evicted    atomic.Int64
@@ -169,4 +172,14 @@ func (s *Store) Stats() Stats {
 	out.FactCalls, out.EpisodeCalls, out.SummaryCalls = st.calls[callFacts].Load(), st.calls[callEpisode].Load(), st.calls[callSummary].Load()
 	out.ReviewStats, out.ToolContextStats = s.rev.stats(), s.tcs.stats()
 	return out
+}
+
+// logBackground logs a failed background call: at debug level when it was
+// deferred for clients (ErrDeferred, by design), else as a warning.
+func (s *Store) logBackground(err error, msg string, args ...any) {
+	if errors.Is(err, ErrDeferred) {
+		s.opts.Logger.Debug(msg, args...)
+		return
+	}
+	s.opts.Logger.Warn(msg, args...)
 }

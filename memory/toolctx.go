@@ -153,7 +153,7 @@ func (s *Store) runToolCtx(job *extractJob) {
 	}
 	if err != nil {
 		s.tcs.rejected.Add(1)
-		s.opts.Logger.Warn("memory: tool context", "session", sess.id, "err", err)
+		s.logBackground(err, "memory: tool context", "session", sess.id, "err", err)
 		return
 	}
 	if text == "" {

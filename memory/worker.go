@@ -313,7 +313,7 @@ func (s *Store) summarize(sess *session, req SummaryRequest, from, to uint64, en
 	}
 	if err != nil || sum.Text == "" {
 		s.stats.summaryErrors.Add(1)
-		s.opts.Logger.Warn("memory: summarize", "err", err, "empty", err == nil)
+		s.logBackground(err, "memory: summarize", "err", err, "empty", err == nil)
 		return
 	}
 	now := s.opts.Clock.Now()

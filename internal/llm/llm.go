@@ -311,6 +311,9 @@ func (c *Client) Complete(ctx context.Context, call Call) (string, error) {
 		c.opts.Logger.Warn("llm: background call failed, retrying once", "session", call.SessionID, "err", err)
 	}
 	c.failures.Add(1)
+	if errors.Is(err, engine.ErrPreempted) || errors.Is(err, engine.ErrBusy) {
+		err = fmt.Errorf("%w: %w", memory.ErrDeferred, err) // by design: memory retries later
+	}
 	return "", err
 }
 
