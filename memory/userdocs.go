@@ -199,8 +199,7 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 	}
 	if len(docs) > 0 {
 		if err := x.Upsert(ctx, docs...); err != nil {
-			s.stats.indexErrors.Add(1)
-			s.opts.Logger.Warn("memory: user index", "n", len(docs), "err", err)
+			s.indexFailed("memory: user index", len(docs), err)
 			return
 		}
 	}
