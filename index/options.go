@@ -166,9 +166,9 @@ type Options struct {
 	MaxQueryTerms int
 	// QueryTimeout bounds the embedding of a search's query (hybrid and
 	// vector modes; a remote embedder): past it the search fails with
-	// ErrEmbed, and memory recalls by words for that turn. 0 selects 1 s,
-	// negative leaves only the caller's context. The offline embedder
-	// never waits.
+	// ErrEmbed, and memory recalls by words for that turn. 0 selects
+	// 500 ms (the design's alert on recall time), negative leaves only the
+	// caller's context. The offline embedder never waits.
 	QueryTimeout time.Duration
 }
 
@@ -210,7 +210,7 @@ func (o Options) withDefaults() Options {
 	def(&o.CompactRatio, 0.5)
 	defInt(&o.MaxQueryTerms, 64)
 	if o.QueryTimeout == 0 {
-		o.QueryTimeout = time.Second
+		o.QueryTimeout = 500 * time.Millisecond
 	}
 	return o
 }
