@@ -564,6 +564,23 @@ func TestIndexReembedsForANewSpace(t *testing.T) {
 	if hits, err := x.Search(ctx, "alpha", 2, ModeBM25); err != nil || len(hits) != 1 {
 		t.Fatalf("BM25 search: %v %v", hits, err)
 	}
+	// Stale tells without a request; Reembed mends an index no update
+	// touches.
+	z, _ := New(Options{Embedder: e})
+	fake.update(func(f *fakeEmbeddings) { f.dim = 4 })
+	if err := z.Add(ctx, Doc{ID: "1", Text: "alpha one"}); err != nil {
+		t.Fatal(err)
+	}
+	fake.update(func(f *fakeEmbeddings) { f.dim = 6 })
+	if _, err := e.Embed(ctx, []string{"anything new"}); err != nil {
+		t.Fatal(err)
+	}
+	if !z.Stale() {
+		t.Fatal("an index of dimension 4 beside an embedder of 6 is not stale")
+	}
+	if err := z.Reembed(ctx); err != nil || z.Stale() || z.Stats().Dim != 6 || z.Stats().Reembeds != 1 {
+		t.Fatalf("reembed: %v, %+v", err, z.Stats())
+	}
 	// A document with a vector of the old space is embedded again too.
 	old, _ := x.Get("1")
 	if err := x.Upsert(ctx, Doc{ID: "3", Text: "delta"}, Doc{ID: "1", Text: "alpha", Vector: old.Vector}); err != nil {

@@ -31,6 +31,27 @@ func (x *Index) adoptSpace(sp vecSpace) {
 	}
 }
 
+// Stale reports whether the stored vectors are of another space than the
+// one the embedder (a SpaceEmbedder) answers in now: searches fail with
+// ErrEmbed until an Add, Upsert or Reembed embeds every document again.
+// It sends nothing.
+func (x *Index) Stale() bool {
+	se, ok := x.emb.(SpaceEmbedder)
+	if !ok {
+		return false
+	}
+	now, dim := se.Space(), se.Dim()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.vecLive > 0 && ((now != "" && x.space != "" && now != x.space) || (dim != 0 && x.dim != 0 && dim != x.dim))
+}
+
+// Reembed embeds every document again and replaces the vectors at once
+// (see Stale); on error nothing changes.
+func (x *Index) Reembed(ctx context.Context) error {
+	return x.reembed(ctx, nil, false)
+}
+
 // reembed replaces the contents with the live documents (none when all),
 // entries applied over them, every vector embedded again: the embedder
 // moved to another space. Embedding runs without the lock; when the index

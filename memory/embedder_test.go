@@ -83,7 +83,8 @@ func (f *embeddingsServer) set(down bool, dim int) {
 }
 
 // waitIndexed waits until the worker indexed every unit of the session
-// (with a remote embedder the worker indexes, not the request path).
+// (with a remote embedder the worker indexes, not the request path) in
+// the embedder's current vector space.
 func waitIndexed(t *testing.T, s *Store, tenant, id string) index.Stats {
 	t.Helper()
 	sess, err := s.session(tenant, id, false)
@@ -93,15 +94,17 @@ func waitIndexed(t *testing.T, s *Store, tenant, id string) index.Stats {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		sess.mu.Lock()
-		done := sess.ix != nil
+		x := sess.ix
+		done := x != nil
 		for _, u := range sess.units {
 			done = done && u.indexed
 		}
-		var st index.Stats
-		if sess.ix != nil {
-			st = sess.ix.Stats()
-		}
 		sess.mu.Unlock()
+		var st index.Stats
+		if x != nil {
+			st = x.Stats()
+			done = done && !x.Stale()
+		}
 		if done {
 			return st
 		}
@@ -140,16 +143,23 @@ func TestRemoteEmbedderOutageAndNewSpace(t *testing.T) {
 		t.Fatalf("RecallByWords %d, want 1", st.RecallByWords)
 	}
 
-	// Back, with a model of another dimension.
+	// Back, with a model of another dimension: the turn recalls by words
+	// and the worker embeds the index again, with no new unit to index.
 	f.set(false, 96)
 	turn = prepare(t, s, "t", "s", ModeFull, msgs...)
 	if !strings.Contains(string(turn.Block), "Krakatoa") {
 		t.Fatalf("new space: not recalled: %s", turn.Block)
 	}
+	turn.Abort()
+	st := waitIndexed(t, s, "t", "s")
+	if st.Dim != 96 || st.Reembeds != 1 || st.Vectors != st.Docs {
+		t.Fatalf("index after the space changed: %+v", st)
+	}
+	turn = prepare(t, s, "t", "s", ModeFull, msgs...)
 	if err := turn.Complete(text("assistant", "Krakatoa it is")); err != nil {
 		t.Fatal(err)
 	}
-	st := waitIndexed(t, s, "t", "s")
+	st = waitIndexed(t, s, "t", "s")
 	if st.Dim != 96 || st.Reembeds != 1 || st.Vectors != st.Docs {
 		t.Fatalf("index after the space changed: %+v", st)
 	}

@@ -246,7 +246,28 @@ func (s *Store) syncIndex(sess *session, force bool) {
 		}
 		sess.mu.Unlock()
 	}
+	if s.reembed(ctx, x) {
+		sess.mu.Lock()
+		if sess.ix == x {
+			sess.ixVer++
+		}
+		sess.mu.Unlock()
+	}
 	s.saveIndex(sess, x, force)
+}
+
+// reembed embeds an index's documents again when its embedder moved to
+// another vector space (a remote model changed) and no update did it; it
+// reports whether it did.
+func (s *Store) reembed(ctx context.Context, x *index.Index) bool {
+	if ctx.Err() != nil || !x.Stale() {
+		return false
+	}
+	if err := x.Reembed(ctx); err != nil {
+		s.indexFailed("memory: re-embed an index for a new vector space", x.Len(), err)
+		return false
+	}
+	return true
 }
 
 // indexFailed counts an index update that failed; the units stay pending

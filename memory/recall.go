@@ -245,7 +245,7 @@ func (s *Store) searchSession(ctx context.Context, sess *session, query recallQu
 			}
 			return out
 		}
-		s.searchFailed("memory: index search failed, using the Recaller", err)
+		s.searchFailed(sess, x, "memory: index search failed, using the Recaller", err)
 	}
 	sess.refreshIndex()
 	if len(sess.cands) == 0 {
@@ -274,7 +274,7 @@ func (s *Store) searchUser(ctx context.Context, sess *session, um *userMem, quer
 	own := userDocPrefix(sess)
 	hits, err := x.SearchFocus(ctx, query.text, query.gate(), k, mode, func(id string) bool { return !strings.HasPrefix(id, own) })
 	if err != nil {
-		s.searchFailed("memory: user index search failed", err)
+		s.searchFailed(sess, x, "memory: user index search failed", err)
 		return nil
 	}
 	out := make([]recallItem, 0, len(hits))
@@ -288,14 +288,19 @@ func (s *Store) searchUser(ctx context.Context, sess *session, um *userMem, quer
 	return out
 }
 
-// searchFailed counts a failed index search. One whose embedding failed
-// is logged at debug level: the embedder logs its outages once, and the
-// turn recalls by words.
-func (s *Store) searchFailed(msg string, err error) {
+// searchFailed counts a failed search of x, an index of sess or of its
+// user. One whose embedding failed is logged at debug level (the embedder
+// logs its outages once; the turn recalls by words); when x's vectors are
+// of an older vector space than its embedder's, the session is queued so
+// the worker embeds them again.
+func (s *Store) searchFailed(sess *session, x *index.Index, msg string, err error) {
 	s.stats.indexErrors.Add(1)
 	if errors.Is(err, index.ErrEmbed) {
 		s.stats.recallByWords.Add(1)
 		s.opts.Logger.Debug(msg, "err", err)
+		if x.Stale() {
+			s.enqueue(sess)
+		}
 		return
 	}
 	s.opts.Logger.Warn(msg, "err", err)

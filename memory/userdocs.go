@@ -179,16 +179,20 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 			return ok && old.Text == d.Text
 		})
 	}
+	ctx := s.ctx
+	if s.localEmbedder {
+		ctx = context.Background() // offline: also on Close
+	}
+	if s.reembed(ctx, x) {
+		um.changed()
+	}
 	if len(docs) == 0 && len(stale) == 0 {
 		sess.mu.Lock()
 		sess.setUserMarksLocked(marks, stale, seq, ver)
 		sess.mu.Unlock()
 		return
 	}
-	ctx := s.ctx
-	if s.localEmbedder {
-		ctx = context.Background() // offline: also on Close
-	} else if ctx.Err() != nil {
+	if !s.localEmbedder && ctx.Err() != nil {
 		return // closing: a remote embedder is not called any more
 	}
 	added := 0
