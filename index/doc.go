@@ -46,10 +46,11 @@
 //     edited in place).
 //   - Every stored vector has unit length and the index's one dimension,
 //     and, with a SpaceEmbedder, comes from one vector space: when the
-//     embedder answers in another (the server's model changed), searches
-//     fail with ErrEmbed until the next Add or Upsert re-embeds every
-//     document and swaps the vectors at once; zero embeddings are not
-//     stored (such documents are found by BM25 only).
+//     embedder answers in another (the server's model changed), Stale
+//     says so and searches fail with ErrEmbed until Reembed or the next
+//     Add or Upsert re-embeds every document and swaps the vectors at
+//     once; zero embeddings are not stored (such documents are found by
+//     BM25 only).
 //   - A persisted file is used whole or not at all: Load verifies the
 //     CRC-32C and every length before building anything, and reports
 //     durable.ErrCorrupt, never a partial index; the caller rebuilds with Rebuild.

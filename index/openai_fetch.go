@@ -127,7 +127,7 @@ func (e *OpenAIEmbedder) adopt(gen uint64, texts []string, vecs [][]float32, mod
 	case gen != e.gen:
 		return nil, errSpaceMoved // an answer from before the change
 	}
-	e.o.Logger.Warn("embeddings: the server's vector space changed (restarted with another model?): cached vectors dropped, indexes re-embed their documents on their next update",
+	e.o.Logger.Warn("embeddings: the server's vector space changed (restarted with another model?): cached vectors dropped, indexes re-embed their documents",
 		"url", e.url, "from", e.space, "to", space)
 	e.space, e.dim = space, dim
 	e.gen++
