@@ -16,7 +16,11 @@
 //   - a reranker over relevance, recency, importance and access count
 //     (Options.Rerank),
 //   - embedders behind one interface: the offline HashEmbedder (default,
-//     no model) and OpenAIEmbedder for an OpenAI-compatible /v1/embeddings,
+//     no model) and OpenAIEmbedder for an OpenAI-compatible /v1/embeddings
+//     (batches bounded in texts and bytes, a bounded content-hash cache
+//     that in-flight texts join, retries, a cooldown while the endpoint
+//     fails, inputs cut to what the server takes, and the server's vector
+//     space followed when it changes model: SpaceEmbedder),
 //   - persistence of documents and vectors in one checksummed file (Save,
 //     Load), written atomically.
 //
@@ -25,7 +29,9 @@
 // (exact scan, HNSW graph, compaction), graph.go (the entity graph),
 // fusion.go (fusion, rerank, recency), topn.go (the bounded heap every retriever ranks with),
 // tokenize.go and stem.go (the tokenizer memory shares via Tokenize),
-// embed.go and openai.go (embedders), persist.go (Save, Load), options.go.
+// embed.go, openai.go and openai_fetch.go (embedders; the HTTP side in
+// the latter), space.go (re-embedding for a new vector space), persist.go
+// (Save, Load), options.go.
 //
 // The package imports nothing from the project; memory/ owns the documents
 // (memory units) and their metadata and keeps the index in step with them.
@@ -38,8 +44,13 @@
 //   - Deleted or replaced documents are tombstones until compaction and are
 //     never returned by Search (see Index for why the HNSW graph is never
 //     edited in place).
-//   - Every stored vector has unit length and the index's one dimension;
-//     zero embeddings are not stored (such documents are found by BM25 only).
+//   - Every stored vector has unit length and the index's one dimension,
+//     and, with a SpaceEmbedder, comes from one vector space: when the
+//     embedder answers in another (the server's model changed), Stale
+//     says so and searches fail with ErrEmbed until Reembed or the next
+//     Add or Upsert re-embeds every document and swaps the vectors at
+//     once; zero embeddings are not stored (such documents are found by
+//     BM25 only).
 //   - A persisted file is used whole or not at all: Load verifies the
 //     CRC-32C and every length before building anything, and reports
 //     durable.ErrCorrupt, never a partial index; the caller rebuilds with Rebuild.

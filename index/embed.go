@@ -18,6 +18,19 @@ type Embedder interface {
 	Name() string
 }
 
+// SpaceEmbedder is an Embedder whose vector space can change while it runs:
+// a remote model the server was restarted with, possibly of another
+// dimension. EmbedSpace is Embed that also names the space all the
+// returned vectors are in; Space names the current one ("" until known).
+// An Index never compares vectors of two spaces: when its embedder answers
+// in another space than its stored vectors', it re-embeds its documents
+// (see Index.Upsert), and Load refuses a file of another space.
+type SpaceEmbedder interface {
+	Embedder
+	EmbedSpace(ctx context.Context, texts []string) ([][]float32, string, error)
+	Space() string
+}
+
 // HashOptions configure the offline embedder. The zero value is valid.
 type HashOptions struct {
 	// Dim is the vector dimension; 0 selects 512.

@@ -54,6 +54,13 @@ type Hit struct {
 	// Cosine is the cosine similarity of the document and query embeddings.
 	// Not computed in ModeBM25.
 	Cosine float64
+	// CosineZ is how far Cosine stands above the query's similarity with
+	// the documents searched, in standard deviations (0 below 8 vectors or
+	// in ModeBM25). A model's embeddings put any two texts at a high
+	// cosine (0.4 to 0.9 for unrelated ones is common), so a fixed cosine
+	// threshold passes everything; the standard score tells the few that
+	// stand out.
+	CosineZ float64
 	// Coverage is the share of the query's information the document holds
 	// (see Index.Coverage), measured against the focus given to
 	// SearchFocus, else the whole query.
@@ -72,6 +79,8 @@ type Stats struct {
 	Graph      bool   // whether vector search walks the HNSW graph
 	Dim        int    // embedding dimension (0 before the first vector)
 	Embedder   string // the embedder's Name
+	Space      string // the vectors' embedding space (SpaceEmbedder; "" otherwise)
+	Reembeds   int64  // times every vector was re-embedded for a new space
 	// ApproxBytes estimates the heap held by the index (texts, postings,
 	// vectors, graph links); it is an estimate, not a measurement.
 	ApproxBytes int64
@@ -104,7 +113,14 @@ type Index struct {
 	df       map[string]int // live documents containing the term
 	totalLen int64          // sum of live documents' term counts
 	dim      int            // vector dimension, 0 until known
-	vecLive  int            // live documents with a vector
+	// space names the embedding space of the stored vectors (see
+	// SpaceEmbedder); "" when the embedder has none or it is not known.
+	space string
+	// ver counts changes of the contents, so a re-embedding done without
+	// the lock knows whether it is still current.
+	ver      uint64
+	reembeds int64 // times every vector was re-embedded (a new space)
+	vecLive  int   // live documents with a vector
 	// graph, when not nil, holds every live vector (and the tombstones'
 	// until the next compaction).
 	graph     *hnsw.Graph[uint32]
@@ -121,6 +137,9 @@ type entry struct {
 	doc    Doc        // doc.Vector is normalised, nil when zero
 	terms  []termFreq // sorted by term
 	length int        // number of terms (BM25 document length)
+	// fresh marks a vector the embedder just made (not one given with
+	// the Doc); only while an update is prepared.
+	fresh bool
 }
 
 // New returns an empty index.
@@ -134,11 +153,15 @@ func New(opts Options) (*Index, error) {
 	if d := x.emb.Dim(); d > 0 {
 		x.dim = d
 	}
+	if se, ok := x.emb.(SpaceEmbedder); ok {
+		x.space = se.Space()
+	}
 	return x, nil
 }
 
 // reset empties the index; x.mu must be held (or x unpublished).
 func (x *Index) reset() {
+	x.ver++
 	x.ids = make(map[string]uint32)
 	x.docs = nil
 	x.live = 0
@@ -191,20 +214,23 @@ func (x *Index) Add(ctx context.Context, docs ...Doc) error {
 
 // Upsert indexes docs, replacing documents with the same IDs (the last of
 // repeated IDs in docs wins).
+//
+// When the embedder (a SpaceEmbedder) answers in another vector space
+// than the index's stored vectors (another model or dimension), Add and
+// Upsert first re-embed every document of the index and the given
+// vectors of docs (made in the old space), and replace the whole vector
+// index at once; when that fails nothing changes.
 func (x *Index) Upsert(ctx context.Context, docs ...Doc) error {
 	return x.put(ctx, docs, true)
 }
 
 func (x *Index) put(ctx context.Context, docs []Doc, replace bool) error {
-	entries, err := x.prepare(ctx, docs, replace)
+	entries, sp, err := x.prepare(ctx, docs, replace)
 	if err != nil {
 		return err
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if err := x.checkDim(entries); err != nil {
-		return err
-	}
 	if !replace {
 		for _, e := range entries {
 			if _, ok := x.ids[e.doc.ID]; ok {
@@ -212,6 +238,16 @@ func (x *Index) put(ctx context.Context, docs []Doc, replace bool) error {
 			}
 		}
 	}
+	if x.staleFor(sp) {
+		x.mu.Unlock()
+		err := x.reembed(ctx, entries, false)
+		x.mu.Lock()
+		return err
+	}
+	if err := x.checkDim(entries, false); err != nil {
+		return err
+	}
+	x.adoptSpace(sp)
 	for _, e := range entries {
 		if slot, ok := x.ids[e.doc.ID]; ok {
 			x.remove(slot)
@@ -223,19 +259,19 @@ func (x *Index) put(ctx context.Context, docs []Doc, replace bool) error {
 }
 
 // prepare validates docs, embeds those without vectors and tokenizes them;
-// it takes no lock.
-func (x *Index) prepare(ctx context.Context, docs []Doc, dedupe bool) ([]*entry, error) {
+// it takes no lock. It returns the space the vectors it made are in.
+func (x *Index) prepare(ctx context.Context, docs []Doc, dedupe bool) ([]*entry, vecSpace, error) {
 	seen := make(map[string]int, len(docs))
 	out := make([]*entry, 0, len(docs))
 	var texts []string
 	var need []int
 	for _, d := range docs {
 		if d.ID == "" {
-			return nil, fmt.Errorf("index: empty document id: %w", ErrInvalid)
+			return nil, vecSpace{}, fmt.Errorf("index: empty document id: %w", ErrInvalid)
 		}
 		if i, ok := seen[d.ID]; ok {
 			if !dedupe {
-				return nil, fmt.Errorf("index: id %q repeated: %w", d.ID, ErrDuplicate)
+				return nil, vecSpace{}, fmt.Errorf("index: id %q repeated: %w", d.ID, ErrDuplicate)
 			}
 			out[i] = nil // last one wins
 		}
@@ -246,18 +282,27 @@ func (x *Index) prepare(ctx context.Context, docs []Doc, dedupe bool) ([]*entry,
 		}
 		out = append(out, newEntry(d))
 	}
+	var sp vecSpace
 	if len(texts) > 0 {
-		vecs, err := x.embed(ctx, texts)
+		vecs, space, err := x.embed(ctx, texts)
 		if err != nil {
-			return nil, err
+			return nil, vecSpace{}, err
+		}
+		sp = vecSpace{space: space, fresh: true}
+		for _, v := range vecs {
+			if v != nil {
+				sp.dim = len(v)
+				break
+			}
 		}
 		for j, i := range need {
 			if out[i] != nil {
 				out[i].doc.Vector = vecs[j]
+				out[i].fresh = true
 			}
 		}
 	}
-	return slices.DeleteFunc(out, func(e *entry) bool { return e == nil }), nil
+	return slices.DeleteFunc(out, func(e *entry) bool { return e == nil }), sp, nil
 }
 
 // newEntry tokenizes d and copies its vector, normalised (nil when zero).
@@ -271,29 +316,37 @@ func newEntry(d Doc) *entry {
 }
 
 // embed calls the embedder and returns normalised copies (nil for zero
-// vectors), checking count and dimension.
-func (x *Index) embed(ctx context.Context, texts []string) ([][]float32, error) {
-	vecs, err := x.emb.Embed(ctx, texts)
+// vectors), checking count and dimension, and the space they are in ("" for
+// an embedder that is not a SpaceEmbedder).
+func (x *Index) embed(ctx context.Context, texts []string) ([][]float32, string, error) {
+	var vecs [][]float32
+	var space string
+	var err error
+	if se, ok := x.emb.(SpaceEmbedder); ok {
+		vecs, space, err = se.EmbedSpace(ctx, texts)
+	} else {
+		vecs, err = x.emb.Embed(ctx, texts)
+	}
 	if err != nil {
 		if errors.Is(err, ErrEmbed) {
-			return nil, fmt.Errorf("index: embed %d texts with %s: %w", len(texts), x.emb.Name(), err)
+			return nil, "", fmt.Errorf("index: embed %d texts with %s: %w", len(texts), x.emb.Name(), err)
 		}
-		return nil, fmt.Errorf("index: embed %d texts with %s: %w: %w", len(texts), x.emb.Name(), ErrEmbed, err)
+		return nil, "", fmt.Errorf("index: embed %d texts with %s: %w: %w", len(texts), x.emb.Name(), ErrEmbed, err)
 	}
 	if len(vecs) != len(texts) {
-		return nil, fmt.Errorf("index: embedder %s returned %d vectors for %d texts: %w", x.emb.Name(), len(vecs), len(texts), ErrEmbed)
+		return nil, "", fmt.Errorf("index: embedder %s returned %d vectors for %d texts: %w", x.emb.Name(), len(vecs), len(texts), ErrEmbed)
 	}
 	out := make([][]float32, len(vecs))
 	for i, v := range vecs {
 		if len(v) == 0 {
-			return nil, fmt.Errorf("index: embedder %s returned an empty vector: %w", x.emb.Name(), ErrEmbed)
+			return nil, "", fmt.Errorf("index: embedder %s returned an empty vector: %w", x.emb.Name(), ErrEmbed)
 		}
 		if i > 0 && len(v) != len(vecs[0]) {
-			return nil, fmt.Errorf("index: embedder %s returned dimensions %d and %d: %w", x.emb.Name(), len(vecs[0]), len(v), ErrEmbed)
+			return nil, "", fmt.Errorf("index: embedder %s returned dimensions %d and %d: %w", x.emb.Name(), len(vecs[0]), len(v), ErrEmbed)
 		}
 		out[i] = normalizedCopy(v)
 	}
-	return out, nil
+	return out, space, nil
 }
 
 // normalizedCopy returns v scaled to unit length, or nil when v is zero or
@@ -309,26 +362,35 @@ func normalizedCopy(v []float32) []float32 {
 	return nil
 }
 
-// checkDim fixes the index dimension from the first vector and rejects
-// entries of another dimension; x.mu must be held.
-func (x *Index) checkDim(entries []*entry) error {
+// checkDim rejects entries of another dimension than the index's (when it
+// holds no vector, or will not: empty, the embedder's, else the first
+// entry's) and fixes the index's; x.mu must be held.
+func (x *Index) checkDim(entries []*entry, empty bool) error {
+	dim := x.dim
+	if empty || x.vecLive == 0 {
+		dim = x.emb.Dim() // 0 when not known
+	}
 	for _, e := range entries {
 		v := e.doc.Vector
 		if v == nil {
 			continue
 		}
-		if x.dim == 0 {
-			x.dim = len(v)
+		if dim == 0 {
+			dim = len(v)
 		}
-		if len(v) != x.dim {
-			return fmt.Errorf("index: document %q has dimension %d, index %d: %w", e.doc.ID, len(v), x.dim, ErrInvalid)
+		if len(v) != dim {
+			return fmt.Errorf("index: document %q has dimension %d, index %d: %w", e.doc.ID, len(v), dim, ErrInvalid)
 		}
+	}
+	if dim != 0 {
+		x.dim = dim
 	}
 	return nil
 }
 
 // insert publishes e in a new slot; x.mu must be held.
 func (x *Index) insert(e *entry) {
+	x.ver++
 	slot := uint32(len(x.docs))
 	x.docs = append(x.docs, e)
 	x.ids[e.doc.ID] = slot
@@ -352,6 +414,7 @@ func (x *Index) insert(e *entry) {
 
 // remove turns slot into a tombstone; x.mu must be held.
 func (x *Index) remove(slot uint32) {
+	x.ver++
 	e := x.docs[slot]
 	x.docs[slot] = nil
 	delete(x.ids, e.doc.ID)
@@ -397,27 +460,39 @@ func (x *Index) UpdateMeta(id string, m Meta) error {
 	e := *x.docs[slot]
 	e.doc.Meta = m
 	x.docs[slot] = &e
+	x.ver++
 	return nil
 }
 
 // Rebuild replaces the whole contents with docs (embedding those without a
 // vector), for example after Load reported durable.ErrCorrupt. On error the index is
 // unchanged.
+//
+// Vectors given with docs are taken to be in the index's space; when the
+// vectors made for the others are in another (see Upsert), every document
+// is embedded again.
 func (x *Index) Rebuild(ctx context.Context, docs []Doc) error {
-	entries, err := x.prepare(ctx, docs, true)
+	entries, sp, err := x.prepare(ctx, docs, true)
 	if err != nil {
 		return err
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if sp.fresh && x.space != "" && sp.space != "" && sp.space != x.space && slices.ContainsFunc(entries, func(e *entry) bool { return !e.fresh && e.doc.Vector != nil }) {
+		x.mu.Unlock()
+		err := x.reembed(ctx, entries, true)
+		x.mu.Lock()
+		return err
+	}
 	old := x.dim
 	x.dim = x.emb.Dim()
-	if err := x.checkDim(entries); err != nil {
+	if err := x.checkDim(entries, true); err != nil {
 		x.dim = old
 		return err
 	}
 	x.reset()
 	x.load(entries)
+	x.adoptSpace(sp)
 	return nil
 }
 
@@ -446,6 +521,8 @@ func (x *Index) Stats() Stats {
 		Graph:      x.graph != nil && !(x.opts.ExactBelow >= 0 && x.vecLive <= x.opts.ExactBelow),
 		Dim:        x.dim,
 		Embedder:   x.emb.Name(),
+		Space:      x.space,
+		Reembeds:   x.reembeds,
 	}
 	var b int64
 	for _, e := range x.docs {
@@ -499,12 +576,19 @@ func (x *Index) SearchFocus(ctx context.Context, query, focus string, k int, mod
 	}
 	weighter, weighted := x.emb.(queryWeighter)
 	var qv []float32
+	var qspace string
 	if mode != ModeBM25 && !weighted {
-		vecs, err := x.embed(ctx, []string{query})
+		qctx := ctx
+		if x.opts.QueryTimeout > 0 {
+			var cancel context.CancelFunc
+			qctx, cancel = context.WithTimeout(ctx, x.opts.QueryTimeout)
+			defer cancel()
+		}
+		vecs, space, err := x.embed(qctx, []string{query})
 		if err != nil {
 			return nil, err
 		}
-		qv = vecs[0]
+		qv, qspace = vecs[0], space
 	}
 	qterms := x.queryTerms(query)
 	now := x.opts.Now()
@@ -514,16 +598,20 @@ func (x *Index) SearchFocus(ctx context.Context, query, focus string, k int, mod
 	if mode != ModeBM25 && weighted {
 		qv = normalizedCopy(weighter.EmbedWeighted(query, x.termIDF))
 	}
-	if qv != nil && x.dim != 0 && len(qv) != x.dim {
-		return nil, fmt.Errorf("index: query dimension %d, index %d: %w", len(qv), x.dim, ErrEmbed)
+	if qv != nil && x.dim != 0 && len(qv) != x.dim && x.vecLive > 0 {
+		return nil, fmt.Errorf("index: query dimension %d, index %d (re-embedded on the next update): %w", len(qv), x.dim, ErrEmbed)
+	}
+	if qspace != "" && x.space != "" && qspace != x.space && x.vecLive > 0 {
+		return nil, fmt.Errorf("index: query in embedding space %s, documents in %s (re-embedded on the next update): %w", qspace, x.space, ErrEmbed)
 	}
 	depth := max(k, x.opts.Candidates)
 	var bm, vec []scored
+	var sims simStats
 	if mode != ModeVector {
 		bm = x.searchBM25(qterms, depth, keep)
 	}
 	if mode != ModeBM25 && qv != nil {
-		vec = x.searchVector(qv, depth, keep)
+		vec, sims = x.searchVector(qv, depth, keep)
 	}
 	var gr []scored
 	if mode == ModeHybrid {
@@ -550,6 +638,9 @@ func (x *Index) SearchFocus(ctx context.Context, query, focus string, k int, mod
 		d := &e.doc
 		hits[i] = Hit{ID: d.ID, Text: d.Text, Meta: d.Meta, Score: c.final, Relevance: c.rel, BM25: c.bm25, Cosine: c.cos,
 			Coverage: x.coverage(cterms, e), Graph: c.graph}
+		if d.Vector != nil {
+			hits[i].CosineZ = sims.z(c.cos)
+		}
 	}
 	return hits, nil
 }

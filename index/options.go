@@ -164,6 +164,12 @@ type Options struct {
 	// MaxQueryTerms bounds the distinct terms of a BM25 query, so a hostile
 	// query costs bounded time; 0 selects 64.
 	MaxQueryTerms int
+	// QueryTimeout bounds the embedding of a search's query (hybrid and
+	// vector modes; a remote embedder): past it the search fails with
+	// ErrEmbed, and memory recalls by words for that turn. 0 selects
+	// 500 ms (the design's alert on recall time), negative leaves only the
+	// caller's context. The offline embedder never waits.
+	QueryTimeout time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -203,6 +209,9 @@ func (o Options) withDefaults() Options {
 	defInt(&o.ExactBelow, 20000)
 	def(&o.CompactRatio, 0.5)
 	defInt(&o.MaxQueryTerms, 64)
+	if o.QueryTimeout == 0 {
+		o.QueryTimeout = 500 * time.Millisecond
+	}
 	return o
 }
 

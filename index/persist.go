@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/internal/durable"
@@ -17,7 +18,8 @@ import (
 //
 //	magic   "KVSIDX\x00\x01"
 //	u32     version
-//	str     embedder name          (str = u32 length, bytes)
+//	str     embedder name          (str = u32 length, bytes), then, for
+//	        a SpaceEmbedder, a NUL and the vectors' space
 //	u32     dimension
 //	u64     document count
 //	per document:
@@ -56,10 +58,14 @@ func (x *Index) Save(path string) (err error) {
 		}
 	}
 	dim := x.dim
+	name := x.emb.Name()
+	if x.space != "" {
+		name += "\x00" + x.space
+	}
 	x.mu.RUnlock()
 
 	err = durable.WriteAtomic(path, func(w io.Writer) error {
-		return encodeIndex(w, x.emb.Name(), dim, snap)
+		return encodeIndex(w, name, dim, snap)
 	})
 	if err != nil {
 		return fmt.Errorf("index: save: %w", err)
@@ -69,7 +75,8 @@ func (x *Index) Save(path string) (err error) {
 
 // Load reads an index saved by Save, with opts as for New. A missing,
 // unreadable, truncated or corrupt file, or one written with another
-// embedder (name or dimension), returns an error matching errCorrupt (and
+// embedder (name or dimension, or, when the embedder is a SpaceEmbedder
+// that knows its space, another space), returns an error matching errCorrupt (and
 // fs.ErrNotExist when missing): the caller then builds a new index with New
 // and Rebuild from its own documents. Load never returns a partly loaded
 // index.
@@ -86,9 +93,14 @@ func Load(path string, opts Options) (*Index, error) {
 	if err != nil {
 		return nil, fmt.Errorf("index: load %s: %w", path, err)
 	}
-	if name != x.emb.Name() || (x.emb.Dim() > 0 && dim != 0 && dim != x.emb.Dim()) {
-		return nil, fmt.Errorf("index: load %s: written by embedder %s (dimension %d), have %s: %w",
-			path, name, dim, x.emb.Name(), errCorrupt)
+	name, space, _ := strings.Cut(name, "\x00")
+	var have string
+	if se, ok := x.emb.(SpaceEmbedder); ok {
+		have = se.Space()
+	}
+	if name != x.emb.Name() || (x.emb.Dim() > 0 && dim != 0 && dim != x.emb.Dim()) || (space != "" && have != "" && space != have) {
+		return nil, fmt.Errorf("index: load %s: written by embedder %s (dimension %d, space %q), have %s (space %q): %w",
+			path, name, dim, space, x.emb.Name(), have, errCorrupt)
 	}
 	// Documents saved without a vector had a zero embedding: they are not
 	// re-embedded.
@@ -106,7 +118,8 @@ func Load(path string, opts Options) (*Index, error) {
 	if dim != 0 {
 		x.dim = dim
 	}
-	if err := x.checkDim(entries); err != nil {
+	x.space = space
+	if err := x.checkDim(entries, true); err != nil {
 		return nil, fmt.Errorf("index: load %s: %w: %w", path, errCorrupt, err)
 	}
 	x.load(entries)

@@ -1,6 +1,7 @@
 package index
 
 import (
+	"math"
 	"math/rand"
 
 	"github.com/coder/hnsw"
@@ -72,20 +73,58 @@ func (x *Index) graphAdd(slot uint32, e *entry) {
 // recompute both norms on every comparison).
 func dotDistance(a, b []float32) float32 { return 1 - vek32.Dot(a, b) }
 
+// simStats are the mean and standard deviation of a query's cosine
+// similarity with the documents searched (n of them).
+type simStats struct {
+	n         int
+	sum, sum2 float64
+}
+
+func (s *simStats) add(v float64) { s.n, s.sum, s.sum2 = s.n+1, s.sum+v, s.sum2+v*v }
+
+// z is the standard score of v; 0 below 8 documents or without spread,
+// where it means nothing.
+func (s *simStats) z(v float64) float64 {
+	if s.n < 8 {
+		return 0
+	}
+	mean := s.sum / float64(s.n)
+	sd := math.Sqrt(max(s.sum2/float64(s.n)-mean*mean, 0))
+	if sd < 1e-6 {
+		return 0
+	}
+	return (v - mean) / sd
+}
+
+// statsSample is how many vectors at most the similarity statistics read
+// when the graph is walked instead of every vector scanned.
+const statsSample = 1024
+
 // searchVector returns the n nearest live vectors by cosine similarity among
-// the documents keep accepts (nil: all). x.mu must be held for reading.
-func (x *Index) searchVector(q []float32, n int, keep func(string) bool) []scored {
+// the documents keep accepts (nil: all), and the query's similarity
+// statistics over them (all of them on an exact scan; an even sample of
+// statsSample on a graph walk). x.mu must be held for reading.
+func (x *Index) searchVector(q []float32, n int, keep func(string) bool) ([]scored, simStats) {
+	var st simStats
 	if x.vecLive == 0 {
-		return nil
+		return nil, st
 	}
 	if x.graph == nil || (x.opts.ExactBelow >= 0 && x.vecLive <= x.opts.ExactBelow) {
 		top := newTopN(n)
 		for slot, e := range x.docs {
 			if e != nil && e.doc.Vector != nil && (keep == nil || keep(e.doc.ID)) {
-				top.push(scored{slot: uint32(slot), score: float64(vek32.Dot(q, e.doc.Vector))})
+				s := float64(vek32.Dot(q, e.doc.Vector))
+				st.add(s)
+				top.push(scored{slot: uint32(slot), score: s})
 			}
 		}
-		return top.sorted()
+		return top.sorted(), st
+	}
+	step := max(len(x.docs)/statsSample, 1)
+	for slot := 0; slot < len(x.docs); slot += step {
+		if e := x.docs[slot]; e != nil && e.doc.Vector != nil && (keep == nil || keep(e.doc.ID)) {
+			st.add(float64(vek32.Dot(q, e.doc.Vector)))
+		}
 	}
 	// Over-fetch in proportion to the tombstones, and at least EfSearch,
 	// which is what makes coder/hnsw explore beyond a greedy descent.
@@ -100,7 +139,7 @@ func (x *Index) searchVector(q []float32, n int, keep func(string) bool) []score
 			}
 		}
 		if top.len() >= n || fetch >= x.inGraph {
-			return top.sorted()
+			return top.sorted(), st
 		}
 		fetch *= 2
 	}

@@ -310,8 +310,17 @@ type RecallOptions struct {
 	// MinScore gates recall: hits scoring below it are not shown. An index
 	// hit passes when it covers at least MinCoverage of the query (see
 	// index.Hit.Coverage) or its cosine similarity reaches MinScore.
-	// Zero: 0.15.
+	// Zero: 0.15. With a model's embeddings (any embedder but the
+	// offline one) the cosine counts only when it stands out, see
+	// MinCosineZ.
 	MinScore float64
+	// MinCosineZ: with a model's embeddings, whose cosine is high for any
+	// two texts, a hit passes on its embedding when its cosine stands this
+	// many standard deviations above the query's similarity with the
+	// memories searched (index.Hit.CosineZ). Zero: 3 (about the top 0.1%
+	// of a normal spread; not tuned: no embedding model ran here);
+	// negative: the plain cosine against MinScore, as offline.
+	MinCosineZ float64
 	// MinCoverage is the share of the query's information (IDF mass) an
 	// index hit must contain to pass on its words alone: a memory that
 	// shares only a frequent word with the question is not relevant enough
@@ -378,6 +387,9 @@ func (o *RecallOptions) ensureDefaults(clk clock.Clock) {
 	}
 	if o.MinScore == 0 {
 		o.MinScore = 0.15
+	}
+	if o.MinCosineZ == 0 {
+		o.MinCosineZ = 3
 	}
 	if o.MinCoverage == 0 {
 		o.MinCoverage = 0.15

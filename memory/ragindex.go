@@ -205,8 +205,7 @@ func (s *Store) indexPendingLocked(ctx context.Context, sess *session) {
 		return
 	}
 	if err := sess.ix.Upsert(ctx, docs...); err != nil {
-		s.stats.indexErrors.Add(1)
-		s.opts.Logger.Warn("memory: index units", "n", len(docs), "err", err)
+		s.indexFailed("memory: index units", len(docs), err)
 		return
 	}
 	s.markIndexedLocked(sess, sess.ix, all)
@@ -241,14 +240,46 @@ func (s *Store) syncIndex(sess *session, force bool) {
 		}
 		sess.mu.Lock()
 		if err != nil {
-			s.stats.indexErrors.Add(1)
-			s.opts.Logger.Warn("memory: index units", "n", len(docs), "err", err)
+			s.indexFailed("memory: index units", len(docs), err)
 		} else if sess.ix == x {
 			s.markIndexedLocked(sess, x, docs)
 		}
 		sess.mu.Unlock()
 	}
+	if s.reembed(ctx, x) {
+		sess.mu.Lock()
+		if sess.ix == x {
+			sess.ixVer++
+		}
+		sess.mu.Unlock()
+	}
 	s.saveIndex(sess, x, force)
+}
+
+// reembed embeds an index's documents again when its embedder moved to
+// another vector space (a remote model changed) and no update did it; it
+// reports whether it did.
+func (s *Store) reembed(ctx context.Context, x *index.Index) bool {
+	if ctx.Err() != nil || !x.Stale() {
+		return false
+	}
+	if err := x.Reembed(ctx); err != nil {
+		s.indexFailed("memory: re-embed an index for a new vector space", x.Len(), err)
+		return false
+	}
+	return true
+}
+
+// indexFailed counts an index update that failed; the units stay pending
+// and the next sync tries again. One whose embedding failed is logged at
+// debug level: the embedder logs its outages once.
+func (s *Store) indexFailed(msg string, n int, err error) {
+	s.stats.indexErrors.Add(1)
+	if errors.Is(err, index.ErrEmbed) {
+		s.opts.Logger.Debug(msg, "n", n, "err", err)
+		return
+	}
+	s.opts.Logger.Warn(msg, "n", n, "err", err)
 }
 
 // saveIndex writes the index file if it changed since the last save.

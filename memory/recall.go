@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"time"
@@ -181,8 +182,25 @@ func (s *Store) relevant(coverage, cos float64) bool {
 // but not passing the recall gate. What the graph reached through an
 // entity of the query and a link holding more of the query is relevant.
 func (s *Store) gateHit(h index.Hit) (found, weak bool) {
-	found = h.BM25 > 0 || h.Graph > 0 || h.Cosine >= s.opts.Recall.MinScore
-	return found, h.Graph == 0 && !s.relevant(h.Coverage, h.Cosine)
+	cos := s.gateCosine(h)
+	found = h.BM25 > 0 || h.Graph > 0 || cos >= s.opts.Recall.MinScore
+	return found, h.Graph == 0 && !s.relevant(h.Coverage, cos)
+}
+
+// gateCosine is the similarity the gate compares with Recall.MinScore: the
+// cosine of the offline embedder, whose vectors share features only through
+// shared words and spellings; for a model's embeddings, the cosine when it
+// stands Recall.MinCosineZ standard deviations above the query's similarity
+// with the memories searched, else 0.
+func (s *Store) gateCosine(h index.Hit) float64 {
+	o := &s.opts.Recall
+	if s.localEmbedder || o.MinCosineZ < 0 {
+		return h.Cosine
+	}
+	if h.CosineZ >= o.MinCosineZ {
+		return max(h.Cosine, o.MinScore)
+	}
+	return 0
 }
 
 // gate returns the part of the query a memory must cover: the newest user
@@ -227,8 +245,7 @@ func (s *Store) searchSession(ctx context.Context, sess *session, query recallQu
 			}
 			return out
 		}
-		s.stats.indexErrors.Add(1)
-		s.opts.Logger.Warn("memory: index search failed, using the Recaller", "err", err)
+		s.searchFailed(sess, x, "memory: index search failed, using the Recaller", err)
 	}
 	sess.refreshIndex()
 	if len(sess.cands) == 0 {
@@ -257,8 +274,7 @@ func (s *Store) searchUser(ctx context.Context, sess *session, um *userMem, quer
 	own := userDocPrefix(sess)
 	hits, err := x.SearchFocus(ctx, query.text, query.gate(), k, mode, func(id string) bool { return !strings.HasPrefix(id, own) })
 	if err != nil {
-		s.stats.indexErrors.Add(1)
-		s.opts.Logger.Warn("memory: user index search failed", "err", err)
+		s.searchFailed(sess, x, "memory: user index search failed", err)
 		return nil
 	}
 	out := make([]recallItem, 0, len(hits))
@@ -270,6 +286,24 @@ func (s *Store) searchUser(ctx context.Context, sess *session, um *userMem, quer
 		}
 	}
 	return out
+}
+
+// searchFailed counts a failed search of x, an index of sess or of its
+// user. One whose embedding failed is logged at debug level (the embedder
+// logs its outages once; the turn recalls by words); when x's vectors are
+// of an older vector space than its embedder's, the session is queued so
+// the worker embeds them again.
+func (s *Store) searchFailed(sess *session, x *index.Index, msg string, err error) {
+	s.stats.indexErrors.Add(1)
+	if errors.Is(err, index.ErrEmbed) {
+		s.stats.recallByWords.Add(1)
+		s.opts.Logger.Debug(msg, "err", err)
+		if x.Stale() {
+			s.enqueue(sess)
+		}
+		return
+	}
+	s.opts.Logger.Warn(msg, "err", err)
 }
 
 // itemsFor returns the items of ids (a previous recalled set) that still

@@ -15,7 +15,7 @@ type storeStats struct {
 	quarantineRemoved, sharedTrims              atomic.Int64
 	diskBytes, sharedBytes                      atomic.Int64
 
-	fullRecalls, probeReuses                 atomic.Int64
+	fullRecalls, probeReuses, recallByWords  atomic.Int64
 	indexRebuilds, indexErrors, indexSaves   atomic.Int64
 	decayed, expired, boosts, boostsLimited  atomic.Int64
 	extractJobs, extractDropped, extractErrs atomic.Int64
@@ -97,7 +97,12 @@ type Stats struct {
 	FullRecallRate float64
 	IndexRebuilds  int64 // session indexes rebuilt from units (file missing or corrupt)
 	IndexErrors    int64 // index updates, searches or saves that failed
-	IndexSaves     int64 // index files written
+	// RecallByWords counts searches of an index whose embedding failed
+	// (a remote embedder down, slow or answering in a new space) and that
+	// recalled by words instead: the session's Recaller, or nothing from
+	// the user's other sessions. Also counted in IndexErrors.
+	RecallByWords int64
+	IndexSaves    int64 // index files written
 
 	Decayed       int64 // decay periods applied to memories
 	Expired       int64 // episodes deleted by decay
@@ -160,6 +165,7 @@ func (s *Store) Stats() Stats {
 		out.FullRecallRate = float64(out.FullRecalls) / float64(n)
 	}
 	out.IndexRebuilds, out.IndexErrors, out.IndexSaves = st.indexRebuilds.Load(), st.indexErrors.Load(), st.indexSaves.Load()
+	out.RecallByWords = st.recallByWords.Load()
 	out.Decayed, out.Expired, out.Boosts, out.BoostsLimited = st.decayed.Load(), st.expired.Load(), st.boosts.Load(), st.boostsLimited.Load()
 	out.ExtractJobs, out.ExtractDropped, out.ExtractErrors = st.extractJobs.Load(), st.extractDropped.Load(), st.extractErrs.Load()
 	out.FactOps, out.FactOpsRejected, out.Episodes = st.factOps.Load(), st.factOpsRejected.Load(), st.episodes.Load()

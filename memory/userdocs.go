@@ -184,16 +184,20 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 			return ok && old.Text == d.Text
 		})
 	}
+	ctx := s.ctx
+	if s.localEmbedder {
+		ctx = context.Background() // offline: also on Close
+	}
+	if s.reembed(ctx, x) {
+		um.changed()
+	}
 	if len(docs) == 0 && len(stale) == 0 {
 		sess.mu.Lock()
 		sess.setUserMarksLocked(marks, stale, seq, ver)
 		sess.mu.Unlock()
 		return
 	}
-	ctx := s.ctx
-	if s.localEmbedder {
-		ctx = context.Background() // offline: also on Close
-	} else if ctx.Err() != nil {
+	if !s.localEmbedder && ctx.Err() != nil {
 		return // closing: a remote embedder is not called any more
 	}
 	added := 0
@@ -204,8 +208,7 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 	}
 	if len(docs) > 0 {
 		if err := x.Upsert(ctx, docs...); err != nil {
-			s.stats.indexErrors.Add(1)
-			s.opts.Logger.Warn("memory: user index", "n", len(docs), "err", err)
+			s.indexFailed("memory: user index", len(docs), err)
 			return
 		}
 	}

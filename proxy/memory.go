@@ -90,6 +90,8 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		v          int64
 	}{
 		{"full_recalls", "Recalls that ran a full top-k search (topic switch or first turn).", st.FullRecalls},
+		{"recall_by_words", "Index searches whose query embedding failed (the embeddings endpoint down, slow or in a new vector space): the turn recalled by words.", st.RecallByWords},
+		{"index_errors", "Memory index updates, searches or saves that failed.", st.IndexErrors},
 		{"probe_reuses", "Recalls answered by the working memory (same topic).", st.ProbeReuses},
 		{"extract_dropped", "Fact-extraction jobs dropped because the queue was full.", st.ExtractDropped},
 		{"fact_ops_rejected", "Fact operations from the model rejected by the strict parser.", st.FactOpsRejected},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -51,8 +52,11 @@ type serveConfig struct {
 	modelWindows    string
 	userScope       string
 	embedder        string
+	embeddingURL    string
 	embeddingModel  string
 	embeddingDim    int
+	embedTimeout    time.Duration
+	embedQueryTO    time.Duration
 	overflow, fsync string
 	summaryKey      string
 	kvStrategy      string
@@ -110,8 +114,11 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.userScope, "user-scope", "session", "who shares memory when a request names no end user (X-User-ID or the body's user): session (each session recalls only its own memory) or tenant (every session of an API key shares ONE memory: anyone holding the key recalls everyone's words)")
 	fs.StringVar(&c.modelWindows, "model-window-tokens", "", "per-model window limits, e.g. 'gpt-4o=128000,llama-3*=32768' (a trailing * matches a prefix)")
 	fs.StringVar(&c.embedder, "embedder", "offline", "memory recall embeddings: offline (built in, no model) or upstream (the upstream's /v1/embeddings)")
-	fs.StringVar(&c.embeddingModel, "embedding-model", "", "model name for --embedder upstream")
-	fs.IntVar(&c.embeddingDim, "embedding-dim", 0, "vector size of --embedder upstream's model (0: learned from the first answer)")
+	fs.StringVar(&c.embeddingURL, "embedding-url", "", "base URL of the OpenAI-compatible /v1/embeddings for --embedder upstream (default: --upstream; llama-server needs --embeddings and a pooling, e.g. --pooling mean)")
+	fs.StringVar(&c.embeddingModel, "embedding-model", "", "model name for --embedder upstream (empty: left out of the request, the server's own model)")
+	fs.IntVar(&c.embeddingDim, "embedding-dim", 0, "vector size of --embedder upstream's model (0: learned from the answers, followed when the server changes model)")
+	fs.DurationVar(&c.embedTimeout, "embedding-timeout", 10*time.Second, "bound on each request to the embeddings endpoint (indexing in the background)")
+	fs.DurationVar(&c.embedQueryTO, "embedding-query-timeout", 500*time.Millisecond, "how long a turn's recall waits for its query's embedding before recalling by words")
 	fs.StringVar(&c.overflow, "overflow", "importance", "when history overflows the window: importance, tail or summary")
 	fs.StringVar(&c.fsync, "fsync", "always", "session log fsync policy: always, interval or never")
 	fs.DurationVar(&c.sessionTTL, "session-ttl", 0, "delete a session (log and index) once nothing was written to it for this long (0: never)")
@@ -376,17 +383,14 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	if share == 0 {
 		share = -1 // off
 	}
-	idx := index.Options{GraphWeight: c.graphWeight}
-	switch c.embedder {
-	case "offline", "":
-	case "upstream":
-		e, err := index.NewOpenAIEmbedder(index.OpenAIOptions{BaseURL: c.upstream, APIKey: c.summaryKey, Model: c.embeddingModel, Dim: c.embeddingDim})
-		if err != nil {
-			return fmt.Errorf("--embedder upstream: %w", err)
-		}
-		idx.Embedder = e
-	default:
-		return fmt.Errorf("--embedder %q: want offline or upstream", c.embedder)
+	idx := index.Options{GraphWeight: c.graphWeight, QueryTimeout: c.embedQueryTO}
+	emb, err := openEmbedder(ctx, &c, log)
+	if err != nil {
+		return err
+	}
+	if emb != nil {
+		idx.Embedder = emb
+		onClose("embedder", emb.Close)
 	}
 	t = time.Now()
 	var sharedLog memory.SharedLog
@@ -460,6 +464,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	})
 	if err != nil {
 		return err
+	}
+	if emb != nil {
+		srv.Metrics().AddCollector(func(w io.Writer) { writeEmbedderMetrics(w, emb) })
 	}
 	if ln == nil {
 		if ln, err = net.Listen("tcp", c.listen); err != nil {
