@@ -192,5 +192,8 @@ func (x *Index) coverage(qterms []queryTerm, e *entry) float64 {
 	if n == 0 || known <= 0 {
 		return 0
 	}
-	return held / (known + float64(unknown)*known/float64(n))
+	// A query word the index has never seen is at least as telling as
+	// its rarest word: a memory that shares only the question's common
+	// words ("item" of "Item 25, goblet?") covers little of it.
+	return held / (known + float64(unknown)*idf(x.live, 1))
 }
