@@ -263,3 +263,29 @@ func FuzzSnapshotSection(f *testing.F) {
 		}
 	})
 }
+
+// A snapshot imported into one replica of a fleet is the fleet's: another
+// replica serves the session's next turn from the shared log, and a
+// snapshot of a session the fleet holds already is refused.
+func TestSnapshotImportIntoFleet(t *testing.T) {
+	src := openStore(t, t.TempDir(), nil)
+	for i := range 3 {
+		turnOn(t, src, i)
+	}
+	section, _, err := src.ExportSession(context.Background(), "t1", "S", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh := newMemLog()
+	with := func(o *Options) { o.SharedLog = sh }
+	a, b := openStore(t, t.TempDir(), with), openStore(t, t.TempDir(), with)
+	if _, err := a.ImportSession(context.Background(), "t1", "S", "", section); err != nil {
+		t.Fatal(err)
+	}
+	turnOn(t, b, 3)
+	wantHistory(t, b, 4)
+	wantHistory(t, a, 4)
+	if _, err := b.ImportSession(context.Background(), "t1", "S", "", section); !errors.Is(err, ErrExists) {
+		t.Fatalf("import over the fleet's session: %v", err)
+	}
+}
