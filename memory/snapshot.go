@@ -383,9 +383,10 @@ func (s *Store) CheckSnapshot(section []byte, user string) (SnapshotInfo, error)
 // ErrUserMismatch); a session that exists already is ErrExists; a
 // damaged section matches durable.ErrCorrupt. Nothing is written unless
 // the whole section replays. The log is written atomically (and, with a
-// SharedLog, replaces the shared copy first); the session's index is
+// SharedLog, goes to the shared copy first); the session's index is
 // rebuilt from its units on first use, and its user's index takes its
-// documents in the background.
+// documents in the background. With a SharedLog the records are appended
+// to the shared copy first (after a deleted session's tombstone).
 func (s *Store) ImportSession(ctx context.Context, tenant, sessionID, user string, section []byte) (SnapshotInfo, error) {
 	if sessionID == "" {
 		return SnapshotInfo{}, fmt.Errorf("%w: empty session id", ErrInvalid)
@@ -416,16 +417,23 @@ func (s *Store) ImportSession(ctx context.Context, tenant, sessionID, user strin
 	if sess.exists || sess.pending != nil {
 		return SnapshotInfo{}, fmt.Errorf("%w: %q", ErrExists, sessionID)
 	}
+	var sharedN int64
 	if s.opts.SharedLog != nil {
-		if err := s.opts.SharedLog.Replace(sctx, tenant, sessionID, ps.payloads); err != nil {
+		// Appended after what the shared log holds (nothing, or a deleted
+		// session ending in its tombstone), never replacing it: a replica
+		// holding the deleted session finds the tombstone in the tail it
+		// reads and rebuilds, as after any delete.
+		n, err := s.opts.SharedLog.Append(sctx, tenant, sessionID, max(sess.sharedN, 0), ps.payloads)
+		if err != nil {
 			return SnapshotInfo{}, fmt.Errorf("memory: import to the shared log: %w", err)
 		}
+		sharedN = n
 	}
 	if err := s.rebuildLocked(sess, ps.payloads); err != nil {
 		return SnapshotInfo{}, err
 	}
 	if s.opts.SharedLog != nil {
-		sess.sharedN = int64(len(ps.payloads))
+		sess.setShared(sharedN, ps.payloads)
 		if !s.private(sess.user) {
 			if err := s.registerUserSession(sctx, sess); err != nil {
 				s.opts.Logger.Warn("memory: register an imported session with its user in the shared log", "err", err)

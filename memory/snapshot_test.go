@@ -279,9 +279,26 @@ func TestSnapshotImportIntoFleet(t *testing.T) {
 	sh := newMemLog()
 	with := func(o *Options) { o.SharedLog = sh }
 	a, b := openStore(t, t.TempDir(), with), openStore(t, t.TempDir(), with)
+	// b held another conversation of that id, deleted since (the proxy
+	// deletes the caller's session before it imports over it).
+	if _, err := b.Prepare(context.Background(), TurnRequest{Tenant: "t1", SessionID: "S", Model: "m",
+		Messages: []Message{text("user", "an older conversation"), text("assistant", "long gone"), text("user", "really")}}); err != nil {
+		t.Fatal(err)
+	}
+	wantOld := func() {
+		t.Helper()
+		if v, err := b.Session("t1", "S"); err != nil || len(v.Messages) != 3 {
+			t.Fatalf("b's copy: %v %d messages", err, len(v.Messages))
+		}
+	}
+	wantOld()
+	if err := a.Delete("t1", "S"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := a.ImportSession(context.Background(), "t1", "S", "", section); err != nil {
 		t.Fatal(err)
 	}
+	wantHistory(t, b, 3)
 	turnOn(t, b, 3)
 	wantHistory(t, b, 4)
 	wantHistory(t, a, 4)
