@@ -10,6 +10,12 @@
 //     the slot, keeps it in the kv.Cache's tiers as a blob keyed by a hash
 //     of (tenant, session, model), and restores it when the session comes
 //     back. parseSlotState validates the state files (layout in DESIGN.md).
+//   - Context snapshots (llamacpp_snapshot.go): ExportStates writes a
+//     session's saved states (metadata and slot files, each checksummed)
+//     as the engine section of a .hctx file; ImportStates takes them into
+//     the tiers and the catalog of another connector as that session's,
+//     after checking every slot file and that its server runs the same
+//     model and KV layout (ErrOtherModel otherwise; nothing imported).
 //   - Generic forwards bodies untouched and keeps statistics; engines such
 //     as vLLM or SGLang reuse KV through their own prefix caches, which hit
 //     because the memory package keeps the prompt prefix byte-stable.

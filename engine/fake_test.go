@@ -52,7 +52,7 @@ func fakeTokens(text string) []int32 {
 // task counters and token counts, and a restart (with another model or
 // not) empties the slots and resets the counters.
 type fakeLlama struct {
-	t   *testing.T
+	t   testing.TB
 	dir string
 	// slotsStatus, when not zero, answers every /slots action with it and
 	// slotsMsg.
@@ -84,7 +84,7 @@ type fakeLlama struct {
 	log      []string // "save 0", "restore 1", "chat 0 <cache_n>", "probe 0", "erase 0"
 }
 
-func newFakeLlama(t *testing.T, nslot int) (*fakeLlama, *httptest.Server) {
+func newFakeLlama(t testing.TB, nslot int) (*fakeLlama, *httptest.Server) {
 	f := &fakeLlama{t: t, dir: t.TempDir(), model: 1, written: map[string][]byte{}, restored: map[string][]byte{}, held: make(chan int, 16)}
 	f.restart(1, nslot)
 	srv := httptest.NewServer(f)
@@ -389,7 +389,7 @@ func (h *countHandler) count(sub string) int {
 }
 
 type harness struct {
-	t     *testing.T
+	t     testing.TB
 	fake  *fakeLlama
 	srv   *httptest.Server
 	cache *kv.Cache
@@ -399,7 +399,7 @@ type harness struct {
 	warns *countHandler
 }
 
-func newHarness(t *testing.T, slots int, mod func(*LlamaCPPOptions)) *harness {
+func newHarness(t testing.TB, slots int, mod func(*LlamaCPPOptions)) *harness {
 	t.Helper()
 	fake, srv := newFakeLlama(t, slots)
 	h := &harness{t: t, fake: fake, srv: srv, dir: t.TempDir(), warns: &countHandler{}}

@@ -83,7 +83,14 @@
 //     ReuseOverlap skips the full retrieval (the previous set, rebuilt from
 //     current memory, plus the probe's hits), otherwise a full retrieval
 //     (Recall.K over both indexes) replaces it (Stats.FullRecallRate). The
-//     gating only saves work: what it shows is never stale. In memory only.
+//     gating only saves work: what it shows is never stale. In memory only
+//     (a context snapshot carries it).
+//   - Context snapshots (snapshot.go): ExportSession returns a session
+//     captured whole for a .hctx file — the log's records that replay,
+//     plus the working memory — and ImportSession creates a session from
+//     one (another tenant, id or store: triple ids follow the new
+//     session), checked whole by replaying it first; nothing is written
+//     unless it all replays, and only for the snapshot's own end user.
 //   - Memory categories and decay (categories.go): system and core memories
 //     never decay and are always injected; facts and episodes decay per
 //     period untouched, episodes expire; BOOST is rate-limited; review

@@ -233,7 +233,12 @@ type session struct {
 
 	// sharedN is the length of the shared log (Options.SharedLog) that the
 	// state reflects; -1 when unknown (loaded from disk, or new here).
-	sharedN int64
+	// sharedLast is recordHash of the record at sharedN-1 (0: none): a
+	// tail read checks it, so a list replaced since (a delete elsewhere,
+	// then a new session of the id longer than this copy) is rebuilt,
+	// never read as this copy's tail. Set both with setShared.
+	sharedN    int64
+	sharedLast uint64
 
 	kb knowledge // triples (triples.go)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"path/filepath"
 	"slices"
 	"time"
@@ -81,15 +82,27 @@ func (s *Store) syncLocked(ctx context.Context, sess *session) error {
 	case sess.sharedN == n:
 		return nil
 	case sess.sharedN >= 0 && sess.sharedN < n && sess.log != nil:
-		tail, err := sh.Records(ctx, sess.tenant, sess.id, sess.sharedN)
+		// Read from the last record this copy knows, to check it is still
+		// there: after a delete elsewhere (the list replaced by a
+		// tombstone) and a new session of the id grown past this copy's
+		// position, it is not.
+		from := sess.sharedN
+		if sess.sharedLast != 0 {
+			from--
+		}
+		tail, err := sh.Records(ctx, sess.tenant, sess.id, from)
 		if err != nil {
 			return fmt.Errorf("memory: shared log: %w", err)
 		}
-		if !slices.ContainsFunc(tail, isGone) {
+		same := from == sess.sharedN || len(tail) > 0 && recordHash(tail[0]) == sess.sharedLast
+		if from < sess.sharedN && same {
+			tail = tail[1:]
+		}
+		if same && !slices.ContainsFunc(tail, isGone) {
 			if err := s.applySharedLocked(sess, tail); err != nil {
 				return err
 			}
-			sess.sharedN += int64(len(tail))
+			sess.setShared(sess.sharedN+int64(len(tail)), tail)
 			s.stats.logPulled.Add(int64(len(tail)))
 			return nil
 		}
@@ -121,15 +134,35 @@ func (s *Store) syncLocked(ctx context.Context, sess *session) error {
 			sess.gone.Store(false) // the entry stays usable: the id may be created again
 		}
 		sess.reset()
-		sess.sharedN = int64(len(all))
+		sess.setShared(int64(len(all)), all)
 		return nil
 	}
 	if err := s.rebuildLocked(sess, live); err != nil {
 		return err
 	}
-	sess.sharedN = int64(len(all))
+	sess.setShared(int64(len(all)), all)
 	s.stats.logRebuilds.Add(1)
 	return nil
+}
+
+// setShared records that the session's state reflects the first n
+// records of the shared log, the last of them the last of recs (when recs
+// is not empty; otherwise the last known stays, or none when n is 0).
+func (sess *session) setShared(n int64, recs [][]byte) {
+	switch {
+	case n <= 0:
+		sess.sharedLast = 0
+	case len(recs) > 0:
+		sess.sharedLast = recordHash(recs[len(recs)-1])
+	}
+	sess.sharedN = n
+}
+
+// recordHash names a shared log record's bytes (never 0).
+func recordHash(p []byte) uint64 {
+	h := fnv.New64a()
+	h.Write(p)
+	return h.Sum64() | 1
 }
 
 // sharedGone reports whether the session's shared log ends deleted (its
@@ -218,7 +251,7 @@ func (s *Store) rebuildLocked(sess *session, payloads [][]byte) error {
 // shared log.
 func (s *Store) uploadLocked(ctx context.Context, sess *session) error {
 	if sess.log == nil {
-		sess.sharedN = 0
+		sess.setShared(0, nil)
 		return nil
 	}
 	var payloads [][]byte
@@ -231,7 +264,7 @@ func (s *Store) uploadLocked(ctx context.Context, sess *session) error {
 	if err != nil {
 		return fmt.Errorf("memory: upload to the shared log: %w", err)
 	}
-	sess.sharedN = n
+	sess.setShared(n, payloads)
 	s.stats.logUploads.Add(1)
 	return nil
 }
@@ -251,7 +284,7 @@ func (s *Store) shareLocked(ctx context.Context, sess *session, meta, framed []b
 		}
 		n, err := s.opts.SharedLog.Append(ctx, sess.tenant, sess.id, sess.sharedN, payloads)
 		if err == nil {
-			sess.sharedN = n
+			sess.setShared(n, payloads)
 			s.stats.logPushed.Add(int64(len(payloads)))
 			if sess.log == nil && !s.private(sess.user) {
 				// A new session: its user's other replicas will look for it.

@@ -313,3 +313,23 @@ func TestSharedLogUserScope(t *testing.T) {
 		t.Fatal("the user's session served on the other replica is not in this replica's user index")
 	}
 }
+
+// A replica whose copy of a session predates its deletion elsewhere, and
+// a new conversation of the same id there that grew past the copy's
+// position, rebuilds from the shared log: it never reads the new
+// conversation's records as the tail of the old one.
+func TestSharedLogDeletedAndRecreatedPastAStaleCopy(t *testing.T) {
+	sh := newMemLog()
+	with := func(o *Options) { o.SharedLog = sh }
+	a, b := openStore(t, t.TempDir(), with), openStore(t, t.TempDir(), with)
+	turnOn(t, b, 0) // b's copy: the old conversation
+	if err := a.Delete("t1", "S"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 { // the new one, on a, longer than b's copy
+		turnOn(t, a, i)
+	}
+	wantHistory(t, b, 4)
+	turnOn(t, b, 4)
+	wantHistory(t, a, 5)
+}

@@ -516,7 +516,7 @@ func (sess *session) reset() {
 	sess.wm.reset()
 	sess.kb = knowledge{}
 	sess.factSeq, sess.episodeSeq = 0, 0
-	sess.sharedN = -1
+	sess.sharedN, sess.sharedLast = -1, 0
 	sess.unitsChanged()
 }
 

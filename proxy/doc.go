@@ -56,6 +56,16 @@
 // the tool never takes the caller from its arguments. Without it /mcp is
 // 404.
 //
+// Context snapshots (snapshot.go): GET /v1/sessions/{id}/snapshot answers
+// the caller's session (API key and exactly its X-User-ID end user) as one
+// .hctx file (package hctx: a manifest, memory's section, and the engine's
+// KV states when the connector keeps them, SnapshotEngine, within
+// Options.MaxSnapshotBytes); PUT with such a file creates the session for
+// the caller, replacing the caller's own session of that id. An import is
+// checked whole before anything is written (damaged: 400, another end
+// user: 403, states of another model: 409) and undone if its engine half
+// fails.
+//
 // Session plumbing: a request's session id comes from the X-Session-ID header,
 // else the body's prompt_cache_key; its tenant is a hash of the Authorization
 // bearer, so one key never sees another key's sessions. Without a session id,

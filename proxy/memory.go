@@ -447,20 +447,23 @@ func (sr *streamReply) message() []byte {
 	return b
 }
 
-// handleSessions serves the admin API: GET /v1/sessions/{id},
-// GET /v1/sessions/{id}/memory, DELETE /v1/sessions/{id}, scoped by tenant.
+// handleSessions serves the sessions API: GET /v1/sessions/{id},
+// GET /v1/sessions/{id}/memory, DELETE /v1/sessions/{id}, and
+// GET|PUT /v1/sessions/{id}/snapshot (snapshot.go), scoped by tenant.
 // tail is the raw path after /v1/sessions (see route.go).
 func (s *Server) handleSessions(ctx *fasthttp.RequestCtx, tail []byte) {
 	if s.opts.Memory == nil {
 		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "memory_disabled", "session memory is disabled on this sidecar")
 		return
 	}
-	// tail is what follows /v1/sessions: "/{id}" or "/{id}/memory", the id
-	// one escaped segment (so ".." is a name here, not a step up).
+	// tail is what follows /v1/sessions: "/{id}", "/{id}/memory" or
+	// "/{id}/snapshot", the id one escaped segment (so ".." is a name
+	// here, not a step up).
 	segs, err := pathSegments(tail)
 	wantMemory := len(segs) == 2 && segs[1] == "memory"
-	if err != nil || len(segs) == 0 || len(segs) > 2 || len(segs) == 2 && !wantMemory {
-		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_path", "session path must be /v1/sessions/{id}[/memory] with the id URL-escaped")
+	wantSnapshot := len(segs) == 2 && segs[1] == "snapshot"
+	if err != nil || len(segs) == 0 || len(segs) > 2 || len(segs) == 2 && !wantMemory && !wantSnapshot {
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_path", "session path must be /v1/sessions/{id}[/memory|/snapshot] with the id URL-escaped")
 		return
 	}
 	id := segs[0]
@@ -470,6 +473,10 @@ func (s *Server) handleSessions(ctx *fasthttp.RequestCtx, tail []byte) {
 	}
 	tenant, ok := s.requireTenant(ctx)
 	if !ok {
+		return
+	}
+	if wantSnapshot {
+		s.handleSnapshot(ctx, tenant, id) // the end user must match exactly
 		return
 	}
 	// A caller that names an end user sees only that user's sessions.

@@ -85,9 +85,16 @@ type Options struct {
 	KV KV
 
 	// MaxKVBytes bounds a KV API body (413 beyond); the server reads bodies
-	// up to max(MaxBodyBytes, MaxKVBytes) and checks per route. Default
-	// 64 MiB.
+	// up to max(MaxBodyBytes, MaxKVBytes, MaxSnapshotBytes) and checks per
+	// route. Default 64 MiB.
 	MaxKVBytes int
+
+	// MaxSnapshotBytes bounds a context snapshot (.hctx) imported with
+	// PUT /v1/sessions/{id}/snapshot (413 beyond) and what an export puts
+	// in one: the session's memory, then its newest KV states that fit.
+	// Default 64 MiB (about 500 tokens of Llama-3-8B KV in fp16, 30,000 of
+	// a tiny test model): raise it for real models.
+	MaxSnapshotBytes int
 
 	// Engine moves a session's prefix KV in and out of the LLM server around
 	// each chat and completions request (engine.LlamaCPP), or only keeps
@@ -147,6 +154,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.MaxKVBytes == 0 {
 		o.MaxKVBytes = 64 << 20
+	}
+	if o.MaxSnapshotBytes == 0 {
+		o.MaxSnapshotBytes = 64 << 20
 	}
 	if o.MaxResponseBytes == 0 {
 		o.MaxResponseBytes = 256 << 20
@@ -228,7 +238,7 @@ func (o *Options) validate() (*url.URL, error) {
 			return nil, fmt.Errorf("proxy: %s must not be negative, got %s", d.name, d.v)
 		}
 	}
-	if o.MaxBodyBytes < 0 || o.MaxKVBytes < 0 || o.MaxResponseBytes < 0 || o.MaxIdleConnsPerHost < 0 || o.ConsoleSamples < 0 {
+	if o.MaxBodyBytes < 0 || o.MaxKVBytes < 0 || o.MaxSnapshotBytes < 0 || o.MaxResponseBytes < 0 || o.MaxIdleConnsPerHost < 0 || o.ConsoleSamples < 0 {
 		return nil, errors.New("proxy: size limits must not be negative")
 	}
 	if o.AdminToken != "" {

@@ -50,6 +50,18 @@ func ownedRoute(raw []byte) (r route, tail []byte, ok bool) {
 	return 0, nil, false
 }
 
+// isSnapshotPath reports whether tail, the raw path after /v1/sessions,
+// names a session's snapshot (/{id}/snapshot), whose body bound is
+// Options.MaxSnapshotBytes.
+func isSnapshotPath(tail []byte) bool {
+	_, rest, ok := nextSegment(tail)
+	if !ok {
+		return false
+	}
+	seg, rest, ok := nextSegment(rest)
+	return ok && rest == nil && segmentIs(seg, "snapshot")
+}
+
 // nextSegment splits "/seg/rest" into seg and "/rest"; ok is false when p
 // does not start with '/'.
 func nextSegment(p []byte) (seg, rest []byte, ok bool) {

@@ -36,6 +36,7 @@ type Server struct {
 	probeMu sync.Mutex
 	up      *upClient
 	mem     memMetrics
+	snap    snapMetrics // context snapshots (snapshot.go)
 	// limits is the engine's context per model (ctxlimit.go); nil
 	// without memory, which alone adds to requests.
 	limits *ctxLimits
@@ -100,6 +101,9 @@ func New(opts Options) (*Server, error) {
 		s.limits = newCtxLimits(base, opts.Memory.CountTokensContext, s.stopping, s.log)
 		s.limits.noProbe = opts.NoContextProbe
 		s.metrics.AddCollector(func(w io.Writer) { s.mem.write(w, opts.Memory.Stats()) })
+		if _, ok := opts.Memory.(SnapshotMemory); ok {
+			s.metrics.AddCollector(s.snap.write)
+		}
 	}
 	if opts.KV != nil {
 		s.metrics.AddCollector(func(w io.Writer) { writeKVMetrics(w, opts.KV) })
@@ -115,7 +119,7 @@ func New(opts Options) (*Server, error) {
 		ErrorHandler:          s.handleParseError,
 		NoDefaultServerHeader: true, // the upstream's Server header passes through
 		NoDefaultContentType:  true,
-		MaxRequestBodySize:    max(opts.MaxBodyBytes, opts.MaxKVBytes),
+		MaxRequestBodySize:    max(opts.MaxBodyBytes, opts.MaxKVBytes, opts.MaxSnapshotBytes),
 		ReadTimeout:           opts.ReadTimeout,
 		WriteTimeout:          opts.WriteTimeout,
 		IdleTimeout:           opts.IdleTimeout,
@@ -177,7 +181,7 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		status, code = fasthttp.StatusRequestEntityTooLarge, "body_too_large"
-		msg = fmt.Sprintf("request body exceeds the limit of %d bytes", max(s.opts.MaxBodyBytes, s.opts.MaxKVBytes))
+		msg = fmt.Sprintf("request body exceeds the limit of %d bytes", max(s.opts.MaxBodyBytes, s.opts.MaxKVBytes, s.opts.MaxSnapshotBytes))
 	case errors.As(err, &te) && te.Timeout():
 		status, code, msg = fasthttp.StatusRequestTimeout, "request_timeout", "timed out reading the request"
 	}
@@ -262,8 +266,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	if r, tail, ok := ownedRoute(raw); ok {
 		limit := s.opts.MaxBodyBytes
-		if r == routeKV {
+		switch {
+		case r == routeKV:
 			limit = s.opts.MaxKVBytes
+		case r == routeSessions && isSnapshotPath(tail):
+			limit = s.opts.MaxSnapshotBytes
 		}
 		if !s.tooLarge(ctx, limit) {
 			switch r {

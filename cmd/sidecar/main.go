@@ -5,6 +5,7 @@
 //	sidecar bench [workload] [--json]
 //	sidecar gpu [--device auto|cuda|cpu]
 //	sidecar inspect DIR
+//	sidecar snapshot export|import|inspect
 //	sidecar version
 //
 // Every flag also reads an environment variable: --upstream-timeout reads
@@ -39,6 +40,7 @@ commands:
   bench     run a benchmark workload ("sidecar bench help" lists them)
   gpu       list GPUs, memory and a host<->device bandwidth probe
   inspect   report what a data dir holds (sessions, KV archive, quarantine)
+  snapshot  export a session (memory and KV) from a running sidecar as a .hctx file, or import one
   version   print the version
 
 Run "sidecar <command> -h" for a command's flags.
@@ -62,6 +64,8 @@ func run(args []string) int {
 		return cmdGPU(args[1:])
 	case "inspect":
 		return cmdInspect(args[1:])
+	case "snapshot":
+		return cmdSnapshot(args[1:])
 	case "version", "--version", "-version":
 		fmt.Println("sidecar", versionString())
 		return 0

@@ -62,6 +62,7 @@ type serveConfig struct {
 	kvStrategy      string
 	kvTrace         string
 	maxKV           int
+	maxSnapshot     byteSize
 
 	engine  string
 	slotDir string
@@ -134,6 +135,8 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.kvStrategy, "kv-strategy", "", "KV eviction strategy: w-tinylfu (default), lru, lfu, weighted, lru-k or hybrid[:preset]")
 	fs.StringVar(&c.kvTrace, "kv-trace", "", "append every KV store access to this file, keys hashed, for hit-rate replay (bench/simulator; off when empty)")
 	fs.IntVar(&c.maxKV, "max-kv-bytes", 64<<20, "largest KV API body accepted (413 beyond)")
+	c.maxSnapshot = 64 << 20
+	fs.Var(&c.maxSnapshot, "max-snapshot-bytes", "largest context snapshot (.hctx) imported with PUT /v1/sessions/{id}/snapshot (413 beyond), and what an export puts in one (the session's memory, then its newest KV states that fit); bytes or with a unit, e.g. 1GiB (a real model's KV is ~128 KiB a token: raise it)")
 	fs.StringVar(&c.device, "device", "auto", deviceFlagUsage)
 	fs.StringVar(&c.engine, "engine", "generic", "engine connector: generic (byte-stable prefixes, stats only), llamacpp (slot save/restore) or none")
 	fs.StringVar(&c.slotDir, "llamacpp-slot-dir", "", "the llama.cpp server's --slot-save-path, shared with the sidecar (--engine llamacpp)")
@@ -444,6 +447,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		Memory:             mem,
 		KV:                 kvc,
 		MaxKVBytes:         c.maxKV,
+		MaxSnapshotBytes:   int(c.maxSnapshot),
 		Engine:             conn,
 		Upstream:           c.upstream,
 		MaxBodyBytes:       c.maxBody,
