@@ -135,6 +135,15 @@
 //     recall block of the session's next Prepare only and then dropped;
 //     never a unit, never indexed, never written. A failed, malformed or
 //     late condensing shows nothing.
+//   - L4 compression (l4.go, Options.L4): past L4.Threshold facts in a
+//     session, facts whose embeddings are similar (union-find) are merged
+//     by the Extractor (kind "l4_merge", [MERGE] or [SKIP]) in the
+//     background; a merge replaces its facts only when its fidelity (0.6 ×
+//     mean embedding similarity + 0.4 × keyword retention) reaches
+//     L4.Fidelity, and carries its figures and lost keywords
+//     (Unit.Merged); refused clusters are remembered ("l4" records).
+//     Without embeddings (Recall.IndexDisabled) the most important facts
+//     are kept.
 //   - The shared pool (pool.go): per-tenant keyed entries with versions,
 //     creator and updater sessions, metadata, conditional writes
 //     (ErrConflict), prefix listing, in one framed and checksummed log per
@@ -171,7 +180,8 @@
 //     its text (units are deduplicated by role and text and never empty,
 //     dedupe.go), and stays in the log (only
 //     DeleteMemory, the Extractor's [DELETE:id] on facts and episodes, the
-//     reviewer's [DELETE] and episode expiry delete units; a deleted unit
+//     reviewer's [DELETE], L4 compression (facts it merged, or pruned
+//     without embeddings) and episode expiry delete units; a deleted unit
 //     leaves its session's units, index and working memory at once and is
 //     never recreated); a
 //     history that a full-history client rewrote (edit, branch, regenerate)

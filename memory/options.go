@@ -150,6 +150,10 @@ type Options struct {
 	// ToolContext condenses a turn's tool calls and results for the next
 	// turn (toolctx.go).
 	ToolContext ToolContextOptions
+	// L4 compresses a session's facts past a threshold: similar facts
+	// merged by the Extractor's model, kept only with enough fidelity
+	// (l4.go).
+	L4 L4Options
 	// Pool bounds the tenants' shared pools.
 	Pool PoolOptions
 	// Storage bounds open files, disk use and retention, and what is kept
@@ -550,6 +554,7 @@ func (o *Options) EnsureDefaults() *Options {
 	o.Extraction.ensureDefaults()
 	o.Reviewer.ensureDefaults()
 	o.ToolContext.ensureDefaults()
+	o.L4.ensureDefaults()
 	o.Pool.ensureDefaults()
 	o.Storage.setDefaults()
 	return o
@@ -570,7 +575,7 @@ func (o *Options) Validate() error {
 		return errors.New("memory: sizes must not be negative")
 	}
 	return errors.Join(o.Window.validate(o.Recall.share()), o.Recall.validate(), o.Decay.validate(),
-		o.Extraction.validate(), o.Reviewer.validate(), o.ToolContext.validate(), o.Pool.validate(), o.Storage.validate())
+		o.Extraction.validate(), o.Reviewer.validate(), o.ToolContext.validate(), o.L4.validate(), o.Pool.validate(), o.Storage.validate())
 }
 
 // DefaultMemoryBudget is Options.MemoryBudget's default.

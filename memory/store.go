@@ -76,6 +76,7 @@ type Store struct {
 
 	rev reviewer    // the memory reviewer's decisions logs and counters (review.go)
 	tcs toolCtxStat // tool-result context counters (toolctx.go)
+	l4c l4Counters  // L4 compression counters (l4.go)
 
 	stats storeStats
 }

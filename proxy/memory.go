@@ -112,6 +112,10 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{"tool_context_rejected", "Tool-context condensings rejected (malformed, too long) or failed: nothing shown.", st.ToolContextRejected},
 		{"tool_context_late", "Tool contexts ready only after the next turn was prepared (dropped).", st.ToolContextLate},
 		{"tool_context_dropped", "Tool-context condensings not queued because the background queue was full.", st.ToolContextDropped},
+		{"l4_runs", "L4 compression runs over a session's facts past the threshold (clustering passes, and importance prunes without embeddings).", st.L4Runs},
+		{"l4_facts_merged", "Facts replaced by L4 merges that reached the fidelity threshold.", st.L4FactsMerged},
+		{"l4_facts_pruned", "Facts deleted by L4's fallback without embeddings (the most important kept).", st.L4FactsPruned},
+		{"l4_dropped", "L4 compression runs not queued because the background queue was full.", st.L4Dropped},
 	} {
 		fmt.Fprintf(w, "# HELP sidecar_memory_%s_total %s\n# TYPE sidecar_memory_%s_total counter\nsidecar_memory_%s_total %d\n", c.name, c.help, c.name, c.name, c.v)
 	}
@@ -130,12 +134,19 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{memory.ReviewMalformed, st.ReviewsMalformed}, {memory.ReviewUndecided, st.ReviewsUndecided}, {memory.ReviewStale, st.ReviewsStale}} {
 		fmt.Fprintf(w, "sidecar_memory_reviews_by_decision_total{decision=%q} %d\n", c.decision, c.v)
 	}
+	fmt.Fprintf(w, "# HELP sidecar_memory_l4_merges_total L4 merges by outcome (kept replaced its originals; rejected fell below the fidelity threshold; skipped, malformed, stale and error changed nothing).\n# TYPE sidecar_memory_l4_merges_total counter\n")
+	for _, c := range []struct {
+		outcome string
+		v       int64
+	}{{"kept", st.L4Merged}, {"rejected", st.L4Rejected}, {"skipped", st.L4Skipped}, {"malformed", st.L4Malformed}, {"stale", st.L4Stale}, {"error", st.L4Errors}} {
+		fmt.Fprintf(w, "sidecar_memory_l4_merges_total{outcome=%q} %d\n", c.outcome, c.v)
+	}
 	fmt.Fprintf(w, "# HELP sidecar_memory_background_calls_total The sidecar's own upstream calls for memory, by kind.\n# TYPE sidecar_memory_background_calls_total counter\n")
-	calls := st.FactCalls + st.EpisodeCalls + st.SummaryCalls + st.ReviewCalls + st.ToolContextCalls
+	calls := st.FactCalls + st.EpisodeCalls + st.SummaryCalls + st.ReviewCalls + st.ToolContextCalls + st.L4Calls
 	for _, c := range []struct {
 		kind string
 		v    int64
-	}{{"facts", st.FactCalls}, {"episode", st.EpisodeCalls}, {"summary", st.SummaryCalls}, {"review", st.ReviewCalls}, {"tool_context", st.ToolContextCalls}} {
+	}{{"facts", st.FactCalls}, {"episode", st.EpisodeCalls}, {"summary", st.SummaryCalls}, {"review", st.ReviewCalls}, {"tool_context", st.ToolContextCalls}, {"l4_merge", st.L4Calls}} {
 		fmt.Fprintf(w, "sidecar_memory_background_calls_total{kind=%q} %d\n", c.kind, c.v)
 	}
 	perTurn := 0.0
