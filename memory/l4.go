@@ -209,10 +209,16 @@ func (s *Store) maybeCompressLocked(sess *session, now time.Time) {
 	if !o.Enabled || s.ctx.Err() != nil || sess.l4.running {
 		return
 	}
-	fs := factsLocked(sess)
-	if len(fs) <= o.Threshold {
-		return
+	n := 0
+	for _, u := range sess.units {
+		if u.Category == CategoryFact {
+			n++
+		}
 	}
+	if n <= o.Threshold {
+		return // the common case: no list, no sort
+	}
+	fs := factsLocked(sess)
 	fp := l4FactsFP(fs)
 	if fp == sess.l4.lastFP {
 		return

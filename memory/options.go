@@ -225,7 +225,8 @@ type WindowOptions struct {
 	EvictTo float64
 	// StableMaxTokens caps the stable memory block after the client's
 	// system messages (pinned system and core memories, summaries);
-	// negative: no stable block. Zero: 1024.
+	// negative: none of them. Zero: 1024. The shared pool a request names
+	// (TurnRequest.PoolPrefix) has its own budget, Pool.ContextTokens.
 	StableMaxTokens int
 
 	// Encoding forces one tiktoken encoding for every model ("cl100k_base",
