@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"hash/maphash"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -40,9 +41,11 @@ type cachedBlock struct {
 	sums []*Unit
 	nsum int
 	// fp fingerprints what the block was made of (every pinned memory and
-	// the summaries shown, with their text), so a kept block is dropped as
-	// soon as any of it changed.
+	// the summaries shown, with their text, and the pool view), so a kept
+	// block is dropped as soon as any of it changed.
 	fp uint64
+	// pooled is how many pool entries the block shows.
+	pooled int
 	// set marks a block that was made (raw may be nil: nothing to show).
 	set bool
 }
@@ -51,26 +54,39 @@ func summarySegment(u *Unit) string { return "- " + strings.TrimSpace(u.Content)
 
 // stableBlock returns the block after the client's system messages: pinned
 // (system and core) memories by id, then the newest summaries that fit
-// Window.StableMaxTokens, oldest first. Unless refresh, the session's block
+// Window.StableMaxTokens, oldest first, then, for a request that named a
+// pool prefix, the pool's entries under it, newest first, within
+// Pool.ContextTokens (poolevents.go). Unless refresh, the session's block
 // of the previous window is kept while everything it was made of is
 // unchanged, so the prompt's start stays byte-identical until history next
-// leaves the window (new summaries wait for that); a changed or deleted
-// memory it shows is never kept.
+// leaves the window (new summaries wait for that) or the pool under the
+// prefix changes; a changed or deleted memory it shows is never kept.
 func (s *Store) stableBlock(sess *session, p windowParams, refresh bool) cachedBlock {
 	sess.refreshIndex()
-	if st := &sess.sticky; !refresh && st.set && st.enc == p.enc && st.fp == stableFingerprint(sess, st.sums) {
+	if st := &sess.sticky; !refresh && st.set && st.enc == p.enc && st.fp == stableFingerprint(sess, st.sums, p.pool) {
 		return *st
 	}
 	b := cachedBlock{set: true, enc: p.enc}
 	limit := s.opts.Window.StableMaxTokens
-	if limit <= 0 || (len(sess.pinned) == 0 && len(sess.sums) == 0) {
-		b.fp = stableFingerprint(sess, nil)
+	tk := s.tok
+	var pool []string
+	if p.pool != nil && s.opts.Pool.ContextTokens > 0 {
+		left := s.opts.Pool.ContextTokens - tk.Count(p.enc, poolBlockHeader)
+		for _, it := range p.pool.items {
+			if c := tk.Count(p.enc, it.seg); c <= left {
+				left -= c
+				pool = append(pool, it.seg)
+			}
+		}
+	}
+	b.pooled = len(pool)
+	if len(pool) == 0 && (limit <= 0 || (len(sess.pinned) == 0 && len(sess.sums) == 0)) {
+		b.fp = stableFingerprint(sess, nil, p.pool)
 		return b
 	}
-	tk := s.tok
 	budget := limit - MessageFraming - tk.Count(p.enc, stableHeader)
 	var pinned []*Unit
-	if len(sess.pinned) > 0 {
+	if len(sess.pinned) > 0 && limit > 0 {
 		left := budget - tk.Count(p.enc, blockPinned)
 		for _, u := range sess.pinned {
 			if c := tk.Count(p.enc, summarySegment(u)); c <= left {
@@ -82,7 +98,7 @@ func (s *Store) stableBlock(sess *session, p windowParams, refresh bool) cachedB
 			budget = left
 		}
 	}
-	if len(sess.sums) > 0 {
+	if len(sess.sums) > 0 && limit > 0 {
 		left := budget - tk.Count(p.enc, blockSummaries)
 		for i := len(sess.sums) - 1; i >= 0; i-- {
 			c := tk.Count(p.enc, summarySegment(sess.sums[i]))
@@ -95,8 +111,8 @@ func (s *Store) stableBlock(sess *session, p windowParams, refresh bool) cachedB
 		slices.Reverse(b.sums)
 	}
 	b.nsum = len(b.sums)
-	b.fp = stableFingerprint(sess, b.sums)
-	if len(pinned) == 0 && len(b.sums) == 0 {
+	b.fp = stableFingerprint(sess, b.sums, p.pool)
+	if len(pinned) == 0 && len(b.sums) == 0 && len(pool) == 0 {
 		return b
 	}
 	segs := []string{stableHeader}
@@ -112,13 +128,19 @@ func (s *Store) stableBlock(sess *session, p windowParams, refresh bool) cachedB
 			segs = append(segs, summarySegment(u))
 		}
 	}
+	if len(pool) > 0 {
+		// Last: the pool changes more often than what comes before it.
+		segs = append(segs, poolBlockHeader)
+		segs = append(segs, pool...)
+	}
 	b.raw, b.cost = s.assembleBlock(p.enc, segs)
 	return b
 }
 
 // stableFingerprint hashes every pinned memory of the session and the
-// summaries shown, ids and current text ("" once deleted).
-func stableFingerprint(sess *session, sums []*Unit) uint64 {
+// summaries shown, ids and current text ("" once deleted), and the pool
+// view (its entries' keys and versions).
+func stableFingerprint(sess *session, sums []*Unit, pool *poolView) uint64 {
 	var h maphash.Hash
 	h.SetSeed(keySeed)
 	for _, u := range sess.pinned {
@@ -135,6 +157,10 @@ func stableFingerprint(sess *session, sums []*Unit) uint64 {
 			h.WriteString(cur.Content)
 		}
 		h.WriteByte(0)
+	}
+	h.WriteByte(2)
+	if pool != nil {
+		h.WriteString(strconv.FormatUint(pool.fp, 16))
 	}
 	return h.Sum64()
 }

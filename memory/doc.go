@@ -42,8 +42,9 @@
 //     in flight, background work queued or unwritten units never leaves.
 //     No per-turn work depends on how many sessions are held.
 //   - The window builder (Store.Prepare, window.go): the client's system
-//     messages, the stable block (block.go: pinned memories and summaries,
-//     kept byte for byte until history next leaves the window), the
+//     messages, the stable block (block.go: pinned memories, summaries and,
+//     on request, shared pool entries, kept byte for byte until history
+//     next leaves the window or the pool under the prefix changes), the
 //     history that fits, the per-turn recall block, and the current turn
 //     (the newest user message and what follows it). History leaves in
 //     large steps (Window.EvictTo), so the prompt's start moves rarely and
@@ -142,10 +143,24 @@
 //     recall block of the session's next Prepare only and then dropped;
 //     never a unit, never indexed, never written. A failed, malformed or
 //     late condensing shows nothing.
+//   - L4 compression (l4.go, Options.L4): past L4.Threshold facts in a
+//     session, facts whose embeddings are similar (union-find) are merged
+//     by the Extractor (kind "l4_merge", [MERGE] or [SKIP]) in the
+//     background; a merge replaces its facts only when its fidelity (0.6 ×
+//     mean embedding similarity + 0.4 × keyword retention) reaches
+//     L4.Fidelity, and carries its figures and lost keywords
+//     (Unit.Merged); refused clusters are remembered ("l4" records).
+//     Without embeddings (Recall.IndexDisabled) the most important facts
+//     are kept.
 //   - The shared pool (pool.go): per-tenant keyed entries with versions,
 //     creator and updater sessions, metadata, conditional writes
 //     (ErrConflict), prefix listing, in one framed and checksummed log per
-//     tenant, compacted on open.
+//     tenant, compacted on open. Its writes and deletes are published to
+//     bounded subscribers (PoolSubscribe, poolevents.go; a slow one is
+//     ended as lagged, a reconnecting one replayed from the newest
+//     events), and a request that names a prefix
+//     (TurnRequest.PoolPrefix) gets the entries under it, newest first,
+//     in its stable block within Pool.ContextTokens.
 //
 // # Invariants
 //
@@ -178,7 +193,8 @@
 //     its text (units are deduplicated by role and text and never empty,
 //     dedupe.go), and stays in the log (only
 //     DeleteMemory, the Extractor's [DELETE:id] on facts and episodes, the
-//     reviewer's [DELETE] and episode expiry delete units; a deleted unit
+//     reviewer's [DELETE], L4 compression (facts it merged, or pruned
+//     without embeddings) and episode expiry delete units; a deleted unit
 //     leaves its session's units, index and working memory at once and is
 //     never recreated); a
 //     history that a full-history client rewrote (edit, branch, regenerate)
@@ -189,8 +205,9 @@
 //     most one recall block (memories ordered by time, never by score),
 //     then the current turn. Eviction is sticky and has hysteresis
 //     (Window.EvictTo), and the stable block changes only with it (or when
-//     what it shows was changed or deleted), so between evictions the
-//     previous prompt without its recall block is a prefix of the next.
+//     what it shows was changed or deleted, or the pool under the
+//     request's prefix changed), so between evictions the previous prompt
+//     without its recall block is a prefix of the next.
 //   - A triple always has a support: deleting a unit (DeleteMemory,
 //     [DELETE:id], expiry) removes it from every triple of its session and
 //     deletes the triples left with none; replay derives the same from the

@@ -17,8 +17,9 @@ type ExtractRequest struct {
 	Tenant, SessionID, Model string
 	// Kind is "facts" (the reply is fact operations, see parseFactOps),
 	// "episode" (the reply is a short summary), "review" (one round of the
-	// memory reviewer, see parseReview) or "tool_context" (tool calls and
-	// results condensed, see parseToolContext).
+	// memory reviewer, see parseReview), "tool_context" (tool calls and
+	// results condensed, see parseToolContext) or "l4_merge" (overlapping
+	// facts merged into one, see parseL4Merge).
 	Kind string
 	// Prompt is the whole prompt, sent as one user message.
 	Prompt string
@@ -47,6 +48,7 @@ const (
 	jobEpisode
 	jobReview  // review.go
 	jobToolCtx // toolctx.go
+	jobL4      // l4.go
 )
 
 func (k jobKind) String() string {
@@ -57,6 +59,8 @@ func (k jobKind) String() string {
 		return "review"
 	case jobToolCtx:
 		return "tool_context"
+	case jobL4:
+		return "l4_merge"
 	}
 	return "facts"
 }
@@ -80,6 +84,7 @@ type extractJob struct {
 
 	review     *reviewTask // jobReview: the fact and what it was when queued
 	forPrepare uint64      // jobToolCtx: the Prepare the context is for
+	l4         *l4Task     // jobL4: the session's facts when it was queued
 }
 
 const (
@@ -245,6 +250,9 @@ func (s *Store) runExtract(job *extractJob) {
 		return
 	case jobToolCtx:
 		s.runToolCtx(job)
+		return
+	case jobL4:
+		s.runL4(job)
 		return
 	}
 	s.stats.extractJobs.Add(1)

@@ -208,12 +208,15 @@ func validFactID(id string) error {
 // smuggling a second operation into a text must not get it stored either.
 var opMarkers = []string{"[ADD", "[UPDATE", "[BOOST", "[DELETE", "[SKIP", "[TRIPLE"}
 
-func validFactText(t string) error {
+func validFactText(t string) error { return validFactTextMax(t, maxFactBytes) }
+
+// validFactTextMax is validFactText for texts of at most maxBytes.
+func validFactTextMax(t string, maxBytes int) error {
 	if t == "" {
 		return fmt.Errorf("empty text")
 	}
-	if len(t) > maxFactBytes {
-		return fmt.Errorf("text of %d bytes (max %d)", len(t), maxFactBytes)
+	if len(t) > maxBytes {
+		return fmt.Errorf("text of %d bytes (max %d)", len(t), maxBytes)
 	}
 	if !utf8.ValidString(t) {
 		return fmt.Errorf("invalid UTF-8")

@@ -154,6 +154,10 @@ type Options struct {
 	// ToolContext condenses a turn's tool calls and results for the next
 	// turn (toolctx.go).
 	ToolContext ToolContextOptions
+	// L4 compresses a session's facts past a threshold: similar facts
+	// merged by the Extractor's model, kept only with enough fidelity
+	// (l4.go).
+	L4 L4Options
 	// Pool bounds the tenants' shared pools.
 	Pool PoolOptions
 	// Storage bounds open files, disk use and retention, and what is kept
@@ -225,7 +229,8 @@ type WindowOptions struct {
 	EvictTo float64
 	// StableMaxTokens caps the stable memory block after the client's
 	// system messages (pinned system and core memories, summaries);
-	// negative: no stable block. Zero: 1024.
+	// negative: none of them. Zero: 1024. The shared pool a request names
+	// (TurnRequest.PoolPrefix) has its own budget, Pool.ContextTokens.
 	StableMaxTokens int
 
 	// Encoding forces one tiktoken encoding for every model ("cl100k_base",
@@ -506,12 +511,31 @@ func (o *DecayOptions) validate() error {
 	return nil
 }
 
-// PoolOptions bound the tenants' shared pools.
+// PoolOptions bound the tenants' shared pools, their events and what a
+// request that opts in sees of them (poolevents.go).
 type PoolOptions struct {
 	// MaxValueBytes bounds a pool entry's value (JSON). Zero: 1 MiB.
 	MaxValueBytes int
 	// MaxEntries bounds the entries of one tenant's pool. Zero: 100000.
 	MaxEntries int
+
+	// ContextTokens bounds the pool entries a request that names a pool
+	// prefix (TurnRequest.PoolPrefix) gets in its stable block, newest
+	// first. Zero: 512; negative: the pool is never shown.
+	ContextTokens int
+	// ContextMaxEntries bounds the entries considered for it (the
+	// newest). Zero: 32.
+	ContextMaxEntries int
+
+	// MaxSubscribers bounds the event subscriptions (PoolSubscribe) of all
+	// tenants, MaxTenantSubscribers those of one tenant. Zero: 256 and 32.
+	MaxSubscribers, MaxTenantSubscribers int
+	// EventBuffer is how many events a subscriber may have pending; one
+	// further behind is ended (PoolSubscription.Lagged). Zero: 256.
+	EventBuffer int
+	// EventHistory is how many of its newest events a pool remembers to
+	// replay to a subscriber that reconnects. Zero: 1024.
+	EventHistory int
 }
 
 func (o *PoolOptions) ensureDefaults() {
@@ -521,10 +545,29 @@ func (o *PoolOptions) ensureDefaults() {
 	if o.MaxEntries == 0 {
 		o.MaxEntries = 100000
 	}
+	if o.ContextTokens == 0 {
+		o.ContextTokens = 512
+	}
+	if o.ContextMaxEntries == 0 {
+		o.ContextMaxEntries = 32
+	}
+	if o.MaxSubscribers == 0 {
+		o.MaxSubscribers = 256
+	}
+	if o.MaxTenantSubscribers == 0 {
+		o.MaxTenantSubscribers = 32
+	}
+	if o.EventBuffer == 0 {
+		o.EventBuffer = 256
+	}
+	if o.EventHistory == 0 {
+		o.EventHistory = 1024
+	}
 }
 
 func (o *PoolOptions) validate() error {
-	if o.MaxValueBytes < 0 || o.MaxEntries < 0 {
+	if o.MaxValueBytes < 0 || o.MaxEntries < 0 || o.ContextMaxEntries < 0 || o.MaxSubscribers < 0 ||
+		o.MaxTenantSubscribers < 0 || o.EventBuffer < 0 || o.EventHistory < 0 {
 		return errors.New("memory: Pool sizes must not be negative")
 	}
 	return nil
@@ -566,6 +609,7 @@ func (o *Options) EnsureDefaults() *Options {
 	o.Extraction.ensureDefaults()
 	o.Reviewer.ensureDefaults()
 	o.ToolContext.ensureDefaults()
+	o.L4.ensureDefaults()
 	o.Pool.ensureDefaults()
 	o.Storage.setDefaults()
 	return o
@@ -586,7 +630,7 @@ func (o *Options) Validate() error {
 		return errors.New("memory: sizes must not be negative")
 	}
 	return errors.Join(o.Window.validate(o.Recall.share()), o.Recall.validate(), o.Decay.validate(),
-		o.Extraction.validate(), o.Reviewer.validate(), o.ToolContext.validate(), o.Pool.validate(), o.Storage.validate())
+		o.Extraction.validate(), o.Reviewer.validate(), o.ToolContext.validate(), o.L4.validate(), o.Pool.validate(), o.Storage.validate())
 }
 
 // DefaultMemoryBudget is Options.MemoryBudget's default.

@@ -182,3 +182,68 @@ func (o *ToolContextOptions) validate() error {
 	}
 	return nil
 }
+
+// L4Options configure L4 compression (l4.go): when a session holds more
+// than Threshold facts, facts whose embeddings' cosine similarity reaches
+// Similarity are clustered (union-find), and each cluster of at least
+// MinCluster facts is merged by the Extractor's model into one fact, kept
+// only when its fidelity (0.6 × mean embedding similarity to the originals
+// + 0.4 × keyword retention) reaches Fidelity. Without embeddings
+// (Recall.IndexDisabled) the Threshold most important facts are kept and
+// the others deleted. Runs share the extraction queue and workers
+// (Extraction.Queue, Workers, Timeout per call); merging needs
+// Extraction.Extractor.
+type L4Options struct {
+	// Enabled turns L4 compression on.
+	Enabled bool
+	// Threshold: a session with more facts than this is compressed.
+	// Zero: 150.
+	Threshold int
+	// Similarity is the cosine similarity at which two facts join a
+	// cluster, in (0, 1]. Zero: 0.75.
+	Similarity float64
+	// MinCluster is the smallest cluster merged. Zero: 3.
+	MinCluster int
+	// Fidelity is the least composite fidelity a merge needs to replace
+	// its originals, in [0, 1]. Zero: 0.5.
+	Fidelity float64
+	// MaxMerges bounds the merge calls of one run. Zero: 8.
+	MaxMerges int
+	// MaxClusterFacts bounds the facts of one merge prompt: a larger
+	// cluster is cut into even parts. Zero: 12.
+	MaxClusterFacts int
+}
+
+func (o *L4Options) ensureDefaults() {
+	if o.Threshold == 0 {
+		o.Threshold = 150
+	}
+	if o.Similarity == 0 {
+		o.Similarity = 0.75
+	}
+	if o.MinCluster == 0 {
+		o.MinCluster = 3
+	}
+	if o.Fidelity == 0 {
+		o.Fidelity = 0.5
+	}
+	if o.MaxMerges == 0 {
+		o.MaxMerges = 8
+	}
+	if o.MaxClusterFacts == 0 {
+		o.MaxClusterFacts = 12
+	}
+}
+
+func (o *L4Options) validate() error {
+	if o.Threshold < 1 || o.MaxMerges < 1 {
+		return fmt.Errorf("memory: L4.Threshold %d and MaxMerges %d must be positive", o.Threshold, o.MaxMerges)
+	}
+	if !(o.Similarity > 0 && o.Similarity <= 1) || !(o.Fidelity >= 0 && o.Fidelity <= 1) {
+		return fmt.Errorf("memory: L4.Similarity %v not in (0, 1] or Fidelity %v not in [0, 1]", o.Similarity, o.Fidelity)
+	}
+	if o.MinCluster < 2 || o.MaxClusterFacts < o.MinCluster || o.MaxClusterFacts > 64 {
+		return fmt.Errorf("memory: L4.MinCluster %d must be at least 2 and MaxClusterFacts %d in [MinCluster, 64]", o.MinCluster, o.MaxClusterFacts)
+	}
+	return nil
+}

@@ -105,6 +105,12 @@ type pool struct {
 	// sharedN is the length of the pool's shared log (Options.SharedLog)
 	// that entries reflect; -1 when unknown.
 	sharedN int64
+	// Events and context (poolevents.go): the subscribers, the newest
+	// events (Pool.EventHistory, without entries) and the views of
+	// prefixes shown in stable blocks.
+	subs    map[*PoolSubscription]struct{}
+	history []PoolEvent
+	views   map[string]*poolView
 }
 
 // poolRecord is one pool log record (JSON): meta (first), put, del, rev.
@@ -359,6 +365,9 @@ func (s *Store) closePools() error {
 	for _, p := range s.pools {
 		p.mu.Lock()
 		p.closed = true
+		for sub := range p.subs {
+			sub.endLocked(false)
+		}
 		if p.log != nil {
 			errs = append(errs, p.log.close())
 			p.log = nil
@@ -466,6 +475,7 @@ func (s *Store) poolPutLocked(p *pool, key string, w PoolWrite, val []byte) (Poo
 	}
 	p.rev++
 	p.entries[key] = e
+	s.publishLocked(p, PoolEventPut, key, e.Version, e, now)
 	return e.clone(), nil
 }
 
@@ -554,6 +564,7 @@ func (s *Store) poolDeleteLocked(p *pool, key string, expectedVersion uint64) er
 	}
 	p.rev++
 	delete(p.entries, key)
+	s.publishLocked(p, PoolEventDelete, key, p.rev, nil, s.opts.Clock.Now())
 	return nil
 }
 

@@ -241,6 +241,7 @@ type session struct {
 	sharedLast uint64
 
 	kb knowledge // triples (triples.go)
+	l4 sessL4    // L4 compression (l4.go)
 }
 
 // unitsChanged invalidates the unit indexes and the cached block.
@@ -446,6 +447,11 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 	case "decay":
 		if at.After(s.lastDecay) {
 			s.lastDecay = at
+		}
+	case "l4":
+		// Clusters whose L4 merge was refused (l4.go).
+		for _, fp := range r.H {
+			s.l4.refuse(fp, false)
 		}
 	default:
 		// Unknown kinds come from newer versions; skip them.

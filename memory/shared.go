@@ -334,6 +334,7 @@ func (s *Store) syncPoolLocked(ctx context.Context, p *pool) error {
 				continue
 			}
 			applyPoolRecord(p, &r)
+			s.publishRecordLocked(p, &r) // another replica's write
 			framed = appendRecord(framed, b)
 		}
 		if len(framed) > 0 {
@@ -371,6 +372,8 @@ func (s *Store) syncPoolLocked(ctx context.Context, p *pool) error {
 		}
 		clear(p.entries)
 		p.rev, p.records = 0, 0
+		clear(p.views)
+		p.resetSubsLocked() // what changed is not known event by event
 		image := append([]byte(nil), logMagic...)
 		for _, b := range all {
 			var r poolRecord

@@ -138,6 +138,8 @@ type Stats struct {
 
 	ReviewStats      // the memory reviewer (review.go)
 	ToolContextStats // tool-result context (toolctx.go)
+	L4Stats          // L4 compression (l4.go)
+	PoolEventStats   // the pool's events and context (poolevents.go)
 }
 
 // Stats returns cumulative counters.
@@ -176,7 +178,8 @@ func (s *Store) Stats() Stats {
 	out.FullNamed, out.FullDetected = st.modes[0][0].Load(), st.modes[0][1].Load()
 	out.AppendNamed, out.AppendDetected = st.modes[1][0].Load(), st.modes[1][1].Load()
 	out.FactCalls, out.EpisodeCalls, out.SummaryCalls = st.calls[callFacts].Load(), st.calls[callEpisode].Load(), st.calls[callSummary].Load()
-	out.ReviewStats, out.ToolContextStats = s.rev.stats(), s.tcs.stats()
+	out.ReviewStats, out.ToolContextStats, out.L4Stats = s.rev.stats(), s.tcs.stats(), s.l4c.stats()
+	out.PoolEventStats = s.poolEv.stats()
 	return out
 }
 

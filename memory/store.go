@@ -76,6 +76,9 @@ type Store struct {
 
 	rev reviewer    // the memory reviewer's decisions logs and counters (review.go)
 	tcs toolCtxStat // tool-result context counters (toolctx.go)
+	l4c l4Counters  // L4 compression counters (l4.go)
+	// poolEv counts the pools' event subscriptions and context (poolevents.go).
+	poolEv poolEvents
 
 	stats storeStats
 }

@@ -77,8 +77,9 @@ type TurnStats struct {
 	// Evicted is how many messages left the window in this request.
 	Evicted int
 	// Recalled memories in the recall block (CrossSession of them from
-	// the user's other sessions) and Summaries in the stable block.
-	Recalled, CrossSession, Summaries int
+	// the user's other sessions), Summaries and Pooled (shared pool
+	// entries, TurnRequest.PoolPrefix) in the stable block.
+	Recalled, CrossSession, Summaries, Pooled int
 	// Recall is how the recalled memories were chosen: "full" (a full
 	// retrieval), "reuse" (the light probe found the same topic: the
 	// previous set, still valid, plus the probe's hits) or "" (no recall:
@@ -118,10 +119,19 @@ type TurnRequest struct {
 	// needs); zero when unknown. The window's limit is the smaller of it
 	// and Store.Limit(Model), which stays a ceiling.
 	Limit int
+	// PoolPrefix, when set, opts the request in to the tenant's shared
+	// pool: the entries whose key starts with it (PoolPrefixAll: every
+	// entry) are shown in the stable block as "[SHARED:key] value" lines,
+	// newest first, within Pool.ContextTokens (see ValidPoolPrefix). The
+	// pool is the tenant's, shared by every session of it: nothing of it
+	// reaches a window without this opt-in. Empty: no pool.
+	PoolPrefix string
 
 	// asSent is set when the client's own messages do not fit the limit:
 	// the window is then the request as sent (see Prepare).
 	asSent bool
+	// pool is the view of PoolPrefix, read before the session is locked.
+	pool *poolView
 }
 
 // limitFor is the window limit of req: Store.Limit(req.Model), lowered to
@@ -163,6 +173,11 @@ func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
 	if req.Mode != ModeAppend && len(req.Messages) == 0 {
 		return nil, fmt.Errorf("%w: no messages", ErrInvalid)
 	}
+	if req.PoolPrefix != "" {
+		if err := ValidPoolPrefix(req.PoolPrefix); err != nil {
+			return nil, err
+		}
+	}
 	msgs := append([]Message(nil), req.Messages...)
 	for i := range msgs {
 		if msgs[i].Role == "" {
@@ -176,6 +191,17 @@ func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
 	req.Messages = msgs
 	ctx, stop := s.withStore(ctx) // counting stops when the store closes too
 	defer stop()
+	if req.PoolPrefix != "" && s.opts.Pool.ContextTokens > 0 {
+		// The pool is read (and, in a fleet, brought up to date) before
+		// the session is locked. A pool that fails leaves it out: the
+		// turn goes on without it.
+		pv, err := s.poolContext(req.Tenant, req.PoolPrefix)
+		if err != nil {
+			s.poolEv.ctxErrors.Add(1)
+			s.opts.Logger.Warn("memory: shared pool for the context", "session", req.SessionID, "err", err)
+		}
+		req.pool = pv
+	}
 	enc := s.Encoding(req.Model)
 	if err := s.checkFixedPart(ctx, enc, s.limitFor(&req), msgs, req.ToolsTokens); errors.Is(err, ErrContextTooLarge) {
 		req.asSent = true
@@ -424,7 +450,7 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	}
 	s.maybeDecayLocked(sess, now)
 	toolCtx := s.toolTurnLocked(sess, p.add)
-	w, err := s.buildWindow(ctx, sess, um, windowParams{enc: enc, limit: limit, tools: req.ToolsTokens, strategy: s.opts.Window.Strategy, now: now, toolCtx: toolCtx})
+	w, err := s.buildWindow(ctx, sess, um, windowParams{enc: enc, limit: limit, tools: req.ToolsTokens, strategy: s.opts.Window.Strategy, now: now, toolCtx: toolCtx, pool: req.pool})
 	if err != nil {
 		return nil, err
 	}
@@ -432,7 +458,10 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	st.BlockTokens = w.stableTokens + w.recallTokens
 	st.TotalTokens = w.sysTokens + st.BlockTokens + w.histTokens + req.ToolsTokens
 	st.WindowMessages, st.StoredMessages = len(w.msgs), len(sess.hist)
-	st.Evicted, st.Recalled, st.CrossSession, st.Summaries = w.evicted, w.recalled, w.crossSession, w.summaries
+	st.Evicted, st.Recalled, st.CrossSession, st.Summaries, st.Pooled = w.evicted, w.recalled, w.crossSession, w.summaries, w.pooled
+	if w.pooled > 0 {
+		s.poolEv.ctxTurns.Add(1)
+	}
 	st.Recall = w.recallMode
 	st.Prefix = prefixStats(sess.prevPrompt, w.msgs, w.costs)
 	sess.prevPrompt, sess.prevCosts = w.msgs, w.costs

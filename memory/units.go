@@ -78,6 +78,10 @@ type Unit struct {
 	// PromoteReviewAt), "decay" (fell to DecayReviewAt) or "expire" (a fact
 	// below FactReviewBelow). The Extractor sees the flags.
 	Review string `json:"review,omitempty"`
+	// Merged describes a fact made by L4 compression from others (l4.go):
+	// the facts it replaced, its fidelity figures and the keywords it
+	// lost; nil for every other unit.
+	Merged *MergeInfo `json:"merged,omitempty"`
 
 	bow       *bow // cached bag of words for keyword recall
 	persisted bool // its latest state is in the log
@@ -201,6 +205,7 @@ func (f SummarizerFunc) Summarize(ctx context.Context, req SummaryRequest) (Summ
 func (u *Unit) clone() Unit {
 	c := *u
 	c.bow = nil
+	c.Merged = u.Merged.clone()
 	return c
 }
 

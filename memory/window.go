@@ -40,6 +40,7 @@ type window struct {
 	recalled     int
 	crossSession int
 	summaries    int
+	pooled       int // pool entries in the stable block
 	recallMode   string
 	toolCtx      bool // the recall block shows the previous turn's tool context
 }
@@ -65,6 +66,9 @@ type windowParams struct {
 	// toolCtx is the condensed tool context to show in the recall block
 	// (toolctx.go), "" for none.
 	toolCtx string
+	// pool is the view of the shared pool the request named
+	// (TurnRequest.PoolPrefix), shown in the stable block; nil for none.
+	pool *poolView
 }
 
 // budget is how the limit is shared out for one window.
@@ -117,7 +121,7 @@ func (s *Store) buildWindow(ctx context.Context, sess *session, um *userMem, p w
 	}
 	if stable.raw != nil {
 		add(stable.raw, stable.cost)
-		w.stable, w.stableTokens, w.summaries = stable.raw, stable.cost, stable.nsum
+		w.stable, w.stableTokens, w.summaries, w.pooled = stable.raw, stable.cost, stable.nsum, stable.pooled
 	}
 	for _, g := range groups {
 		if g.drop {

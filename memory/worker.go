@@ -111,6 +111,7 @@ func (s *Store) sync(sess *session) {
 		}
 	}
 	s.persistLocked(sess, now)
+	s.maybeCompressLocked(sess, now)
 	s.maybeSummarizeLocked(sess)
 	s.maybeExtractLocked(sess)
 	s.maybeReviewLocked(sess)
@@ -201,6 +202,12 @@ func (s *Store) persistLocked(sess *session, now time.Time) {
 			return
 		}
 	}
+	l4n := len(sess.l4.dirty)
+	if l4n > 0 {
+		if framed, err = encodeRecord(framed, &record{K: "l4", T: now.UnixNano(), H: slices.Clone(sess.l4.dirty)}); err != nil {
+			return
+		}
+	}
 	if sess.seqDirty {
 		for _, r := range []*record{{K: "xseq", T: now.UnixNano(), Seq: sess.factSeq}, {K: "eseq", T: now.UnixNano(), Seq: sess.episodeSeq}} {
 			if framed, err = encodeRecord(framed, r); err != nil {
@@ -252,6 +259,7 @@ func (s *Store) persistLocked(sess *session, now time.Time) {
 	sess.delDirty = sess.delDirty[len(dels):]
 	sess.drops = sess.drops[len(drops):]
 	sess.seqDirty, sess.decayDirty = false, false
+	sess.l4.dirty = sess.l4.dirty[l4n:]
 	sess.kb.written(kdels)
 	clear(sess.accessDirty)
 }

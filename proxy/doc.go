@@ -9,7 +9,8 @@
 // and edit, for the console; KV for /v1/kv, the KV metrics and the console.
 // Files: server.go (lifecycle, routing), forward.go (one /v1 request
 // upstream and the work after it), relay.go and stream.go (SSE),
-// memory.go (windows and recording), admin*.go and console.go (the console).
+// memory.go (windows and recording), pool.go and poolevents.go (the shared
+// pool's API and its event stream), admin*.go and console.go (the console).
 //
 // Invariants:
 //   - Every error a client sees is OpenAI-shaped JSON
@@ -48,6 +49,12 @@
 // waits for; each also keeps the counters and histograms the alert
 // thresholds of console_thresholds.go are judged from) and the last window
 // of recently served sessions.
+//
+// The shared pool's events (poolevents.go): GET /v1/pool/events is a
+// server-sent event stream of the tenant's pool writes and deletes under a
+// prefix (memory.PoolSubscribe), bounded in number (429), with a heartbeat,
+// ended by Shutdown. A chat request's X-Pool-Prefix header is the only way
+// the pool reaches a prompt (memory.TurnRequest.PoolPrefix).
 //
 // The MCP endpoint (mcp.go): with Options.MCP, /mcp (exact path) is the
 // Model Context Protocol server of package mcpserver. The proxy bounds the

@@ -114,6 +114,15 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{"tool_context_rejected", "Tool-context condensings rejected (malformed, too long) or failed: nothing shown.", st.ToolContextRejected},
 		{"tool_context_late", "Tool contexts ready only after the next turn was prepared (dropped).", st.ToolContextLate},
 		{"tool_context_dropped", "Tool-context condensings not queued because the background queue was full.", st.ToolContextDropped},
+		{"l4_runs", "L4 compression runs over a session's facts past the threshold (clustering passes, and importance prunes without embeddings).", st.L4Runs},
+		{"l4_facts_merged", "Facts replaced by L4 merges that reached the fidelity threshold.", st.L4FactsMerged},
+		{"l4_facts_pruned", "Facts deleted by L4's fallback without embeddings (the most important kept).", st.L4FactsPruned},
+		{"l4_dropped", "L4 compression runs not queued because the background queue was full.", st.L4Dropped},
+		{"pool_events_published", "Shared pool events delivered to event streams (GET /v1/pool/events).", st.PoolEventsPublished},
+		{"pool_event_streams_lagged", "Pool event streams ended because their client fell behind (it lists the pool again).", st.PoolSubscribersLagged},
+		{"pool_event_streams_refused", "Pool event streams refused: too many open (429).", st.PoolSubscribeRefused},
+		{"pool_context_turns", "Windows whose stable block showed shared pool entries (X-Pool-Prefix).", st.PoolContextTurns},
+		{"pool_context_errors", "Windows that went without the shared pool they asked for because reading it failed.", st.PoolContextErrors},
 	} {
 		fmt.Fprintf(w, "# HELP sidecar_memory_%s_total %s\n# TYPE sidecar_memory_%s_total counter\nsidecar_memory_%s_total %d\n", c.name, c.help, c.name, c.name, c.v)
 	}
@@ -132,12 +141,19 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{memory.ReviewMalformed, st.ReviewsMalformed}, {memory.ReviewUndecided, st.ReviewsUndecided}, {memory.ReviewStale, st.ReviewsStale}} {
 		fmt.Fprintf(w, "sidecar_memory_reviews_by_decision_total{decision=%q} %d\n", c.decision, c.v)
 	}
+	fmt.Fprintf(w, "# HELP sidecar_memory_l4_merges_total L4 merges by outcome (kept replaced its originals; rejected fell below the fidelity threshold; skipped, malformed, stale and error changed nothing).\n# TYPE sidecar_memory_l4_merges_total counter\n")
+	for _, c := range []struct {
+		outcome string
+		v       int64
+	}{{"kept", st.L4Merged}, {"rejected", st.L4Rejected}, {"skipped", st.L4Skipped}, {"malformed", st.L4Malformed}, {"stale", st.L4Stale}, {"error", st.L4Errors}} {
+		fmt.Fprintf(w, "sidecar_memory_l4_merges_total{outcome=%q} %d\n", c.outcome, c.v)
+	}
 	fmt.Fprintf(w, "# HELP sidecar_memory_background_calls_total The sidecar's own upstream calls for memory, by kind.\n# TYPE sidecar_memory_background_calls_total counter\n")
-	calls := st.FactCalls + st.EpisodeCalls + st.SummaryCalls + st.ReviewCalls + st.ToolContextCalls
+	calls := st.FactCalls + st.EpisodeCalls + st.SummaryCalls + st.ReviewCalls + st.ToolContextCalls + st.L4Calls
 	for _, c := range []struct {
 		kind string
 		v    int64
-	}{{"facts", st.FactCalls}, {"episode", st.EpisodeCalls}, {"summary", st.SummaryCalls}, {"review", st.ReviewCalls}, {"tool_context", st.ToolContextCalls}} {
+	}{{"facts", st.FactCalls}, {"episode", st.EpisodeCalls}, {"summary", st.SummaryCalls}, {"review", st.ReviewCalls}, {"tool_context", st.ToolContextCalls}, {"l4_merge", st.L4Calls}} {
 		fmt.Fprintf(w, "sidecar_memory_background_calls_total{kind=%q} %d\n", c.kind, c.v)
 	}
 	perTurn := 0.0
@@ -163,6 +179,7 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{"sidecar_memory_resident_bytes", "Estimated bytes held in memory by loaded sessions and user indexes.", st.ResidentBytes},
 		{"sidecar_memory_budget_bytes", "The memory budget of loaded sessions and user indexes (negative: none).", st.MemoryBudget},
 		{"sidecar_memory_open_files_max", "The bound on open log files (from RLIMIT_NOFILE unless set).", int64(st.MaxOpenFiles)},
+		{"sidecar_memory_pool_event_streams", "Shared pool event streams open now (GET /v1/pool/events).", st.PoolSubscribers},
 	} {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n%s %d\n", g.name, g.help, g.name, g.name, g.v)
 	}
@@ -188,11 +205,20 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_user", uerr.Error())
 		return nil, nil, true
 	}
+	// X-Pool-Prefix opts the request in to the tenant's shared pool in its
+	// stable block ("*": the whole pool).
+	pool := string(ctx.Request.Header.Peek("X-Pool-Prefix"))
+	if pool != "" {
+		if perr := memory.ValidPoolPrefix(pool); perr != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_pool_prefix", "X-Pool-Prefix: "+strings.TrimPrefix(perr.Error(), "memory: "))
+			return nil, nil, true
+		}
+	}
 	if err == nil {
 		start := time.Now()
 		turn, err = st.Prepare(s.stopping, memory.TurnRequest{Tenant: sess.Tenant, SessionID: sess.ID, UserID: user,
 			Mode: memory.ParseMode(string(ctx.Request.Header.Peek("X-Session-Mode"))), Model: info.Model,
-			Messages: msgs, ToolsTokens: tools, Limit: s.limits.windowFor(info.Model, info.MaxTokens)})
+			Messages: msgs, ToolsTokens: tools, Limit: s.limits.windowFor(info.Model, info.MaxTokens), PoolPrefix: pool})
 		if err == nil {
 			s.mem.prepare[recallKind(turn.Stats.Recall)].Observe(time.Since(start))
 		}
@@ -250,7 +276,7 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 	s.log.Info("session window", append(log, "mode", ts.Mode, "mode_detected", ts.ModeDetected, "match", ts.Match,
 		"user", ts.User, "window_tokens", ts.TotalTokens, "limit", ts.Limit,
 		"messages", ts.WindowMessages, "stored", ts.StoredMessages, "evicted", ts.Evicted, "recalled", ts.Recalled,
-		"cross_session", ts.CrossSession, "recall_tokens", ts.RecallTokens, "recall", ts.Recall, "as_sent", ts.AsSent,
+		"cross_session", ts.CrossSession, "pooled", ts.Pooled, "recall_tokens", ts.RecallTokens, "recall", ts.Recall, "as_sent", ts.AsSent,
 		"shared_prefix_tokens", ts.Prefix.Tokens, "shared_prefix_bytes", ts.Prefix.Bytes)...)
 	return turn, out, false
 }

@@ -146,6 +146,11 @@ type Options struct {
 	// only while the console is on.
 	ConsoleSampleEvery time.Duration
 	ConsoleSamples     int
+
+	// PoolEventsHeartbeat is the period of the comment line a pool event
+	// stream (GET /v1/pool/events) sends while no event comes, so that
+	// proxies keep it open and a client that left is noticed. Zero: 15 s.
+	PoolEventsHeartbeat time.Duration
 }
 
 func (o *Options) setDefaults() {
@@ -196,6 +201,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.ConsoleSamples == 0 {
 		o.ConsoleSamples = 720
+	}
+	if o.PoolEventsHeartbeat == 0 {
+		o.PoolEventsHeartbeat = 15 * time.Second
 	}
 }
 
@@ -287,6 +295,9 @@ type Memory interface {
 	PoolPut(tenant, key string, w memory.PoolWrite) (memory.PoolEntry, error)
 	PoolDelete(tenant, key string, expectedVersion uint64) error
 	PoolList(tenant, prefix string, limit int) ([]memory.PoolEntry, error)
+	// PoolSubscribe follows the pool's writes and deletes under a prefix
+	// (GET /v1/pool/events).
+	PoolSubscribe(tenant, prefix string, after uint64) (*memory.PoolSubscription, error)
 }
 
 // AdminMemory is what the console's API needs beyond Memory: listing

@@ -19,6 +19,7 @@ import (
 //	GET    /v1/pool/{key}              one entry
 //	PUT    /v1/pool/{key}              write {"value":…, "metadata":…, "expected_version":n}
 //	DELETE /v1/pool/{key}[?expected_version=n]
+//	GET    /v1/pool/events?prefix=P     the pool's writes and deletes as server-sent events (poolevents.go)
 //
 // Writes are last-writer-wins unless expected_version is given; a mismatch
 // is 409 with the current entry. X-Session-ID names the writer. tail is the
@@ -46,6 +47,11 @@ func (s *Server) handlePool(ctx *fasthttp.RequestCtx, tail []byte) {
 	}
 	var v any
 	switch {
+	case key == "events" && ctx.IsGet():
+		// The event stream: a key named "events" is still written,
+		// deleted and listed as any other, but not read alone.
+		s.handlePoolEvents(ctx, tenant)
+		return
 	case key == "" && ctx.IsGet():
 		limit, _ := strconv.Atoi(string(ctx.QueryArgs().Peek("limit")))
 		var list []memory.PoolEntry

@@ -25,6 +25,10 @@ type knowledgeUpstream struct {
 	facts   []string // extraction answers, in order ("[SKIP]" when none left)
 	review  []string // review answers, in order ("[KEEP]" when none left)
 	toolCtx string
+	// merge answers L4 merge prompts: the answer of the first marker the
+	// prompt holds ("[SKIP]" when none).
+	merge   [][2]string
+	merges  []string // L4 merge prompts
 	chats   []string // chat requests' messages arrays
 	reviews []string // review prompts
 	tools   []string // tool-context prompts
@@ -62,6 +66,15 @@ func newKnowledgeUpstream(t *testing.T) *knowledgeUpstream {
 		case strings.HasPrefix(prompt, "An assistant called tools"):
 			u.tools = append(u.tools, prompt)
 			answer = u.toolCtx
+		case strings.HasPrefix(prompt, "You keep an assistant's long-term memory"):
+			u.merges = append(u.merges, prompt)
+			answer = "[SKIP]"
+			for _, m := range u.merge {
+				if strings.Contains(prompt, m[0]) {
+					answer = m[1]
+					break
+				}
+			}
 		default:
 			u.chats = append(u.chats, string(req.Messages))
 			answer = "echo: " + prompt

@@ -47,6 +47,8 @@ type Server struct {
 	quiet quietSignal
 	// anonWarned is set once the first anonymous session request was logged.
 	anonWarned atomic.Bool
+	// poolStreams counts the open pool event streams (poolevents.go).
+	poolStreams atomic.Int64
 	// stopping is cancelled when Shutdown begins; memory work on the
 	// request path stops with it. (A *fasthttp.RequestCtx carries the same
 	// signal, but a context derived from it reads the server's state from a

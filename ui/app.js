@@ -406,12 +406,21 @@
         h("td", {}, h("span", {class: "badge " + m.category}, m.category)),
         h("td", {class: "num"}, h("span", {class: "imp"}, bar, fmtNum(m.importance))),
         h("td", {}, m.review ? h("span", {class: "flag " + m.review}, m.review) : ""),
-        h("td", {}, decay), h("td", {class: "num"}, m.tokens), h("td", {class: "text"}, m.content));
+        h("td", {}, decay), h("td", {class: "num"}, m.tokens), h("td", {class: "text"}, m.content, mergedNote(m.merged)));
       if (state.selected && state.selected.session + "\u0000" + state.selected.id === key) tr.classList.add("selected");
       tb.appendChild(tr);
     }
     const sel = state.selected;
     selectMemory(sel ? r.data.find(m => m.id === sel.id && m.session === sel.session) || null : null);
+  }
+
+  // mergedNote shows what an L4 merge made of a fact: how many it replaced,
+  // its fidelity figures and the keywords it lost.
+  function mergedNote(mg) {
+    if (!mg) return null;
+    let t = `merged from ${mg.from.length} · fidelity ${fmtNum(mg.fidelity)} (similarity ${fmtNum(mg.similarity)}, keywords ${fmtNum(mg.keyword_retention)})`;
+    if (mg.lost_keywords && mg.lost_keywords.length) t += " · lost: " + mg.lost_keywords.join(", ");
+    return h("div", {class: "muted merged", title: "L4 merge of " + mg.from.join(", ")}, t);
   }
 
   function selectMemory(m) {

@@ -72,6 +72,12 @@ type serveConfig struct {
 	extract        bool
 	review         bool
 	toolContext    bool
+	l4             bool
+	l4Threshold    int
+	l4Similarity   float64
+	l4Fidelity     float64
+	poolContext    int
+	poolStreams    int
 	memoryModel    string
 	memoryUpstream string
 	pprof          string
@@ -129,6 +135,12 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.BoolVar(&c.extract, "extract", true, "extract facts and episodes from conversations in the background through the upstream model")
 	fs.BoolVar(&c.review, "review", true, "review facts whose importance crossed 2.5 or fell below 0.5 in the background (promote to core, keep or delete; needs --extract)")
 	fs.BoolVar(&c.toolContext, "tool-context", true, "condense a turn's tool calls and results in the background and show them in the next turn only (needs --extract)")
+	fs.BoolVar(&c.l4, "l4", true, "compress a session's facts once they pass --l4-threshold, in the background: facts whose embeddings are similar are merged through the memory model, and a merge replaces them only if its fidelity (0.6 × embedding similarity + 0.4 × keyword retention) reaches --l4-fidelity (needs --extract)")
+	fs.IntVar(&c.l4Threshold, "l4-threshold", 0, "facts a session holds before --l4 compresses them (0: the default 150)")
+	fs.Float64Var(&c.l4Similarity, "l4-similarity", 0, "cosine similarity at which two facts join an --l4 cluster, in (0, 1] (0: the default 0.75)")
+	fs.Float64Var(&c.l4Fidelity, "l4-fidelity", 0, "least fidelity an --l4 merge needs to replace its facts, in (0, 1] (0: the default 0.5)")
+	fs.IntVar(&c.poolContext, "pool-context-tokens", 512, "tokens of the shared pool a chat request that names a prefix in X-Pool-Prefix gets in its stable block, newest entries first (negative: the pool is never shown)")
+	fs.IntVar(&c.poolStreams, "pool-event-streams", 256, "most open shared pool event streams (GET /v1/pool/events) of all API keys together, 32 per key at most; more get 429 (0: the default)")
 	fs.StringVar(&c.memoryModel, "memory-model", "", "model name for the sidecar's own summary and extraction calls (default: the session's model, or the upstream's default)")
 	fs.StringVar(&c.memoryUpstream, "memory-upstream", "", "base URL for the sidecar's own summary and extraction calls (default: --upstream, routed through the engine connector)")
 	fs.StringVar(&c.summaryKey, "summary-api-key", "", "bearer token for the sidecar's own summary calls to the upstream (local servers need none)")
@@ -410,6 +422,8 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		Extraction:  memory.ExtractionOptions{Summarizer: bg, Extractor: extractor},
 		Reviewer:    memory.ReviewerOptions{Enabled: c.review},
 		ToolContext: memory.ToolContextOptions{Enabled: c.toolContext},
+		L4:          memory.L4Options{Enabled: c.l4, Threshold: c.l4Threshold, Similarity: c.l4Similarity, Fidelity: c.l4Fidelity},
+		Pool:        memory.PoolOptions{ContextTokens: c.poolContext, MaxSubscribers: c.poolStreams, MaxTenantSubscribers: min(32, max(c.poolStreams, 0))},
 		Storage:     memory.StorageOptions{SessionTTL: c.sessionTTL, MaxDiskBytes: c.maxDiskBytes, Shared: kvc.Store()},
 		Logger:      log,
 	})

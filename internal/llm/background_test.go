@@ -41,7 +41,7 @@ func TestEveryCallKindSendsMaxTokens(t *testing.T) {
 	}
 	want := []int{SummaryMaxTokens}
 	for kind, n := range map[string]int{"facts": FactsMaxTokens, "episode": EpisodeMaxTokens, "review": ReviewMaxTokens,
-		"tool_context": ToolContextMaxTokens, "something new": DefaultMaxTokens} {
+		"tool_context": ToolContextMaxTokens, "l4_merge": L4MergeMaxTokens, "something new": DefaultMaxTokens} {
 		if _, err := c.Extract(ctx, memory.ExtractRequest{Kind: kind, Prompt: "p"}); err != nil {
 			t.Fatal(err)
 		}
@@ -87,11 +87,14 @@ func TestTruncatedReplies(t *testing.T) {
 	if _, err := c.Extract(ctx, memory.ExtractRequest{Kind: "tool_context", Prompt: "p"}); !errors.Is(err, ErrTruncated) {
 		t.Fatalf("tool context: %v", err)
 	}
+	if _, err := c.Extract(ctx, memory.ExtractRequest{Kind: "l4_merge", Prompt: "p"}); !errors.Is(err, ErrTruncated) {
+		t.Fatalf("l4 merge: %v", err)
+	}
 	reply = "[ADD] one unfinished line"
 	if _, err := c.Extract(ctx, memory.ExtractRequest{Kind: "facts", Prompt: "p"}); !errors.Is(err, ErrTruncated) {
 		t.Fatalf("facts without a whole line: %v", err)
 	}
-	if st := c.Stats(); st.Truncated != 4 || st.Retries != 0 || up.n.Load() != 4 {
+	if st := c.Stats(); st.Truncated != 5 || st.Retries != 0 || up.n.Load() != 5 {
 		t.Fatalf("stats %+v after %d calls", st, up.n.Load())
 	}
 }

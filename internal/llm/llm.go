@@ -48,6 +48,10 @@ const (
 	// short sentences, at most 400 bytes (memory rejects longer), about
 	// 100 tokens.
 	ToolContextMaxTokens = 128
+	// L4MergeMaxTokens bounds an L4 merge: one line, "[MERGE]" and a fact
+	// of at most 1,000 bytes (memory rejects longer; about 250 tokens of
+	// English, up to about 400 of Chinese).
+	L4MergeMaxTokens = 400
 	// DefaultMaxTokens bounds a Call that names no bound, and an
 	// extraction kind this package does not know.
 	DefaultMaxTokens = 512
@@ -78,6 +82,7 @@ var kindSpec = map[string]struct {
 	"episode":      {EpisodeMaxTokens, CutKeep},
 	"review":       {ReviewMaxTokens, CutKeep}, // memory's parser rejects a cut line as malformed
 	"tool_context": {ToolContextMaxTokens, CutFail},
+	"l4_merge":     {L4MergeMaxTokens, CutFail}, // a merge cut short would still parse: it must be whole
 }
 
 // Router places the sidecar's own calls in the engine; engine.Connector
