@@ -38,7 +38,30 @@ type slotInfo struct {
 	saveFailed bool
 	// computeMs sums the engine's prefill time of the unsaved KV.
 	computeMs float64
+	// preload is where a predictive preload into the slot stands.
+	preload preloadState
 }
+
+// preloadState is where a predictive preload into a slot stands.
+type preloadState uint8
+
+const (
+	// preloadNone: no preload is under way or unused.
+	preloadNone preloadState = iota
+	// preloadReserved: the connector chose the slot and is fetching the
+	// state; the slot still holds its occupant, who keeps it if a request
+	// of theirs comes first (the preload is then abandoned). Client
+	// requests of other sessions take such a slot only as a last resort.
+	preloadReserved
+	// preloadRestoring: the slot is the predicted session's and the engine
+	// is restoring its state; a request of that session waits for it (the
+	// cheaper way: the restore is under way).
+	preloadRestoring
+	// preloadLoaded: the state is in the slot and its session has not come
+	// back yet. A session coming back uses it; a placement of another
+	// session, a forget or a restart wastes it.
+	preloadLoaded
+)
 
 // holds reports whether the slot holds, or is being filled with, KV worth
 // keeping for a session.
@@ -49,6 +72,8 @@ func (s *slotInfo) holds() bool {
 type scheduler struct {
 	slots []*slotInfo
 	seq   uint64
+	// wasted counts preloaded states dropped unused.
+	wasted int64
 }
 
 func newScheduler(n int) *scheduler {
@@ -115,7 +140,7 @@ func (s *scheduler) placeBackground(ch chain, now time.Time, quiet time.Duration
 	var free, clean, idle *slotInfo
 	var wait time.Duration
 	for _, sl := range s.slots {
-		if sl.inflight > 0 {
+		if sl.inflight > 0 || sl.preload == preloadReserved || sl.preload == preloadRestoring {
 			continue
 		}
 		if left := sl.clientEnd.Add(quiet).Sub(now); !sl.clientEnd.IsZero() && left > 0 {
@@ -152,6 +177,10 @@ func (s *scheduler) assign(v *slotInfo, sess string, ch chain) placement {
 		// engine runs the save once it is done, so the state covers it.
 		p.prevChain = v.next
 	}
+	if v.preload == preloadLoaded {
+		s.wasted++
+	}
+	v.preload = preloadNone // a reservation in progress sees the version change
 	v.sess, v.owner = sess, ""
 	v.chain, v.next = chain{}, ch
 	v.tokens = 0
@@ -176,9 +205,15 @@ func (s *scheduler) victim() *slotInfo {
 		}
 		return cur
 	}
-	var free, clean, idle, bgOnly, any *slotInfo
+	var free, clean, idle, bgOnly, preloading, any *slotInfo
 	for _, sl := range s.slots {
 		any = better(any, sl)
+		if sl.preload == preloadReserved || sl.preload == preloadRestoring {
+			if sl.inflight == 0 {
+				preloading = better(preloading, sl)
+			}
+			continue
+		}
 		if sl.inflight > 0 {
 			if sl.inflight == sl.bg {
 				bgOnly = better(bgOnly, sl)
@@ -194,7 +229,7 @@ func (s *scheduler) victim() *slotInfo {
 			idle = better(idle, sl)
 		}
 	}
-	for _, v := range []*slotInfo{free, clean, idle, bgOnly} {
+	for _, v := range []*slotInfo{free, clean, idle, bgOnly, preloading} {
 		if v != nil {
 			return v
 		}
@@ -236,8 +271,7 @@ func (s *scheduler) forget(sess string) []int {
 	var ids []int
 	for _, sl := range s.slots {
 		if sl.sess == sess {
-			sl.sess, sl.chain, sl.tokens, sl.dirty = "", chain{}, 0, false
-			sl.version++
+			s.clear(sl)
 			ids = append(ids, sl.id)
 		}
 	}
@@ -246,7 +280,14 @@ func (s *scheduler) forget(sess string) []int {
 
 // lose forgets what one slot holds (another client used it); its session
 // is placed again, and restored, on its next request.
-func (s *scheduler) lose(sl *slotInfo) {
+func (s *scheduler) lose(sl *slotInfo) { s.clear(sl) }
+
+// clear forgets what sl holds; a preloaded state there is wasted.
+func (s *scheduler) clear(sl *slotInfo) {
+	if sl.preload == preloadLoaded {
+		s.wasted++
+	}
+	sl.preload = preloadNone
 	sl.sess, sl.chain, sl.tokens, sl.dirty = "", chain{}, 0, false
 	sl.version++
 }
@@ -254,8 +295,7 @@ func (s *scheduler) lose(sl *slotInfo) {
 // reset forgets what every slot holds (the engine restarted).
 func (s *scheduler) reset() {
 	for _, sl := range s.slots {
-		sl.sess, sl.chain, sl.tokens, sl.dirty = "", chain{}, 0, false
-		sl.version++
+		s.clear(sl)
 	}
 }
 

@@ -144,3 +144,45 @@ func TestSchedulerBackground(t *testing.T) {
 		t.Fatalf("D: %+v", d)
 	}
 }
+
+// Slots a preload is filling are taken last; a preloaded state dropped by
+// another session's placement, a forget or a restart counts as wasted.
+func TestSchedulerPreloadStates(t *testing.T) {
+	s := newScheduler(2)
+	ch := chain{hashes: []uint64{1}, bytes: []int64{10}}
+	a := s.place("A", ch)
+	s.done(a.slot, "A", false, true, ch, 100, time.Time{})
+	a.slot.dirty = false
+	a.slot.preload = preloadReserved
+	// B: the free slot, not the reserved one, though that is older.
+	if b := s.place("B", ch); b.slot == a.slot {
+		t.Fatal("B took the slot being preloaded")
+	} else {
+		s.done(b.slot, "B", false, true, ch, 100, time.Time{})
+		b.slot.dirty = false
+	}
+	// C: B's slot is idle and clean: it goes before the reserved one.
+	c := s.place("C", ch)
+	if c.slot == a.slot {
+		t.Fatal("C took the slot being preloaded over an idle one")
+	}
+	// D: every other slot is busy: the reserved slot, last resort; the
+	// reservation ends (the preload sees the version change).
+	ver := a.slot.version
+	d := s.place("D", ch)
+	if d.slot != a.slot || a.slot.preload != preloadNone || a.slot.version == ver || s.wasted != 0 {
+		t.Fatalf("D: %+v, wasted %d", d, s.wasted)
+	}
+	// A loaded preload dropped: wasted, once each way.
+	d.slot.preload = preloadLoaded
+	s.done(d.slot, "D", false, true, ch, 100, time.Time{})
+	s.place("E", ch) // D's slot, the only idle one: its preloaded state is dropped
+	s.forget("E")
+	for _, sl := range s.slots {
+		sl.preload = preloadLoaded
+	}
+	s.reset()
+	if s.wasted != 1+2 {
+		t.Fatalf("wasted %d, want 3", s.wasted)
+	}
+}

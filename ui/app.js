@@ -604,7 +604,8 @@
       cards.appendChild(statCard("card-reused", "Tokens not reprocessed", fmtInt((tm.cache_n || 0)),
         `engine prompt cache ${fmtPct(en.cached_ratio)}; ${fmtInt(en.reused_tokens)} thanks to restores`));
       cards.appendChild(statCard("card-engine", "Engine (" + en.connector + ")", en.enabled ? (en.restores_off ? "restores off" : "on") : "disabled",
-        `${fmtInt(en.requests)} requests, ${fmtInt(en.saves)} saves, ${fmtInt(en.restores)} restores`));
+        `${fmtInt(en.requests)} requests, ${fmtInt(en.saves)} saves, ${fmtInt(en.restores)} restores on the request path` +
+        (en.preloads ? `, ${fmtInt(en.preloads)} preloaded ahead (${fmtInt(en.preloads_used)} used, ${fmtInt(en.preloads_wasted)} wasted)` : "")));
     }
     if (mem) cards.appendChild(statCard("card-memory", "Sessions loaded", fmtInt(mem.Sessions), `${fmtInt(mem.Prepares)} windows built, ${fmtInt(mem.Evicted)} messages left windows`));
     renderThresholds(d.thresholds || [], cards);
