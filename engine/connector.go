@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Request is one chat or completions request the proxy forwards, as a
@@ -47,6 +48,7 @@ type Request struct {
 	fp        string       // model fingerprint when placed
 	chain     chain        // the prompt's prefix hashes
 	restore   *restoreInfo // what Before restored, if anything
+	placedAt  time.Time    // when a background call got its slot
 }
 
 // ErrPreempted is the cause a connector cancels a Background request's

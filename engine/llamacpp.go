@@ -287,6 +287,7 @@ type LlamaCPP struct {
 	unusedRun      int
 	prefillMsTok   ewma // prefill ms per token, from timings
 	restoreMsMB    ewma // restore ms per MiB, measured
+	bgSeconds      ewma // how long a background call holds its slot
 }
 
 type sessEntry struct {
@@ -445,7 +446,11 @@ func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 		se.stats.Requests++
 		c.pred.arrive(req.sk, c.opts.Clock.Now())
 	}
+	wasted := c.sched.wasted
 	p := c.sched.place(req.sk, req.chain)
+	if c.sched.wasted != wasted {
+		c.log.Debug("llamacpp: a preloaded state wasted", "session", req.sk, "slot", p.slot.id, "preloaded", p.prevSess)
+	}
 	if p.preempt {
 		c.clientWaits.Add(1)
 		c.preemptLocked(p.slot.id)
@@ -526,7 +531,23 @@ func (c *LlamaCPP) beforeBackground(ctx, sctx context.Context, req *Request) ([]
 			ok   bool
 		)
 		if c.arriving == 0 {
-			p, wait, ok = c.sched.placeBackground(req.chain, c.opts.Clock.Now(), c.quiet)
+			wasted := c.sched.wasted
+			now := c.opts.Clock.Now()
+			var avoid *slotInfo
+			if c.opts.Preload && len(c.sched.slots) > 1 && c.bgSeconds.n > 0 {
+				// A call that would still run when the session expected
+				// next comes leaves it the slot its preload takes (it
+				// would be cancelled then, and the session restored on
+				// its path); with one slot, or a session expected later,
+				// the call goes first.
+				if plan, _, ok := c.planPreloadLocked(now); ok && plan.due.Before(now.Add(seconds(c.bgSeconds.v))) {
+					avoid = plan.slot
+				}
+			}
+			p, wait, ok = c.sched.placeBackground(req.chain, now, c.holdLocked, avoid)
+			if c.sched.wasted != wasted {
+				c.log.Debug("llamacpp: a preloaded state wasted by a background call", "slot", p.slot.id, "preloaded", p.prevSess)
+			}
 		}
 		if ok {
 			break
@@ -565,6 +586,7 @@ func (c *LlamaCPP) beforeBackground(ctx, sctx context.Context, req *Request) ([]
 	if req.Cancel != nil {
 		c.bgReqs[req] = struct{}{}
 	}
+	req.placedAt = c.opts.Clock.Now()
 	c.mu.Unlock()
 	c.bgCalls.Add(1)
 	c.assigns.Add(1)
@@ -677,6 +699,9 @@ func (c *LlamaCPP) After(_ context.Context, req *Request, resp *Response) {
 	if req.Background && ok2xx && !req.preempted {
 		c.quiet = max(c.opts.BackgroundQuiet, c.quiet/2)
 	}
+	if req.Background && !req.placedAt.IsZero() {
+		c.bgSeconds.add(c.opts.Clock.Now().Sub(req.placedAt).Seconds())
+	}
 	if timed && tm.PromptN >= 16 && tm.PromptMs > 0 {
 		c.prefillMsTok.add(tm.PromptMs / float64(tm.PromptN))
 	}
@@ -714,7 +739,7 @@ func (c *LlamaCPP) After(_ context.Context, req *Request, resp *Response) {
 			}
 		}
 	}
-	idle := c.opts.Preload && !req.Background && c.clientsBusyLocked() == 0
+	idle := c.opts.Preload && c.clientsBusyLocked() == 0
 	c.mu.Unlock()
 	if dirty && !c.opts.NoBackgroundSave || idle {
 		select {

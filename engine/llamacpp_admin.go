@@ -117,6 +117,7 @@ func (c *LlamaCPP) verify(ctx context.Context) string {
 					// Someone else's request used the slot (a client talking
 					// to the server directly): its KV is not what we think.
 					c.slotsLost.Add(1)
+					c.log.Debug("llamacpp: slot lost", "slot", s.ID, "n_prompt_tokens", s.NPrompt, "tokens", sl.tokens, "task", task, "preload", sl.preload)
 					c.sched.lose(sl)
 				}
 				c.lastTask[s.ID] = task

@@ -55,21 +55,31 @@ func (c *LlamaCPP) preloadStateOf(key string, fp, layout string) *stateMeta {
 	return nil
 }
 
-// planPreloadLocked picks the session expected soonest that holds no slot
-// and has a saved state, and the slot to restore it into: an idle slot
+// planPreloadLocked picks the session expected soonest that holds no slot,
+// has a saved state and is not overdue by more than its usual gap, and the
+// slot to restore it into: an idle slot
 // whose KV is stored (a free one first, else the one whose occupant is
 // expected latest), and only from an occupant expected later than that
 // session or gone quiet, whose last request ended at least the background
-// quiet period ago (a client sending turns back to back keeps its slot, as
-// it does against background calls). Nothing while a client request is in
-// flight or arriving. When an occupant's quiet period is all that stands
-// in the way, wait says how long until it ends. Called with c.mu held.
+// quiet period ago, or twice its own gap between follow-ups if longer (a
+// client sending turns back to back keeps its slot, as it does against
+// background calls). Nothing while a client request is in
+// flight or arriving. (Background calls take a slot holding a preloaded
+// state only when every slot holds one.) When an occupant's quiet period is
+// all that stands in the way, wait says how long until it ends. Called
+// with c.mu held.
 func (c *LlamaCPP) planPreloadLocked(now time.Time) (plan preloadPlan, wait time.Duration, ok bool) {
 	if c.restoreOff || c.fp == "" || c.clientsBusyLocked() > 0 {
 		return preloadPlan{}, 0, false
 	}
 	cands := c.pred.next(now, len(c.sched.slots)+4, c.residentLocked)
 	for _, cd := range cands {
+		if now.Sub(cd.due) > cd.gap {
+			// Overdue by more than its usual gap: its rhythm did not hold
+			// (say, the gap came from one follow-up); nothing says it
+			// comes now.
+			continue
+		}
 		m := c.preloadStateOf(cd.key, c.fp, c.layout)
 		if m == nil {
 			continue
@@ -107,7 +117,7 @@ func (c *LlamaCPP) preloadSlotLocked(due, now time.Time) (*slotInfo, time.Durati
 		case !expected || !at.After(due):
 			continue // expected as soon, or its history tells nothing: it stays
 		}
-		if left := sl.clientEnd.Add(c.quiet).Sub(now); !sl.clientEnd.IsZero() && left > 0 {
+		if left := sl.clientEnd.Add(c.holdLocked(sl)).Sub(now); !sl.clientEnd.IsZero() && left > 0 {
 			if wait == 0 || left < wait {
 				wait = left
 			}
@@ -124,6 +134,19 @@ func (c *LlamaCPP) preloadSlotLocked(due, now time.Time) (*slotInfo, time.Durati
 		return best, 0
 	}
 	return nil, wait
+}
+
+// holdLocked is how long after its client's last request a slot is kept
+// from background calls and preloads, as that client's next request may be
+// on its way: the quiet period (BackgroundQuiet, adapted), or twice the
+// session's own gap between follow-ups within a visit if longer. Called
+// with c.mu held.
+func (c *LlamaCPP) holdLocked(sl *slotInfo) time.Duration {
+	hold := c.quiet
+	if b, ok := c.pred.burst(sl.sess); ok && 2*b > hold {
+		hold = 2 * b
+	}
+	return hold
 }
 
 // usePreloadLocked marks the state preloaded into sl used by req, its
@@ -235,6 +258,20 @@ func (c *LlamaCPP) tryPreload() (bool, time.Duration) {
 	c.preloads.Add(1)
 	c.preloadNs.Add(int64(d))
 	c.cat.touch(m, c.opts.Clock.Now())
+	// The server's token count of a restored slot (GET /slots
+	// n_prompt_tokens, which tells another client's use of the slot) is not
+	// always the file's: ask it, so the next request does not take the
+	// difference for a foreign use. Unknown (0) if it does not answer.
+	tokens := 0
+	if !c.noSlots.Load() {
+		if ss, err := c.api.slots(ctx); err == nil {
+			for _, st := range ss {
+				if st.ID == sl.id && !st.IsProcessing {
+					tokens = st.NPrompt
+				}
+			}
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.restoreMsMB.add(float64(d) / 1e6 / max(float64(len(raw))/(1<<20), 1e-3))
@@ -245,8 +282,9 @@ func (c *LlamaCPP) tryPreload() (bool, time.Duration) {
 		c.sched.wasted++ // another session took the slot during the restore
 		return true, 0
 	}
-	sl.chain, sl.tokens = m.chain, m.tokens
+	sl.chain, sl.tokens = m.chain, tokens
 	sl.preload = preloadLoaded
+	c.log.Debug("llamacpp: preloaded", "session", plan.key, "slot", sl.id, "replaced", prev, "due_in", plan.due.Sub(start), "ms", float64(d)/1e6)
 	c.preloaded[sl.id] = restoreInfo{expect: m.tokens, ms: float64(d) / 1e6}
 	return true, 0
 }

@@ -16,35 +16,76 @@ import (
 // restore and a resident session its slot.
 const predictLapse = 4
 
+// rhythm estimates the usual gap, in seconds, between a session's visits:
+// an exponential mean of the gaps, where a gap under a quarter of the mean
+// is a request within the same visit (a follow-up sent at once) and does
+// not count, unless three come in a row (the session now speaks faster),
+// and a gap over four times the mean starts the mean again (it now speaks
+// slower, or its first gaps were such follow-ups).
+type rhythm struct {
+	gap   ewma
+	short int  // gaps under a quarter of the mean in a row
+	burst ewma // the gaps within visits (follow-ups)
+}
+
+// rhythmFactor bounds what a gap may differ from the mean and still count
+// as one more sample of it.
+const rhythmFactor = 4
+
+func (r *rhythm) add(g float64) {
+	switch {
+	case r.gap.n == 0:
+		r.gap = ewma{v: g, n: 1}
+	case g > rhythmFactor*r.gap.v:
+		if r.short == 0 && r.gap.n == 1 {
+			r.burst.add(r.gap.v) // the first gap was a follow-up
+		}
+		r.gap, r.short = ewma{v: g, n: 1}, 0
+	case g < r.gap.v/rhythmFactor:
+		r.burst.add(g)
+		if r.short++; r.short >= 3 {
+			r.gap, r.short, r.burst = ewma{v: g, n: 1}, 0, ewma{}
+		}
+	default:
+		r.gap.add(g)
+		r.short = 0
+	}
+}
+
 // arrival is one session's history: when it last sent a request and the
-// usual gap between its requests.
+// usual gap between its visits.
 type arrival struct {
 	key  string
 	last time.Time
-	gap  ewma // seconds between two requests of the session
-	n    int  // requests seen
+	gap  rhythm
+	n    int // requests seen
 	// h and idx place the entry in one of the predictor's heaps (h nil:
 	// in none, lapsed).
 	h   *arrivalHeap
 	idx int
 }
 
-// predictor orders sessions by when they are expected next: a session that
-// spoke at least twice is due its last arrival plus its own mean gap; one
-// seen once is due its arrival plus the mean gap of all sessions (none
-// known: not predicted). Two heaps keep both orders exact in O(log n) per
-// arrival: the known by due time, the once-seen by arrival (they share one
-// gap, so that is their order too).
+// predictor orders sessions by when they are expected next: a session whose
+// rhythm rests on two gaps or more is due its last request plus that
+// rhythm; any other (seen once, or its rhythm just changed) is due its last
+// request plus the rhythm of all sessions (none known: not predicted). Two
+// heaps keep both orders exact in O(log n) per arrival: the first by due
+// time, the others by their last request (they share one gap, so that is
+// their order too).
 type predictor struct {
 	byKey  map[string]*arrival
-	known  arrivalHeap // n ≥ 2, by last + gap
-	once   arrivalHeap // n == 1, by last
-	global ewma        // seconds between two requests of one session, all sessions
+	known  arrivalHeap // own rhythm, by last + gap
+	once   arrivalHeap // the common rhythm, by last
+	global rhythm      // gaps between two requests of one session, all sessions
 }
+
+// ownRhythm reports whether a session's own rhythm is settled enough to
+// predict it.
+func ownRhythm(a *arrival) bool { return a.gap.gap.n >= 2 }
 
 func newPredictor() *predictor {
 	p := &predictor{byKey: map[string]*arrival{}}
-	p.known.due = func(a *arrival) time.Time { return a.last.Add(seconds(a.gap.v)) }
+	p.known.due = func(a *arrival) time.Time { return a.last.Add(seconds(a.gap.gap.v)) }
 	p.once.due = func(a *arrival) time.Time { return a.last }
 	return p
 }
@@ -64,7 +105,7 @@ func (p *predictor) arrive(key string, now time.Time) {
 	a.last = now
 	a.n++
 	want := &p.once
-	if a.n >= 2 {
+	if ownRhythm(a) {
 		want = &p.known
 	}
 	if a.h != nil && a.h != want {
@@ -92,12 +133,22 @@ func (p *predictor) remove(key string) {
 // gapOf is the gap a session is expected to keep; false when none is known.
 func (p *predictor) gapOf(a *arrival) (time.Duration, bool) {
 	switch {
-	case a.n >= 2:
-		return seconds(a.gap.v), true
-	case p.global.n > 0:
-		return seconds(p.global.v), true
+	case ownRhythm(a):
+		return seconds(a.gap.gap.v), true
+	case p.global.gap.n > 0:
+		return seconds(p.global.gap.v), true
 	}
 	return 0, false
+}
+
+// burst returns the usual gap between a session's requests within one
+// visit (a follow-up), when it sent any.
+func (p *predictor) burst(key string) (time.Duration, bool) {
+	a, ok := p.byKey[key]
+	if !ok || a.gap.burst.n == 0 {
+		return 0, false
+	}
+	return seconds(a.gap.burst.v), true
 }
 
 // due returns when session key is expected next. expected is false when its
@@ -118,10 +169,11 @@ func (p *predictor) due(key string, now time.Time) (at time.Time, expected, laps
 	return a.last.Add(gap), true, false
 }
 
-// candidate is a session expected to speak, with when.
+// candidate is a session expected to speak, with when and its usual gap.
 type candidate struct {
 	key string
 	due time.Time
+	gap time.Duration
 }
 
 // next returns up to k sessions expected to speak, soonest first, skipping
@@ -130,7 +182,7 @@ type candidate struct {
 func (p *predictor) next(now time.Time, k int, skip func(key string) bool) []candidate {
 	var out []candidate
 	var held []*arrival // popped, to push back
-	global, hasGlobal := seconds(p.global.v), p.global.n > 0
+	global, hasGlobal := seconds(p.global.gap.v), p.global.gap.n > 0
 	for len(out) < k {
 		var a *arrival
 		var due time.Time
@@ -152,7 +204,7 @@ func (p *predictor) next(now time.Time, k int, skip func(key string) bool) []can
 		}
 		held = append(held, a)
 		if !skip(a.key) {
-			out = append(out, candidate{a.key, due})
+			out = append(out, candidate{a.key, due, gap})
 		}
 		if len(held) > 4*k+64 {
 			break // bounded work per call
@@ -160,7 +212,7 @@ func (p *predictor) next(now time.Time, k int, skip func(key string) bool) []can
 	}
 	for _, a := range held {
 		want := &p.once
-		if a.n >= 2 {
+		if ownRhythm(a) {
 			want = &p.known
 		}
 		heap.Push(want, a)

@@ -43,12 +43,12 @@ func TestPredictorOrder(t *testing.T) {
 		t.Fatalf("order %q, want C", got)
 	}
 	// A's own gaps (an exponential mean) decide its due time.
-	p.arrive("A", at(4))
 	p.arrive("A", at(5))
-	if d, _, _ := p.due("A", at(5)); !d.Equal(at(5 + 2.28)) {
-		t.Fatalf("A due %v, want %v", d.Sub(t0), 7.28)
+	p.arrive("A", at(7))
+	if d, _, _ := p.due("A", at(7)); d.Sub(at(7+2.64)).Abs() > time.Microsecond {
+		t.Fatalf("A due %v, want %v", d.Sub(t0), 9.64)
 	}
-	// Twenty seconds later B and C (once-seen, mean gap about 2 s) have
+	// Twenty seconds later B and C (once-seen, mean gap about 2.6 s) have
 	// lapsed: they leave the heaps and come back when they speak.
 	if got := keys(p.next(at(25), 5, none)); got != "" {
 		t.Fatalf("order %q, want none: everyone lapsed", got)
@@ -279,5 +279,49 @@ func TestLlamaCPPPreloadWaitsForQuiet(t *testing.T) {
 	}
 	if tm, _, restores := h.turnAt(clk, 4.2, "B", 2); restores != 0 || tm.CacheN != int64(promptLen("B", 1)) {
 		t.Fatalf("B: %d restores on its path, cache_n %d", restores, tm.CacheN)
+	}
+}
+
+// The rhythm of a session's visits: a follow-up sent at once is part of
+// the visit, a slower or faster rhythm replaces the mean.
+func TestRhythm(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		gaps []float64
+		want float64
+	}{
+		{"steady", []float64{10, 10, 10}, 10},
+		{"mean", []float64{10, 15}, 11},
+		{"follow-ups within visits", []float64{0.1, 10, 0.1, 10, 0.2, 10}, 10},
+		{"slower", []float64{10, 50}, 50},
+		{"faster after three", []float64{10, 1, 1}, 10},
+		{"faster", []float64{10, 1, 1, 1}, 1},
+		{"one pause", []float64{10, 100, 10, 10, 10}, 10},
+	} {
+		var r rhythm
+		for _, g := range tc.gaps {
+			r.add(g)
+		}
+		if d := r.gap.v - tc.want; d > 1e-9 || d < -1e-9 {
+			t.Errorf("%s: %v → %v, want %v", tc.name, tc.gaps, r.gap.v, tc.want)
+		}
+	}
+}
+
+// The gaps within visits are kept apart: a slot's occupant who sends
+// follow-ups keeps it for twice that gap.
+func TestRhythmBursts(t *testing.T) {
+	var r rhythm
+	for _, g := range []float64{0.5, 10, 0.7, 10} {
+		r.add(g)
+	}
+	if r.gap.v != 10 || r.burst.n != 2 || r.burst.v < 0.5 || r.burst.v > 0.7 {
+		t.Fatalf("rhythm %+v", r)
+	}
+	var steady rhythm
+	steady.add(10)
+	steady.add(11)
+	if steady.burst.n != 0 {
+		t.Fatalf("bursts in a steady rhythm: %+v", steady)
 	}
 }

@@ -126,30 +126,36 @@ func (s *scheduler) place(sess string, ch chain) placement {
 // placeBackground places a background call (the sidecar's own) whose
 // prompt is ch on an idle slot, preferring, like place, one holding no
 // session's KV, then one whose KV is stored, then the least recently used
-// (its KV to be saved first); and only on a slot where no client request
-// ended within quiet before now. When none qualifies it reports false and
-// how long until an idle slot becomes quiet (0: none is idle; wait for a
-// request to end). A background call never keeps the slot afterwards.
-func (s *scheduler) placeBackground(ch chain, now time.Time, quiet time.Duration) (placement, time.Duration, bool) {
+// (its KV to be saved first), and a slot holding a preloaded state, or
+// avoid (the slot a preload is about to take; nil: none), only when every
+// slot holds or is being given one; and only on a slot where no client
+// request ended within quiet(slot) before now. When none qualifies it
+// reports false and how long until an idle slot becomes quiet (0: none is
+// idle; wait for a request to end). A background call never keeps the
+// slot afterwards.
+func (s *scheduler) placeBackground(ch chain, now time.Time, quiet func(*slotInfo) time.Duration, avoid *slotInfo) (placement, time.Duration, bool) {
 	better := func(cur, cand *slotInfo) *slotInfo {
 		if cur == nil || cand.lastUse < cur.lastUse {
 			return cand
 		}
 		return cur
 	}
-	var free, clean, idle *slotInfo
+	var free, clean, idle, preloaded *slotInfo
 	var wait time.Duration
 	for _, sl := range s.slots {
 		if sl.inflight > 0 || sl.preload == preloadReserved || sl.preload == preloadRestoring {
 			continue
 		}
-		if left := sl.clientEnd.Add(quiet).Sub(now); !sl.clientEnd.IsZero() && left > 0 {
+		kept := sl.preload == preloadLoaded || sl == avoid
+		if left := sl.clientEnd.Add(quiet(sl)).Sub(now); !sl.clientEnd.IsZero() && left > 0 && !kept {
 			if wait == 0 || left < wait {
 				wait = left
 			}
 			continue
 		}
 		switch {
+		case kept:
+			preloaded = better(preloaded, sl)
 		case !sl.holds():
 			free = better(free, sl)
 		case !sl.dirty:
@@ -158,7 +164,14 @@ func (s *scheduler) placeBackground(ch chain, now time.Time, quiet time.Duration
 			idle = better(idle, sl)
 		}
 	}
-	for _, v := range []*slotInfo{free, clean, idle} {
+	for _, sl := range s.slots {
+		if sl.preload == preloadNone && sl != avoid {
+			// Another slot will do, now or once it is idle and quiet:
+			// leave the state a client is expected back to.
+			preloaded = nil
+		}
+	}
+	for _, v := range []*slotInfo{free, clean, idle, preloaded} {
 		if v != nil {
 			s.seq++
 			return s.assign(v, "", ch), 0, true

@@ -56,7 +56,7 @@ func TestSchedulerPlacement(t *testing.T) {
 	for _, sl := range s.slots {
 		sl.dirty = false
 	}
-	bg, _, ok := s.placeBackground(ch, time.Time{}, 0)
+	bg, _, ok := s.placeBackground(ch, time.Time{}, func(*slotInfo) time.Duration { return 0 }, nil)
 	if !ok {
 		t.Fatal("no slot for a background call while every slot is idle")
 	}
@@ -114,20 +114,20 @@ func TestSchedulerBackground(t *testing.T) {
 	s.done(a.slot, "A", false, true, ch, 10, t0)
 	a.slot.dirty = false // saved
 	// The other slot was never used by a client: free and quiet.
-	bg, _, ok := s.placeBackground(ch, t0, quiet)
+	bg, _, ok := s.placeBackground(ch, t0, func(*slotInfo) time.Duration { return quiet }, nil)
 	if !ok || bg.slot == a.slot || bg.preempt {
 		t.Fatalf("background call: %+v, %v", bg, ok)
 	}
 	// A's slot is idle but a client used it 400 ms ago: a second call waits
 	// 600 ms for quiet; none waits forever for a slot in flight.
-	if _, wait, ok := s.placeBackground(ch, t0.Add(400*time.Millisecond), quiet); ok || wait != 600*time.Millisecond {
+	if _, wait, ok := s.placeBackground(ch, t0.Add(400*time.Millisecond), func(*slotInfo) time.Duration { return quiet }, nil); ok || wait != 600*time.Millisecond {
 		t.Fatalf("second background call: %v, wait %v", ok, wait)
 	}
 	b := s.place("B", ch) // takes A's clean, idle slot
 	if b.slot != a.slot || b.preempt {
 		t.Fatalf("B: %+v", b)
 	}
-	if _, wait, ok := s.placeBackground(ch, t0.Add(time.Hour), quiet); ok || wait != 0 {
+	if _, wait, ok := s.placeBackground(ch, t0.Add(time.Hour), func(*slotInfo) time.Duration { return quiet }, nil); ok || wait != 0 {
 		t.Fatalf("background call with every slot in flight: %v, wait %v", ok, wait)
 	}
 	// C: both slots busy, one with a background call only: C takes it.
