@@ -61,6 +61,17 @@ func writeKVMetrics(w io.Writer, c KV) {
 	for _, name := range []string{"focus", "working"} {
 		lat[name].DemotionLatency.WritePrometheus(w, "sidecar_kv_demotion_seconds", fmt.Sprintf("tier=%q,", name))
 	}
+	tn := st.Tuning
+	fmt.Fprintf(w, "# HELP sidecar_kv_tuning_promote_threshold Hot score at which an access moves a KV block one tier up (moved by the AdaptiveTuner with --kv-tune).\n# TYPE sidecar_kv_tuning_promote_threshold gauge\nsidecar_kv_tuning_promote_threshold %g\n", tn.PromoteThreshold)
+	fmt.Fprintf(w, "# HELP sidecar_kv_tuning_archive_level zstd level (1 fastest to 4 best) of new Archive blocks; 0 without an Archive.\n# TYPE sidecar_kv_tuning_archive_level gauge\nsidecar_kv_tuning_archive_level %d\n", tn.ArchiveLevel)
+	fmt.Fprintf(w, "# HELP sidecar_kv_tuning_balance Recency share of the eviction policy's recency and frequency weights; -1 when the strategy has none.\n# TYPE sidecar_kv_tuning_balance gauge\nsidecar_kv_tuning_balance %g\n", tn.Balance)
+	if tu := st.Tuner; tu != nil {
+		fmt.Fprintf(w, "# HELP sidecar_kv_tuner_epochs_total Epochs the AdaptiveTuner observed.\n# TYPE sidecar_kv_tuner_epochs_total counter\nsidecar_kv_tuner_epochs_total %d\n", tu.Epochs)
+		fmt.Fprintln(w, "# HELP sidecar_kv_tuner_changes_total Steps the AdaptiveTuner took, by knob.\n# TYPE sidecar_kv_tuner_changes_total counter")
+		for _, k := range []string{tiers.KnobBalance, tiers.KnobPromote, tiers.KnobArchiveLevel} {
+			fmt.Fprintf(w, "sidecar_kv_tuner_changes_total{knob=%q} %d\n", k, tu.Changes[k])
+		}
+	}
 	a := c.AmortizationStats()
 	fmt.Fprintf(w, "# HELP sidecar_kv_compute_seconds_mean Mean measured cost of computing a prefix's KV.\n# TYPE sidecar_kv_compute_seconds_mean gauge\nsidecar_kv_compute_seconds_mean %g\n", a.MeanComputeCost.Seconds())
 	fmt.Fprintln(w, "# HELP sidecar_kv_load_seconds_mean Mean measured cost of loading a prefix's KV, per tier.\n# TYPE sidecar_kv_load_seconds_mean gauge")

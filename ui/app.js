@@ -598,6 +598,13 @@
     if (kv) {
       cards.appendChild(statCard("card-hitrate", "KV cache hit rate", fmtPct(kv.hit_rate), `${fmtInt(kv.hits)} hits, ${fmtInt(kv.misses)} misses (${kv.strategy})`));
     }
+    if (kv && kv.tuning) {
+      const tn = kv.tuning, tu = kv.tuner;
+      const last = tu && tu.last && tu.last.length ? tu.last[tu.last.length - 1] : null;
+      cards.appendChild(statCard("card-tuning", "KV tuning" + (tu ? " (adaptive)" : " (fixed)"),
+        `promote at ${tn.promote_threshold.toFixed(2)}, zstd ${tn.archive_level || "-"}` + (tn.balance >= 0 ? `, recency ${fmtPct(tn.balance)}` : ""),
+        tu ? `${fmtInt(tu.epochs)} epochs; ` + (last ? `last: ${last.knob} ${last.from.toFixed(2)} → ${last.to.toFixed(2)} (${last.reason})` : "no change yet") : "the AdaptiveTuner is off (--kv-tune)"));
+    }
     if (am) cards.appendChild(statCard("card-amortization", "Computes saved per turn", fmtPct(am.amortization_ratio), `${fmtInt(am.compute_saved)} of ${fmtInt(am.total_turns)} turns loaded instead of computed`));
     if (en) {
       const tm = en.timings || {};
