@@ -76,7 +76,10 @@ type LlamaCPPOptions struct {
 	// Negative means none. It doubles, up to 16 times, each time a client
 	// request takes a slot from a background call (the server stops that
 	// call only after the prompt batch it is computing, up to a second or
-	// so), and halves back after each background call that completes.
+	// so), and halves back after each background call that completes. A
+	// session whose history shows follow-ups (requests within one visit)
+	// keeps its slot against background calls and preloads for twice its
+	// own gap between them when that is longer.
 	BackgroundQuiet time.Duration
 	// Preload turns on predictive preload (MemGPT design §4.2): when no
 	// client request is in flight, the connector restores into an idle

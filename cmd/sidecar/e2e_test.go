@@ -30,7 +30,6 @@ func isRecallBlock(role, content string) bool {
 	return role == "system" && strings.HasPrefix(content, "Memory recalled for the next message")
 }
 
-
 // TestFiftyTurnsPrefixStableAndSurvivesRestart drives a full-history client
 // (openai-go) through 50 turns against the running binary with a window
 // small enough to overflow, then restarts the sidecar on the same data dir.
