@@ -28,6 +28,7 @@ workloads:
   proxy      added latency of the sidecar and nginx over a direct upstream (--target name=host:port ...)
   gpu        Focus put/get latency and host<->device bandwidth (--device, --full)
   sessions   sessions on a real llama-server, direct vs through the sidecar, with restarts (tokens reprocessed)
+  archive    archive compression on LoCoMo: text with zstd and a trained dictionary, vectors with PQ, summaries (ratio, decode speed, recall@10 loss)
   fleet      sessions moving between replicas (sidecar + llama-server each) with and without a shared Redis store
   upstream   serve a scripted OpenAI-compatible upstream (for proxy benchmarks and demos)
 
@@ -60,6 +61,8 @@ func cmdBench(args []string) int {
 		err = benchSessions(args)
 	case "fleet":
 		err = benchFleet(args)
+	case "archive":
+		err = benchArchive(args)
 	case "help", "-h", "--help":
 		fmt.Print(benchUsage)
 		return 0
