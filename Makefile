@@ -13,7 +13,7 @@ export SIDECAR_UPSTREAM ?= http://127.0.0.1:8000
 export SIDECAR_LISTEN   ?= 127.0.0.1:8080
 export SIDECAR_DATA_DIR ?= ./data
 
-.PHONY: help build run test test-race test-hostile test-differential test-mcp bench-mcp bench bench-proxy bench-kv bench-policy bench-recall bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet bench-scale fleet docker-cuda fuzz lint check-deploy clean
+.PHONY: help build run test test-race test-hostile test-differential test-mcp bench-mcp bench bench-proxy bench-kv bench-policy bench-recall bench-archive bench-preload bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet bench-scale fleet docker-cuda fuzz lint check-deploy clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -95,6 +95,15 @@ bench-policy: ## hit ratio of every eviction strategy beside otter's W-TinyLFU a
 
 bench-recall: ## LoCoMo evidence recall (bm25, vector, hybrid, hybrid+graph) on $(LOCOMO)
 	$(GO) run ./cmd/sidecar bench recall --data $(LOCOMO) --scale 100000
+
+bench-archive: ## archive compression on $(LOCOMO): text with zstd and a trained dictionary, vectors with PQ, summaries (ratio, decode speed, recall@10 loss)
+	$(GO) run ./cmd/sidecar bench archive --data $(LOCOMO)
+
+bench-preload: build ## predictive preload on a real llama-server: returning against resident sessions' time to first token, preload on and off, round-robin and shuffled
+	$(BIN) bench sessions --follow-up --pause 1s
+	$(BIN) bench sessions --follow-up --pause 1s --sidecar-arg=--llamacpp-preload=false
+	$(BIN) bench sessions --follow-up --pause 1s --order shuffled
+	$(BIN) bench sessions --follow-up --pause 1s --order shuffled --sidecar-arg=--llamacpp-preload=false
 
 fuzz: ## run every fuzz target for $(FUZZTIME) each
 	@for pkg in $$($(GO) list $(PKGS)); do \

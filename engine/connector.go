@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Request is one chat or completions request the proxy forwards, as a
@@ -47,6 +48,7 @@ type Request struct {
 	fp        string       // model fingerprint when placed
 	chain     chain        // the prompt's prefix hashes
 	restore   *restoreInfo // what Before restored, if anything
+	placedAt  time.Time    // when a background call got its slot
 }
 
 // ErrPreempted is the cause a connector cancels a Background request's
@@ -142,8 +144,11 @@ type SessionStats struct {
 	Requests int64 `json:"requests"`
 	// Saves and Restores count the session's KV moved out of and into
 	// the engine; SavedTokens and SavedBytes describe the last save.
-	Saves       int64 `json:"saves"`
-	Restores    int64 `json:"restores"`
+	Saves    int64 `json:"saves"`
+	Restores int64 `json:"restores"`
+	// Preloads counts the session's states restored ahead of its
+	// requests (LlamaCPPOptions.Preload); they are not in Restores.
+	Preloads    int64 `json:"preloads"`
 	SavedTokens int   `json:"saved_tokens"`
 	SavedBytes  int64 `json:"saved_bytes"`
 	// Last is the last response's timings; Total their sums.
@@ -210,6 +215,23 @@ type Stats struct {
 	// waited for it when it could not be cancelled). The goal is 0 waits.
 	BackgroundCancelled int64 `json:"background_cancelled"`
 	ClientWaits         int64 `json:"client_waits"`
+	// Preloads counts states restored into an idle slot ahead of their
+	// session's request (LlamaCPPOptions.Preload), off the request path:
+	// Restores counts only those on it. PreloadsUsed counts the preloaded
+	// states their session came back to; PreloadsWasted those another
+	// session's placement, a forget or an engine restart dropped first;
+	// PreloadsAbandoned the preloads given up before the engine was asked
+	// (a client request arrived while the state was fetched);
+	// PreloadWaits the client requests that waited for the preload of
+	// their own state to finish; PreloadErrors the preloads that failed.
+	// MeanPreloadMs is the mean time of a preload (fetch and restore).
+	Preloads          int64   `json:"preloads"`
+	PreloadsUsed      int64   `json:"preloads_used"`
+	PreloadsWasted    int64   `json:"preloads_wasted"`
+	PreloadsAbandoned int64   `json:"preloads_abandoned"`
+	PreloadWaits      int64   `json:"preload_waits"`
+	PreloadErrors     int64   `json:"preload_errors"`
+	MeanPreloadMs     float64 `json:"mean_preload_ms"`
 	// States and StateBytes describe the states kept; StatesByTier where.
 	States           int              `json:"states"`
 	StateBytes       int64            `json:"state_bytes"`

@@ -16,6 +16,10 @@
 //     the tiers and the catalog of another connector as that session's,
 //     after checking every slot file and that its server runs the same
 //     model and KV layout (ErrOtherModel otherwise; nothing imported).
+//     With Preload, while no client request is in flight it restores the
+//     state of the session expected to speak soonest (predict.go: each
+//     session's last request plus its usual gap) into an idle slot whose
+//     KV is saved, so that session's restore leaves the request path.
 //   - Generic forwards bodies untouched and keeps statistics; engines such
 //     as vLLM or SGLang reuse KV through their own prefix caches, which hit
 //     because the memory package keeps the prompt prefix byte-stable.
@@ -31,8 +35,14 @@
 //     parsed; a failed save or restore loses nothing already kept, and
 //     llama.cpp reuses restored KV only for the tokens it matches, so a
 //     stale or foreign state costs a prefill, never a wrong answer.
-//   - Operations on one slot (save, restore) run one at a time in the
-//     order sessions were assigned to it.
+//   - Operations on one slot (save, restore, preload) run one at a time in
+//     the order sessions were assigned to it.
+//   - A preload never delays a client: it starts only while no client
+//     request is in flight or arriving, takes a slot only from an occupant
+//     whose KV is saved, quiet for BackgroundQuiet and expected later than
+//     the session it preloads, and is abandoned if a client arrives before
+//     the engine is asked; a restore already under way is waited for only
+//     by the session it restores.
 //   - Background work never delays a client: a Background request starts
 //     only on a slot with nothing in flight, quiet for BackgroundQuiet,
 //     while no client request is on its way to a slot, and a client

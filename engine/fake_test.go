@@ -68,6 +68,9 @@ type fakeLlama struct {
 	hold         func(prompt string) bool
 	held         chan int
 	restoreDelay time.Duration
+	// restoreGate, when set (before the first request), holds each restore
+	// until it receives a value.
+	restoreGate chan struct{}
 	// restoreCost, when clock is set, advances clock on each restore: a
 	// restore that costs that much without real time passing.
 	restoreCost time.Duration
@@ -146,6 +149,9 @@ func (f *fakeLlama) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		var req struct{ Filename string }
 		_ = json.Unmarshal(body, &req)
+		if r.URL.Query().Get("action") == "restore" && f.restoreGate != nil {
+			<-f.restoreGate
+		}
 		f.slotAction(w, id, r.URL.Query().Get("action"), req.Filename)
 	default:
 		fakeError(w, 404, "File Not Found")

@@ -76,8 +76,25 @@ type LlamaCPPOptions struct {
 	// Negative means none. It doubles, up to 16 times, each time a client
 	// request takes a slot from a background call (the server stops that
 	// call only after the prompt batch it is computing, up to a second or
-	// so), and halves back after each background call that completes.
+	// so), and halves back after each background call that completes. A
+	// session whose history shows follow-ups (requests within one visit)
+	// keeps its slot against background calls and preloads for twice its
+	// own gap between them when that is longer.
 	BackgroundQuiet time.Duration
+	// Preload turns on predictive preload (MemGPT design §4.2): when no
+	// client request is in flight, the connector restores into an idle
+	// slot whose KV is saved the state of the session expected to speak
+	// soonest (from each session's own arrival history: its last request
+	// plus its usual gap), so that session finds its KV resident and its
+	// restore leaves the request path. A slot is taken only from an
+	// occupant expected later than the session preloaded (or gone quiet
+	// for four of its gaps), never from one with unsaved KV. A preload
+	// still fetching its state when a client request arrives is abandoned
+	// (the slot keeps its occupant); one the engine is already restoring
+	// is waited for only by the session it restores (cheaper than a
+	// restore of its own), and other sessions take that slot last.
+	// Stats.Preloads, PreloadsUsed, PreloadsWasted count them. False: off.
+	Preload bool
 	// NoSaveOnClose makes Close leave the slots' unsaved KV unsaved.
 	NoSaveOnClose bool
 	// NoBackgroundSave turns the saver off: a slot's KV is then saved only
@@ -241,6 +258,8 @@ type LlamaCPP struct {
 	restores, restoreMiss, restoreErrs, restoreSkips  atomic.Int64
 	prefixReuses, refused, unusedRestores, bgCalls    atomic.Int64
 	slotsLost, bgCancelled, clientWaits               atomic.Int64
+	preloads, preloadUsed, preloadAbandoned           atomic.Int64
+	preloadWaits, preloadErrs, preloadNs              atomic.Int64
 	savedB, restoredB, saveNs, restoreNs, deletes     atomic.Int64
 	reusedTokens, replacedPrefillUs, restoredMsTotal  atomic.Int64
 	restoredFrom                                      [4]atomic.Int64
@@ -263,12 +282,15 @@ type LlamaCPP struct {
 	lastTask       []int
 	fp, layout     string
 	sessions       map[string]*sessEntry // by sessKey(tenant, session)
+	pred           *predictor            // the sessions' arrival history
+	preloaded      []restoreInfo         // per slot: what its preload restored
 	seq            uint64
 	disabledReason string
 	restoreOff     bool
 	unusedRun      int
 	prefillMsTok   ewma // prefill ms per token, from timings
 	restoreMsMB    ewma // restore ms per MiB, measured
+	bgSeconds      ewma // how long a background call holds its slot
 }
 
 type sessEntry struct {
@@ -304,6 +326,7 @@ func NewLlamaCPP(opts LlamaCPPOptions) (*LlamaCPP, error) {
 		cat: newCatalog(), ops: make([]sync.Mutex, opts.Slots), bg: make(chan struct{}, 1),
 		sched: newScheduler(opts.Slots), lastTask: make([]int, opts.Slots), sessions: map[string]*sessEntry{},
 		bgReqs: map[*Request]struct{}{}, changed: make(chan struct{}), quiet: opts.BackgroundQuiet,
+		pred: newPredictor(), preloaded: make([]restoreInfo, opts.Slots),
 		kick: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	for i := range c.lastTask {
@@ -424,11 +447,25 @@ func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 		se := c.sessionLocked(req.sk)
 		se.lastSeen = c.seq
 		se.stats.Requests++
+		c.pred.arrive(req.sk, c.opts.Clock.Now())
 	}
+	wasted := c.sched.wasted
 	p := c.sched.place(req.sk, req.chain)
+	if c.sched.wasted != wasted {
+		c.log.Debug("llamacpp: a preloaded state wasted", "session", req.sk, "slot", p.slot.id, "preloaded", p.prevSess)
+	}
 	if p.preempt {
 		c.clientWaits.Add(1)
 		c.preemptLocked(p.slot.id)
+	}
+	waitPreload := false
+	if p.resident {
+		switch p.slot.preload {
+		case preloadLoaded:
+			c.usePreloadLocked(req, p.slot)
+		case preloadRestoring:
+			waitPreload = true
+		}
 	}
 	p.slot.owner = req.owner
 	req.assigned, req.slot = true, p.slot.id
@@ -442,6 +479,18 @@ func (c *LlamaCPP) Before(ctx context.Context, req *Request) ([]byte, error) {
 
 	if p.resident {
 		c.slotHits.Add(1)
+		if waitPreload {
+			// The engine is restoring this session's state, preloaded:
+			// what is left of that restore is cheaper than one of our own.
+			c.ops[p.slot.id].Lock()
+			c.ops[p.slot.id].Unlock()
+			c.preloadWaits.Add(1)
+			c.mu.Lock()
+			if p.slot.sess == req.sk && p.slot.preload == preloadLoaded {
+				c.usePreloadLocked(req, p.slot)
+			}
+			c.mu.Unlock()
+		}
 		if c.opts.Shared != nil {
 			c.refreshResident(sctx, req, p.slot)
 		}
@@ -485,7 +534,23 @@ func (c *LlamaCPP) beforeBackground(ctx, sctx context.Context, req *Request) ([]
 			ok   bool
 		)
 		if c.arriving == 0 {
-			p, wait, ok = c.sched.placeBackground(req.chain, c.opts.Clock.Now(), c.quiet)
+			wasted := c.sched.wasted
+			now := c.opts.Clock.Now()
+			var avoid *slotInfo
+			if c.opts.Preload && len(c.sched.slots) > 1 && c.bgSeconds.n > 0 {
+				// A call that would still run when the session expected
+				// next comes leaves it the slot its preload takes (it
+				// would be cancelled then, and the session restored on
+				// its path); with one slot, or a session expected later,
+				// the call goes first.
+				if plan, _, ok := c.planPreloadLocked(now); ok && plan.due.Before(now.Add(seconds(c.bgSeconds.v))) {
+					avoid = plan.slot
+				}
+			}
+			p, wait, ok = c.sched.placeBackground(req.chain, now, c.holdLocked, avoid)
+			if c.sched.wasted != wasted {
+				c.log.Debug("llamacpp: a preloaded state wasted by a background call", "slot", p.slot.id, "preloaded", p.prevSess)
+			}
 		}
 		if ok {
 			break
@@ -524,6 +589,7 @@ func (c *LlamaCPP) beforeBackground(ctx, sctx context.Context, req *Request) ([]
 	if req.Cancel != nil {
 		c.bgReqs[req] = struct{}{}
 	}
+	req.placedAt = c.opts.Clock.Now()
 	c.mu.Unlock()
 	c.bgCalls.Add(1)
 	c.assigns.Add(1)
@@ -601,6 +667,7 @@ func (c *LlamaCPP) trimSessionsLocked() {
 	slices.SortFunc(cand, func(a, b rec) int { return cmp.Compare(a.seen, b.seen) })
 	for _, e := range cand[:max(1, min(len(cand), c.opts.MaxSessions/8))] {
 		delete(c.sessions, e.k)
+		c.pred.remove(e.k)
 	}
 }
 
@@ -634,6 +701,9 @@ func (c *LlamaCPP) After(_ context.Context, req *Request, resp *Response) {
 	c.signalLocked() // a request left its slot
 	if req.Background && ok2xx && !req.preempted {
 		c.quiet = max(c.opts.BackgroundQuiet, c.quiet/2)
+	}
+	if req.Background && !req.placedAt.IsZero() {
+		c.bgSeconds.add(c.opts.Clock.Now().Sub(req.placedAt).Seconds())
 	}
 	if timed && tm.PromptN >= 16 && tm.PromptMs > 0 {
 		c.prefillMsTok.add(tm.PromptMs / float64(tm.PromptN))
@@ -672,8 +742,9 @@ func (c *LlamaCPP) After(_ context.Context, req *Request, resp *Response) {
 			}
 		}
 	}
+	idle := c.opts.Preload && c.clientsBusyLocked() == 0
 	c.mu.Unlock()
-	if dirty && !c.opts.NoBackgroundSave {
+	if dirty && !c.opts.NoBackgroundSave || idle {
 		select {
 		case c.kick <- struct{}{}:
 		default:

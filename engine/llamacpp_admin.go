@@ -117,6 +117,7 @@ func (c *LlamaCPP) verify(ctx context.Context) string {
 					// Someone else's request used the slot (a client talking
 					// to the server directly): its KV is not what we think.
 					c.slotsLost.Add(1)
+					c.log.Debug("llamacpp: slot lost", "slot", s.ID, "n_prompt_tokens", s.NPrompt, "tokens", sl.tokens, "task", task, "preload", sl.preload)
 					c.sched.lose(sl)
 				}
 				c.lastTask[s.ID] = task
@@ -183,6 +184,7 @@ func (c *LlamaCPP) Forget(ctx context.Context, tenant, session string) error {
 	sk := sessKey(tenant, session)
 	c.mu.Lock()
 	delete(c.sessions, sk)
+	c.pred.remove(sk)
 	erase := c.sched.forget(sk)
 	c.mu.Unlock()
 	var errs []error
@@ -253,6 +255,11 @@ func (c *LlamaCPP) Stats() Stats {
 		SharedErrors:      c.sharedErrs.Load(),
 	}
 	s.BackgroundCancelled, s.ClientWaits = c.bgCancelled.Load(), c.clientWaits.Load()
+	s.Preloads, s.PreloadsUsed, s.PreloadsAbandoned = c.preloads.Load(), c.preloadUsed.Load(), c.preloadAbandoned.Load()
+	s.PreloadWaits, s.PreloadErrors = c.preloadWaits.Load(), c.preloadErrs.Load()
+	if s.Preloads > 0 {
+		s.MeanPreloadMs = float64(c.preloadNs.Load()) / float64(s.Preloads) / 1e6
+	}
 	if s.Saves > 0 {
 		s.MeanSaveMs = float64(c.saveNs.Load()) / float64(s.Saves) / 1e6
 	}
@@ -280,6 +287,7 @@ func (c *LlamaCPP) Stats() Stats {
 	s.DisabledReason = c.disabledReason
 	s.QueueDepth = c.sched.pending()
 	s.RestoresOff = c.restoreOff
+	s.PreloadsWasted = c.sched.wasted
 	c.mu.Unlock()
 	return s
 }

@@ -25,13 +25,27 @@ import (
 // until Close.
 func (c *LlamaCPP) saver() {
 	defer c.wg.Done()
+	var again <-chan time.Time // a preload waits for a slot's quiet period
 	for {
 		select {
 		case <-c.done:
 			return
 		case <-c.kick:
+		case <-again:
 		}
-		for !c.closed.Load() && c.saveOne() {
+		again = nil
+		for !c.opts.NoBackgroundSave && !c.closed.Load() && c.saveOne() {
+		}
+		// Preload once the slots' KV is saved: a preload takes only a slot
+		// whose KV is stored.
+		for i := 0; c.opts.Preload && i < c.opts.Slots && !c.closed.Load(); i++ {
+			ok, wait := c.tryPreload()
+			if !ok {
+				if wait > 0 {
+					again = c.opts.Clock.After(wait)
+				}
+				break
+			}
 		}
 	}
 }

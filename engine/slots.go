@@ -38,7 +38,30 @@ type slotInfo struct {
 	saveFailed bool
 	// computeMs sums the engine's prefill time of the unsaved KV.
 	computeMs float64
+	// preload is where a predictive preload into the slot stands.
+	preload preloadState
 }
+
+// preloadState is where a predictive preload into a slot stands.
+type preloadState uint8
+
+const (
+	// preloadNone: no preload is under way or unused.
+	preloadNone preloadState = iota
+	// preloadReserved: the connector chose the slot and is fetching the
+	// state; the slot still holds its occupant, who keeps it if a request
+	// of theirs comes first (the preload is then abandoned). Client
+	// requests of other sessions take such a slot only as a last resort.
+	preloadReserved
+	// preloadRestoring: the slot is the predicted session's and the engine
+	// is restoring its state; a request of that session waits for it (the
+	// cheaper way: the restore is under way).
+	preloadRestoring
+	// preloadLoaded: the state is in the slot and its session has not come
+	// back yet. A session coming back uses it; a placement of another
+	// session, a forget or a restart wastes it.
+	preloadLoaded
+)
 
 // holds reports whether the slot holds, or is being filled with, KV worth
 // keeping for a session.
@@ -49,6 +72,8 @@ func (s *slotInfo) holds() bool {
 type scheduler struct {
 	slots []*slotInfo
 	seq   uint64
+	// wasted counts preloaded states dropped unused.
+	wasted int64
 }
 
 func newScheduler(n int) *scheduler {
@@ -101,30 +126,36 @@ func (s *scheduler) place(sess string, ch chain) placement {
 // placeBackground places a background call (the sidecar's own) whose
 // prompt is ch on an idle slot, preferring, like place, one holding no
 // session's KV, then one whose KV is stored, then the least recently used
-// (its KV to be saved first); and only on a slot where no client request
-// ended within quiet before now. When none qualifies it reports false and
-// how long until an idle slot becomes quiet (0: none is idle; wait for a
-// request to end). A background call never keeps the slot afterwards.
-func (s *scheduler) placeBackground(ch chain, now time.Time, quiet time.Duration) (placement, time.Duration, bool) {
+// (its KV to be saved first), and a slot holding a preloaded state, or
+// avoid (the slot a preload is about to take; nil: none), only when every
+// slot holds or is being given one; and only on a slot where no client
+// request ended within quiet(slot) before now. When none qualifies it
+// reports false and how long until an idle slot becomes quiet (0: none is
+// idle; wait for a request to end). A background call never keeps the
+// slot afterwards.
+func (s *scheduler) placeBackground(ch chain, now time.Time, quiet func(*slotInfo) time.Duration, avoid *slotInfo) (placement, time.Duration, bool) {
 	better := func(cur, cand *slotInfo) *slotInfo {
 		if cur == nil || cand.lastUse < cur.lastUse {
 			return cand
 		}
 		return cur
 	}
-	var free, clean, idle *slotInfo
+	var free, clean, idle, preloaded *slotInfo
 	var wait time.Duration
 	for _, sl := range s.slots {
-		if sl.inflight > 0 {
+		if sl.inflight > 0 || sl.preload == preloadReserved || sl.preload == preloadRestoring {
 			continue
 		}
-		if left := sl.clientEnd.Add(quiet).Sub(now); !sl.clientEnd.IsZero() && left > 0 {
+		kept := sl.preload == preloadLoaded || sl == avoid
+		if left := sl.clientEnd.Add(quiet(sl)).Sub(now); !sl.clientEnd.IsZero() && left > 0 && !kept {
 			if wait == 0 || left < wait {
 				wait = left
 			}
 			continue
 		}
 		switch {
+		case kept:
+			preloaded = better(preloaded, sl)
 		case !sl.holds():
 			free = better(free, sl)
 		case !sl.dirty:
@@ -133,7 +164,14 @@ func (s *scheduler) placeBackground(ch chain, now time.Time, quiet time.Duration
 			idle = better(idle, sl)
 		}
 	}
-	for _, v := range []*slotInfo{free, clean, idle} {
+	for _, sl := range s.slots {
+		if sl.preload == preloadNone && sl != avoid {
+			// Another slot will do, now or once it is idle and quiet:
+			// leave the state a client is expected back to.
+			preloaded = nil
+		}
+	}
+	for _, v := range []*slotInfo{free, clean, idle, preloaded} {
 		if v != nil {
 			s.seq++
 			return s.assign(v, "", ch), 0, true
@@ -152,6 +190,10 @@ func (s *scheduler) assign(v *slotInfo, sess string, ch chain) placement {
 		// engine runs the save once it is done, so the state covers it.
 		p.prevChain = v.next
 	}
+	if v.preload == preloadLoaded {
+		s.wasted++
+	}
+	v.preload = preloadNone // a reservation in progress sees the version change
 	v.sess, v.owner = sess, ""
 	v.chain, v.next = chain{}, ch
 	v.tokens = 0
@@ -176,9 +218,15 @@ func (s *scheduler) victim() *slotInfo {
 		}
 		return cur
 	}
-	var free, clean, idle, bgOnly, any *slotInfo
+	var free, clean, idle, bgOnly, preloading, any *slotInfo
 	for _, sl := range s.slots {
 		any = better(any, sl)
+		if sl.preload == preloadReserved || sl.preload == preloadRestoring {
+			if sl.inflight == 0 {
+				preloading = better(preloading, sl)
+			}
+			continue
+		}
 		if sl.inflight > 0 {
 			if sl.inflight == sl.bg {
 				bgOnly = better(bgOnly, sl)
@@ -194,7 +242,7 @@ func (s *scheduler) victim() *slotInfo {
 			idle = better(idle, sl)
 		}
 	}
-	for _, v := range []*slotInfo{free, clean, idle, bgOnly} {
+	for _, v := range []*slotInfo{free, clean, idle, bgOnly, preloading} {
 		if v != nil {
 			return v
 		}
@@ -236,8 +284,7 @@ func (s *scheduler) forget(sess string) []int {
 	var ids []int
 	for _, sl := range s.slots {
 		if sl.sess == sess {
-			sl.sess, sl.chain, sl.tokens, sl.dirty = "", chain{}, 0, false
-			sl.version++
+			s.clear(sl)
 			ids = append(ids, sl.id)
 		}
 	}
@@ -246,7 +293,14 @@ func (s *scheduler) forget(sess string) []int {
 
 // lose forgets what one slot holds (another client used it); its session
 // is placed again, and restored, on its next request.
-func (s *scheduler) lose(sl *slotInfo) {
+func (s *scheduler) lose(sl *slotInfo) { s.clear(sl) }
+
+// clear forgets what sl holds; a preloaded state there is wasted.
+func (s *scheduler) clear(sl *slotInfo) {
+	if sl.preload == preloadLoaded {
+		s.wasted++
+	}
+	sl.preload = preloadNone
 	sl.sess, sl.chain, sl.tokens, sl.dirty = "", chain{}, 0, false
 	sl.version++
 }
@@ -254,8 +308,7 @@ func (s *scheduler) lose(sl *slotInfo) {
 // reset forgets what every slot holds (the engine restarted).
 func (s *scheduler) reset() {
 	for _, sl := range s.slots {
-		sl.sess, sl.chain, sl.tokens, sl.dirty = "", chain{}, 0, false
-		sl.version++
+		s.clear(sl)
 	}
 }
 

@@ -56,7 +56,7 @@ func TestSchedulerPlacement(t *testing.T) {
 	for _, sl := range s.slots {
 		sl.dirty = false
 	}
-	bg, _, ok := s.placeBackground(ch, time.Time{}, 0)
+	bg, _, ok := s.placeBackground(ch, time.Time{}, func(*slotInfo) time.Duration { return 0 }, nil)
 	if !ok {
 		t.Fatal("no slot for a background call while every slot is idle")
 	}
@@ -114,20 +114,20 @@ func TestSchedulerBackground(t *testing.T) {
 	s.done(a.slot, "A", false, true, ch, 10, t0)
 	a.slot.dirty = false // saved
 	// The other slot was never used by a client: free and quiet.
-	bg, _, ok := s.placeBackground(ch, t0, quiet)
+	bg, _, ok := s.placeBackground(ch, t0, func(*slotInfo) time.Duration { return quiet }, nil)
 	if !ok || bg.slot == a.slot || bg.preempt {
 		t.Fatalf("background call: %+v, %v", bg, ok)
 	}
 	// A's slot is idle but a client used it 400 ms ago: a second call waits
 	// 600 ms for quiet; none waits forever for a slot in flight.
-	if _, wait, ok := s.placeBackground(ch, t0.Add(400*time.Millisecond), quiet); ok || wait != 600*time.Millisecond {
+	if _, wait, ok := s.placeBackground(ch, t0.Add(400*time.Millisecond), func(*slotInfo) time.Duration { return quiet }, nil); ok || wait != 600*time.Millisecond {
 		t.Fatalf("second background call: %v, wait %v", ok, wait)
 	}
 	b := s.place("B", ch) // takes A's clean, idle slot
 	if b.slot != a.slot || b.preempt {
 		t.Fatalf("B: %+v", b)
 	}
-	if _, wait, ok := s.placeBackground(ch, t0.Add(time.Hour), quiet); ok || wait != 0 {
+	if _, wait, ok := s.placeBackground(ch, t0.Add(time.Hour), func(*slotInfo) time.Duration { return quiet }, nil); ok || wait != 0 {
 		t.Fatalf("background call with every slot in flight: %v, wait %v", ok, wait)
 	}
 	// C: both slots busy, one with a background call only: C takes it.
@@ -142,5 +142,47 @@ func TestSchedulerBackground(t *testing.T) {
 	// D: both slots serve clients: the least recently used, no preemption.
 	if d := s.place("D", ch); d.preempt {
 		t.Fatalf("D: %+v", d)
+	}
+}
+
+// Slots a preload is filling are taken last; a preloaded state dropped by
+// another session's placement, a forget or a restart counts as wasted.
+func TestSchedulerPreloadStates(t *testing.T) {
+	s := newScheduler(2)
+	ch := chain{hashes: []uint64{1}, bytes: []int64{10}}
+	a := s.place("A", ch)
+	s.done(a.slot, "A", false, true, ch, 100, time.Time{})
+	a.slot.dirty = false
+	a.slot.preload = preloadReserved
+	// B: the free slot, not the reserved one, though that is older.
+	if b := s.place("B", ch); b.slot == a.slot {
+		t.Fatal("B took the slot being preloaded")
+	} else {
+		s.done(b.slot, "B", false, true, ch, 100, time.Time{})
+		b.slot.dirty = false
+	}
+	// C: B's slot is idle and clean: it goes before the reserved one.
+	c := s.place("C", ch)
+	if c.slot == a.slot {
+		t.Fatal("C took the slot being preloaded over an idle one")
+	}
+	// D: every other slot is busy: the reserved slot, last resort; the
+	// reservation ends (the preload sees the version change).
+	ver := a.slot.version
+	d := s.place("D", ch)
+	if d.slot != a.slot || a.slot.preload != preloadNone || a.slot.version == ver || s.wasted != 0 {
+		t.Fatalf("D: %+v, wasted %d", d, s.wasted)
+	}
+	// A loaded preload dropped: wasted, once each way.
+	d.slot.preload = preloadLoaded
+	s.done(d.slot, "D", false, true, ch, 100, time.Time{})
+	s.place("E", ch) // D's slot, the only idle one: its preloaded state is dropped
+	s.forget("E")
+	for _, sl := range s.slots {
+		sl.preload = preloadLoaded
+	}
+	s.reset()
+	if s.wasted != 1+2 {
+		t.Fatalf("wasted %d, want 3", s.wasted)
 	}
 }

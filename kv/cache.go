@@ -45,6 +45,12 @@ type Options struct {
 	MaxBlobBytes int64
 	// Clock tells time. Nil means the system clock.
 	Clock clock.Clock
+	// Tuner, when set, runs an AdaptiveTuner on the tiers (tiers.Tuner:
+	// eviction balance, promotion threshold, Archive zstd level from the
+	// live hit rate, latencies and storage pressure), owned by the Cache.
+	// Its Clock is set from Clock when nil. Nil: the parameters stay as
+	// Store sets them.
+	Tuner *tiers.TunerOptions
 }
 
 func (o *Options) validate() error {
@@ -66,6 +72,11 @@ func (o *Options) validate() error {
 	if o.Store.Clock == nil {
 		o.Store.Clock = o.Clock
 	}
+	if o.Tuner != nil && o.Tuner.Clock == nil {
+		t := *o.Tuner
+		t.Clock = o.Clock
+		o.Tuner = &t
+	}
 	return nil
 }
 
@@ -74,11 +85,13 @@ func (o *Options) validate() error {
 // in the fastest tier that holds them. It also serves the namespaced blob
 // API (PutBlob and friends) from the same tiers.
 //
-// A Cache owns its tiers.Store and one expiry goroutine; Close stops both.
+// A Cache owns its tiers.Store, one expiry goroutine and, with
+// Options.Tuner, an AdaptiveTuner; Close stops them all.
 // All methods are safe for concurrent use.
 type Cache struct {
 	opts  Options
 	store *tiers.Store
+	tuner *tiers.Tuner // nil without Options.Tuner
 
 	hits, misses atomic.Int64
 	amort        amortization
@@ -134,10 +147,19 @@ func Open(opts Options) (*Cache, error) {
 		c.indexLocked(key, id, h, created.Add(opts.TTL))
 		return true
 	})
+	if opts.Tuner != nil {
+		if c.tuner, err = tiers.NewTuner(st, *opts.Tuner); err != nil {
+			st.Close()
+			return nil, fmt.Errorf("kv: open: %w", err)
+		}
+	}
 	c.wg.Add(1)
 	go c.expiryLoop()
 	return c, nil
 }
+
+// Tuner returns the cache's AdaptiveTuner, nil without Options.Tuner.
+func (c *Cache) Tuner() *tiers.Tuner { return c.tuner }
 
 // Store returns the tiers the cache runs on, for stats and tools.
 func (c *Cache) Store() *tiers.Store { return c.store }
@@ -361,6 +383,10 @@ type Stats struct {
 	Strategy string  `json:"strategy"`
 	// Tiers has usage and counters per tier, fastest first.
 	Tiers []tiers.TierStats `json:"tiers"`
+	// Tuning is the tiers' parameters now; Tuner what the AdaptiveTuner
+	// did (nil without one).
+	Tuning tiers.Tuning      `json:"tuning"`
+	Tuner  *tiers.TunerStats `json:"tuner,omitempty"`
 }
 
 // Stats returns a snapshot of the cache's counters and tiers.
@@ -369,7 +395,11 @@ func (c *Cache) Stats() Stats {
 	c.mu.Lock()
 	n := len(c.expires)
 	c.mu.Unlock()
-	s := Stats{Size: n, Hits: c.hits.Load(), Misses: c.misses.Load(), Strategy: st.Strategy, Tiers: st.Tiers}
+	s := Stats{Size: n, Hits: c.hits.Load(), Misses: c.misses.Load(), Strategy: st.Strategy, Tiers: st.Tiers, Tuning: st.Tuning}
+	if c.tuner != nil {
+		ts := c.tuner.Stats()
+		s.Tuner = &ts
+	}
 	for _, t := range st.Tiers {
 		if t.Tier != tiers.TierArchive.String() {
 			s.MaxBytes += t.MaxBytes
@@ -389,6 +419,9 @@ func (c *Cache) Close() error {
 	}
 	close(c.done)
 	c.wg.Wait()
+	if c.tuner != nil {
+		c.tuner.Close()
+	}
 	if err := c.store.Close(); err != nil {
 		return fmt.Errorf("kv: close: %w", err)
 	}

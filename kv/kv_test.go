@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
@@ -334,4 +335,27 @@ func blobData(i int) []byte {
 		b[j] = byte(i*31 + j*7)
 	}
 	return b
+}
+
+// With Options.Tuner the cache runs an AdaptiveTuner, reports it in Stats
+// and stops it in Close.
+func TestCacheWithTuner(t *testing.T) {
+	c, err := Open(Options{Store: tiers.Options{Strategy: tiers.StrategyWeighted}, Tuner: &tiers.TunerOptions{Every: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Tuner() == nil {
+		t.Fatal("no tuner")
+	}
+	c.Tuner().Step()
+	st := c.Stats()
+	if st.Tuner == nil || st.Tuner.Epochs != 1 || st.Tuning.PromoteThreshold != 2 || st.Tuning.Balance < 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(Options{Tuner: &tiers.TunerOptions{BalanceStep: 2}}); err == nil {
+		t.Fatal("a bad tuner option accepted")
+	}
 }

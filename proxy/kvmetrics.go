@@ -61,6 +61,17 @@ func writeKVMetrics(w io.Writer, c KV) {
 	for _, name := range []string{"focus", "working"} {
 		lat[name].DemotionLatency.WritePrometheus(w, "sidecar_kv_demotion_seconds", fmt.Sprintf("tier=%q,", name))
 	}
+	tn := st.Tuning
+	fmt.Fprintf(w, "# HELP sidecar_kv_tuning_promote_threshold Hot score at which an access moves a KV block one tier up (moved by the AdaptiveTuner with --kv-tune).\n# TYPE sidecar_kv_tuning_promote_threshold gauge\nsidecar_kv_tuning_promote_threshold %g\n", tn.PromoteThreshold)
+	fmt.Fprintf(w, "# HELP sidecar_kv_tuning_archive_level zstd level (1 fastest to 4 best) of new Archive blocks; 0 without an Archive.\n# TYPE sidecar_kv_tuning_archive_level gauge\nsidecar_kv_tuning_archive_level %d\n", tn.ArchiveLevel)
+	fmt.Fprintf(w, "# HELP sidecar_kv_tuning_balance Recency share of the eviction policy's recency and frequency weights; -1 when the strategy has none.\n# TYPE sidecar_kv_tuning_balance gauge\nsidecar_kv_tuning_balance %g\n", tn.Balance)
+	if tu := st.Tuner; tu != nil {
+		fmt.Fprintf(w, "# HELP sidecar_kv_tuner_epochs_total Epochs the AdaptiveTuner observed.\n# TYPE sidecar_kv_tuner_epochs_total counter\nsidecar_kv_tuner_epochs_total %d\n", tu.Epochs)
+		fmt.Fprintln(w, "# HELP sidecar_kv_tuner_changes_total Steps the AdaptiveTuner took, by knob.\n# TYPE sidecar_kv_tuner_changes_total counter")
+		for _, k := range []string{tiers.KnobBalance, tiers.KnobPromote, tiers.KnobArchiveLevel} {
+			fmt.Fprintf(w, "sidecar_kv_tuner_changes_total{knob=%q} %d\n", k, tu.Changes[k])
+		}
+	}
 	a := c.AmortizationStats()
 	fmt.Fprintf(w, "# HELP sidecar_kv_compute_seconds_mean Mean measured cost of computing a prefix's KV.\n# TYPE sidecar_kv_compute_seconds_mean gauge\nsidecar_kv_compute_seconds_mean %g\n", a.MeanComputeCost.Seconds())
 	fmt.Fprintln(w, "# HELP sidecar_kv_load_seconds_mean Mean measured cost of loading a prefix's KV, per tier.\n# TYPE sidecar_kv_load_seconds_mean gauge")
@@ -100,6 +111,12 @@ func writeEngineMetrics(w io.Writer, c engine.Connector) {
 		{"background_calls", "The sidecar's own calls placed on slots.", st.BackgroundCalls},
 		{"background_cancelled", "The sidecar's own calls cancelled because a client request needed their slot.", st.BackgroundCancelled},
 		{"client_waits", "Client requests placed on a slot busy with the sidecar's own work (the goal is 0).", st.ClientWaits},
+		{"preloads", "States restored into an idle slot ahead of their session's request (predictive preload), off the request path.", st.Preloads},
+		{"preloads_used", "Preloaded states their session came back to.", st.PreloadsUsed},
+		{"preloads_wasted", "Preloaded states dropped before their session came back (a wrong prediction).", st.PreloadsWasted},
+		{"preloads_abandoned", "Preloads given up before the engine was asked, because a client request arrived.", st.PreloadsAbandoned},
+		{"preload_waits", "Client requests that waited for the preload of their own state to finish.", st.PreloadWaits},
+		{"preload_errors", "Preloads that failed.", st.PreloadErrors},
 		{"states_deleted", "States dropped (superseded or over the cap).", st.StatesDeleted},
 		{"reused_tokens", "Prompt tokens the engine did not reprocess thanks to a restore.", st.ReusedTokens},
 		{"shared_puts", "States written through to the fleet's shared store (--remote).", st.SharedPuts},
@@ -114,6 +131,7 @@ func writeEngineMetrics(w io.Writer, c engine.Connector) {
 	fmt.Fprintf(w, "# HELP sidecar_engine_replaced_prefill_seconds_total Prefill time those restores replaced, at the measured prefill rate.\n# TYPE sidecar_engine_replaced_prefill_seconds_total counter\nsidecar_engine_replaced_prefill_seconds_total %g\n", st.ReplacedPrefillMs/1000)
 	fmt.Fprintf(w, "# HELP sidecar_engine_save_seconds_mean Mean slot save time.\n# TYPE sidecar_engine_save_seconds_mean gauge\nsidecar_engine_save_seconds_mean %g\n", st.MeanSaveMs/1000)
 	fmt.Fprintf(w, "# HELP sidecar_engine_restore_seconds_mean Mean slot restore time.\n# TYPE sidecar_engine_restore_seconds_mean gauge\nsidecar_engine_restore_seconds_mean %g\n", st.MeanRestoreMs/1000)
+	fmt.Fprintf(w, "# HELP sidecar_engine_preload_seconds_mean Mean time of a preload (fetch from the tiers and restore), off the request path.\n# TYPE sidecar_engine_preload_seconds_mean gauge\nsidecar_engine_preload_seconds_mean %g\n", st.MeanPreloadMs/1000)
 	fmt.Fprintf(w, "# HELP sidecar_engine_queue_depth Slots whose KV waits for a background save.\n# TYPE sidecar_engine_queue_depth gauge\nsidecar_engine_queue_depth %d\n", st.QueueDepth)
 	fmt.Fprintf(w, "# HELP sidecar_engine_states Engine states kept.\n# TYPE sidecar_engine_states gauge\nsidecar_engine_states %d\n", st.States)
 	fmt.Fprintf(w, "# HELP sidecar_engine_state_bytes Bytes of the engine states kept.\n# TYPE sidecar_engine_state_bytes gauge\nsidecar_engine_state_bytes %d\n", st.StateBytes)

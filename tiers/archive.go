@@ -94,7 +94,8 @@ type Quarantine struct {
 type Archive struct {
 	opts          ArchiveOptions
 	fs            FS
-	level         zstd.EncoderLevel
+	level         atomic.Int32 // zstd.EncoderLevel of new blocks
+	levelN        atomic.Int32 // the same as ArchiveOptions.Level (1 to 4)
 	blocksDir     string
 	quarantineDir string
 	seq           atomic.Uint64
@@ -126,6 +127,21 @@ type archEntry struct {
 	gen      uint64 // distinguishes successive blocks of one key
 }
 
+// Level returns the zstd level (1 to 4) new blocks are written with.
+func (a *Archive) Level() int { return int(a.levelN.Load()) }
+
+// SetLevel changes the zstd level (1 fastest to 4 best; see
+// ArchiveOptions.Level) of the blocks written from now on; blocks already
+// written keep theirs (every level reads back alike).
+func (a *Archive) SetLevel(level int) error {
+	if level < 1 || level > 4 {
+		return fmt.Errorf("archive: zstd level %d, want 1 to 4", level)
+	}
+	a.level.Store(int32(encoderLevel(level)))
+	a.levelN.Store(int32(level))
+	return nil
+}
+
 // OpenArchive opens or creates the archive in opts.Dir and rebuilds its
 // index by scanning the block files. Leftover temporary files are removed;
 // files that fail their checks are moved to quarantine and reported by
@@ -137,13 +153,14 @@ func OpenArchive(opts ArchiveOptions) (*Archive, error) {
 	a := &Archive{
 		opts:          opts,
 		fs:            opts.FS,
-		level:         encoderLevel(opts.Level),
 		blocksDir:     path.Join(opts.Dir, "blocks"),
 		quarantineDir: path.Join(opts.Dir, "quarantine"),
 		idx:           make(map[string]*archEntry),
 		lru:           list.New(),
 		shards:        make(map[string]bool),
 	}
+	a.level.Store(int32(encoderLevel(opts.Level)))
+	a.levelN.Store(int32(opts.Level))
 	for _, d := range []string{a.blocksDir, a.quarantineDir} {
 		if err := a.fs.MkdirAll(d); err != nil {
 			return nil, fmt.Errorf("archive: create %s: %w", d, err)
@@ -188,7 +205,7 @@ func (a *Archive) Put(key string, v Value, lossy bool) error {
 	if int64(len(v.Data)) > a.opts.MaxBlockBytes {
 		return fmt.Errorf("archive: put %d bytes: %w", len(v.Data), ErrTooLarge)
 	}
-	payload, codec := encodePayload(getBuf(len(v.Data)/2+64), v.Data, v.DType, lossy, a.level)
+	payload, codec := encodePayload(getBuf(len(v.Data)/2+64), v.Data, v.DType, lossy, zstd.EncoderLevel(a.level.Load()))
 	defer putBuf(payload)
 	h := &fileHeader{meta: v.Meta, key: key, codec: codec, rawLen: uint64(len(v.Data)), storedLen: uint64(len(payload))}
 	header := appendHeader(nil, h)

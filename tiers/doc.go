@@ -18,7 +18,10 @@
 // a block's hot score to the promotion threshold. Stats times both, by the
 // tier a block left (TierStats.PromotionLatency: lookups served from Working
 // or the Archive; DemotionLatency: each move down), and counts the Archive's
-// bytes before compression (RawBytes) for its compression ratio.
+// bytes before compression (RawBytes) for its compression ratio. A Tuner
+// (the AdaptiveTuner, tuner.go) moves the eviction policy's balance
+// (Tunable), the promotion threshold and the Archive's zstd level in
+// bounded steps from those figures while the store runs.
 //
 // Invariants:
 //   - A key is in at most one of Focus and Working. If the Archive holds it

@@ -231,6 +231,27 @@ func (t *memTier) removeEntry(e *memEntry) bool {
 	return false
 }
 
+// balance returns the policy's recency share, false when it is not Tunable.
+func (t *memTier) balance() (float64, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p, ok := t.pol.(Tunable); ok {
+		return p.Balance(), true
+	}
+	return 0, false
+}
+
+// setBalance sets the policy's recency share; false when it is not Tunable.
+func (t *memTier) setBalance(b float64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p, ok := t.pol.(Tunable)
+	if ok {
+		p.SetBalance(b)
+	}
+	return ok
+}
+
 // victim names the policy's next victim.
 func (t *memTier) victim() (string, bool) {
 	t.mu.Lock()

@@ -30,6 +30,20 @@ type Policy interface {
 	Len() int
 }
 
+// Tunable is a Policy whose balance between recency and frequency can be
+// changed while it runs: the recency weight of the weighted and hybrid
+// strategies, the admission window of w-tinylfu. The
+// AdaptiveTuner moves it by hill climbing on the hit rate (Tuner,
+// BalanceClimber).
+type Tunable interface {
+	Policy
+	// Balance returns the recency share in [0,1]: 0 ranks by frequency
+	// alone, 1 by recency alone.
+	Balance() float64
+	// SetBalance sets it; values outside [0,1] are clamped.
+	SetBalance(recency float64)
+}
+
 // Strategy names accepted by NewPolicy.
 const (
 	StrategyLRU      = "lru"

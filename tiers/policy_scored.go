@@ -40,7 +40,23 @@ func newScored(name string, wFreq, wRec, wHint float64, semantic bool) *scored {
 }
 
 func (p *scored) Name() string { return p.name }
-func (p *scored) Len() int     { return len(p.items) }
+
+// Balance returns the recency share of the frequency and recency weights.
+func (p *scored) Balance() float64 {
+	if p.wFreq+p.wRec == 0 {
+		return 0.5
+	}
+	return p.wRec / (p.wFreq + p.wRec)
+}
+
+// SetBalance splits the frequency and recency weights' sum so that recency
+// gets the share b (clamped to [0,1]); the hint weight is unchanged.
+func (p *scored) SetBalance(b float64) {
+	sum := p.wFreq + p.wRec
+	b = clamp01(b)
+	p.wRec, p.wFreq = sum*b, sum*(1-b)
+}
+func (p *scored) Len() int { return len(p.items) }
 
 func (p *scored) Add(key string, h Hint) {
 	p.tick++

@@ -200,6 +200,14 @@ func back(l *list.List) *tlfuEntry {
 	return nil
 }
 
+// Balance returns the admission window's share of the tracked keys, as a
+// share of its largest (tlfuMaxShare): its recency share (Tunable).
+func (p *tinyLFU) Balance() float64 { return p.share / tlfuMaxShare }
+
+// SetBalance sets the window's share to b × tlfuMaxShare (b clamped to
+// [0,1]); the policy's own hill climbing goes on from there.
+func (p *tinyLFU) SetBalance(b float64) { p.share = clamp01(b) * tlfuMaxShare }
+
 // climb adjusts the window's share after every sample of accesses: keep
 // going while the hit ratio improves, turn back when it falls, with steps
 // that shrink unless the hit ratio jumps.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -146,6 +147,9 @@ type Store struct {
 	// moves counts blocks moved between tiers, so a Get that misses
 	// everywhere while a block moved can look again.
 	moves atomic.Uint64
+	// promoteAt is the promotion threshold (float64 bits): Options.
+	// PromoteThreshold, then what SetPromoteThreshold sets.
+	promoteAt atomic.Uint64
 
 	// promoteLat and demoteLat time moves, by the tier a block left:
 	// lookups served from Working or the Archive, demotions from Focus
@@ -170,6 +174,7 @@ func open(opts Options, background bool) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{opts: opts, seed: maphash.MakeSeed(), kick: make(chan struct{}, 1), done: make(chan struct{})}
+	s.promoteAt.Store(math.Float64bits(opts.PromoteThreshold))
 	var err error
 	if !opts.DisableFocus {
 		dev := opts.Device
@@ -315,7 +320,7 @@ func (s *Store) get(key string) (Value, Tier, error) {
 		}
 		v, hot, ok, _ := s.working.get(key, now)
 		if ok {
-			if s.focus != nil && hot >= s.opts.PromoteThreshold {
+			if s.focus != nil && hot >= s.PromoteThreshold() {
 				s.promote(key)
 			}
 			s.promoteLat[TierWorking].Observe(s.opts.Clock.Now().Sub(now))
@@ -324,7 +329,7 @@ func (s *Store) get(key string) (Value, Tier, error) {
 		if s.archive != nil {
 			v, hot, agen, err := s.archive.get(key)
 			if err == nil {
-				if hot >= s.opts.PromoteThreshold {
+				if hot >= s.PromoteThreshold() {
 					s.promoteFromArchive(key, v, agen)
 				}
 				s.promoteLat[TierArchive].Observe(s.opts.Clock.Now().Sub(now))
@@ -445,11 +450,80 @@ func (s *Store) Range(fn func(key string, m Meta, t Tier) bool) {
 type Stats struct {
 	Strategy string      `json:"strategy"`
 	Tiers    []TierStats `json:"tiers"`
+	// Tuning is the parameters an AdaptiveTuner moves, as they are now.
+	Tuning Tuning `json:"tuning"`
+}
+
+// Tuning is what the store's parameters are now (see Tuner).
+type Tuning struct {
+	// Balance is the recency share of the eviction policy of Focus and
+	// Working (Tunable: the recency weight of weighted and hybrid, the
+	// admission window's share of w-tinylfu); -1 when the strategy has
+	// none (lru, lfu, lru-k).
+	Balance float64 `json:"balance"`
+	// PromoteThreshold is the hot score that moves a block one tier up.
+	PromoteThreshold float64 `json:"promote_threshold"`
+	// ArchiveLevel is the zstd level (1 to 4) of new Archive blocks; 0
+	// without an Archive.
+	ArchiveLevel int `json:"archive_level"`
+}
+
+// PromoteThreshold returns the hot score at which an access moves a block
+// one tier up.
+func (s *Store) PromoteThreshold() float64 { return math.Float64frombits(s.promoteAt.Load()) }
+
+// SetPromoteThreshold changes it (see Options.PromoteThreshold); it must be
+// positive.
+func (s *Store) SetPromoteThreshold(x float64) error {
+	if !(x > 0) || math.IsInf(x, 0) {
+		return fmt.Errorf("tiers: promote threshold %v, want > 0", x)
+	}
+	s.promoteAt.Store(math.Float64bits(x))
+	return nil
+}
+
+// Balance returns the recency share of the eviction policy of Focus and
+// Working; false when the strategy is not Tunable.
+func (s *Store) Balance() (float64, bool) { return s.working.balance() }
+
+// SetBalance sets the recency share of the eviction policies of Focus and
+// Working; false (nothing changed) when the strategy is not Tunable.
+func (s *Store) SetBalance(b float64) bool {
+	if s.focus != nil {
+		s.focus.setBalance(b)
+	}
+	return s.working.setBalance(b)
+}
+
+// ArchiveLevel returns the zstd level of new Archive blocks, 0 without an
+// Archive.
+func (s *Store) ArchiveLevel() int {
+	if s.archive == nil {
+		return 0
+	}
+	return s.archive.Level()
+}
+
+// SetArchiveLevel changes the zstd level (1 to 4) of new Archive blocks.
+func (s *Store) SetArchiveLevel(level int) error {
+	if s.archive == nil {
+		return ErrNoArchive
+	}
+	return s.archive.SetLevel(level)
+}
+
+// Tuning returns the parameters as they are now.
+func (s *Store) Tuning() Tuning {
+	t := Tuning{Balance: -1, PromoteThreshold: s.PromoteThreshold(), ArchiveLevel: s.ArchiveLevel()}
+	if b, ok := s.Balance(); ok {
+		t.Balance = b
+	}
+	return t
 }
 
 // Stats returns per-tier usage and counters, fastest tier first.
 func (s *Store) Stats() Stats {
-	st := Stats{Strategy: s.opts.Strategy}
+	st := Stats{Strategy: s.opts.Strategy, Tuning: s.Tuning()}
 	add := func(t Tier, ts TierStats) {
 		ts.PromotionLatency, ts.DemotionLatency = s.promoteLat[t].Snapshot(), s.demoteLat[t].Snapshot()
 		st.Tiers = append(st.Tiers, ts)

@@ -607,13 +607,21 @@
     if (kv) {
       cards.appendChild(statCard("card-hitrate", "KV cache hit rate", fmtPct(kv.hit_rate), `${fmtInt(kv.hits)} hits, ${fmtInt(kv.misses)} misses (${kv.strategy})`));
     }
+    if (kv && kv.tuning) {
+      const tn = kv.tuning, tu = kv.tuner;
+      const last = tu && tu.last && tu.last.length ? tu.last[tu.last.length - 1] : null;
+      cards.appendChild(statCard("card-tuning", "KV tuning" + (tu ? " (adaptive)" : " (fixed)"),
+        `promote at ${tn.promote_threshold.toFixed(2)}, zstd ${tn.archive_level || "-"}` + (tn.balance >= 0 ? `, recency ${fmtPct(tn.balance)}` : ""),
+        tu ? `${fmtInt(tu.epochs)} epochs; ` + (last ? `last: ${last.knob} ${last.from.toFixed(2)} → ${last.to.toFixed(2)} (${last.reason})` : "no change yet") : "the AdaptiveTuner is off (--kv-tune)"));
+    }
     if (am) cards.appendChild(statCard("card-amortization", "Computes saved per turn", fmtPct(am.amortization_ratio), `${fmtInt(am.compute_saved)} of ${fmtInt(am.total_turns)} turns loaded instead of computed`));
     if (en) {
       const tm = en.timings || {};
       cards.appendChild(statCard("card-reused", "Tokens not reprocessed", fmtInt((tm.cache_n || 0)),
         `engine prompt cache ${fmtPct(en.cached_ratio)}; ${fmtInt(en.reused_tokens)} thanks to restores`));
       cards.appendChild(statCard("card-engine", "Engine (" + en.connector + ")", en.enabled ? (en.restores_off ? "restores off" : "on") : "disabled",
-        `${fmtInt(en.requests)} requests, ${fmtInt(en.saves)} saves, ${fmtInt(en.restores)} restores`));
+        `${fmtInt(en.requests)} requests, ${fmtInt(en.saves)} saves, ${fmtInt(en.restores)} restores on the request path` +
+        (en.preloads ? `, ${fmtInt(en.preloads)} preloaded ahead (${fmtInt(en.preloads_used)} used, ${fmtInt(en.preloads_wasted)} wasted)` : "")));
     }
     if (mem) cards.appendChild(statCard("card-memory", "Sessions loaded", fmtInt(mem.Sessions), `${fmtInt(mem.Prepares)} windows built, ${fmtInt(mem.Evicted)} messages left windows`));
     renderThresholds(d.thresholds || [], cards);

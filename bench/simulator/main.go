@@ -45,6 +45,12 @@ type Report struct {
 	Traces     []TraceInfo       `json:"traces"`
 	Rows       []cachesim.Row    `json:"rows"`
 	Standing   []DefaultStanding `json:"default_standing"`
+	// Tuner is the AdaptiveTuner's eviction knob on the shifting trace
+	// (TunerItems items, TunerAccesses accesses, an epoch of TunerEpoch).
+	Tuner         []TunerRow `json:"tuner"`
+	TunerItems    int        `json:"tuner_items"`
+	TunerAccesses int        `json:"tuner_accesses"`
+	TunerEpoch    int        `json:"tuner_epoch"`
 }
 
 // TraceInfo describes one trace.
@@ -76,6 +82,7 @@ type options struct {
 	sizes           []int
 	traces          []string
 	asJSON          bool
+	tunerEpoch      int
 }
 
 func parse(args []string) (options, error) {
@@ -87,6 +94,7 @@ func parse(args []string) (options, error) {
 	fs.IntVar(&o.runs, "runs", 5, "draws of the synthetic traces (seeds seed, seed+1, ...) and replays of recorded ones; figures are means")
 	sizes := fs.String("sizes", "10,20,50", "cache sizes, percent of a trace's items")
 	fs.BoolVar(&o.asJSON, "json", false, "print one JSON object")
+	fs.IntVar(&o.tunerEpoch, "tuner-epoch", 1000, "accesses between two steps of the AdaptiveTuner's balance on the shifting trace (0: leave that section out)")
 	fs.Func("trace", "a recorded trace file (repeatable; default: ../testdata/*.trace)", func(s string) error {
 		o.traces = append(o.traces, s)
 		return nil
@@ -101,7 +109,7 @@ func parse(args []string) (options, error) {
 		}
 		o.sizes = append(o.sizes, n)
 	}
-	if o.items < 10 || o.accesses < o.items || o.runs < 1 {
+	if o.items < 10 || o.accesses < o.items || o.runs < 1 || o.tunerEpoch < 0 {
 		return o, fmt.Errorf("want at least 10 items, as many accesses and one run")
 	}
 	if o.traces == nil {
@@ -174,6 +182,12 @@ func simulate(o options) (Report, error) {
 		return r, err
 	}
 	r.Rows = rows
+	if o.tunerEpoch > 0 {
+		if r.Tuner, err = simulateTuner(o); err != nil {
+			return r, err
+		}
+		r.TunerItems, r.TunerAccesses, r.TunerEpoch = o.items, o.accesses, o.tunerEpoch
+	}
 	for _, row := range rows {
 		d, wt := row.HitRates[0], row.HitRates[1]
 		r.Standing = append(r.Standing, DefaultStanding{Trace: row.Trace, SizePct: row.SizePct,
@@ -220,5 +234,8 @@ func writeTable(w io.Writer, r Report) error {
 	for _, s := range r.Standing {
 		fmt.Fprintf(tw, "%s\t%d%%\t%+.1f\t%.1f\t\n", s.Trace, s.SizePct, s.VsWTinyLFU, s.BeladyGapPts)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return writeTunerTable(w, r)
 }

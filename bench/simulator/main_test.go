@@ -54,3 +54,33 @@ func TestDefaultMatchesWTinyLFU(t *testing.T) {
 		t.Fatalf("table: %v\n%s", err, table.String())
 	}
 }
+
+// The AdaptiveTuner section: every fixed balance and the tuned run on the
+// shifting trace. The tuned w-tinylfu beats the store's own (whose window
+// climbs too slowly for the second half) and every fixed setting but the
+// best few; its balance stays within bounds by construction.
+func TestTunerOnShiftingTrace(t *testing.T) {
+	var out bytes.Buffer
+	if err := run([]string{"-json", "-items", "4000", "-accesses", "40000", "-runs", "2", "-sizes", "20", "-trace", "../testdata/memory.trace"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var r Report
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Tuner) != len(TunedStrategies) || r.TunerEpoch != 1000 {
+		t.Fatalf("tuner rows %+v", r.Tuner)
+	}
+	for _, row := range r.Tuner {
+		if len(row.Fixed) != len(Balances) || row.Tuned.All > row.Belady+1e-9 || row.BestFixed < row.WorstFixed {
+			t.Errorf("row %+v", row)
+		}
+		if row.Strategy == "w-tinylfu" && (row.Tuned.All < row.Own.All+0.05 || row.Tuned.All <= row.WorstFixed) {
+			t.Errorf("w-tinylfu tuned %.3f, own %.3f, worst fixed %.3f", row.Tuned.All, row.Own.All, row.WorstFixed)
+		}
+	}
+	var table bytes.Buffer
+	if err := writeTable(&table, r); err != nil || !strings.Contains(table.String(), "tuned − best") {
+		t.Fatalf("table: %v\n%s", err, table.String())
+	}
+}

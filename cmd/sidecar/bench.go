@@ -28,6 +28,7 @@ workloads:
   proxy      added latency of the sidecar and nginx over a direct upstream (--target name=host:port ...)
   gpu        Focus put/get latency and host<->device bandwidth (--device, --full)
   sessions   sessions on a real llama-server, direct vs through the sidecar, with restarts (tokens reprocessed)
+  archive    archive compression on LoCoMo: text with zstd and a trained dictionary, vectors with PQ, summaries (ratio, decode speed, recall@10 loss)
   fleet      sessions moving between replicas (sidecar + llama-server each) with and without a shared Redis store
   scale      sessions in batches up to 100,000 on a scripted upstream: turn latency, RSS, open files, disk per session
   serve      a serving benchmark of your own deployment: multi-turn streamed conversations, TTFT/ITL/E2EL as vLLM reports them (--target URL ...)
@@ -66,6 +67,8 @@ func cmdBench(args []string) int {
 		err = benchFleet(args)
 	case "scale":
 		err = benchScale(args)
+	case "archive":
+		err = benchArchive(args)
 	case "help", "-h", "--help":
 		fmt.Print(benchUsage)
 		return 0

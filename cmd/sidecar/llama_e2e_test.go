@@ -44,8 +44,8 @@ type realStack struct {
 
 // newRealStack starts a llama-server with slots slots and its RAM prompt
 // cache off (so any reuse after a slot changed hands is the sidecar's), and
-// the sidecar on its defaults plus the llamacpp engine flags.
-func newRealStack(t *testing.T, slots int, model string) *realStack {
+// the sidecar on its defaults plus the llamacpp engine flags and extra.
+func newRealStack(t *testing.T, slots int, model string, extra ...string) *realStack {
 	t.Helper()
 	llama := llamatest.Start(t, llamaserver.Options{
 		Model: model, Slots: slots, CacheRAMMiB: -1, Threads: 1,
@@ -56,6 +56,7 @@ func newRealStack(t *testing.T, slots int, model string) *realStack {
 	s := &realStack{t: t, llama: llama, dataDir: t.TempDir(), log: filepath.Join(t.TempDir(), "sidecar.log")}
 	s.args = []string{"--upstream", llama.URL(), "--data-dir", s.dataDir, "--engine", "llamacpp",
 		"--llamacpp-slot-dir", llama.SlotDir(), "--llamacpp-slots", strconv.Itoa(slots)}
+	s.args = append(s.args, extra...)
 	t.Cleanup(func() {
 		if t.Failed() {
 			b, _ := os.ReadFile(s.log)
@@ -418,4 +419,50 @@ func runBenchJSON(t *testing.T, r any, what string, args ...string) string {
 		t.Fatalf("bench %s --json printed %q: %v", what, tail(string(out), 300), err)
 	}
 	return stderr.String()
+}
+
+// metric returns one of the sidecar's /metrics values (0 when absent).
+func (s *realStack) metric(name string) float64 {
+	s.t.Helper()
+	m, err := bench.ScrapeMetrics(context.Background(), "http://"+s.sc.addr+"/metrics")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	v, _ := m.Get(name)
+	return v
+}
+
+// (g) Predictive preload (issue 24): three sessions take turns on one slot,
+// a pause between turns. Once their rhythm is known, the session due next
+// is restored while the engine is idle, so each returning session finds its
+// KV in the slot: no restore on its request path, its earlier prompt
+// reused.
+func TestRealEnginePreloadsTheSessionDueNext(t *testing.T) {
+	s := newRealStack(t, 1, llamatest.Model(t), "--extract=false")
+	cs := s.convos("preload", 3, 40)
+	for round := 1; round <= 3; round++ {
+		for _, c := range cs {
+			restores, used := s.metric("sidecar_engine_restores_total"), s.metric("sidecar_engine_preloads_used_total")
+			preloads := s.metric("sidecar_engine_preloads_total")
+			tt := s.say(c, fmt.Sprintf("What is item %d?", round))
+			if round == 3 {
+				if d := s.metric("sidecar_engine_restores_total") - restores; d != 0 {
+					t.Errorf("session %s, round 3: %v restores on its request path, want 0 (preloaded)", c.id, d)
+				}
+				if d := s.metric("sidecar_engine_preloads_used_total") - used; d != 1 {
+					t.Errorf("session %s, round 3: %v preloads used, want 1", c.id, d)
+				}
+				checkReused(t, "preloaded session "+c.id, tt)
+			}
+			// The pause between turns: until the next session's state is
+			// preloaded (from round 2, once a rhythm is known), or 5 s.
+			s.waitIdle()
+			for deadline := time.Now().Add(5 * time.Second); round >= 2 && s.metric("sidecar_engine_preloads_total") == preloads && time.Now().Before(deadline); {
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}
+	if w := s.metric("sidecar_engine_preloads_wasted_total"); w != 0 {
+		t.Errorf("%v preloads wasted in a round-robin", w)
+	}
 }

@@ -60,6 +60,8 @@ type serveConfig struct {
 	overflow, fsync string
 	summaryKey      string
 	kvStrategy      string
+	kvTune          bool
+	kvTuneEvery     time.Duration
 	kvTrace         string
 	maxKV           int
 	maxSnapshot     byteSize
@@ -67,6 +69,7 @@ type serveConfig struct {
 	engine  string
 	slotDir string
 	slots   int
+	preload bool
 	device  string
 
 	extract        bool
@@ -145,6 +148,8 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.memoryUpstream, "memory-upstream", "", "base URL for the sidecar's own summary and extraction calls (default: --upstream, routed through the engine connector)")
 	fs.StringVar(&c.summaryKey, "summary-api-key", "", "bearer token for the sidecar's own summary calls to the upstream (local servers need none)")
 	fs.StringVar(&c.kvStrategy, "kv-strategy", "", "KV eviction strategy: w-tinylfu (default), lru, lfu, weighted, lru-k or hybrid[:preset]")
+	fs.BoolVar(&c.kvTune, "kv-tune", true, "AdaptiveTuner: every --kv-tune-every, move the KV tiers' eviction balance (weighted, hybrid), promotion threshold and Archive zstd level in bounded steps from the live hit rate, latencies and disk pressure (logged, in /metrics and the console)")
+	fs.DurationVar(&c.kvTuneEvery, "kv-tune-every", 30*time.Second, "the AdaptiveTuner's epoch (--kv-tune)")
 	fs.StringVar(&c.kvTrace, "kv-trace", "", "append every KV store access to this file, keys hashed, for hit-rate replay (bench/simulator; off when empty)")
 	fs.IntVar(&c.maxKV, "max-kv-bytes", 64<<20, "largest KV API body accepted (413 beyond)")
 	c.maxSnapshot = 64 << 20
@@ -153,6 +158,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.engine, "engine", "generic", "engine connector: generic (byte-stable prefixes, stats only), llamacpp (slot save/restore) or none")
 	fs.StringVar(&c.slotDir, "llamacpp-slot-dir", "", "the llama.cpp server's --slot-save-path, shared with the sidecar (--engine llamacpp)")
 	fs.IntVar(&c.slots, "llamacpp-slots", 1, "the llama.cpp server's -np (parallel slots)")
+	fs.BoolVar(&c.preload, "llamacpp-preload", true, "predictive preload: while no client request is in flight, restore the saved KV of the session expected to speak next (from the sessions' arrival history) into an idle slot, so its restore leaves the request path")
 	fs.StringVar(&c.pprof, "pprof", "", "serve Go's /debug/pprof on this loopback address, e.g. 127.0.0.1:6060 (heap dumps hold prompts: any other address is refused; off when empty)")
 	fs.BoolVar(&c.contextProbe, "context-probe", true, "ask the upstream for its context size and token counts (GET /props and /v1/models, POST /tokenize; at start and every few minutes) so memory is added only within what the engine holds; off: learned from answers and context errors alone")
 	fs.BoolVar(&c.allowAnonymous, "allow-anonymous", false, "let requests without an API key share one tenant named \"anonymous\" (sessions, pool, KV open to every such client); off: they keep no state and the state APIs answer 401")
@@ -320,7 +326,11 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		storeOpts.Trace = record
 		log.Info("recording KV accesses", "file", c.kvTrace)
 	}
-	kvc, err := kv.Open(kv.Options{Store: storeOpts, MaxBlobBytes: max(int64(c.maxKV), 1<<30)})
+	kvo := kv.Options{Store: storeOpts, MaxBlobBytes: max(int64(c.maxKV), 1<<30)}
+	if c.kvTune {
+		kvo.Tuner = &tiers.TunerOptions{Every: c.kvTuneEvery, Logger: log}
+	}
+	kvc, err := kv.Open(kvo)
 	if err != nil {
 		return fmt.Errorf("open KV cache: %w", err)
 	}
@@ -333,7 +343,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	case "generic":
 		conn = engine.NewGeneric(engine.GenericOptions{BaseURL: c.upstream})
 	case "llamacpp":
-		lo := engine.LlamaCPPOptions{BaseURL: c.upstream, SlotDir: c.slotDir, Slots: c.slots, Cache: kvc, Logger: log}
+		lo := engine.LlamaCPPOptions{BaseURL: c.upstream, SlotDir: c.slotDir, Slots: c.slots, Cache: kvc, Logger: log, Preload: c.preload}
 		if fl != nil {
 			lo.Shared = fl.States()
 		}

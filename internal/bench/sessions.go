@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"path/filepath"
 	"runtime"
@@ -42,17 +43,58 @@ type SessionsOptions struct {
 	SidecarRestartAfter int
 	// SidecarEnv is added to the sidecar's environment.
 	SidecarEnv []string
+	// FollowUp makes every session's turn followed at once, on each side,
+	// by a second question: that turn finds the session's KV resident in
+	// its slot, the baseline of the returning sessions' time to first
+	// token (SessionsTTFT.ReturningRatio).
+	FollowUp bool
+	// Order is the order of the sessions within a round: "round-robin"
+	// (the default: the same every round, so each session's arrival
+	// history predicts the next) or "shuffled" (a fresh permutation each
+	// round, seeded by the round: no history predicts it, the case of a
+	// wrong prediction for --llamacpp-preload).
+	Order string
+	// Pause is how long the client waits before each turn of a session
+	// (the direct side's and the sidecar's alike), as a person reads and
+	// types: the idle time predictive preload works in. Zero: none, turns
+	// back to back at the machine's speed.
+	Pause time.Duration
 }
+
+// Session orders of SessionsOptions.Order.
+const (
+	OrderRoundRobin = "round-robin"
+	OrderShuffled   = "shuffled"
+)
 
 func (o *SessionsOptions) validate() error {
 	o.setDefaults(8, 4, max(1, runtime.NumCPU()/2))
 	if err := o.check("sessions", 1); err != nil {
 		return err
 	}
-	if o.EngineRestartAfter < 0 || o.SidecarRestartAfter < 0 {
+	if o.EngineRestartAfter < 0 || o.SidecarRestartAfter < 0 || o.Pause < 0 {
 		return errors.New("bench: sessions: negative restart round")
 	}
+	switch o.Order {
+	case "":
+		o.Order = OrderRoundRobin
+	case OrderRoundRobin, OrderShuffled:
+	default:
+		return fmt.Errorf("bench: sessions: order %q (want %s or %s)", o.Order, OrderRoundRobin, OrderShuffled)
+	}
 	return nil
+}
+
+// roundOrder is the order of n sessions in a round.
+func roundOrder(order string, n, round int) []int {
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
+	}
+	if order == OrderShuffled {
+		rand.New(rand.NewPCG(uint64(round), 24)).Shuffle(n, func(i, j int) { idx[i], idx[j] = idx[j], idx[i] })
+	}
+	return idx
 }
 
 // SessionsReport is the result of RunSessions.
@@ -64,6 +106,9 @@ type SessionsReport struct {
 	CacheRAMMiB         int      `json:"cache_ram_mib"`
 	MaxTokens           int      `json:"max_tokens"`
 	PerUser             bool     `json:"per_user,omitempty"`
+	FollowUp            bool     `json:"follow_up,omitempty"`
+	PauseMs             int64    `json:"pause_ms,omitempty"`
+	Order               string   `json:"order"`
 	SharedUser          bool     `json:"shared_user,omitempty"`
 	DrainBeforeKill     bool     `json:"drain_before_kill,omitempty"`
 	Threads             int      `json:"threads"`
@@ -76,7 +121,8 @@ type SessionsReport struct {
 	RoundStats []SessionsRound `json:"rounds_detail"`
 	// TTFT of the sidecar's turns (after round 1) that restored a saved
 	// state, against the direct client's turns (after round 1) that
-	// reprocessed at least half their prompt.
+	// reprocessed at least half their prompt; and of returning sessions
+	// against resident ones.
 	TTFT    SessionsTTFT   `json:"ttft"`
 	Goals   []SessionsGoal `json:"goals"`
 	Notes   []string       `json:"notes,omitempty"`
@@ -131,10 +177,17 @@ type SessionsSide struct {
 	TTFTP99Ms      float64 `json:"ttft_p99_ms"`
 	// The sidecar's engine figures for the round, from its /metrics
 	// (zero on the direct side; -1 when the sidecar does not export them).
-	Restores      float64 `json:"restores"`
-	Saves         float64 `json:"saves"`
-	RestoreMeanMs float64 `json:"restore_mean_ms"`
-	SaveMeanMs    float64 `json:"save_mean_ms"`
+	Restores float64 `json:"restores"`
+	Saves    float64 `json:"saves"`
+	// Preloads, PreloadsUsed and PreloadsWasted are the sidecar's
+	// predictive preloads in the round (off the request path; Restores are
+	// on it) and how many their session used or another's placement
+	// dropped.
+	Preloads       float64 `json:"preloads"`
+	PreloadsUsed   float64 `json:"preloads_used"`
+	PreloadsWasted float64 `json:"preloads_wasted"`
+	RestoreMeanMs  float64 `json:"restore_mean_ms"`
+	SaveMeanMs     float64 `json:"save_mean_ms"`
 }
 
 // SessionsTTFT compares time to first token of restored and recomputed turns.
@@ -145,6 +198,23 @@ type SessionsTTFT struct {
 	RecomputedP50Ms float64 `json:"recomputed_p50_ms"`
 	// Ratio is RestoredP50Ms / RecomputedP50Ms (0 when either is missing).
 	Ratio float64 `json:"ratio"`
+
+	// Returning turns are the sidecar's first turns of a session in each
+	// round after the first (with more sessions than slots, other sessions
+	// used the slots since its last turn); resident turns are the
+	// follow-ups (SessionsOptions.FollowUp) that found the session's KV in
+	// its slot (no restore, no preload). ReturningRatio is ReturningP50Ms / ResidentP50Ms (0 when
+	// either is missing). Preloaded, RestoredOnPath and Prefilled split
+	// the returning turns by how the sidecar served them: from a preloaded
+	// slot, with a restore on the request path, or neither.
+	ReturningTurns int     `json:"returning_turns"`
+	ReturningP50Ms float64 `json:"returning_p50_ms"`
+	ResidentTurns  int     `json:"resident_turns"`
+	ResidentP50Ms  float64 `json:"resident_p50_ms"`
+	ReturningRatio float64 `json:"returning_ratio"`
+	Preloaded      int     `json:"returning_preloaded"`
+	RestoredOnPath int     `json:"returning_restored_on_path"`
+	Prefilled      int     `json:"returning_prefilled"`
 }
 
 // SessionsGoal is one of issue 10's goals, checked.
@@ -158,6 +228,10 @@ type SessionsGoal struct {
 // sessionsGoalRatio: after the first round the sidecar reprocesses at most
 // this share of the tokens the direct client does (issue 10).
 const sessionsGoalRatio = 0.10
+
+// sessionsGoalReturning: a returning session's time to first token is at
+// most this multiple of a resident one's (issue 24, predictive preload).
+const sessionsGoalReturning = 1.2
 
 // side is one llama-server with its recording proxy and, for the sidecar
 // side, the sidecar in front.
@@ -192,7 +266,7 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 		return SessionsReport{}, err
 	}
 	r := SessionsReport{Sessions: o.Sessions, Rounds: o.Rounds, Slots: o.Slots, DocTokens: o.DocTokens, CacheRAMMiB: o.CacheRAMMiB,
-		MaxTokens: o.MaxTokens, PerUser: o.PerUser, SharedUser: o.SharedUser, DrainBeforeKill: o.DrainBeforeKill, Threads: o.Threads, EngineRestartAfter: o.EngineRestartAfter, SidecarRestartAfter: o.SidecarRestartAfter,
+		MaxTokens: o.MaxTokens, PerUser: o.PerUser, FollowUp: o.FollowUp, Order: o.Order, PauseMs: o.Pause.Milliseconds(), SharedUser: o.SharedUser, DrainBeforeKill: o.DrainBeforeKill, Threads: o.Threads, EngineRestartAfter: o.EngineRestartAfter, SidecarRestartAfter: o.SidecarRestartAfter,
 		Model: o.Model, LlamaArgs: o.LlamaArgs, SidecarArgs: append([]string{}, o.SidecarArgs...)}
 
 	direct := &side{name: "direct"}
@@ -229,7 +303,7 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 	}
 
 	client := &http.Client{Timeout: o.TurnTimeout}
-	var restoredTTFT, recomputedTTFT []time.Duration
+	var restoredTTFT, recomputedTTFT, returningTTFT, residentTTFT []time.Duration
 	for round := 1; round <= o.Rounds; round++ {
 		rs := SessionsRound{Round: round}
 		if round-1 == o.EngineRestartAfter && round > 1 {
@@ -261,51 +335,84 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 		scBefore, _ := ScrapeMetrics(ctx, sc.url()+"/metrics")
 		recBefore := via.rec.Len()
 		var ttft = map[*side][]time.Duration{}
-		for i := 0; i < o.Sessions; i++ {
-			q := sessionQuestion(i, round)
-			for _, s := range []*side{direct, via} {
-				st := &rs.Direct
-				if s == via {
-					st = &rs.Sidecar
+		questions := 1
+		if o.FollowUp {
+			questions = 2
+		}
+		for _, i := range roundOrder(o.Order, o.Sessions, round) {
+			for qn := range questions {
+				q := sessionQuestion(i, round)
+				if qn == 1 {
+					q = sessionFollowUp(i, round)
 				}
-				var before Metrics
-				if s == via {
-					before, _ = ScrapeMetrics(ctx, sc.url()+"/metrics")
-				}
-				msgs := append(s.hist[i], chatMsg{Role: "user", Content: q})
-				session := fmt.Sprintf("bench-%03d", i)
-				tr, err := streamTurn(ctx, client, s.base(), session, o.user(session), msgs, o.MaxTokens)
-				st.Turns++
-				if err != nil {
-					st.Errors++
-					if st.FirstError == "" {
-						st.FirstError = fmt.Sprintf("session %d: %v", i, err)
+				if o.Pause > 0 {
+					select {
+					case <-time.After(o.Pause):
+					case <-ctx.Done():
+						return r, ctx.Err()
 					}
-					// The client keeps the question without an answer, as a
-					// user who retries would.
-					s.hist[i] = append(msgs, chatMsg{Role: "assistant", Content: ""})
-					continue
 				}
-				s.hist[i] = append(msgs, chatMsg{Role: "assistant", Content: tr.Reply})
-				st.PromptTokens += tr.PromptN + tr.CacheN
-				st.NewTokens += max(0, tr.PromptN+tr.CacheN-s.last[i])
-				s.last[i] = tr.PromptN + tr.CacheN
-				st.Reprocessed += tr.PromptN
-				st.Cached += tr.CacheN
-				ttft[s] = append(ttft[s], tr.TTFT)
-				if round == 1 {
-					continue
-				}
-				recomputed := 2*tr.PromptN >= tr.PromptN+tr.CacheN
-				switch {
-				case s == direct && recomputed:
-					recomputedTTFT = append(recomputedTTFT, tr.TTFT)
-				case s == via:
-					after, _ := ScrapeMetrics(ctx, sc.url()+"/metrics")
-					b, _ := before.engineCounter("restore")
-					a, ok := after.engineCounter("restore")
-					if ok && delta(b, a) > 0 && !recomputed {
-						restoredTTFT = append(restoredTTFT, tr.TTFT)
+				for _, s := range []*side{direct, via} {
+					st := &rs.Direct
+					if s == via {
+						st = &rs.Sidecar
+					}
+					var before Metrics
+					if s == via {
+						before, _ = ScrapeMetrics(ctx, sc.url()+"/metrics")
+					}
+					msgs := append(s.hist[i], chatMsg{Role: "user", Content: q})
+					session := fmt.Sprintf("bench-%03d", i)
+					tr, err := streamTurn(ctx, client, s.base(), session, o.user(session), msgs, o.MaxTokens)
+					st.Turns++
+					if err != nil {
+						st.Errors++
+						if st.FirstError == "" {
+							st.FirstError = fmt.Sprintf("session %d: %v", i, err)
+						}
+						// The client keeps the question without an answer, as a
+						// user who retries would.
+						s.hist[i] = append(msgs, chatMsg{Role: "assistant", Content: ""})
+						continue
+					}
+					s.hist[i] = append(msgs, chatMsg{Role: "assistant", Content: tr.Reply})
+					st.PromptTokens += tr.PromptN + tr.CacheN
+					st.NewTokens += max(0, tr.PromptN+tr.CacheN-s.last[i])
+					s.last[i] = tr.PromptN + tr.CacheN
+					st.Reprocessed += tr.PromptN
+					st.Cached += tr.CacheN
+					ttft[s] = append(ttft[s], tr.TTFT)
+					if round == 1 {
+						continue
+					}
+					recomputed := 2*tr.PromptN >= tr.PromptN+tr.CacheN
+					switch {
+					case s == direct && recomputed:
+						recomputedTTFT = append(recomputedTTFT, tr.TTFT)
+					case s == via:
+						after, _ := ScrapeMetrics(ctx, sc.url()+"/metrics")
+						restored := counterDelta(before, after, "sidecar_engine_restores_total") > 0
+						if restored && !recomputed {
+							restoredTTFT = append(restoredTTFT, tr.TTFT)
+						}
+						preloaded := counterDelta(before, after, "sidecar_engine_preloads_used_total") > 0
+						if qn == 1 {
+							// A follow-up whose KV left its slot meanwhile (to a
+							// background call) is no resident turn.
+							if !restored && !preloaded {
+								residentTTFT = append(residentTTFT, tr.TTFT)
+							}
+							break
+						}
+						returningTTFT = append(returningTTFT, tr.TTFT)
+						switch {
+						case preloaded:
+							r.TTFT.Preloaded++
+						case restored:
+							r.TTFT.RestoredOnPath++
+						default:
+							r.TTFT.Prefilled++
+						}
 					}
 				}
 			}
@@ -339,10 +446,15 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 			rs.Direct.EngineGenerated, rs.Sidecar.EngineGenerated, rs.Sidecar.OwnGenerations, rs.Sidecar.OwnUnbounded)
 	}
 
-	r.TTFT = SessionsTTFT{RestoredTurns: len(restoredTTFT), RestoredP50Ms: percentileMs(restoredTTFT, 0.5),
-		RecomputedTurns: len(recomputedTTFT), RecomputedP50Ms: percentileMs(recomputedTTFT, 0.5)}
+	r.TTFT.RestoredTurns, r.TTFT.RestoredP50Ms = len(restoredTTFT), percentileMs(restoredTTFT, 0.5)
+	r.TTFT.RecomputedTurns, r.TTFT.RecomputedP50Ms = len(recomputedTTFT), percentileMs(recomputedTTFT, 0.5)
 	if r.TTFT.RestoredTurns > 0 && r.TTFT.RecomputedTurns > 0 {
 		r.TTFT.Ratio = r.TTFT.RestoredP50Ms / r.TTFT.RecomputedP50Ms
+	}
+	r.TTFT.ReturningTurns, r.TTFT.ReturningP50Ms = len(returningTTFT), percentileMs(returningTTFT, 0.5)
+	r.TTFT.ResidentTurns, r.TTFT.ResidentP50Ms = len(residentTTFT), percentileMs(residentTTFT, 0.5)
+	if r.TTFT.ReturningTurns > 0 && r.TTFT.ResidentTurns > 0 {
+		r.TTFT.ReturningRatio = r.TTFT.ReturningP50Ms / r.TTFT.ResidentP50Ms
 	}
 	for _, rs := range r.RoundStats[1:] {
 		ok := rs.Direct.Errors == 0 && rs.Sidecar.Errors == 0 && rs.Ratio <= sessionsGoalRatio
@@ -357,8 +469,20 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 		unbounded += rs.Sidecar.OwnUnbounded
 	}
 	r.Goals = append(r.Goals, SessionsGoal{Name: "the sidecar's own generations without a max_tokens", Value: float64(unbounded), Met: unbounded == 0})
+	if r.TTFT.ReturningRatio > 0 && o.Sessions > o.Slots {
+		r.Goals = append(r.Goals, SessionsGoal{Name: "TTFT p50 of returning sessions / resident ones (follow-ups)", Value: r.TTFT.ReturningRatio,
+			Limit: sessionsGoalReturning, Met: r.TTFT.ReturningRatio <= sessionsGoalReturning})
+	}
 	r.Seconds = time.Since(t0).Seconds()
 	return r, nil
+}
+
+// counterDelta is how much a counter of the sidecar's rose between two
+// scrapes (0 when absent; from zero when it went back, after a restart).
+func counterDelta(before, after Metrics, name string) float64 {
+	a, _ := after.Get(name)
+	b, _ := before.Get(name)
+	return delta(b, a)
 }
 
 func appendOnce(notes []string, n string) []string {
@@ -375,6 +499,15 @@ func appendOnce(notes []string, n string) []string {
 // none).
 func fillEngineFigures(st *SessionsSide, before, after Metrics) {
 	st.Restores, st.Saves, st.RestoreMeanMs, st.SaveMeanMs = -1, -1, -1, -1
+	st.Preloads, st.PreloadsUsed, st.PreloadsWasted = -1, -1, -1
+	for _, c := range []struct {
+		v    *float64
+		name string
+	}{{&st.Preloads, "sidecar_engine_preloads_total"}, {&st.PreloadsUsed, "sidecar_engine_preloads_used_total"}, {&st.PreloadsWasted, "sidecar_engine_preloads_wasted_total"}} {
+		if _, ok := after.Get(c.name); ok {
+			*c.v = counterDelta(before, after, c.name)
+		}
+	}
 	if a, ok := after.engineCounter("restore"); ok {
 		b, _ := before.engineCounter("restore")
 		st.Restores = delta(b, a)

@@ -165,6 +165,12 @@ func sessionDoc(seed uint64, words int) string {
 	return b.String()
 }
 
+// sessionFollowUp is the question a session asks right after its round's
+// first (SessionsOptions.FollowUp), about as long.
+func sessionFollowUp(session, round int) string {
+	return fmt.Sprintf("And item %d, %s?", 1+(session*11+round*7)%40, sessionsWords[(session*5+round*3)%len(sessionsWords)])
+}
+
 // sessionQuestion is the user message of one session's turn: short, as
 // users' follow-ups are (about 25 tokens of the tiny model's byte-level
 // vocabulary; its chat template adds about 60 per turn).

@@ -26,20 +26,31 @@ func writeGoalsAndNotes(w io.Writer, goals []SessionsGoal, notes []string) {
 // WriteSessionsTable writes r as a table for people.
 func WriteSessionsTable(w io.Writer, r SessionsReport) error {
 	cache := cacheRAMText(r.CacheRAMMiB)
-	fmt.Fprintf(w, "Sessions on a real llama.cpp server, direct vs through the sidecar: %d sessions × %d rounds over %d slots, %d-token documents, %s, %s, -t %d, model %s\n",
-		r.Sessions, r.Rounds, r.Slots, r.DocTokens, clientText(r.PerUser, r.SharedUser), cache, r.Threads, filepath.Base(r.Model))
+	order := r.Order
+	if r.FollowUp {
+		order += ", each turn followed by a second question"
+	}
+	if r.PauseMs > 0 {
+		order += fmt.Sprintf(", %d ms before each question", r.PauseMs)
+	}
+	fmt.Fprintf(w, "Sessions on a real llama.cpp server, direct vs through the sidecar: %d sessions × %d rounds (%s) over %d slots, %d-token documents, %s, %s, -t %d, model %s\n",
+		r.Sessions, r.Rounds, order, r.Slots, r.DocTokens, clientText(r.PerUser, r.SharedUser), cache, r.Threads, filepath.Base(r.Model))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "round\tevent\treprocessed direct\tsidecar\tsidecar/direct\tfloor\tprompt tokens d/s\tcached d/s\tengine tokens d/s\tgenerated d/s\town calls (unbounded)\tTTFT p50 ms d/s\tTTFT p99 ms d/s\trestores\tsaves\trestore ms\tsave ms\terrors d/s\t\n")
+	fmt.Fprintf(tw, "round\tevent\treprocessed direct\tsidecar\tsidecar/direct\tfloor\tprompt tokens d/s\tcached d/s\tengine tokens d/s\tgenerated d/s\town calls (unbounded)\tTTFT p50 ms d/s\tTTFT p99 ms d/s\trestores\tpreloads (used, wasted)\tsaves\trestore ms\tsave ms\terrors d/s\t\n")
 	for _, rs := range r.RoundStats {
 		d, s := rs.Direct, rs.Sidecar
 		ev := rs.Event
 		if ev == "" {
 			ev = "-"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%.3f\t%.3f\t%d / %d\t%d / %d\t%d / %d\t%d / %d\t%d (%d)\t%.0f / %.0f\t%.0f / %.0f\t%s\t%s\t%s\t%s\t%d / %d\t\n",
+		preloads := orNA(s.Preloads, "%.0f")
+		if s.Preloads >= 0 {
+			preloads += fmt.Sprintf(" (%s, %s)", orNA(s.PreloadsUsed, "%.0f"), orNA(s.PreloadsWasted, "%.0f"))
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%.3f\t%.3f\t%d / %d\t%d / %d\t%d / %d\t%d / %d\t%d (%d)\t%.0f / %.0f\t%.0f / %.0f\t%s\t%s\t%s\t%s\t%s\t%d / %d\t\n",
 			rs.Round, ev, d.Reprocessed, s.Reprocessed, rs.Ratio, rs.Floor, d.PromptTokens, s.PromptTokens, d.Cached, s.Cached,
 			d.EngineReprocessed, s.EngineReprocessed, d.EngineGenerated, s.EngineGenerated, s.OwnGenerations, s.OwnUnbounded, d.TTFTP50Ms, s.TTFTP50Ms, d.TTFTP99Ms, s.TTFTP99Ms,
-			orNA(s.Restores, "%.0f"), orNA(s.Saves, "%.0f"), orNA(s.RestoreMeanMs, "%.1f"), orNA(s.SaveMeanMs, "%.1f"), d.Errors, s.Errors)
+			orNA(s.Restores, "%.0f"), preloads, orNA(s.Saves, "%.0f"), orNA(s.RestoreMeanMs, "%.1f"), orNA(s.SaveMeanMs, "%.1f"), d.Errors, s.Errors)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -57,6 +68,14 @@ func WriteSessionsTable(w io.Writer, r SessionsReport) error {
 			t.RestoredP50Ms, t.RestoredTurns, t.RecomputedP50Ms, t.RecomputedTurns, t.Ratio)
 	} else {
 		fmt.Fprintf(w, "TTFT of restored / recomputed turns: n/a (%d restored sidecar turns, %d recomputed direct turns after round 1)\n", t.RestoredTurns, t.RecomputedTurns)
+	}
+	if t.ReturningTurns > 0 {
+		ratio := "n/a (no follow-ups: --follow-up)"
+		if t.ReturningRatio > 0 {
+			ratio = fmt.Sprintf("%.0f ms (%d follow-ups) = %.2f", t.ResidentP50Ms, t.ResidentTurns, t.ReturningRatio)
+		}
+		fmt.Fprintf(w, "TTFT of returning sessions / resident ones (p50, rounds ≥ 2): %.0f ms (%d turns: %d preloaded, %d restored on the request path, %d neither) / %s\n",
+			t.ReturningP50Ms, t.ReturningTurns, t.Preloaded, t.RestoredOnPath, t.Prefilled, ratio)
 	}
 	writeGoalsAndNotes(w, r.Goals, r.Notes)
 	fmt.Fprintf(w, "note: \"reprocessed\" is the sum of llama.cpp's timings.prompt_n over the client's turns; \"floor\" is the ratio a perfect cache would reach (the tokens the turns added, over the direct client's reprocessed); \"engine tokens\" is the server's own llamacpp:prompt_tokens_total, which behind the sidecar also counts its background calls\n")

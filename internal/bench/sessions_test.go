@@ -185,3 +185,45 @@ func TestSessionsReportRenders(t *testing.T) {
 		t.Fatalf("%d rects in\n%s", rects, b.String())
 	}
 }
+
+// Session orders: round-robin is the same every round; shuffled is a
+// permutation that changes with the round and repeats with it.
+func TestRoundOrder(t *testing.T) {
+	if got := fmt.Sprint(roundOrder(OrderRoundRobin, 4, 3)); got != "[0 1 2 3]" {
+		t.Fatalf("round-robin %s", got)
+	}
+	a, b := roundOrder(OrderShuffled, 8, 2), roundOrder(OrderShuffled, 8, 3)
+	if fmt.Sprint(a) == fmt.Sprint(b) || fmt.Sprint(a) != fmt.Sprint(roundOrder(OrderShuffled, 8, 2)) {
+		t.Fatalf("shuffled %v %v", a, b)
+	}
+	seen := map[int]bool{}
+	for _, i := range a {
+		seen[i] = true
+	}
+	if len(seen) != 8 {
+		t.Fatalf("not a permutation: %v", a)
+	}
+	if err := (&SessionsOptions{Order: "random", RealParts: RealParts{SidecarCommand: []string{"x"}}}).validate(); err == nil {
+		t.Fatal("unknown order accepted")
+	}
+}
+
+// The returning-session line and the preload column.
+func TestSessionsReportPreload(t *testing.T) {
+	r := SessionsReport{Sessions: 8, Rounds: 2, Slots: 2, Order: OrderRoundRobin, FollowUp: true, PauseMs: 1000,
+		RoundStats: []SessionsRound{{Round: 2, Sidecar: SessionsSide{Restores: 1, Preloads: 9, PreloadsUsed: 7, PreloadsWasted: 1}}},
+		TTFT:       SessionsTTFT{ReturningTurns: 8, ReturningP50Ms: 50, ResidentTurns: 8, ResidentP50Ms: 45, ReturningRatio: 50.0 / 45, Preloaded: 7, RestoredOnPath: 1}}
+	var b bytes.Buffer
+	if err := WriteSessionsTable(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"9 (7, 1)", "7 preloaded, 1 restored on the request path", "= 1.11", "1000 ms before each question", "followed by a second question"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+	before, after := Metrics{"x_total": 3}, Metrics{"x_total": 5}
+	if counterDelta(before, after, "x_total") != 2 || counterDelta(after, Metrics{"x_total": 1}, "x_total") != 1 || counterDelta(before, after, "absent") != 0 {
+		t.Fatal("counterDelta")
+	}
+}
