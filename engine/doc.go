@@ -10,16 +10,16 @@
 //     the slot, keeps it in the kv.Cache's tiers as a blob keyed by a hash
 //     of (tenant, session, model), and restores it when the session comes
 //     back. parseSlotState validates the state files (layout in DESIGN.md).
+//     With Preload, while no client request is in flight it restores the
+//     state of the session expected to speak soonest (predict.go: each
+//     session's last request plus its usual gap) into an idle slot whose
+//     KV is saved, so that session's restore leaves the request path.
 //   - Context snapshots (llamacpp_snapshot.go): ExportStates writes a
 //     session's saved states (metadata and slot files, each checksummed)
 //     as the engine section of a .hctx file; ImportStates takes them into
 //     the tiers and the catalog of another connector as that session's,
 //     after checking every slot file and that its server runs the same
 //     model and KV layout (ErrOtherModel otherwise; nothing imported).
-//     With Preload, while no client request is in flight it restores the
-//     state of the session expected to speak soonest (predict.go: each
-//     session's last request plus its usual gap) into an idle slot whose
-//     KV is saved, so that session's restore leaves the request path.
 //   - Generic forwards bodies untouched and keeps statistics; engines such
 //     as vLLM or SGLang reuse KV through their own prefix caches, which hit
 //     because the memory package keeps the prompt prefix byte-stable.
