@@ -10,8 +10,9 @@ package proxy
 //
 //   - stated: llama.cpp's /props (default_generation_settings.n_ctx: one
 //     slot's context), /v1/models (vLLM's max_model_len, llama.cpp's
-//     meta.n_ctx, context_length), probed off the request path at start and
-//     again when stale;
+//     meta.n_ctx, context_length), Ollama's /api/ps (context_length of each
+//     loaded model; 4,096 before), probed off the request path at start
+//     and again when stale;
 //   - the ratio: /tokenize of a calibration text (llama.cpp, vLLM), then
 //     every answer's prompt tokens (usage, llama.cpp timings) over what
 //     memory counted for the same window — raised at once, lowered slowly;
@@ -61,6 +62,10 @@ const (
 	// probe.
 	ctxProbeEvery = 5 * time.Minute
 	ctxProbeRetry = 30 * time.Second
+	// ollamaDefaultCtx is Ollama's context for a model it has not loaded
+	// (its default on small machines; larger ones get more, learned from
+	// /api/ps once the model is loaded).
+	ollamaDefaultCtx = 4096
 	// ctxProbeTimeout bounds one probe request.
 	ctxProbeTimeout = 5 * time.Second
 )
@@ -231,6 +236,25 @@ func (c *ctxLimits) probe() bool {
 			}
 			return true
 		})
+	}
+	// Ollama: the context it allocated to each loaded model (/api/ps
+	// context_length); one not loaded yet gets its default, 4,096, until
+	// it is (Ollama truncates a longer prompt silently instead of refusing
+	// it, so no error would tell).
+	if b, err := c.get(ctx, "/api/version"); err == nil && gjson.GetBytes(b, "version").Exists() {
+		server.nCtx, ok = ollamaDefaultCtx, true
+		if b, err := c.get(ctx, "/api/ps"); err == nil {
+			gjson.GetBytes(b, "models").ForEach(func(_, m gjson.Result) bool {
+				if n := m.Get("context_length").Int(); n > 0 {
+					for _, name := range []string{m.Get("name").String(), m.Get("model").String()} {
+						if name != "" {
+							models[name] = int(n)
+						}
+					}
+				}
+				return true
+			})
+		}
 	}
 	if r := c.calibrate(ctx, firstModel); r > 0 {
 		server.ratio, ok = r, true

@@ -218,3 +218,25 @@ func TestRequestOverTheWindowGoesAsSent(t *testing.T) {
 		t.Fatalf("not sent as sent:\n%.200s", got)
 	}
 }
+
+// TestOllamaContext: an Ollama upstream states the context of each loaded
+// model in /api/ps; a model it has not loaded gets its default.
+func TestOllamaContext(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/api/version":
+			fmt.Fprint(w, `{"version":"0.12.3"}`)
+		case "/api/ps":
+			fmt.Fprint(w, `{"models":[{"name":"qwen2.5:0.5b","model":"qwen2.5:0.5b","context_length":2048}]}`)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(up.Close)
+	st := openMemory(t, memory.Options{})
+	_, srv := startSidecar(t, up.URL, func(o *Options) { o.Memory = st; o.NoContextProbe = false })
+	eventually(t, func() bool { return srv.limits.view("qwen2.5:0.5b").nCtx == 2048 })
+	if got := srv.limits.view("llama3.1:8b").nCtx; got != ollamaDefaultCtx {
+		t.Fatalf("a model Ollama has not loaded: context %d, want %d", got, ollamaDefaultCtx)
+	}
+}
