@@ -7,10 +7,13 @@
 // owns, each as small as its callers (options.go): Memory for the chat path,
 // the sessions API and the pool; AdminMemory, a Memory that can also list
 // and edit, for the console; KV for /v1/kv, the KV metrics and the console.
-// Files: server.go (lifecycle, routing), forward.go (one /v1 request
-// upstream and the work after it), relay.go and stream.go (SSE),
-// memory.go (windows and recording), pool.go and poolevents.go (the shared
-// pool's API and its event stream), admin*.go and console.go (the console).
+// Files: server.go (lifecycle, routing), forward.go (the forward path: a
+// /v1 request as a pipeline of steps, route, session, memory, engine,
+// upstream, relay and record, and the one release of what they hold),
+// relay.go and stream.go (SSE), background.go (the work left after
+// responses), memory.go (windows and recording), pool.go and
+// poolevents.go (the shared pool's API and its event stream), admin*.go
+// and console.go (the console).
 //
 // Invariants:
 //   - Every error a client sees is OpenAI-shaped JSON

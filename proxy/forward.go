@@ -1,17 +1,30 @@
 package proxy
 
-// Forwarding one /v1 request upstream: the memory window and the engine's
-// before-hook on the way in, the response relayed or buffered on the way
-// out, and the work left for after the response (recording, the engine's
-// after-hook and settle, the fleet lease) on goroutines the Server tracks.
+// The forward path: one /v1 request through a short pipeline of steps, each
+// one function of flow (the file it leans on in brackets):
+//
+//	route     the room for the path; the body's fields     handle (server.go), parse (wire.go)
+//	session   the session and tenant; a fleet's lease      session (session.go)
+//	memory    the turn; its window becomes the messages    memory (memory.go: prepareTurn)
+//	engine    the connector's before-hook                  engine
+//	upstream  one round trip                               upstream (upclient.go)
+//	relay     the answer streamed event by event, or read  relay (relay.go), buffer
+//	record    the reply into the session, durably, before  record (memory.go: recordTurn)
+//	          the answer's end reaches the client
+//
+// What a step acquires it keeps in the request's flow, and flow.release
+// alone gives it back, once, whichever way the request ends, in this
+// order: the turn (failed, or its partial reply recorded, unless record
+// took it), the engine request (its after-hook; under a lease, Settle),
+// the lease. The upstream step's connection and client-gone watch go back
+// in buffer or, for a stream, in the relay's Close, which also releases
+// the flow handed to it.
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -20,21 +33,95 @@ import (
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
-// forward proxies one /v1 request. It returns true when the response is a
-// stream whose relay will call finish when done.
-func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) bool {
-	body := ctx.Request.Body()
-	s.metrics.bytesIn.Add(uint64(len(body)))
+// flow is one /v1 request on its way through the pipeline: what the steps
+// read and what they hold until release. It lives in forward's frame
+// (handOff moves it into a relay) and is used by one goroutine at a time.
+type flow struct {
+	s     *Server
+	route route
+	start time.Time
+	info  requestInfo // route: the body's fields
+	sess  sessionRef  // session: zero for a stateless request
+	log   []any       // session: its attributes for the log
+	in    []byte      // the client's body
+	body  []byte      // the body to forward: in, or rewritten by memory and engine
+	// status is the upstream's status, once its answer's head arrived.
+	status int
+	// retried is set once the upstream refused the first window for the
+	// engine's context: a turn is built again at most once.
+	retried bool
 
-	var info requestInfo
-	if ep := endpointOf(r); ep != epOther && ctx.IsPost() {
+	// What the steps hold, each until release (record ends turn first
+	// when the answer is complete).
+	lease func()          // session: the fleet's lease on the session
+	turn  *memory.Turn    // memory: the turn, until recorded or failed
+	ereq  *engine.Request // engine: the request the connector saw, until it hears the answer
+}
+
+// outcome is how one attempt of a flow ended.
+type outcome int
+
+const (
+	answered outcome = iota // the response is in ctx: the upstream's answer, or an error the sidecar wrote
+	relayed                 // a relay streams the answer and releases the flow when done
+	refused                 // the upstream refused the window for the engine's context; nothing reached the client
+)
+
+// forward runs one /v1 request through the pipeline. It returns true when
+// the answer is streamed: the relay counts the request when it ends.
+func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) bool {
+	f := flow{s: s, route: r, start: start, in: ctx.Request.Body()}
+	s.metrics.bytesIn.Add(uint64(len(f.in)))
+	if !f.parse(ctx) || !f.session(ctx) {
+		return false // answered; nothing held
+	}
+	out := f.attempt(ctx)
+	if out == refused {
+		f.retry(ctx)
+		out = f.attempt(ctx) // never refused again: the turn goes as built
+	}
+	if out == relayed {
+		return true
+	}
+	f.release(f.answer(ctx), false, nil)
+	return false
+}
+
+// attempt runs the memory, engine and upstream steps once.
+func (f *flow) attempt(ctx *fasthttp.RequestCtx) outcome {
+	if !f.memory(ctx) {
+		return answered
+	}
+	f.engine(ctx)
+	return f.upstream(ctx)
+}
+
+// turnRoute reports whether the request is a chat or completions call: the
+// engine places it on a slot and a fleet serializes it per session.
+func (f *flow) turnRoute(ctx *fasthttp.RequestCtx) bool {
+	return (f.route == routeChat || f.route == routeCompletions) && ctx.IsPost()
+}
+
+// parse is the route step's reading of the body: the fields the later steps
+// need. A body its endpoint cannot take is answered 400.
+func (f *flow) parse(ctx *fasthttp.RequestCtx) bool {
+	if ep := endpointOf(f.route); ep != epOther && ctx.IsPost() {
 		var err error
-		if info, err = parseRequest(ep, body); err != nil {
+		if f.info, err = parseRequest(ep, f.in); err != nil {
 			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_request", err.Error())
 			return false
 		}
 	}
-	sess, anonymous, err := s.sessionOf(ctx, info)
+	return true
+}
+
+// session is the session step: the request's session (none: stateless)
+// and, in a fleet, the session's lease, held for the whole turn (until
+// release). It answers 400 for a bad session id and 503 when the lease
+// stays with another replica.
+func (f *flow) session(ctx *fasthttp.RequestCtx) bool {
+	s := f.s
+	sess, anonymous, err := s.sessionOf(ctx, f.info)
 	if err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_session_id", err.Error())
 		return false
@@ -45,111 +132,82 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, r route, start time.Time) boo
 			s.log.Warn("a request named a session without an API key: it goes through without session state (send Authorization: Bearer …, or start with --allow-anonymous to share one anonymous tenant); further ones are counted in sidecar_anonymous_stateless_requests_total")
 		}
 	}
-	var sessLog []any
+	f.sess = sess
 	if sess.ID != "" {
-		sessLog = []any{"session", sess.ID, "tenant", sess.Tenant}
+		f.log = []any{"session", sess.ID, "tenant", sess.Tenant}
 	}
-	// A fleet's lease covers the whole turn; every path below either hands
-	// release on (to the engine's after-work or the relay) or runs it.
-	var release func()
-	if s.opts.Fleet != nil && sess.ID != "" && (r == routeChat || r == routeCompletions) && ctx.IsPost() {
-		rel, err := s.opts.Fleet.Acquire(s.stopping, sess.Tenant, sess.ID)
-		if err != nil && s.stopping.Err() != nil {
-			writeError(ctx, fasthttp.StatusServiceUnavailable, typeServer, "shutting_down", "the sidecar is shutting down; retry")
-			return false
-		}
-		if err != nil {
-			s.metrics.fleetBusy.Add(1)
-			s.log.Warn("session busy on another replica", append(sessLog, "err", err)...)
-			writeError(ctx, fasthttp.StatusServiceUnavailable, typeServer, "session_busy",
-				"another replica is serving this session and did not finish in time; retry")
-			ctx.Response.Header.Set("Retry-After", "1")
-			return false
-		}
-		release = rel
+	if s.opts.Fleet == nil || sess.ID == "" || !f.turnRoute(ctx) {
+		return true
 	}
-	defer func() {
-		if release != nil {
-			release()
-		}
-	}()
-	x := &exchange{r: r, start: start, info: info, sess: sess, sessLog: sessLog, body: body, release: &release}
-	for attempt := 0; ; attempt++ {
-		x.attempt = attempt
-		if stream, again := s.forwardOnce(ctx, x); !again {
-			return stream
-		}
+	lease, err := s.opts.Fleet.Acquire(s.stopping, sess.Tenant, sess.ID)
+	if err != nil && s.stopping.Err() != nil {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, typeServer, "shutting_down", "the sidecar is shutting down; retry")
+		return false
+	}
+	if err != nil {
+		s.metrics.fleetBusy.Add(1)
+		s.log.Warn("session busy on another replica", append(f.log, "err", err)...)
+		writeError(ctx, fasthttp.StatusServiceUnavailable, typeServer, "session_busy",
+			"another replica is serving this session and did not finish in time; retry")
+		ctx.Response.Header.Set("Retry-After", "1")
+		return false
+	}
+	f.lease = lease
+	return true
+}
+
+// memory is the memory step: a session's chat request becomes a turn
+// (prepareTurn: the client's new messages recorded, the window built) and
+// the body to forward carries the window. It returns false when it
+// answered the request; memory failing otherwise forwards the client's
+// body unchanged.
+func (f *flow) memory(ctx *fasthttp.RequestCtx) bool {
+	f.body = f.in
+	if f.s.opts.Memory == nil || f.sess.ID == "" || f.route != routeChat || !ctx.IsPost() {
+		return true
+	}
+	turn, body, handled := f.s.prepareTurn(ctx, f.sess, f.info, f.in, f.log)
+	if handled {
+		return false
+	}
+	f.turn, f.body = turn, body
+	return true
+}
+
+// engine is the engine step: the connector's before-hook sees every chat
+// and completions request, stateless ones too (a connector that places
+// requests on the engine's slots must, or a stateless request could land
+// on a slot holding a session's KV), and may rewrite the body. From here
+// the connector hears the answer exactly once, in release.
+func (f *flow) engine(ctx *fasthttp.RequestCtx) {
+	s := f.s
+	if s.opts.Engine == nil || !f.turnRoute(ctx) {
+		return
+	}
+	tenant := f.sess.Tenant
+	if tenant == "" { // stateless: the engine still scopes KV reuse by key
+		tenant = tenantOf(ctx.Request.Header.Peek("Authorization"))
+	}
+	f.ereq = &engine.Request{Tenant: tenant, SessionID: f.sess.ID, Model: f.info.Model, Body: f.body}
+	nb, err := s.opts.Engine.Before(ctx, f.ereq)
+	if err != nil {
+		s.log.Warn("engine connector before-hook failed; forwarding anyway", append(f.log, "engine", s.opts.Engine.Name(), "err", err)...)
+	}
+	if len(nb) > 0 {
+		f.body = nb
 	}
 }
 
-// exchange is one client request as forward passes it through its
-// attempts: a turn whose window the engine refused for its context is
-// built again for the context the error stated and sent once more.
-type exchange struct {
-	r       route
-	start   time.Time
-	info    requestInfo
-	sess    sessionRef
-	sessLog []any
-	body    []byte  // the client's body
-	release *func() // the fleet lease, taken by whoever finishes the turn
-	attempt int
-}
-
-// forwardOnce makes one attempt of x. It returns stream true when the
-// response is a stream whose relay will finish it, and again true when the
-// upstream refused the turn's window for the engine's context before any
-// byte reached the client: forward then tries once more.
-func (s *Server) forwardOnce(ctx *fasthttp.RequestCtx, x *exchange) (stream, again bool) {
-	r, start, info, sess, sessLog, body := x.r, x.start, x.info, x.sess, x.sessLog, x.body
-	var turn *memory.Turn
-	if s.opts.Memory != nil && sess.ID != "" && r == routeChat && ctx.IsPost() {
-		var handled bool
-		if turn, body, handled = s.prepareTurn(ctx, sess, info, body, sessLog); handled {
-			return false, false
-		}
-	}
-	// Every path below either hands turn to record or fails it: a turn
-	// without an answer is not history (the client will retry it).
-	defer func() {
-		if turn != nil {
-			s.failTurn(turn)
-		}
-	}()
-	var ereq *engine.Request
-	if s.opts.Engine != nil && (r == routeChat || r == routeCompletions) && ctx.IsPost() {
-		// Stateless requests too: a connector that places requests on the
-		// engine's slots must see every one, or a stateless request could
-		// land on a slot holding a session's KV.
-		tenant := sess.Tenant
-		if tenant == "" { // stateless: the engine still scopes KV reuse by key
-			tenant = tenantOf(ctx.Request.Header.Peek("Authorization"))
-		}
-		ereq = &engine.Request{Tenant: tenant, SessionID: sess.ID, Model: info.Model, Body: body}
-		nb, err := s.opts.Engine.Before(ctx, ereq)
-		if err != nil {
-			s.log.Warn("engine connector before-hook failed; forwarding anyway", append(sessLog, "engine", s.opts.Engine.Name(), "err", err)...)
-		}
-		if len(nb) > 0 {
-			body = nb
-		}
-	}
-	// The engine hears of every response it saw a request for, once.
-	var refused *engine.Response // a context error answered to this attempt
-	defer func() {
-		switch {
-		case ereq != nil && refused != nil:
-			s.engineAfter(ereq, refused, nil, nil) // the turn goes on: the lease stays
-		case ereq != nil:
-			s.engineAfter(ereq, &engine.Response{Status: ctx.Response.StatusCode(), Body: ctx.Response.Body()}, nil, *x.release)
-			*x.release = nil
-		}
-	}()
-
+// upstream is the upstream step: one round trip, the answer's head copied
+// to the client's response, its body handed to a relay (a stream) or read
+// whole (buffer). The upstream request, the client-gone watch and the
+// upstream body are released here, or by buffer, or by the relay's Close.
+func (f *flow) upstream(ctx *fasthttp.RequestCtx) outcome {
+	s := f.s
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
-	s.upstreamRequest(req, &ctx.Request, body)
-	if turn != nil || ereq != nil {
+	s.upstreamRequest(req, &ctx.Request, f.body)
+	if f.turn != nil || f.ereq != nil {
 		// The sidecar reads this answer (to record the reply, or for the
 		// engine's timings): ask for it uncompressed.
 		req.Header.Del("Accept-Encoding")
@@ -162,53 +220,78 @@ func (s *Server) forwardOnce(ctx *fasthttp.RequestCtx, x *exchange) (stream, aga
 	if err != nil {
 		stopWatch()
 		fasthttp.ReleaseResponse(resp)
-		status, code, kind := classifyUpstreamError(err)
-		if errors.Is(err, errCancelled) {
-			s.log.Info("client went away before the upstream answered", append(sessLog, "route", r.String())...)
-			writeError(ctx, statusClientClosed, typeInvalidRequest, "client_closed", "client closed the request")
-			return false, false
-		}
-		s.metrics.countUpstreamError(kind)
-		s.log.Warn("upstream request failed", append(sessLog, "route", r.String(), "kind", kind, "err", err)...)
-		msg := upstreamMessage(err)
-		if status == fasthttp.StatusGatewayTimeout {
-			msg = fmt.Sprintf("upstream did not answer within %s", s.opts.UpstreamTimeout)
-		}
-		writeError(ctx, status, typeUpstream, code, msg)
-		return false, false
+		f.unanswered(ctx, err)
+		return answered
 	}
 	ub := &upBody{u: s.up, uc: uc, r: resp.BodyStream(), idle: s.opts.StreamIdleTimeout, slot: slot, resp: resp, reuse: !resp.ConnectionClose()}
 
-	status := resp.StatusCode()
-	ctx.SetStatusCode(status)
+	f.status = resp.StatusCode()
+	ctx.SetStatusCode(f.status)
 	copyResponseHeaders(&ctx.Response.Header, &resp.Header)
-	if status >= 400 {
-		s.log.Debug("upstream answered an error", append(sessLog, "route", r.String(), "status", status)...)
+	if f.status >= 400 {
+		s.log.Debug("upstream answered an error", append(f.log, "route", f.route.String(), "status", f.status)...)
 	}
 
 	isSSE := bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream"))
-	if isSSE || resp.Header.ContentLength() < 0 && info.Stream {
+	if isSSE || resp.Header.ContentLength() < 0 && f.info.Stream {
 		// The watch goes on while the relay waits on the upstream; the relay
 		// stops it when fasthttp closes the body stream.
-		rl := &relay{stopWatch: stopWatch, turn: turn, model: info.Model, ereq: ereq, release: *x.release,
-			s: s, body: ub, conn: ctx.Conn(),
-			sse: isSSE, validate: isSSE && (r == routeChat || r == routeCompletions),
-			route: r, status: status, start: start, sessLog: sessLog,
+		rl := &relay{flow: f.handOff(), stopWatch: stopWatch, body: ub, conn: ctx.Conn(),
+			sse: isSSE, validate: isSSE && (f.route == routeChat || f.route == routeCompletions),
 			buf: relayBufs.Get().(*[32 << 10]byte)[:],
 		}
-		turn, ereq, *x.release = nil, nil, nil // the relay records them
 		// Headers go out at once unless the first bytes of the body are
 		// already here: then both leave in one write, one wakeup less for
 		// the client's time to first event.
 		ctx.Response.ImmediateHeaderFlush = uc.br.Buffered() == 0
 		ctx.SetBodyStream(rl, -1)
-		return true, false
+		return relayed
 	}
+	return f.buffer(ctx, ub, stopWatch)
+}
 
-	err = readBodyInto(&ctx.Response, ub, s.opts.MaxResponseBytes)
+// unanswered answers a request whose upstream round trip failed before
+// its answer: 502, or 504 on a timeout; 499, logged only, when the client
+// went away first.
+func (f *flow) unanswered(ctx *fasthttp.RequestCtx, err error) {
+	s := f.s
+	status, code, kind := classifyUpstreamError(err)
+	if errors.Is(err, errCancelled) {
+		s.log.Info("client went away before the upstream answered", append(f.log, "route", f.route.String())...)
+		writeError(ctx, statusClientClosed, typeInvalidRequest, "client_closed", "client closed the request")
+		return
+	}
+	s.metrics.countUpstreamError(kind)
+	s.log.Warn("upstream request failed", append(f.log, "route", f.route.String(), "kind", kind, "err", err)...)
+	msg := upstreamMessage(err)
+	if status == fasthttp.StatusGatewayTimeout {
+		msg = fmt.Sprintf("upstream did not answer within %s", s.opts.UpstreamTimeout)
+	}
+	writeError(ctx, status, typeUpstream, code, msg)
+}
+
+// handOff moves what f holds into the copy it returns, for the relay that
+// releases it once the stream ends; f keeps nothing to release. The copy
+// keeps nothing of the request's body, whose buffers fasthttp reuses once
+// the handler returns.
+func (f *flow) handOff() flow {
+	h := *f
+	h.in, h.body, h.info.Messages, h.info.Tools = nil, nil, nil, nil
+	f.lease, f.turn, f.ereq = nil, nil, nil
+	return h
+}
+
+// buffer reads a whole answer into the client's response (at most
+// Options.MaxResponseBytes) and records its reply (record) before the
+// handler returns, so before the client can read it. A body that breaks
+// is answered 502 or 504 instead. It returns refused for a context error
+// answered to the first window: ctx.Response still holds it, for retry.
+func (f *flow) buffer(ctx *fasthttp.RequestCtx, ub *upBody, stopWatch func()) outcome {
+	s := f.s
+	err := readBodyInto(&ctx.Response, ub, s.opts.MaxResponseBytes)
 	if ctx.IsHead() && err == nil {
 		// No body came; the client hears the length the upstream announced.
-		ctx.Response.Header.SetContentLength(resp.Header.ContentLength())
+		ctx.Response.Header.SetContentLength(ub.resp.Header.ContentLength())
 	}
 	stopWatch()
 	timedOut := ub.timedO
@@ -217,47 +300,118 @@ func (s *Server) forwardOnce(ctx *fasthttp.RequestCtx, x *exchange) (stream, aga
 		ctx.Response.Reset()
 		if errors.Is(err, errCancelled) {
 			writeError(ctx, statusClientClosed, typeInvalidRequest, "client_closed", "client closed the request")
-			return false, false
+			return answered
 		}
 		if errors.Is(err, errTooLarge) {
 			s.metrics.countUpstreamError(upErrTooLarge)
 			writeError(ctx, fasthttp.StatusBadGateway, typeUpstream, "upstream_response_too_large",
 				fmt.Sprintf("upstream response exceeds the limit of %d bytes", s.opts.MaxResponseBytes))
-			return false, false
+			return answered
 		}
 		status, code, kind := classifyBodyError(err, timedOut)
 		s.metrics.countUpstreamError(kind)
-		s.log.Warn("upstream body failed", append(sessLog, "route", r.String(), "kind", kind, "err", err)...)
+		s.log.Warn("upstream body failed", append(f.log, "route", f.route.String(), "kind", kind, "err", err)...)
 		writeError(ctx, status, typeUpstream, code, "upstream response broken: "+kind)
-		return false, false
+		return answered
 	}
-	if turn != nil && x.attempt == 0 && !turn.Stats.AsSent && status >= 400 {
-		if ce, ok := parseContextError(status, ctx.Response.Body()); ok {
+	if f.turn != nil && !f.retried && !f.turn.Stats.AsSent && f.status >= 400 {
+		if ce, ok := parseContextError(f.status, ctx.Response.Body()); ok {
 			// The engine's context is smaller than the window: nothing
 			// reached the client yet, so build it again for what the
 			// error says and send it once more.
-			s.limits.learnError(info.Model, ce, turn.Stats.TotalTokens)
+			s.limits.learnError(f.info.Model, ce, f.turn.Stats.TotalTokens)
 			s.mem.contextRetries.Add(1)
-			s.log.Info("the upstream refused the window for its context; building it again for that context", append(sessLog,
-				"window_tokens", turn.Stats.TotalTokens, "engine_ctx", ce.nCtx, "engine_prompt_tokens", ce.nPrompt)...)
-			refused = &engine.Response{Status: status, Body: append([]byte(nil), ctx.Response.Body()...)}
-			s.failTurn(turn)
-			turn = nil
-			ctx.Response.Reset()
-			return false, true
+			s.log.Info("the upstream refused the window for its context; building it again for that context", append(f.log,
+				"window_tokens", f.turn.Stats.TotalTokens, "engine_ctx", ce.nCtx, "engine_prompt_tokens", ce.nPrompt)...)
+			return refused
 		}
 	}
-	s.metrics.ttfb[r].observe(time.Since(start))
+	s.metrics.ttfb[f.route].observe(time.Since(f.start))
 	s.metrics.bytesOut.Add(uint64(len(ctx.Response.Body())))
-	if turn != nil && status < 300 {
-		s.observeContext(info.Model, turn, ctx.Response.Body())
-		// The reply is durable before the response is written (issue 12
-		// row 15): a client that got its answer finds it in the session.
+	if f.recording() {
 		raw, cut := replyMessage(ctx.Response.Body(), s.opts.Memory.MaxReplyBytes())
-		s.recordTurn(turn, raw, cut)
-		turn = nil
+		f.record(ctx.Response.Body(), raw, cut)
 	}
-	return false, false
+	return answered
+}
+
+// retry ends the attempt the upstream refused for the engine's context
+// (release: the turn fails, the engine hears the refusal) and clears the
+// response; the lease stays for the next attempt, whose window is built
+// for the context the refusal stated (ctxlimit.go learned it).
+func (f *flow) retry(ctx *fasthttp.RequestCtx) {
+	lease := f.lease
+	f.lease = nil
+	f.release(f.answer(ctx), false, nil)
+	f.lease, f.retried = lease, true
+	ctx.Response.Reset()
+}
+
+// recording reports whether the answer's reply goes into the session: a
+// turn is open and the upstream answered with success.
+func (f *flow) recording() bool { return f.turn != nil && f.status < 300 }
+
+// record is the record step, for a complete answer while recording: the
+// reply (raw, a message object; cut: over memory's reply cap) enters the
+// session's log before the answer's end reaches the client (issue 12 row
+// 15): buffer returns, or the relay passes [DONE], only after it. usage is
+// the body or event carrying the engine's prompt counts.
+func (f *flow) record(usage, raw []byte, cut bool) {
+	f.s.observeContext(f.info.Model, f.turn, usage)
+	f.s.recordTurn(f.turn, raw, cut)
+	f.turn = nil
+}
+
+// answer is what the engine hears of a response the handler wrote.
+func (f *flow) answer(ctx *fasthttp.RequestCtx) engine.Response {
+	return engine.Response{Status: ctx.Response.StatusCode(), Body: ctx.Response.Body()}
+}
+
+// release gives back what the steps still hold, once, in this order: the
+// turn not recorded (a success answer cut short, partial, records reply
+// as partial; any other fails: a turn without an answer is not history,
+// the client will retry it), then the engine's after-hook with answer
+// and, under a lease, Settle (the turn's KV saved and written through),
+// then the lease. What may block runs in that order on the Server's
+// background tasks, off the request path; a lease with nothing before it
+// is released at once.
+func (f *flow) release(answer engine.Response, partial bool, reply []byte) {
+	s := f.s
+	lease, turn, ereq := f.lease, f.turn, f.ereq
+	f.lease, f.turn, f.ereq = nil, nil, nil
+	var rec func()
+	if turn != nil {
+		if partial {
+			rec = func() { s.recordTurn(turn, reply, true) }
+		} else {
+			s.failTurn(turn)
+		}
+	}
+	if rec == nil && ereq == nil {
+		if lease != nil {
+			lease()
+		}
+		return
+	}
+	var resp *engine.Response
+	if ereq != nil {
+		// A copy: the response's buffer is reused once the handler returns.
+		resp = &engine.Response{Status: answer.Status, Stream: answer.Stream, Body: append([]byte(nil), answer.Body...)}
+	}
+	s.bg.run(func() {
+		if rec != nil {
+			rec()
+		}
+		if ereq != nil {
+			s.opts.Engine.After(context.Background(), ereq, resp)
+			if lease != nil {
+				s.opts.Engine.Settle(context.Background(), ereq)
+			}
+		}
+		if lease != nil {
+			lease()
+		}
+	})
 }
 
 // observeContext learns the engine's tokens per memory token from an
@@ -269,102 +423,6 @@ func (s *Server) observeContext(model string, turn *memory.Turn, body []byte) {
 	if tm, ok := engine.ParseTimings(body); ok {
 		s.limits.observe(model, turn.Stats.TotalTokens, int(tm.PromptN+tm.CacheN))
 	}
-}
-
-// engineAfter runs, off the request path and in this order: rec (a
-// partial reply to record, or nil), the engine's after-hook (it may save a
-// slot's state) and, when the turn holds a fleet lease, the engine's
-// Settle (the turn's KV saved and written through) and then release.
-// resp.Body is copied: the response buffer is reused.
-func (s *Server) engineAfter(req *engine.Request, resp *engine.Response, rec, release func()) {
-	if resp != nil {
-		resp.Body = append([]byte(nil), resp.Body...)
-	}
-	s.bg.run(func() {
-		if rec != nil {
-			rec()
-		}
-		if req != nil {
-			s.opts.Engine.After(context.Background(), req, resp)
-			if release != nil {
-				s.opts.Engine.Settle(context.Background(), req)
-			}
-		}
-		if release != nil {
-			release()
-		}
-	})
-}
-
-// bgTasks runs work after responses in goroutines it tracks. Once closed
-// (Shutdown ran out of grace while streams were still open) it runs new work
-// inline, so a late stream never races a Wait. The zero value is ready.
-type bgTasks struct {
-	// mu protects closed and orders Add before Wait.
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
-	// running counts tasks not yet done; quiet (when set) is poked as
-	// each ends.
-	running atomic.Int64
-	quiet   *quietSignal
-}
-
-func (b *bgTasks) run(f func()) {
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
-		f()
-		return
-	}
-	b.wg.Add(1)
-	b.running.Add(1)
-	b.mu.Unlock()
-	go func() {
-		defer b.wg.Done()
-		f()
-		b.running.Add(-1)
-		b.quiet.poke()
-	}()
-}
-
-// quietSignal lets a waiter sleep until a condition on counters that other
-// goroutines decrement holds (see Server.waitIdle in the tests): poke costs
-// one atomic load while nobody waits. A nil *quietSignal ignores pokes;
-// cond.L must be &mu before the first wait.
-type quietSignal struct {
-	waiting atomic.Int32
-	// mu orders a waiter's check of its condition before its Wait against
-	// a poke's Broadcast.
-	mu   sync.Mutex
-	cond sync.Cond
-}
-
-func (q *quietSignal) poke() {
-	if q == nil || q.waiting.Load() == 0 {
-		return
-	}
-	q.mu.Lock()
-	q.cond.Broadcast()
-	q.mu.Unlock()
-}
-
-// wait returns once done() is true; done is re-checked after every poke.
-func (q *quietSignal) wait(done func() bool) {
-	q.waiting.Add(1)
-	defer q.waiting.Add(-1)
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	for !done() {
-		q.cond.Wait()
-	}
-}
-
-func (b *bgTasks) closeAndWait() {
-	b.mu.Lock()
-	b.closed = true
-	b.mu.Unlock()
-	b.wg.Wait()
 }
 
 // statusClientClosed is logged and counted for requests whose client went

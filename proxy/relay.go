@@ -13,7 +13,6 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/kvsidecar/kvsidecar/engine"
-	"github.com/kvsidecar/kvsidecar/memory"
 )
 
 // relayBufs recycles the relays' read buffers.
@@ -29,30 +28,24 @@ var errAbortStream = errors.New("proxy: stream aborted")
 // the pieces it arrives in. Read and Close are called by fasthttp's response
 // writer, after the handler returned, from a single goroutine.
 type relay struct {
-	s    *Server
+	// flow is the request, handed over by its upstream step: Close
+	// releases what it holds, and record takes its turn when the answer
+	// ends whole.
+	flow
 	body *upBody
 	// conn is the client connection, used only to move its write deadline
 	// forward for each chunk (fasthttp's deadline covers the whole response).
 	conn     net.Conn
 	sse      bool
 	validate bool
-	route    route
-	status   int
-	start    time.Time
-	sessLog  []any
 	// stopWatch ends the client-gone watch; called once, from Close.
 	stopWatch func()
-	// turn, when not nil, records the streamed reply once the stream ends.
-	turn  *memory.Turn
-	model string // the request's, for what the engine's counts teach
+	// reply accumulates the streamed reply while the flow holds a turn.
 	reply streamReply
-	// ereq, when not nil, is handed to the engine's after-hook with the
-	// last data events (llama.cpp puts timings in the final chunk).
-	ereq     *engine.Request
+	// lastData are the last two data events, kept while the flow holds an
+	// engine request: its after-hook reads them (llama.cpp puts timings in
+	// the final chunk).
 	lastData [2][]byte
-	// release, when not nil, ends the turn's fleet lease once the reply
-	// is recorded and the engine settled.
-	release func()
 	// end tracks whether a validated stream finished: its [DONE], or a
 	// finish_reason for every choice it started.
 	end streamEnd
@@ -117,7 +110,7 @@ func (r *relay) fill() {
 				// The upstream stopped before its answer ended: an error,
 				// not a short answer (issue 12 row 4).
 				r.s.metrics.countUpstreamError(upErrIncomplete)
-				r.s.log.Warn("upstream stream ended without [DONE]", append(r.sessLog, "route", r.route.String(), "events", r.events)...)
+				r.s.log.Warn("upstream stream ended without [DONE]", append(r.log, "route", r.route.String(), "events", r.events)...)
 				r.out = append(r.out, sseErrorEvent("upstream_stream_incomplete", "upstream stream ended before the answer was complete (no [DONE], no finish_reason)")...)
 				r.final = errAbortStream
 				return
@@ -135,7 +128,7 @@ func (r *relay) fill() {
 	default:
 		_, code, kind := classifyBodyError(err, r.body.timedO)
 		r.s.metrics.countUpstreamError(kind)
-		r.s.log.Warn("upstream stream broken", append(r.sessLog, "route", r.route.String(), "kind", kind, "err", err)...)
+		r.s.log.Warn("upstream stream broken", append(r.log, "route", r.route.String(), "kind", kind, "err", err)...)
 		if r.sse {
 			r.out = append(r.out, sseErrorEvent(code, "upstream stream broken: "+kind)...)
 		}
@@ -143,20 +136,17 @@ func (r *relay) fill() {
 	}
 }
 
-// commitTurn records the streamed reply as complete, durably, before the
-// client sees the end of the stream: an answer whose [DONE] reached the
-// client survives kill -9 (issue 12 row 15). It costs one log append (an
-// fsync with the default policy) per turn.
+// commitTurn is the record step for a stream: the reply, complete, enters
+// the session durably before the client sees the end of the stream: an
+// answer whose [DONE] reached the client survives kill -9 (issue 12 row
+// 15). It costs one log append (an fsync with the default policy) per
+// turn. The last data event carries the engine's usage or timings (kept
+// when an engine connector reads them); a reply over what memory keeps is
+// recorded cut, as partial.
 func (r *relay) commitTurn() {
-	if r.turn == nil || r.status >= 300 {
-		return
+	if r.recording() {
+		r.record(r.lastData[1], r.reply.message(), r.reply.cut)
 	}
-	// The last data event carries the engine's usage or timings (kept
-	// when an engine connector reads them): how it counted the window.
-	r.s.observeContext(r.model, r.turn, r.lastData[1])
-	// A reply over what memory keeps is recorded cut, as partial.
-	r.s.recordTurn(r.turn, r.reply.message(), r.reply.cut)
-	r.turn = nil
 }
 
 // pass queues one complete event, or the error event that replaces garbage.
@@ -164,7 +154,7 @@ func (r *relay) pass(ev []byte) bool {
 	if r.validate {
 		if err := checkEvent(ev); err != nil {
 			r.s.metrics.countUpstreamError(upErrGarbage)
-			r.s.log.Warn("upstream stream garbage", append(r.sessLog, "route", r.route.String(), "event_bytes", len(ev))...)
+			r.s.log.Warn("upstream stream garbage", append(r.log, "route", r.route.String(), "event_bytes", len(ev))...)
 			r.out = append(r.out, sseErrorEvent("upstream_garbage", "upstream sent an invalid event; stream aborted")...)
 			r.final = errAbortStream
 			return false
@@ -268,22 +258,16 @@ func (r *relay) CloseWithError(err error) error {
 	_ = r.body.Close()
 	if err != nil && !errors.Is(err, errAbortStream) {
 		r.s.metrics.disconnects.Add(1)
-		r.s.log.Info("client went away mid-response", append(r.sessLog, "route", r.route.String(), "sent_bytes", r.sent)...)
+		r.s.log.Info("client went away mid-response", append(r.log, "route", r.route.String(), "sent_bytes", r.sent)...)
 	}
-	var rec func()
-	if r.turn != nil {
-		// Not committed at the stream's end: record what was produced as a
-		// partial reply (cut short by either side), or fail an error
-		// answer.
-		if r.status < 300 {
-			turn, msg := r.turn, r.reply.message()
-			rec = func() { r.s.recordTurn(turn, msg, true) }
-		} else {
-			r.s.failTurn(r.turn)
-		}
-		r.turn = nil
+	// Not committed at the stream's end: a success answer cut short by
+	// either side records what it produced as a partial reply.
+	partial := r.recording()
+	var reply []byte
+	if partial {
+		reply = r.reply.message()
 	}
-	var resp *engine.Response
+	var answer engine.Response
 	if r.ereq != nil {
 		var body []byte
 		for _, d := range r.lastData {
@@ -291,12 +275,9 @@ func (r *relay) CloseWithError(err error) error {
 				body = append(append(append(body, "data: "...), d...), "\n\n"...)
 			}
 		}
-		resp = &engine.Response{Status: r.status, Stream: true, Body: body}
+		answer = engine.Response{Status: r.status, Stream: true, Body: body}
 	}
-	if rec != nil || r.ereq != nil || r.release != nil {
-		r.s.engineAfter(r.ereq, resp, rec, r.release)
-		r.ereq, r.release = nil, nil
-	}
+	r.release(answer, partial, reply)
 	r.s.metrics.bytesOut.Add(uint64(r.sent))
 	r.s.finish(r.route, r.status, r.start)
 	return nil

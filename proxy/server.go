@@ -228,43 +228,49 @@ func endpointOf(r route) endpoint {
 	return epOther
 }
 
+// handle is the route step: it counts the request in flight, reads the raw
+// path once and hands the request to its room: the ops endpoints, /mcp,
+// the console, the sidecar's own state APIs (route.go), or, for any other
+// /v1 path, the forward path (forward.go). Every request is counted as it
+// ends, here or, for a streamed answer, by the relay's Close.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
 	s.metrics.inFlight.Add(1)
+	if r, streaming := s.dispatch(ctx, start); !streaming {
+		s.finish(r, ctx.Response.StatusCode(), start)
+	}
+}
+
+// dispatch serves ctx by its path and returns its route; streaming is true
+// when a relay finishes the request.
+func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) (r route, streaming bool) {
 	// One reading of the path for routing and handling: the path as sent.
 	raw := ctx.URI().PathOriginal()
 	switch string(raw) {
 	case "/healthz":
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"status":"ok"}`)
-		s.finish(routeHealthz, ctx.Response.StatusCode(), start)
-		return
+		return routeHealthz, false
 	case "/readyz":
 		s.handleReady(ctx)
-		s.finish(routeReadyz, ctx.Response.StatusCode(), start)
-		return
+		return routeReadyz, false
 	case "/metrics":
 		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
 		s.metrics.WritePrometheus(ctx)
-		s.finish(routeMetrics, ctx.Response.StatusCode(), start)
-		return
-	}
-	if string(raw) == "/mcp" {
+		return routeMetrics, false
+	case "/mcp":
 		s.handleMCP(ctx)
-		s.finish(routeMCP, ctx.Response.StatusCode(), start)
-		return
+		return routeMCP, false
 	}
 	if string(raw) == "/ui" || bytes.HasPrefix(raw, []byte("/ui/")) {
 		s.handleConsole(ctx, raw)
-		s.finish(routeConsole, ctx.Response.StatusCode(), start)
-		return
+		return routeConsole, false
 	}
 	if string(raw) == "/admin/v1" || bytes.HasPrefix(raw, []byte("/admin/v1/")) {
 		if !s.tooLarge(ctx, min(s.opts.MaxBodyBytes, maxAdminBody)) {
 			s.handleAdmin(ctx, raw[len("/admin/v1"):])
 		}
-		s.finish(routeAdmin, ctx.Response.StatusCode(), start)
-		return
+		return routeAdmin, false
 	}
 	if r, tail, ok := ownedRoute(raw); ok {
 		limit := s.opts.MaxBodyBytes
@@ -284,29 +290,23 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 				s.handleKV(ctx, tail)
 			}
 		}
-		s.finish(r, ctx.Response.StatusCode(), start)
-		return
+		return r, false
 	}
 	if seg0, rest, _ := nextSegment(raw); !segmentIs(seg0, "v1") || len(rest) == 0 {
 		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found",
 			fmt.Sprintf("no route for %s %s", ctx.Method(), raw))
-		s.finish(routeNotFound, fasthttp.StatusNotFound, start)
-		return
+		return routeNotFound, false
 	}
 	if !forwardable(raw, ctx.Path()) {
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_path",
 			"the path holds dot segments or escapes that servers read differently; send it normalised")
-		s.finish(routePassthrough, fasthttp.StatusBadRequest, start)
-		return
+		return routePassthrough, false
 	}
-	r := classify(raw)
+	r = classify(raw)
 	if s.tooLarge(ctx, s.opts.MaxBodyBytes) {
-		s.finish(r, ctx.Response.StatusCode(), start)
-		return
+		return r, false
 	}
-	if !s.forward(ctx, r, start) {
-		s.finish(r, ctx.Response.StatusCode(), start)
-	}
+	return r, s.forward(ctx, r, start)
 }
 
 // tooLarge answers 413 when the body exceeds limit; the server reads up to
