@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/engine"
+	"github.com/kvsidecar/kvsidecar/internal/obs"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
 	"github.com/kvsidecar/kvsidecar/tiers"
@@ -101,6 +102,11 @@ type Options struct {
 	// stats (engine.Generic). Nil: none. The Server does not close it.
 	// DELETE /v1/sessions/{id} also has it Forget the session's KV.
 	Engine engine.Connector
+
+	// Metrics is the registry /metrics writes (package obs): the Server
+	// adds its own families and those of what it was given (memory, KV,
+	// engine, MCP). Nil: a registry of its own.
+	Metrics *obs.Registry
 
 	// MCP serves the Model Context Protocol endpoint at /mcp (package
 	// mcpserver: the tool session_recall over the caller's own memory),

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -24,6 +23,7 @@ import (
 	"github.com/kvsidecar/kvsidecar/internal/bench"
 	"github.com/kvsidecar/kvsidecar/internal/fleet"
 	"github.com/kvsidecar/kvsidecar/internal/llm"
+	"github.com/kvsidecar/kvsidecar/internal/obs"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/mcpserver"
 	"github.com/kvsidecar/kvsidecar/memory"
@@ -315,8 +315,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	}
 	// With a disk budget the archive alone never exceeds it; the session
 	// store's retention sweep trims it further to leave sessions room.
+	reg := obs.New() // the one metrics registry /metrics writes
 	storeOpts := tiers.Options{Dir: filepath.Join(dataDir, "kv"), Strategy: c.kvStrategy, Device: focusDev,
-		Archive: tiers.Budget{MaxBytes: c.maxDiskBytes}}
+		Archive: tiers.Budget{MaxBytes: c.maxDiskBytes}, Metrics: reg}
 	if c.kvTrace != "" {
 		record, closeTrace, err := bench.OpenKVTrace(c.kvTrace)
 		if err != nil {
@@ -487,6 +488,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		ConsoleSampleEvery: c.consoleEvery,
 		Knowledge:          knowledge{mem},
 		Logger:             log,
+		Metrics:            reg,
 
 		UpstreamIdleTimeout: c.upstreamIdle,
 	})
@@ -494,7 +496,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		return err
 	}
 	if emb != nil {
-		srv.Metrics().AddCollector(func(w io.Writer) { writeEmbedderMetrics(w, emb) })
+		exportEmbedderMetrics(reg, emb)
 	}
 	if ln == nil {
 		if ln, err = net.Listen("tcp", c.listen); err != nil {
