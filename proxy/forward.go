@@ -126,7 +126,7 @@ func (s *Server) forwardOnce(ctx *fasthttp.RequestCtx, x *exchange) (stream, aga
 			tenant = tenantOf(ctx.Request.Header.Peek("Authorization"))
 		}
 		ereq = &engine.Request{Tenant: tenant, SessionID: sess.ID, Model: info.Model, Body: body}
-		nb, err := s.opts.Engine.Before(ctx, ereq)
+		nb, err := s.engine.Before(ctx, ereq)
 		if err != nil {
 			s.log.Warn("engine connector before-hook failed; forwarding anyway", append(sessLog, "engine", s.opts.Engine.Name(), "err", err)...)
 		}
@@ -285,9 +285,9 @@ func (s *Server) engineAfter(req *engine.Request, resp *engine.Response, rec, re
 			rec()
 		}
 		if req != nil {
-			s.opts.Engine.After(context.Background(), req, resp)
+			s.engine.After(context.Background(), req, resp)
 			if release != nil {
-				s.opts.Engine.Settle(context.Background(), req)
+				s.engine.Settle(context.Background(), req)
 			}
 		}
 		if release != nil {

@@ -524,7 +524,7 @@ func (s *Server) handleSessions(ctx *fasthttp.RequestCtx, tail []byte) {
 	case ctx.IsGet():
 		var sv memory.SessionView
 		if sv, err = s.opts.Memory.Session(tenant, id); err == nil && s.opts.Engine != nil {
-			es, ok := s.opts.Engine.SessionStats(tenant, id)
+			es, ok := s.engine.SessionStats(tenant, id)
 			v = struct {
 				memory.SessionView
 				Engine *engine.SessionStats `json:"engine,omitempty"`
@@ -569,7 +569,7 @@ func (s *Server) deleteSession(ctx context.Context, tenant, id string) error {
 	}
 	s.windows.forget(tenant, id)
 	if s.opts.Engine != nil {
-		if err := s.opts.Engine.Forget(ctx, tenant, id); err != nil {
+		if err := s.engine.Forget(ctx, tenant, id); err != nil {
 			s.log.Warn("dropping a deleted session's KV failed", "session", id, "err", err)
 		}
 	}

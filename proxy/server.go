@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvsidecar/kvsidecar/engine"
 )
 
 // Server is the sidecar's HTTP front. Make one with New, serve with Serve,
@@ -24,6 +26,8 @@ type Server struct {
 	log     *slog.Logger
 	metrics *Metrics
 	srv     *fasthttp.Server
+	// engine is the hooks of Options.Engine; nil without one.
+	engine *engine.Hooks
 
 	// basePath is the upstream URL's path as escaped on the wire, without
 	// a trailing "/" or "/v1"; every upstream request path starts with it.
@@ -109,8 +113,8 @@ func New(opts Options) (*Server, error) {
 	if opts.KV != nil {
 		exportKVMetrics(s.metrics.reg, opts.KV)
 	}
-	if opts.Engine != nil {
-		exportEngineMetrics(s.metrics.reg, opts.Engine)
+	if s.engine = engine.Wrap(opts.Engine); s.engine != nil {
+		s.engine.ExportMetrics(s.metrics.reg)
 	}
 	if opts.MCP != nil {
 		exportMCPMetrics(s.metrics.reg, opts.MCP)

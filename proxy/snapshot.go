@@ -40,7 +40,7 @@ type SnapshotMemory interface {
 }
 
 // SnapshotEngine is what snapshots need of an engine connector that keeps
-// KV states (engine.LlamaCPP). Without one a snapshot carries no engine
+// KV states (engine.Snapshotter: engine/llamacpp). Without one a snapshot carries no engine
 // section, and an imported one's states are not taken (the engine
 // recomputes the prompt).
 type SnapshotEngine interface {
@@ -51,7 +51,7 @@ type SnapshotEngine interface {
 
 var (
 	_ SnapshotMemory = (*memory.Store)(nil)
-	_ SnapshotEngine = (*engine.LlamaCPP)(nil)
+	_ SnapshotEngine = engine.Snapshotter(nil)
 )
 
 // snapshotFormat names the file in its manifest.
