@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"strconv"
 )
 
 // SharedStates is a store of saved states that the replicas of a fleet
@@ -32,12 +31,3 @@ type SharedStates interface {
 
 // ErrSharedNotFound marks a state the shared store no longer has.
 var ErrSharedNotFound = errors.New("engine: shared state not found")
-
-// hashStrings renders chain hashes for a SharedStates.
-func hashStrings(h []uint64) []string {
-	out := make([]string, len(h))
-	for i, v := range h {
-		out[i] = strconv.FormatUint(v, 16)
-	}
-	return out
-}

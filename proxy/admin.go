@@ -427,7 +427,7 @@ func (a *adminReq) sessionByID(id string) {
 		}
 	}
 	if a.s.opts.Engine != nil {
-		if es, ok := a.s.opts.Engine.SessionStats(a.tenantV, id); ok {
+		if es, ok := a.s.engine.SessionStats(a.tenantV, id); ok {
 			d.Engine = &es
 		}
 	}
@@ -439,12 +439,15 @@ func (a *adminReq) sessionByID(id string) {
 
 // kvView is GET /admin/v1/kv.
 type kvView struct {
-	KV            *kv.Stats             `json:"kv"`
-	Amortization  *kv.AmortizationStats `json:"amortization"`
-	Engine        *engine.Stats         `json:"engine"`
-	Memory        *memory.Stats         `json:"memory"`
-	Samples       []KVSample            `json:"samples"`
-	SampleEveryMs int64                 `json:"sample_every_ms"`
+	KV           *kv.Stats             `json:"kv"`
+	Amortization *kv.AmortizationStats `json:"amortization"`
+	// Engine is the connector's Report (engine.Stats and its own
+	// counters), EngineFacts what the page shows of it.
+	Engine        engine.Report `json:"engine"`
+	EngineFacts   *engine.Facts `json:"engine_facts,omitempty"`
+	Memory        *memory.Stats `json:"memory"`
+	Samples       []KVSample    `json:"samples"`
+	SampleEveryMs int64         `json:"sample_every_ms"`
 	// Thresholds are the design's alert thresholds, judged now.
 	Thresholds []Threshold `json:"thresholds"`
 }
@@ -458,9 +461,9 @@ func (a *adminReq) kv() {
 		st, am := c.Stats(), c.AmortizationStats()
 		v.KV, v.Amortization = &st, &am
 	}
-	if e := a.s.opts.Engine; e != nil {
-		st := e.Stats()
-		v.Engine = &st
+	if e := a.s.engine; e != nil {
+		f := e.ConsoleFacts()
+		v.Engine, v.EngineFacts = e.Report(), &f
 	}
 	if m := a.s.admin; m != nil {
 		st := m.Stats()

@@ -55,10 +55,15 @@ func (s *Server) sample(now time.Time) KVSample {
 			x.Tiers = append(x.Tiers, TierSample{Tier: t.Tier, Bytes: t.Bytes, MaxBytes: t.MaxBytes, Entries: t.Entries})
 		}
 	}
-	if e := s.opts.Engine; e != nil {
+	if e := s.engine; e != nil {
 		st := e.Stats()
 		x.CachedTokens, x.PrefilledTokens, x.ReusedTokens = st.Timings.CacheN, st.Timings.PromptN, st.ReusedTokens
-		x.StateBytesByTier = st.StateBytesByTier
+		for _, t := range e.ConsoleFacts().Tiers {
+			if x.StateBytesByTier == nil {
+				x.StateBytesByTier = map[string]int64{}
+			}
+			x.StateBytesByTier[t.Tier] = t.Bytes
+		}
 	}
 	return x
 }

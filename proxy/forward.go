@@ -189,7 +189,7 @@ func (f *flow) engine(ctx *fasthttp.RequestCtx) {
 		tenant = tenantOf(ctx.Request.Header.Peek("Authorization"))
 	}
 	f.ereq = &engine.Request{Tenant: tenant, SessionID: f.sess.ID, Model: f.info.Model, Body: f.body}
-	nb, err := s.opts.Engine.Before(ctx, f.ereq)
+	nb, err := s.engine.Before(ctx, f.ereq)
 	if err != nil {
 		s.log.Warn("engine connector before-hook failed; forwarding anyway", append(f.log, "engine", s.opts.Engine.Name(), "err", err)...)
 	}
@@ -403,9 +403,9 @@ func (f *flow) release(answer engine.Response, partial bool, reply []byte) {
 			rec()
 		}
 		if ereq != nil {
-			s.opts.Engine.After(context.Background(), ereq, resp)
+			s.engine.After(context.Background(), ereq, resp)
 			if lease != nil {
-				s.opts.Engine.Settle(context.Background(), ereq)
+				s.engine.Settle(context.Background(), ereq)
 			}
 		}
 		if lease != nil {

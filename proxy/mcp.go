@@ -3,10 +3,10 @@ package proxy
 import (
 	"context"
 	"fmt"
-	"io"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvsidecar/kvsidecar/internal/obs"
 	"github.com/kvsidecar/kvsidecar/mcpserver"
 )
 
@@ -48,13 +48,17 @@ func (s *Server) handleMCP(ctx *fasthttp.RequestCtx) {
 	s.opts.MCP.Serve(s.stopping, ctx, mcpserver.Caller{Tenant: tenant, User: user})
 }
 
-// writeMCPMetrics writes the MCP tool's counters.
-func writeMCPMetrics(w io.Writer, st mcpserver.Stats) {
-	fmt.Fprintf(w, "# HELP sidecar_mcp_tool_calls_total MCP tool calls by outcome: full and reuse recalled (a full retrieval, or the working memory's active set), none found nothing, not_found named no session of the caller, invalid had bad arguments, error failed.\n# TYPE sidecar_mcp_tool_calls_total counter\n")
-	for _, c := range []struct {
-		outcome string
-		v       int64
-	}{{"full", st.Full}, {"reuse", st.Reuse}, {"none", st.None}, {"not_found", st.NotFound}, {"invalid", st.Invalid}, {"error", st.Errors}} {
-		fmt.Fprintf(w, "sidecar_mcp_tool_calls_total{tool=\"session_recall\",outcome=%q} %d\n", c.outcome, c.v)
-	}
+// exportMCPMetrics mirrors the MCP tool's counters into reg at each
+// scrape.
+func exportMCPMetrics(reg *obs.Registry, m MCP) {
+	reg.OnScrape(func() {
+		st := m.Stats()
+		for _, c := range []struct {
+			outcome string
+			v       int64
+		}{{"full", st.Full}, {"reuse", st.Reuse}, {"none", st.None}, {"not_found", st.NotFound}, {"invalid", st.Invalid}, {"error", st.Errors}} {
+			reg.SetCounter(fmt.Sprintf("sidecar_mcp_tool_calls_total{tool=\"session_recall\",outcome=%q}", c.outcome),
+				"MCP tool calls by outcome: full and reuse recalled (a full retrieval, or the working memory's active set), none found nothing, not_found named no session of the caller, invalid had bad arguments, error failed.", c.v)
+		}
+	})
 }

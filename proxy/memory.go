@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/internal/histogram"
+	"github.com/kvsidecar/kvsidecar/internal/obs"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
@@ -59,7 +59,17 @@ func recallKind(recall string) int {
 	return 2
 }
 
-func (m *memMetrics) write(w io.Writer, st memory.Stats) {
+// export registers memory's families in reg: the prepare histograms, and a
+// collector that mirrors m's counters and stats() at each scrape.
+func (m *memMetrics) export(reg *obs.Registry, stats func() memory.Stats) {
+	for i, k := range recallKinds {
+		m.prepare[i].ExportTo(reg.Histogram(fmt.Sprintf("sidecar_memory_prepare_seconds{recall=%q}", k),
+			"Time session memory took to prepare a turn (window and recall) on the request path, by how recall was chosen (full search, reuse of the working memory, none).", histogram.Bounds()))
+	}
+	reg.OnScrape(func() { m.mirror(reg, stats()) })
+}
+
+func (m *memMetrics) mirror(reg *obs.Registry, st memory.Stats) {
 	for _, c := range []struct {
 		name, help string
 		v          uint64
@@ -83,7 +93,7 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{"sidecar_memory_queue_full_total", "Background syncs deferred because the queue was full.", uint64(st.QueueFull)},
 		{"sidecar_memory_write_errors_total", "Background memory writes that failed.", uint64(st.WriteErrors)},
 	} {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", c.name, c.help, c.name, c.name, c.v)
+		reg.SetCounter(c.name, c.help, int64(c.v))
 	}
 	for _, c := range []struct {
 		name, help string
@@ -124,49 +134,44 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{"pool_context_turns", "Windows whose stable block showed shared pool entries (X-Pool-Prefix).", st.PoolContextTurns},
 		{"pool_context_errors", "Windows that went without the shared pool they asked for because reading it failed.", st.PoolContextErrors},
 	} {
-		fmt.Fprintf(w, "# HELP sidecar_memory_%s_total %s\n# TYPE sidecar_memory_%s_total counter\nsidecar_memory_%s_total %d\n", c.name, c.help, c.name, c.name, c.v)
+		reg.SetCounter("sidecar_memory_"+c.name+"_total", c.help, c.v)
 	}
-	fmt.Fprintf(w, "# HELP sidecar_memory_turns_by_mode_total Session turns by the mode taken (full or append) and how it was chosen (header or detected).\n# TYPE sidecar_memory_turns_by_mode_total counter\n")
 	for _, c := range []struct {
 		mode, how string
 		v         int64
 	}{{"full", "header", st.FullNamed}, {"full", "detected", st.FullDetected}, {"append", "header", st.AppendNamed}, {"append", "detected", st.AppendDetected}} {
-		fmt.Fprintf(w, "sidecar_memory_turns_by_mode_total{mode=%q,how=%q} %d\n", c.mode, c.how, c.v)
+		reg.SetCounter(fmt.Sprintf("sidecar_memory_turns_by_mode_total{mode=%q,how=%q}", c.mode, c.how),
+			"Session turns by the mode taken (full or append) and how it was chosen (header or detected).", c.v)
 	}
-	fmt.Fprintf(w, "# HELP sidecar_memory_reviews_by_decision_total Memory reviews by decision (promote, keep and delete changed the fact; malformed, undecided and stale did not).\n# TYPE sidecar_memory_reviews_by_decision_total counter\n")
 	for _, c := range []struct {
 		decision string
 		v        int64
 	}{{memory.ReviewPromote, st.ReviewsPromoted}, {memory.ReviewKeep, st.ReviewsKept}, {memory.ReviewDelete, st.ReviewsDeleted},
 		{memory.ReviewMalformed, st.ReviewsMalformed}, {memory.ReviewUndecided, st.ReviewsUndecided}, {memory.ReviewStale, st.ReviewsStale}} {
-		fmt.Fprintf(w, "sidecar_memory_reviews_by_decision_total{decision=%q} %d\n", c.decision, c.v)
+		reg.SetCounter(fmt.Sprintf("sidecar_memory_reviews_by_decision_total{decision=%q}", c.decision),
+			"Memory reviews by decision (promote, keep and delete changed the fact; malformed, undecided and stale did not).", c.v)
 	}
-	fmt.Fprintf(w, "# HELP sidecar_memory_l4_merges_total L4 merges by outcome (kept replaced its originals; rejected fell below the fidelity threshold; skipped, malformed, stale and error changed nothing).\n# TYPE sidecar_memory_l4_merges_total counter\n")
 	for _, c := range []struct {
 		outcome string
 		v       int64
 	}{{"kept", st.L4Merged}, {"rejected", st.L4Rejected}, {"skipped", st.L4Skipped}, {"malformed", st.L4Malformed}, {"stale", st.L4Stale}, {"error", st.L4Errors}} {
-		fmt.Fprintf(w, "sidecar_memory_l4_merges_total{outcome=%q} %d\n", c.outcome, c.v)
+		reg.SetCounter(fmt.Sprintf("sidecar_memory_l4_merges_total{outcome=%q}", c.outcome),
+			"L4 merges by outcome (kept replaced its originals; rejected fell below the fidelity threshold; skipped, malformed, stale and error changed nothing).", c.v)
 	}
-	fmt.Fprintf(w, "# HELP sidecar_memory_background_calls_total The sidecar's own upstream calls for memory, by kind.\n# TYPE sidecar_memory_background_calls_total counter\n")
 	calls := st.FactCalls + st.EpisodeCalls + st.SummaryCalls + st.ReviewCalls + st.ToolContextCalls + st.L4Calls
 	for _, c := range []struct {
 		kind string
 		v    int64
 	}{{"facts", st.FactCalls}, {"episode", st.EpisodeCalls}, {"summary", st.SummaryCalls}, {"review", st.ReviewCalls}, {"tool_context", st.ToolContextCalls}, {"l4_merge", st.L4Calls}} {
-		fmt.Fprintf(w, "sidecar_memory_background_calls_total{kind=%q} %d\n", c.kind, c.v)
+		reg.SetCounter(fmt.Sprintf("sidecar_memory_background_calls_total{kind=%q}", c.kind), "The sidecar's own upstream calls for memory, by kind.", c.v)
 	}
 	perTurn := 0.0
 	if st.Completes > 0 {
 		perTurn = float64(calls) / float64(st.Completes)
 	}
-	fmt.Fprintf(w, "# HELP sidecar_memory_background_calls_per_turn The sidecar's own upstream calls per completed client turn.\n# TYPE sidecar_memory_background_calls_per_turn gauge\nsidecar_memory_background_calls_per_turn %g\n", perTurn)
-	fmt.Fprintf(w, "# HELP sidecar_memory_full_recall_rate Full recalls over all recalls.\n# TYPE sidecar_memory_full_recall_rate gauge\nsidecar_memory_full_recall_rate %g\n", st.FullRecallRate)
-	fmt.Fprintf(w, "# HELP sidecar_memory_sessions_loaded Sessions held in memory.\n# TYPE sidecar_memory_sessions_loaded gauge\nsidecar_memory_sessions_loaded %d\n", st.Sessions)
-	fmt.Fprintf(w, "# HELP sidecar_memory_prepare_seconds Time session memory took to prepare a turn (window and recall) on the request path, by how recall was chosen (full search, reuse of the working memory, none).\n# TYPE sidecar_memory_prepare_seconds histogram\n")
-	for i, k := range recallKinds {
-		m.prepare[i].Snapshot().WritePrometheus(w, "sidecar_memory_prepare_seconds", fmt.Sprintf("recall=%q,", k))
-	}
+	reg.SetGauge("sidecar_memory_background_calls_per_turn", "The sidecar's own upstream calls per completed client turn.", perTurn)
+	reg.SetGauge("sidecar_memory_full_recall_rate", "Full recalls over all recalls.", st.FullRecallRate)
+	reg.SetGauge("sidecar_memory_sessions_loaded", "Sessions held in memory.", float64(st.Sessions))
 	for _, g := range []struct {
 		name, help string
 		v          int64
@@ -181,7 +186,7 @@ func (m *memMetrics) write(w io.Writer, st memory.Stats) {
 		{"sidecar_memory_open_files_max", "The bound on open log files (from RLIMIT_NOFILE unless set).", int64(st.MaxOpenFiles)},
 		{"sidecar_memory_pool_event_streams", "Shared pool event streams open now (GET /v1/pool/events).", st.PoolSubscribers},
 	} {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n%s %d\n", g.name, g.help, g.name, g.name, g.v)
+		reg.SetGauge(g.name, g.help, float64(g.v))
 	}
 }
 
@@ -519,7 +524,7 @@ func (s *Server) handleSessions(ctx *fasthttp.RequestCtx, tail []byte) {
 	case ctx.IsGet():
 		var sv memory.SessionView
 		if sv, err = s.opts.Memory.Session(tenant, id); err == nil && s.opts.Engine != nil {
-			es, ok := s.opts.Engine.SessionStats(tenant, id)
+			es, ok := s.engine.SessionStats(tenant, id)
 			v = struct {
 				memory.SessionView
 				Engine *engine.SessionStats `json:"engine,omitempty"`
@@ -564,7 +569,7 @@ func (s *Server) deleteSession(ctx context.Context, tenant, id string) error {
 	}
 	s.windows.forget(tenant, id)
 	if s.opts.Engine != nil {
-		if err := s.opts.Engine.Forget(ctx, tenant, id); err != nil {
+		if err := s.engine.Forget(ctx, tenant, id); err != nil {
 			s.log.Warn("dropping a deleted session's KV failed", "session", id, "err", err)
 		}
 	}

@@ -1,17 +1,18 @@
 package proxy
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"os"
 	"runtime"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
+
 	"github.com/kvsidecar/kvsidecar/internal/histogram"
+	"github.com/kvsidecar/kvsidecar/internal/obs"
 )
 
 // route names a family of endpoints in metrics and logs.
@@ -58,62 +59,115 @@ const (
 	upErrIncomplete = "incomplete"
 )
 
-// latency is a request-time histogram (package histogram's buckets).
-type latency struct{ histogram.Histogram }
+// latency is a request-time histogram of the registry (package
+// histogram's buckets); the zero value counts nothing.
+type latency struct{ h *metrics.PrometheusHistogram }
 
-func (l *latency) observe(d time.Duration) { l.Observe(d) }
+func (l latency) observe(d time.Duration) {
+	if l.h != nil {
+		l.h.Update(max(d, 0).Seconds())
+	}
+}
+
+// counter is a counter of the registry with atomic.Uint64's methods.
+type counter struct{ c *metrics.Counter }
+
+func (c counter) Add(n uint64) { c.c.AddInt64(int64(n)) }
+func (c counter) Load() uint64 { return c.c.Get() }
 
 type routeCode struct {
 	route route
 	code  int
 }
 
-// Metrics holds the proxy's counters. The zero value is not usable; the
-// Server makes one. Collectors added with AddCollector write extra families.
+// Metrics holds the proxy's counters in its registry (package obs), which
+// writes /metrics; the subsystems the Server was given (memory, the KV
+// cache, the engine connector, MCP) are mirrored into it by collectors at
+// each scrape. The zero value is not usable; the Server makes one.
 type Metrics struct {
-	requests    sync.Map // routeCode -> *atomic.Uint64
+	reg         *obs.Registry
+	requests    sync.Map // routeCode -> *metrics.Counter
 	duration    [numRoutes]latency
 	ttfb        [numRoutes]latency
-	upErrors    sync.Map // string -> *atomic.Uint64
-	bytesIn     atomic.Uint64
-	bytesOut    atomic.Uint64
+	upErrors    sync.Map // string -> counter, once counted
+	bytesIn     counter
+	bytesOut    counter
 	inFlight    atomic.Int64
-	disconnects atomic.Uint64
-	anonymous   atomic.Uint64 // session requests without a tenant, served statelessly
-	fleetBusy   atomic.Uint64 // turns refused: the session's lease stayed with another replica
+	disconnects counter
+	anonymous   counter // session requests without a tenant, served statelessly
+	fleetBusy   counter // turns refused: the session's lease stayed with another replica
 	start       time.Time
-
-	// mu protects the fields below.
-	mu         sync.Mutex
-	collectors []func(io.Writer)
 }
 
-func newMetrics() *Metrics { return &Metrics{start: time.Now()} }
+// upErrorKinds are the kinds of sidecar_upstream_errors_total, each
+// written from the start.
+var upErrorKinds = [...]string{upErrUnreachable, upErrTimeout, upErrBroken, upErrTooLarge, upErrGarbage, upErrBadResponse, upErrIncomplete}
 
-// AddCollector registers f to write more metric families (Prometheus text
-// format) at the end of every scrape. f must be safe for concurrent use.
-func (m *Metrics) AddCollector(f func(io.Writer)) {
-	m.mu.Lock()
-	m.collectors = append(m.collectors, f)
-	m.mu.Unlock()
+// newMetrics registers the proxy's own families in reg (a new registry
+// when nil).
+func newMetrics(reg *obs.Registry) *Metrics {
+	if reg == nil {
+		reg = obs.New()
+	}
+	m := &Metrics{reg: reg, start: time.Now()}
+	for r := route(0); r < numRoutes; r++ {
+		m.duration[r] = latency{reg.Histogram(fmt.Sprintf("sidecar_http_request_duration_seconds{route=%q}", r.String()),
+			"Time from request received to response finished, by route.", histogram.Bounds())}
+	}
+	for _, r := range []route{routeChat, routeCompletions, routeEmbeddings, routeModels, routePassthrough} {
+		m.ttfb[r] = latency{reg.Histogram(fmt.Sprintf("sidecar_http_ttfb_seconds{route=%q}", r.String()),
+			"Time from request received to the first response byte (streams: the first event), by route.", histogram.Bounds())}
+	}
+	for _, kind := range upErrorKinds {
+		m.upErrorCounter(kind)
+	}
+	m.disconnects = counter{reg.Counter("sidecar_client_disconnects_total", "Requests whose client went away before the response ended.")}
+	m.anonymous = counter{reg.Counter("sidecar_anonymous_stateless_requests_total", "Requests that named a session without an API key and went through without session state.")}
+	m.fleetBusy = counter{reg.Counter("sidecar_fleet_session_busy_total", "Turns answered 503 because another replica kept the session's lease past the wait.")}
+	m.bytesIn = counter{reg.Counter("sidecar_http_request_bytes_total", "Request body bytes received from clients.")}
+	m.bytesOut = counter{reg.Counter("sidecar_http_response_bytes_total", "Response body bytes sent to clients.")}
+	reg.Gauge("sidecar_http_in_flight_requests", "Requests being served now.", func() float64 { return float64(m.inFlight.Load()) })
+
+	reg.Gauge("process_resident_memory_bytes", "Resident memory size in bytes.", func() float64 { return float64(residentBytes()) })
+	if _, ok := openFDs(); ok {
+		reg.Gauge("process_open_fds", "Number of open file descriptors.", func() float64 { n, _ := openFDs(); return float64(n) })
+	}
+	reg.Gauge("process_start_time_seconds", "Start time of the process since the Unix epoch in seconds.", func() float64 { return float64(m.start.Unix()) })
+	reg.Gauge("go_goroutines", "Number of goroutines that currently exist.", func() float64 { return float64(runtime.NumGoroutine()) })
+	reg.OnScrape(func() {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		reg.SetGauge("go_memstats_heap_inuse_bytes", "Number of heap bytes that are in use.", float64(ms.HeapInuse))
+		reg.SetCounter("go_memstats_mallocs_total", "Total number of heap objects allocated.", int64(ms.Mallocs))
+	})
+	return m
 }
+
+// Registry returns the registry /metrics writes: a subsystem the Server
+// was not given registers its families there (OnScrape for mirrored ones).
+func (m *Metrics) Registry() *obs.Registry { return m.reg }
 
 func (m *Metrics) countRequest(r route, code int, total time.Duration) {
 	k := routeCode{r, code}
 	v, ok := m.requests.Load(k)
 	if !ok {
-		v, _ = m.requests.LoadOrStore(k, new(atomic.Uint64))
+		v, _ = m.requests.LoadOrStore(k, m.reg.Counter(fmt.Sprintf("sidecar_http_requests_total{route=%q,code=\"%d\"}", r.String(), code),
+			"Requests served, by route and status code."))
 	}
-	v.(*atomic.Uint64).Add(1)
+	v.(*metrics.Counter).Inc()
 	m.duration[r].observe(total)
+}
+
+func (m *Metrics) upErrorCounter(kind string) *metrics.Counter {
+	return m.reg.Counter(fmt.Sprintf("sidecar_upstream_errors_total{kind=%q}", kind), "Upstream failures, by kind.")
 }
 
 func (m *Metrics) countUpstreamError(kind string) {
 	v, ok := m.upErrors.Load(kind)
 	if !ok {
-		v, _ = m.upErrors.LoadOrStore(kind, new(atomic.Uint64))
+		v, _ = m.upErrors.LoadOrStore(kind, counter{m.upErrorCounter(kind)})
 	}
-	v.(*atomic.Uint64).Add(1)
+	v.(counter).Add(1)
 }
 
 // requestCount returns how many requests of route name ended with code; for
@@ -122,7 +176,7 @@ func (m *Metrics) requestCount(routeName string, code int) uint64 {
 	for r := route(0); r < numRoutes; r++ {
 		if r.String() == routeName {
 			if v, ok := m.requests.Load(routeCode{r, code}); ok {
-				return v.(*atomic.Uint64).Load()
+				return v.(*metrics.Counter).Get()
 			}
 		}
 	}
@@ -130,94 +184,7 @@ func (m *Metrics) requestCount(routeName string, code int) uint64 {
 }
 
 // WritePrometheus writes every metric in the Prometheus text format.
-func (m *Metrics) WritePrometheus(out io.Writer) {
-	w := bufio.NewWriter(out)
-	defer w.Flush()
-
-	type row struct {
-		k routeCode
-		v uint64
-	}
-	var rows []row
-	m.requests.Range(func(k, v any) bool {
-		rows = append(rows, row{k.(routeCode), v.(*atomic.Uint64).Load()})
-		return true
-	})
-	sort.Slice(rows, func(i, j int) bool {
-		if rows[i].k.route != rows[j].k.route {
-			return rows[i].k.route < rows[j].k.route
-		}
-		return rows[i].k.code < rows[j].k.code
-	})
-	fmt.Fprintln(w, "# HELP sidecar_http_requests_total Requests served, by route and status code.")
-	fmt.Fprintln(w, "# TYPE sidecar_http_requests_total counter")
-	for _, r := range rows {
-		fmt.Fprintf(w, "sidecar_http_requests_total{route=%q,code=\"%d\"} %d\n", r.k.route.String(), r.k.code, r.v)
-	}
-
-	fmt.Fprintln(w, "# HELP sidecar_http_request_duration_seconds Time from request received to response finished, by route.")
-	fmt.Fprintln(w, "# TYPE sidecar_http_request_duration_seconds histogram")
-	for r := route(0); r < numRoutes; r++ {
-		m.duration[r].Snapshot().WritePrometheus(w, "sidecar_http_request_duration_seconds", fmt.Sprintf("route=%q,", r.String()))
-	}
-	fmt.Fprintln(w, "# HELP sidecar_http_ttfb_seconds Time from request received to the first response byte (streams: the first event), by route.")
-	fmt.Fprintln(w, "# TYPE sidecar_http_ttfb_seconds histogram")
-	for _, r := range []route{routeChat, routeCompletions, routeEmbeddings, routeModels, routePassthrough} {
-		m.ttfb[r].Snapshot().WritePrometheus(w, "sidecar_http_ttfb_seconds", fmt.Sprintf("route=%q,", r.String()))
-	}
-
-	fmt.Fprintln(w, "# HELP sidecar_upstream_errors_total Upstream failures, by kind.")
-	fmt.Fprintln(w, "# TYPE sidecar_upstream_errors_total counter")
-	for _, kind := range []string{upErrUnreachable, upErrTimeout, upErrBroken, upErrTooLarge, upErrGarbage, upErrBadResponse, upErrIncomplete} {
-		var n uint64
-		if v, ok := m.upErrors.Load(kind); ok {
-			n = v.(*atomic.Uint64).Load()
-		}
-		fmt.Fprintf(w, "sidecar_upstream_errors_total{kind=%q} %d\n", kind, n)
-	}
-	fmt.Fprintln(w, "# HELP sidecar_client_disconnects_total Requests whose client went away before the response ended.")
-	fmt.Fprintln(w, "# TYPE sidecar_client_disconnects_total counter")
-	fmt.Fprintf(w, "sidecar_client_disconnects_total %d\n", m.disconnects.Load())
-	fmt.Fprintln(w, "# HELP sidecar_anonymous_stateless_requests_total Requests that named a session without an API key and went through without session state.")
-	fmt.Fprintln(w, "# TYPE sidecar_anonymous_stateless_requests_total counter")
-	fmt.Fprintf(w, "sidecar_anonymous_stateless_requests_total %d\n", m.anonymous.Load())
-	fmt.Fprintln(w, "# HELP sidecar_fleet_session_busy_total Turns answered 503 because another replica kept the session's lease past the wait.")
-	fmt.Fprintln(w, "# TYPE sidecar_fleet_session_busy_total counter")
-	fmt.Fprintf(w, "sidecar_fleet_session_busy_total %d\n", m.fleetBusy.Load())
-	fmt.Fprintln(w, "# HELP sidecar_http_request_bytes_total Request body bytes received from clients.")
-	fmt.Fprintln(w, "# TYPE sidecar_http_request_bytes_total counter")
-	fmt.Fprintf(w, "sidecar_http_request_bytes_total %d\n", m.bytesIn.Load())
-	fmt.Fprintln(w, "# HELP sidecar_http_response_bytes_total Response body bytes sent to clients.")
-	fmt.Fprintln(w, "# TYPE sidecar_http_response_bytes_total counter")
-	fmt.Fprintf(w, "sidecar_http_response_bytes_total %d\n", m.bytesOut.Load())
-	fmt.Fprintln(w, "# HELP sidecar_http_in_flight_requests Requests being served now.")
-	fmt.Fprintln(w, "# TYPE sidecar_http_in_flight_requests gauge")
-	fmt.Fprintf(w, "sidecar_http_in_flight_requests %d\n", m.inFlight.Load())
-
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	fmt.Fprintln(w, "# HELP process_resident_memory_bytes Resident memory size in bytes.\n# TYPE process_resident_memory_bytes gauge")
-	fmt.Fprintf(w, "process_resident_memory_bytes %d\n", residentBytes())
-	if n, ok := openFDs(); ok {
-		fmt.Fprintln(w, "# HELP process_open_fds Number of open file descriptors.\n# TYPE process_open_fds gauge")
-		fmt.Fprintf(w, "process_open_fds %d\n", n)
-	}
-	fmt.Fprintln(w, "# HELP process_start_time_seconds Start time of the process since the Unix epoch in seconds.\n# TYPE process_start_time_seconds gauge")
-	fmt.Fprintf(w, "process_start_time_seconds %d\n", m.start.Unix())
-	fmt.Fprintln(w, "# HELP go_goroutines Number of goroutines that currently exist.\n# TYPE go_goroutines gauge")
-	fmt.Fprintf(w, "go_goroutines %d\n", runtime.NumGoroutine())
-	fmt.Fprintln(w, "# HELP go_memstats_heap_inuse_bytes Number of heap bytes that are in use.\n# TYPE go_memstats_heap_inuse_bytes gauge")
-	fmt.Fprintf(w, "go_memstats_heap_inuse_bytes %d\n", ms.HeapInuse)
-	fmt.Fprintln(w, "# HELP go_memstats_mallocs_total Total number of heap objects allocated.\n# TYPE go_memstats_mallocs_total counter")
-	fmt.Fprintf(w, "go_memstats_mallocs_total %d\n", ms.Mallocs)
-
-	m.mu.Lock()
-	cs := append([]func(io.Writer){}, m.collectors...)
-	m.mu.Unlock()
-	for _, c := range cs {
-		c(w)
-	}
-}
+func (m *Metrics) WritePrometheus(w io.Writer) { m.reg.WritePrometheus(w) }
 
 // openFDs counts the process's open file descriptors from /proc; ok is false
 // where there is none.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/engine"
+	"github.com/kvsidecar/kvsidecar/internal/obs"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
 	"github.com/kvsidecar/kvsidecar/tiers"
@@ -96,11 +97,18 @@ type Options struct {
 	// a tiny test model): raise it for real models.
 	MaxSnapshotBytes int
 
-	// Engine moves a session's prefix KV in and out of the LLM server around
-	// each chat and completions request (engine.LlamaCPP), or only keeps
-	// stats (engine.Generic). Nil: none. The Server does not close it.
-	// DELETE /v1/sessions/{id} also has it Forget the session's KV.
-	Engine engine.Connector
+	// Engine is the engine connector (package engine: a plugin such as
+	// engine/llamacpp, which moves a session's prefix KV in and out of the
+	// LLM server around each chat and completions request, or
+	// engine/generic, which only keeps stats); the Server calls the hooks
+	// it implements (engine.Wrap). Nil: none. The Server does not close
+	// it. DELETE /v1/sessions/{id} also has it Forget the session's KV.
+	Engine engine.Plugin
+
+	// Metrics is the registry /metrics writes (package obs): the Server
+	// adds its own families and those of what it was given (memory, KV,
+	// engine, MCP). Nil: a registry of its own.
+	Metrics *obs.Registry
 
 	// MCP serves the Model Context Protocol endpoint at /mcp (package
 	// mcpserver: the tool session_recall over the caller's own memory),
@@ -112,7 +120,7 @@ type Options struct {
 	// of a fleet that share one store (package fleet): a chat or
 	// completions request of a session holds the session's lease from
 	// before its messages are recorded until its reply is recorded and the
-	// engine settled its KV (engine.Connector.Settle), so the replica that
+	// engine settled its KV (the connector's engine.Settler hook), so the replica that
 	// serves the next turn finds both. Nil: one machine, no lease.
 	Fleet Fleet
 

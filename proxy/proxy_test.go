@@ -326,6 +326,11 @@ func TestProxyHealthReadyMetrics(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+	for line := range strings.Lines(m) {
+		if f, ok := strings.CutPrefix(line, "# HELP "); ok && !strings.Contains(strings.TrimSpace(f), " ") {
+			t.Errorf("a family without help: %q", line) // promtool check metrics refuses it
+		}
+	}
 	if t.Failed() {
 		t.Log(m)
 	}

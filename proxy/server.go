@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -15,6 +14,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvsidecar/kvsidecar/engine"
 )
 
 // Server is the sidecar's HTTP front. Make one with New, serve with Serve,
@@ -25,6 +26,8 @@ type Server struct {
 	log     *slog.Logger
 	metrics *Metrics
 	srv     *fasthttp.Server
+	// engine is the hooks of Options.Engine; nil without one.
+	engine *engine.Hooks
 
 	// basePath is the upstream URL's path as escaped on the wire, without
 	// a trailing "/" or "/v1"; every upstream request path starts with it.
@@ -85,7 +88,7 @@ func New(opts Options) (*Server, error) {
 		opts:    opts,
 		base:    base,
 		log:     opts.Logger,
-		metrics: newMetrics(),
+		metrics: newMetrics(opts.Metrics),
 		up:      newUpClient(base, &opts),
 	}
 	s.basePath = base.EscapedPath()
@@ -102,19 +105,19 @@ func New(opts Options) (*Server, error) {
 	if opts.Memory != nil {
 		s.limits = newCtxLimits(base, opts.Memory.CountTokensContext, s.stopping, s.log)
 		s.limits.noProbe = opts.NoContextProbe
-		s.metrics.AddCollector(func(w io.Writer) { s.mem.write(w, opts.Memory.Stats()) })
+		s.mem.export(s.metrics.reg, opts.Memory.Stats)
 		if _, ok := opts.Memory.(SnapshotMemory); ok {
-			s.metrics.AddCollector(s.snap.write)
+			s.snap.export(s.metrics.reg)
 		}
 	}
 	if opts.KV != nil {
-		s.metrics.AddCollector(func(w io.Writer) { writeKVMetrics(w, opts.KV) })
+		exportKVMetrics(s.metrics.reg, opts.KV)
 	}
-	if opts.Engine != nil {
-		s.metrics.AddCollector(func(w io.Writer) { writeEngineMetrics(w, opts.Engine) })
+	if s.engine = engine.Wrap(opts.Engine); s.engine != nil {
+		s.engine.ExportMetrics(s.metrics.reg)
 	}
 	if opts.MCP != nil {
-		s.metrics.AddCollector(func(w io.Writer) { writeMCPMetrics(w, opts.MCP.Stats()) })
+		exportMCPMetrics(s.metrics.reg, opts.MCP)
 	}
 	s.srv = &fasthttp.Server{
 		Handler:               s.handle,

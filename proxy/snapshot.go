@@ -19,7 +19,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"sync/atomic"
 	"time"
 
@@ -28,6 +27,7 @@ import (
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/internal/durable"
 	"github.com/kvsidecar/kvsidecar/internal/hctx"
+	"github.com/kvsidecar/kvsidecar/internal/obs"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
@@ -40,7 +40,7 @@ type SnapshotMemory interface {
 }
 
 // SnapshotEngine is what snapshots need of an engine connector that keeps
-// KV states (engine.LlamaCPP). Without one a snapshot carries no engine
+// KV states (engine.Snapshotter: engine/llamacpp). Without one a snapshot carries no engine
 // section, and an imported one's states are not taken (the engine
 // recomputes the prompt).
 type SnapshotEngine interface {
@@ -51,7 +51,7 @@ type SnapshotEngine interface {
 
 var (
 	_ SnapshotMemory = (*memory.Store)(nil)
-	_ SnapshotEngine = (*engine.LlamaCPP)(nil)
+	_ SnapshotEngine = engine.Snapshotter(nil)
 )
 
 // snapshotFormat names the file in its manifest.
@@ -90,19 +90,23 @@ type snapMetrics struct {
 	exportNs, importNs                atomic.Uint64
 }
 
-func (m *snapMetrics) write(w io.Writer) {
-	fmt.Fprintf(w, "# HELP sidecar_snapshots_total Context snapshots (.hctx) by outcome: exported, imported, refused (damaged, another model, another end user, too large), failed (an error of this sidecar).\n# TYPE sidecar_snapshots_total counter\n")
-	for _, c := range []struct {
-		outcome string
-		v       uint64
-	}{{"exported", m.exports.Load()}, {"imported", m.imports.Load()}, {"refused", m.refused.Load()}, {"failed", m.failed.Load()}} {
-		fmt.Fprintf(w, "sidecar_snapshots_total{outcome=%q} %d\n", c.outcome, c.v)
-	}
-	fmt.Fprintf(w, "# HELP sidecar_snapshot_bytes_total Bytes of context snapshots exported (out) and imported (in).\n# TYPE sidecar_snapshot_bytes_total counter\n")
-	fmt.Fprintf(w, "sidecar_snapshot_bytes_total{direction=\"out\"} %d\nsidecar_snapshot_bytes_total{direction=\"in\"} %d\n", m.bytesOut.Load(), m.bytesIn.Load())
-	fmt.Fprintf(w, "# HELP sidecar_snapshot_seconds_total Time spent exporting and importing context snapshots.\n# TYPE sidecar_snapshot_seconds_total counter\n")
-	fmt.Fprintf(w, "sidecar_snapshot_seconds_total{op=\"export\"} %g\nsidecar_snapshot_seconds_total{op=\"import\"} %g\n",
-		float64(m.exportNs.Load())/1e9, float64(m.importNs.Load())/1e9)
+// export mirrors m into reg at each scrape.
+func (m *snapMetrics) export(reg *obs.Registry) {
+	reg.OnScrape(func() {
+		for _, c := range []struct {
+			outcome string
+			v       uint64
+		}{{"exported", m.exports.Load()}, {"imported", m.imports.Load()}, {"refused", m.refused.Load()}, {"failed", m.failed.Load()}} {
+			reg.SetCounter(fmt.Sprintf("sidecar_snapshots_total{outcome=%q}", c.outcome),
+				"Context snapshots (.hctx) by outcome: exported, imported, refused (damaged, another model, another end user, too large), failed (an error of this sidecar).", int64(c.v))
+		}
+		const bytesHelp = "Bytes of context snapshots exported (out) and imported (in)."
+		reg.SetCounter(`sidecar_snapshot_bytes_total{direction="out"}`, bytesHelp, int64(m.bytesOut.Load()))
+		reg.SetCounter(`sidecar_snapshot_bytes_total{direction="in"}`, bytesHelp, int64(m.bytesIn.Load()))
+		const secondsHelp = "Time spent exporting and importing context snapshots."
+		reg.SetFloatCounter(`sidecar_snapshot_seconds_total{op="export"}`, secondsHelp, float64(m.exportNs.Load())/1e9)
+		reg.SetFloatCounter(`sidecar_snapshot_seconds_total{op="import"}`, secondsHelp, float64(m.importNs.Load())/1e9)
+	})
 }
 
 // snapshotUser returns the caller's end user (X-User-ID, "" for none);

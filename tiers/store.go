@@ -12,6 +12,7 @@ import (
 	"github.com/kvsidecar/kvsidecar/gpu"
 	"github.com/kvsidecar/kvsidecar/internal/clock"
 	"github.com/kvsidecar/kvsidecar/internal/histogram"
+	"github.com/kvsidecar/kvsidecar/internal/obs"
 )
 
 // Options configure a Store. The zero value is a store with Focus on a CPU
@@ -54,6 +55,11 @@ type Options struct {
 	// replay (sidecar serve --kv-trace). It must be safe for concurrent
 	// use and quick: Gets wait for it. Nil costs one comparison per call.
 	Trace func(TraceEvent)
+	// Metrics, when set, shows the promotion and demotion latencies at
+	// /metrics: sidecar_kv_promotion_seconds by the tier a block came
+	// from, sidecar_kv_demotion_seconds by the tier it left. Nil: they are
+	// in Stats only.
+	Metrics *obs.Registry
 }
 
 // TraceEvent is one access the store served: a Get (hit or miss), a
@@ -175,6 +181,17 @@ func open(opts Options, background bool) (*Store, error) {
 	}
 	s := &Store{opts: opts, seed: maphash.MakeSeed(), kick: make(chan struct{}, 1), done: make(chan struct{})}
 	s.promoteAt.Store(math.Float64bits(opts.PromoteThreshold))
+	if r := opts.Metrics; r != nil {
+		// Every series, empty ones too, so rules and dashboards find them.
+		for _, t := range []Tier{TierWorking, TierArchive} {
+			s.promoteLat[t].ExportTo(r.Histogram(fmt.Sprintf("sidecar_kv_promotion_seconds{tier=%q}", t),
+				"Time to serve a lookup from below Focus, by the tier the block came from: read, decoding and checks, and the move up when the block is hot enough.", histogram.Bounds()))
+		}
+		for _, t := range []Tier{TierFocus, TierWorking} {
+			s.demoteLat[t].ExportTo(r.Histogram(fmt.Sprintf("sidecar_kv_demotion_seconds{tier=%q}", t),
+				"Time to move a block down one tier, by the tier it left (from Working: compression and a durable write to the Archive).", histogram.Bounds()))
+		}
+	}
 	var err error
 	if !opts.DisableFocus {
 		dev := opts.Device

@@ -603,7 +603,9 @@
     state.kvEvery = d.sample_every_ms;
     const cards = $("kv-cards");
     cards.textContent = "";
-    const kv = d.kv, am = d.amortization, en = d.engine, mem = d.memory;
+    // The engine's card, facts and states by tier are the connector's own
+    // (engine_facts): the page knows no connector's counters.
+    const kv = d.kv, am = d.amortization, en = d.engine, facts = d.engine_facts || {}, mem = d.memory;
     if (kv) {
       cards.appendChild(statCard("card-hitrate", "KV cache hit rate", fmtPct(kv.hit_rate), `${fmtInt(kv.hits)} hits, ${fmtInt(kv.misses)} misses (${kv.strategy})`));
     }
@@ -619,9 +621,7 @@
       const tm = en.timings || {};
       cards.appendChild(statCard("card-reused", "Tokens not reprocessed", fmtInt((tm.cache_n || 0)),
         `engine prompt cache ${fmtPct(en.cached_ratio)}; ${fmtInt(en.reused_tokens)} thanks to restores`));
-      cards.appendChild(statCard("card-engine", "Engine (" + en.connector + ")", en.enabled ? (en.restores_off ? "restores off" : "on") : "disabled",
-        `${fmtInt(en.requests)} requests, ${fmtInt(en.saves)} saves, ${fmtInt(en.restores)} restores on the request path` +
-        (en.preloads ? `, ${fmtInt(en.preloads)} preloaded ahead (${fmtInt(en.preloads_used)} used, ${fmtInt(en.preloads_wasted)} wasted)` : "")));
+      cards.appendChild(statCard("card-engine", "Engine (" + en.connector + ")", facts.status || "", facts.summary || ""));
     }
     if (mem) cards.appendChild(statCard("card-memory", "Sessions loaded", fmtInt(mem.Sessions), `${fmtInt(mem.Prepares)} windows built, ${fmtInt(mem.Evicted)} messages left windows`));
     renderThresholds(d.thresholds || [], cards);
@@ -646,15 +646,10 @@
     if (en) {
       const add = (k, v) => { ef.appendChild(h("dt", {}, k)); ef.appendChild(h("dd", {}, v)); };
       add("Connector", en.connector + (en.enabled ? "" : " (disabled: " + (en.disabled_reason || "?") + ")"));
-      if (en.slots) add("Slots", `${en.slots}; ${fmtInt(en.slot_hits)} hits, ${fmtInt(en.slot_assigns)} assigns, ${fmtInt(en.evictions)} evictions`);
-      add("States kept", `${fmtInt(en.states)} (${fmtBytes(en.state_bytes)})`);
-      add("Prompt tokens", `${fmtInt((en.timings || {}).cache_n)} reused, ${fmtInt((en.timings || {}).prompt_n)} prefilled`);
-      add("Restore vs prefill", `${fmtNum((en.restore_ms_total || 0) / 1000)} s restoring replaced ${fmtNum((en.replaced_prefill_ms || 0) / 1000)} s of prefill`);
-      for (const t of ["focus", "working", "archive"]) {
-        const n = (en.states_by_tier || {})[t];
-        if (n === undefined) continue;
-        et.appendChild(h("tr", {}, h("td", {}, h("span", {class: "badge " + t}, t)), h("td", {class: "num"}, fmtInt(n)),
-          h("td", {class: "num"}, fmtBytes((en.state_bytes_by_tier || {})[t]))));
+      for (const f of facts.lines || []) add(f.name, f.value);
+      for (const t of facts.tiers || []) {
+        et.appendChild(h("tr", {}, h("td", {}, h("span", {class: "badge " + t.tier}, t.tier)), h("td", {class: "num"}, fmtInt(t.states)),
+          h("td", {class: "num"}, fmtBytes(t.bytes))));
       }
     } else {
       ef.appendChild(h("dd", {class: "muted"}, "No engine connector (--engine none)."));

@@ -3,11 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/internal/obs"
 )
 
 // openEmbedder returns the recall embedder --embedder names: nil for the
@@ -44,10 +44,13 @@ func openEmbedder(ctx context.Context, c *serveConfig, log *slog.Logger) (*index
 	return e, nil
 }
 
-// writeEmbedderMetrics writes the remote embedder's counters (Prometheus
-// text format).
-func writeEmbedderMetrics(w io.Writer, e *index.OpenAIEmbedder) {
-	st := e.Stats()
+// exportEmbedderMetrics mirrors the remote embedder's counters into reg at
+// each scrape.
+func exportEmbedderMetrics(reg *obs.Registry, e *index.OpenAIEmbedder) {
+	reg.OnScrape(func() { mirrorEmbedder(reg, e.Stats()) })
+}
+
+func mirrorEmbedder(reg *obs.Registry, st index.EmbedderStats) {
 	for _, c := range []struct {
 		name, help string
 		v          int64
@@ -63,9 +66,9 @@ func writeEmbedderMetrics(w io.Writer, e *index.OpenAIEmbedder) {
 		{"truncated", "Texts cut to the endpoint's input limit before they were sent.", st.Truncated},
 		{"space_changes", "Changes of the endpoint's vector space (model or dimension): indexes re-embed their documents.", st.SpaceChanges},
 	} {
-		fmt.Fprintf(w, "# HELP sidecar_embedder_%s_total %s\n# TYPE sidecar_embedder_%s_total counter\nsidecar_embedder_%s_total %d\n", c.name, c.help, c.name, c.name, c.v)
+		reg.SetCounter("sidecar_embedder_"+c.name+"_total", c.help, c.v)
 	}
-	fmt.Fprintf(w, "# HELP sidecar_embedder_request_seconds_total Time spent in requests to the embeddings endpoint.\n# TYPE sidecar_embedder_request_seconds_total counter\nsidecar_embedder_request_seconds_total %g\n", st.RequestSeconds)
+	reg.SetFloatCounter("sidecar_embedder_request_seconds_total", "Time spent in requests to the embeddings endpoint.", st.RequestSeconds)
 	down := 0
 	if st.Down {
 		down = 1
@@ -80,6 +83,6 @@ func writeEmbedderMetrics(w io.Writer, e *index.OpenAIEmbedder) {
 		{"input_limit_bytes", "Texts are cut to this many bytes (lowered when the endpoint refuses an input as too large).", int64(st.InputCap)},
 		{"down", "1 while the endpoint is failing (recall by words), else 0.", int64(down)},
 	} {
-		fmt.Fprintf(w, "# HELP sidecar_embedder_%s %s\n# TYPE sidecar_embedder_%s gauge\nsidecar_embedder_%s %d\n", g.name, g.help, g.name, g.name, g.v)
+		reg.SetGauge("sidecar_embedder_"+g.name, g.help, float64(g.v))
 	}
 }

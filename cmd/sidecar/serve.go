@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,11 +18,13 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/engine"
+	"github.com/kvsidecar/kvsidecar/engine/connectors"
 	"github.com/kvsidecar/kvsidecar/gpu"
 	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/internal/bench"
 	"github.com/kvsidecar/kvsidecar/internal/fleet"
 	"github.com/kvsidecar/kvsidecar/internal/llm"
+	"github.com/kvsidecar/kvsidecar/internal/obs"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/mcpserver"
 	"github.com/kvsidecar/kvsidecar/memory"
@@ -155,7 +156,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	c.maxSnapshot = 64 << 20
 	fs.Var(&c.maxSnapshot, "max-snapshot-bytes", "largest context snapshot (.hctx) imported with PUT /v1/sessions/{id}/snapshot (413 beyond), and what an export puts in one (the session's memory, then its newest KV states that fit); bytes or with a unit, e.g. 1GiB (a real model's KV is ~128 KiB a token: raise it)")
 	fs.StringVar(&c.device, "device", "auto", deviceFlagUsage)
-	fs.StringVar(&c.engine, "engine", "generic", "engine connector: generic (byte-stable prefixes, stats only), llamacpp (slot save/restore) or none")
+	fs.StringVar(&c.engine, "engine", "generic", "engine connector: "+connectors.All.Usage())
 	fs.StringVar(&c.slotDir, "llamacpp-slot-dir", "", "the llama.cpp server's --slot-save-path, shared with the sidecar (--engine llamacpp)")
 	fs.IntVar(&c.slots, "llamacpp-slots", 1, "the llama.cpp server's -np (parallel slots)")
 	fs.BoolVar(&c.preload, "llamacpp-preload", true, "predictive preload: while no client request is in flight, restore the saved KV of the session expected to speak next (from the sessions' arrival history) into an idle slot, so its restore leaves the request path")
@@ -315,8 +316,9 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	}
 	// With a disk budget the archive alone never exceeds it; the session
 	// store's retention sweep trims it further to leave sessions room.
+	reg := obs.New() // the one metrics registry /metrics writes
 	storeOpts := tiers.Options{Dir: filepath.Join(dataDir, "kv"), Strategy: c.kvStrategy, Device: focusDev,
-		Archive: tiers.Budget{MaxBytes: c.maxDiskBytes}}
+		Archive: tiers.Budget{MaxBytes: c.maxDiskBytes}, Metrics: reg}
 	if c.kvTrace != "" {
 		record, closeTrace, err := bench.OpenKVTrace(c.kvTrace)
 		if err != nil {
@@ -337,27 +339,18 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	onClose("KV cache", kvc.Close)
 	log.Info("opened KV cache", "ms", time.Since(t).Milliseconds(), "dir", filepath.Join(dataDir, "kv"), "quarantined", len(kvc.Store().Quarantined()))
 
-	var conn engine.Connector
-	switch c.engine {
-	case "none", "":
-	case "generic":
-		conn = engine.NewGeneric(engine.GenericOptions{BaseURL: c.upstream})
-	case "llamacpp":
-		lo := engine.LlamaCPPOptions{BaseURL: c.upstream, SlotDir: c.slotDir, Slots: c.slots, Cache: kvc, Logger: log, Preload: c.preload}
-		if fl != nil {
-			lo.Shared = fl.States()
-		}
-		lc, err := engine.NewLlamaCPP(lo)
-		if err != nil {
-			return fmt.Errorf("engine llamacpp: %w", err)
-		}
-		conn = lc
-	default:
-		return fmt.Errorf("--engine %q: want generic, llamacpp or none", c.engine)
+	ec := engine.Config{BaseURL: c.upstream, Cache: kvc, Logger: log, SlotDir: c.slotDir, Slots: c.slots, Preload: c.preload}
+	if fl != nil {
+		ec.Shared = fl.States()
 	}
-	if conn != nil {
-		onClose("engine connector", conn.Close) // saves occupied slots before the KV cache closes
-		log.Info("engine connector", "engine", conn.Name())
+	conn, err := connectors.All.Open(c.engine, ec) // nil for --engine none
+	if err != nil {
+		return err
+	}
+	hooks := engine.Wrap(conn)
+	if hooks != nil {
+		onClose("engine connector", hooks.Close) // saves occupied slots before the KV cache closes
+		log.Info("engine connector", "engine", hooks.Name())
 	}
 
 	// The sidecar's own model calls go through the engine connector when
@@ -368,8 +361,8 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	apiRoot := func(u string) string { return strings.TrimSuffix(strings.TrimSuffix(u, "/"), "/v1") }
 	if memUp == "" || apiRoot(memUp) == apiRoot(c.upstream) {
 		memUp = c.upstream
-		if conn != nil {
-			router = conn
+		if hooks != nil {
+			router = hooks
 		}
 	}
 	// Through a connector the calls are streamed, so that one a client
@@ -487,6 +480,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		ConsoleSampleEvery: c.consoleEvery,
 		Knowledge:          knowledge{mem},
 		Logger:             log,
+		Metrics:            reg,
 
 		UpstreamIdleTimeout: c.upstreamIdle,
 	})
@@ -494,7 +488,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		return err
 	}
 	if emb != nil {
-		srv.Metrics().AddCollector(func(w io.Writer) { writeEmbedderMetrics(w, emb) })
+		exportEmbedderMetrics(reg, emb)
 	}
 	if ln == nil {
 		if ln, err = net.Listen("tcp", c.listen); err != nil {

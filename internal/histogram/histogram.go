@@ -1,19 +1,20 @@
 // Package histogram is the sidecar's one latency histogram: fixed buckets,
-// lock-free observations, snapshots that subtract (a rate over a window),
-// the quantile Prometheus' histogram_quantile computes, and the Prometheus
-// text form. The package that measures owns its histograms (tiers for
-// promotions and demotions, proxy for requests and recall); proxy writes
-// them at /metrics.
+// lock-free observations, snapshots that subtract (a rate over a window)
+// and the quantile Prometheus' histogram_quantile computes, which the
+// console's thresholds and the tiers' tuner read. The package that
+// measures owns its histograms (tiers for promotions and demotions, proxy
+// for recall); ExportTo shows one at /metrics through a
+// VictoriaMetrics/metrics PrometheusHistogram with the same buckets
+// (internal/obs), which writes its text.
 package histogram
 
 import (
-	"fmt"
-	"io"
 	"math"
 	"sort"
-	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/VictoriaMetrics/metrics"
 )
 
 // Buckets are the upper bounds in seconds, from loopback overheads to long
@@ -33,6 +34,7 @@ const n = len(Buckets) + 1
 type Histogram struct {
 	counts [n]atomic.Uint64 // per bucket, not cumulative
 	sumNS  atomic.Int64
+	out    atomic.Pointer[metrics.PrometheusHistogram] // see ExportTo
 }
 
 // Observe counts one duration; a negative one counts as 0.
@@ -40,7 +42,20 @@ func (h *Histogram) Observe(d time.Duration) {
 	d = max(d, 0)
 	h.counts[sort.SearchFloat64s(Buckets[:], d.Seconds())].Add(1)
 	h.sumNS.Add(int64(d))
+	if p := h.out.Load(); p != nil {
+		p.Update(d.Seconds())
+	}
 }
+
+// Bounds returns Buckets as the upper bounds a PrometheusHistogram takes
+// (obs.Registry.Histogram), so an exported histogram has h's buckets.
+func Bounds() []float64 { return append([]float64(nil), Buckets[:]...) }
+
+// ExportTo makes every later observation count in p too: the series
+// /metrics shows, made with Bounds (both count a duration equal to a bound
+// in that bound's bucket). Call it before the first Observe: observations
+// made earlier are in h's snapshots only. Nil stops the export.
+func (h *Histogram) ExportTo(p *metrics.PrometheusHistogram) { h.out.Store(p) }
 
 // Snapshot reads the counts now. Observations that land while it reads
 // may be in some buckets and not yet in others or in the sum.
@@ -126,30 +141,4 @@ func (s Snapshot) Quantile(q float64) (seconds float64, ok bool) {
 		return lo + (Buckets[i]-lo)*(rank-float64(prev))/float64(c), true
 	}
 	return Buckets[len(Buckets)-1], true
-}
-
-// WritePrometheus writes s as the samples of the histogram family name
-// (its _bucket, _sum and _count lines; the caller writes HELP and TYPE).
-// labels are the series' labels, each followed by a comma (`tier="working",`),
-// or "".
-func (s Snapshot) WritePrometheus(w io.Writer, name, labels string) {
-	var cum uint64
-	for i, ub := range Buckets {
-		cum += s.Counts[i]
-		fmt.Fprintf(w, "%s_bucket{%sle=\"%s\"} %d\n", name, labels, strconv.FormatFloat(ub, 'g', -1, 64), cum)
-	}
-	cum += s.Counts[len(Buckets)]
-	fmt.Fprintf(w, "%s_bucket{%sle=\"+Inf\"} %d\n", name, labels, cum)
-	if labels = trimComma(labels); labels != "" {
-		labels = "{" + labels + "}"
-	}
-	fmt.Fprintf(w, "%s_sum%s %g\n", name, labels, s.Sum().Seconds())
-	fmt.Fprintf(w, "%s_count%s %d\n", name, labels, cum)
-}
-
-func trimComma(s string) string {
-	if k := len(s); k > 0 && s[k-1] == ',' {
-		return s[:k-1]
-	}
-	return s
 }

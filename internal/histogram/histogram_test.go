@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/obs"
 )
 
 func TestObserveAndQuantile(t *testing.T) {
@@ -83,28 +85,33 @@ func TestSubAndAdd(t *testing.T) {
 	}
 }
 
-func TestWritePrometheus(t *testing.T) {
+// TestExportTo: an exported histogram's series count what the histogram
+// counts, in the same buckets (a duration equal to a bound in that bound's
+// bucket), with its labels before le.
+func TestExportTo(t *testing.T) {
+	r := obs.New()
 	var h Histogram
+	h.ExportTo(r.Histogram(`x_seconds{tier="working"}`, "X.", Bounds()))
 	h.Observe(150 * time.Millisecond)
+	h.Observe(200 * time.Millisecond)
 	h.Observe(time.Hour)
 	var buf bytes.Buffer
-	h.Snapshot().WritePrometheus(&buf, "x_seconds", `tier="working",`)
+	r.WritePrometheus(&buf)
 	out := buf.String()
 	for _, want := range []string{
+		"# HELP x_seconds X.\n# TYPE x_seconds histogram\n",
 		"x_seconds_bucket{tier=\"working\",le=\"0.1\"} 0\n",
-		"x_seconds_bucket{tier=\"working\",le=\"0.2\"} 1\n",
-		"x_seconds_bucket{tier=\"working\",le=\"300\"} 1\n",
-		"x_seconds_bucket{tier=\"working\",le=\"+Inf\"} 2\n",
-		"x_seconds_sum{tier=\"working\"} 3600.15\n",
-		"x_seconds_count{tier=\"working\"} 2\n",
+		"x_seconds_bucket{tier=\"working\",le=\"0.2\"} 2\n",
+		"x_seconds_bucket{tier=\"working\",le=\"300\"} 2\n",
+		"x_seconds_bucket{tier=\"working\",le=\"+Inf\"} 3\n",
+		"x_seconds_sum{tier=\"working\"} 3600.35\n",
+		"x_seconds_count{tier=\"working\"} 3\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("missing %q in\n%s", want, out)
 		}
 	}
-	buf.Reset()
-	h.Snapshot().WritePrometheus(&buf, "y", "")
-	if !strings.Contains(buf.String(), "y_count 2\n") || !strings.Contains(buf.String(), "y_bucket{le=\"+Inf\"} 2\n") {
-		t.Fatalf("without labels:\n%s", buf.String())
+	if s := h.Snapshot(); s.Count() != 3 || s.Counts[8] != 2 {
+		t.Fatalf("the histogram's own counts: %+v", s)
 	}
 }

@@ -85,7 +85,7 @@ var kindSpec = map[string]struct {
 	"l4_merge":     {L4MergeMaxTokens, CutFail}, // a merge cut short would still parse: it must be whole
 }
 
-// Router places the sidecar's own calls in the engine; engine.Connector
+// Router places the sidecar's own calls in the engine; engine.Hooks
 // satisfies it. Before returns the body to send (req.Body when it has
 // nothing to change; an error is logged and req.Body sent, except
 // engine.ErrBusy: no slot could be had, and the call is not sent); After
@@ -579,5 +579,5 @@ func (c *Client) Extract(ctx context.Context, req memory.ExtractRequest) (string
 var (
 	_ memory.Summarizer = (*Client)(nil)
 	_ memory.Extractor  = (*Client)(nil)
-	_ Router            = engine.Connector(nil)
+	_ Router            = (*engine.Hooks)(nil)
 )

@@ -1,0 +1,25 @@
+package engine
+
+import "testing"
+
+func TestParseTimings(t *testing.T) {
+	f := func(body string, want Timings, wantOK bool) {
+		t.Helper()
+		got, ok := ParseTimings([]byte(body))
+		if ok != wantOK || got != want {
+			t.Fatalf("%s: %+v %t, want %+v %t", body, got, ok, want, wantOK)
+		}
+	}
+	f(`{"choices":[],"timings":{"cache_n":1315,"prompt_n":1,"prompt_ms":1.5,"predicted_n":4,"predicted_ms":8}}`,
+		Timings{CacheN: 1315, PromptN: 1, PromptMs: 1.5, PredictedN: 4, PredictedMs: 8}, true)
+	// OpenAI-style usage only: the uncached part is prefilled.
+	f(`{"usage":{"prompt_tokens":100,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":64}}}`,
+		Timings{CacheN: 64, PromptN: 36}, true)
+	f(`{"usage":{"prompt_tokens":100}}`, Timings{PromptN: 100}, true)
+	// SSE: the event with timings wins; [DONE] and others are skipped.
+	f("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"timings\":{\"cache_n\":5,\"prompt_n\":2,\"prompt_ms\":0.5}}\n\ndata: [DONE]\n\n",
+		Timings{CacheN: 5, PromptN: 2, PromptMs: 0.5}, true)
+	f(`{"choices":[]}`, Timings{}, false)
+	f(`not json`, Timings{}, false)
+	f(``, Timings{}, false)
+}
