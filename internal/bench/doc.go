@@ -15,9 +15,9 @@
 // conversations against any OpenAI-compatible targets, with vLLM's
 // benchmark_serving.py figures.
 //
-// It is internal: only cmd/sidecar uses it (the bench subcommands, `sidecar
-// gpu`'s probe, and `serve --kv-trace`, which records KV accesses through
-// OpenKVTrace for the simulator). No library package imports it, so the
+// It is internal: only cmd/sidecar uses it (the bench subcommands and
+// `sidecar gpu`'s probe; `serve --kv-trace` records KV accesses for the
+// simulator through tiers/tracefile). No library package imports it, so the
 // serving packages never link its dependencies (gorgonia.org/tensor among
 // them). The hit-ratio replay engine is cachesim; the comparison with
 // otter's W-TinyLFU lives in bench/simulator, a module of its own, and

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvsidecar/kvsidecar/tiers"
+	"github.com/kvsidecar/kvsidecar/tiers/tracefile"
 )
 
 func keys(ks ...uint64) Trace {
@@ -99,7 +100,7 @@ func TestRunBounds(t *testing.T) {
 
 func TestTraceRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.trace")
-	w, err := CreateTraceWriter(path)
+	w, err := tracefile.Create(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +118,7 @@ func TestTraceRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Appending after a restart continues the trace.
-	w, err = CreateTraceWriter(path)
+	w, err = tracefile.Create(path)
 	if err != nil {
 		t.Fatal(err)
 	}

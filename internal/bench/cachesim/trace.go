@@ -2,9 +2,7 @@ package cachesim
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -13,9 +11,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/kvsidecar/kvsidecar/tiers"
+	"github.com/kvsidecar/kvsidecar/tiers/tracefile"
 )
 
 // Trace is a sequence of accesses to keys, and of deletions in recorded
@@ -79,66 +77,6 @@ func Zipf(n, accesses int, s float64, rng *rand.Rand) Trace {
 	return t
 }
 
-// Recorded traces are text, one access a line, as a tiers.Store saw it:
-//
-//	g 9f3c0a1b2c3d4e5f 14680064 working
-//	p 0a1b2c3d4e5f6071 2097152 none
-//	d 0a1b2c3d4e5f6071 0 none
-//
-// operation (g get, p put, d delete), the FNV-1a 64 hash of the store key
-// in hex (keys hold session ids, so the file never does), the value's size
-// in bytes, and the tier that served a get (none: a miss). Lines starting
-// with # are comments.
-
-// TraceWriter appends a store's accesses to a file in the recorded form.
-// It writes each line with one write(2) on a file opened for appending, so
-// a trace survives kill -9 of the process and restarts append to it.
-type TraceWriter struct {
-	mu  sync.Mutex
-	f   *os.File
-	buf []byte
-	err error
-}
-
-// CreateTraceWriter opens path for appending, creating it if needed.
-func CreateTraceWriter(path string) (*TraceWriter, error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("cachesim: trace: %w", err)
-	}
-	return &TraceWriter{f: f}, nil
-}
-
-// Record writes one access; it is a tiers.Options.Trace. The first write
-// error stops recording and is returned by Close.
-func (w *TraceWriter) Record(ev tiers.TraceEvent) {
-	h := fnv.New64a()
-	h.Write([]byte(ev.Key))
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.err != nil {
-		return
-	}
-	b := append(w.buf[:0], byte(ev.Op), ' ')
-	b = fmt.Appendf(b, "%016x ", h.Sum64())
-	b = strconv.AppendInt(b, ev.Size, 10)
-	b = append(b, ' ')
-	b = append(b, ev.Tier.String()...)
-	b = append(b, '\n')
-	w.buf = b
-	_, w.err = w.f.Write(b)
-}
-
-// Close closes the file.
-func (w *TraceWriter) Close() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if err := errors.Join(w.err, w.f.Close()); err != nil {
-		return fmt.Errorf("cachesim: trace: %w", err)
-	}
-	return nil
-}
-
 // TraceStats describes a recorded trace as the store served it.
 type TraceStats struct {
 	Gets, Puts, Deletes int
@@ -146,7 +84,8 @@ type TraceStats struct {
 	Hits int
 }
 
-// ReadTrace reads a recorded trace and turns it into accesses and
+// ReadTrace reads a recorded trace (the text tiers/tracefile writes for
+// `sidecar serve --kv-trace FILE`) and turns it into accesses and
 // deletions: every get is an access, and so is every put except the one
 // that fills a key right after a get of it missed.
 func ReadTrace(name string, r io.Reader) (Trace, TraceStats, error) {
@@ -158,25 +97,22 @@ func ReadTrace(name string, r io.Reader) (Trace, TraceStats, error) {
 	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
 		line := sc.Text()
-		if line == "" || line[0] == '#' {
+		if tracefile.Skip(line) {
 			continue
 		}
-		f := strings.Fields(line)
-		if len(f) != 4 || len(f[0]) != 1 {
-			return t, st, fmt.Errorf("cachesim: %s:%d: want 'op key size tier'", name, n)
-		}
-		k, err := strconv.ParseUint(f[1], 16, 64)
+		a, err := tracefile.Parse(line)
 		if err != nil {
-			return t, st, fmt.Errorf("cachesim: %s:%d: key: %w", name, n, err)
+			return t, st, fmt.Errorf("cachesim: %s:%d: %w", name, n, err)
 		}
+		k := a.Key
 		fill := missed && lastMiss == k
 		missed = false
-		switch tiers.TraceOp(f[0][0]) {
+		switch a.Op {
 		case tiers.TraceGet:
 			st.Gets++
 			t.Keys = append(t.Keys, k)
 			del = append(del, false)
-			if f[3] == tiers.TierNone.String() {
+			if !a.Hit() {
 				missed, lastMiss = true, k
 			} else {
 				st.Hits++
@@ -191,8 +127,6 @@ func ReadTrace(name string, r io.Reader) (Trace, TraceStats, error) {
 			st.Deletes++
 			t.Keys = append(t.Keys, k)
 			del = append(del, true)
-		default:
-			return t, st, fmt.Errorf("cachesim: %s:%d: unknown operation %q", name, n, f[0])
 		}
 	}
 	if err := sc.Err(); err != nil {
