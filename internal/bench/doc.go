@@ -2,7 +2,8 @@
 // and their reports (tables, JSON, SVG plots): the cost per turn of a
 // session prefix's KV (amortization, with the reference KV computer in
 // refkv.go), tier latency, throughput and hit rate against Belady (kv.go),
-// the GPU probe behind `sidecar gpu` (gpu.go), proxy overhead against nginx
+// the Focus tier's latency on a device beside gpu/probe's bandwidth
+// (gpu.go, `sidecar bench gpu`), proxy overhead against nginx
 // (proxy.go), LoCoMo retrieval (recall*.go) and replay through a sidecar
 // (memory.go), sessions on a real llama-server with and without the sidecar
 // (sessions*.go) and a fleet of replicas sharing Redis (fleet*.go); those
@@ -15,9 +16,9 @@
 // conversations against any OpenAI-compatible targets, with vLLM's
 // benchmark_serving.py figures.
 //
-// It is internal: only cmd/sidecar uses it (the bench subcommands and
-// `sidecar gpu`'s probe; `serve --kv-trace` records KV accesses for the
-// simulator through tiers/tracefile). No library package imports it, so the
+// It is internal: only cmd/sidecar uses it (the bench subcommands; `sidecar
+// gpu`'s probe is gpu/probe, and `serve --kv-trace` records KV accesses for
+// the simulator through tiers/tracefile). No library package imports it, so the
 // serving packages never link its dependencies (gorgonia.org/tensor among
 // them). The hit-ratio replay engine is cachesim; the comparison with
 // otter's W-TinyLFU lives in bench/simulator, a module of its own, and
