@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -18,22 +17,21 @@ import (
 )
 
 // TestBenchServeRealLlamaDirectAndThroughSidecar runs `sidecar bench
-// serve` (this test binary as the CLI) against the real llama-server of
+// serve` (this test binary as sidecar-bench) against the real llama-server of
 // ../shared/llama, direct and through the sidecar binary in front of it,
 // in a concurrency sweep: every request of every run completes on both
 // paths, the engine's cached prompt tokens come back through the sidecar
 // as they do direct, and the sidecar kept each conversation as a session.
 func TestBenchServeRealLlamaDirectAndThroughSidecar(t *testing.T) {
 	llama := llamatest.Start(t, llamaserver.Options{Slots: 2, Threads: 1, Args: []string{"--n-predict", "64"}})
-	sc := startChild(t, nil, "--upstream", llama.URL())
+	addr := startSidecar(t, "--upstream", llama.URL())
 	plot := filepath.Join(t.TempDir(), "serve.svg")
 	const convs, turns = 3, 3
-	cmd := exec.Command(os.Args[0], "bench", "serve",
-		"--target", "direct="+llama.URL(), "--target", "sidecar=http://"+sc.addr+"/v1",
+	cmd := benchCommand(t, "serve",
+		"--target", "direct="+llama.URL(), "--target", "sidecar=http://"+addr+"/v1",
 		"--conversations", "3", "--turns", "3", "--system-words", "60", "--max-tokens", "6",
 		"--extra-body", `{"grammar":"root ::= [a-z ]+"}`, "--api-key", "sk-bench",
 		"--concurrency", "1,2", "--json", "--quiet", "--plot", plot)
-	cmd.Env = append(os.Environ(), "SIDECAR_TEST_MAIN=1")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -64,7 +62,7 @@ func TestBenchServeRealLlamaDirectAndThroughSidecar(t *testing.T) {
 			t.Errorf("%s: cached tokens %d reported by %d requests, share %.2f", name, r.TotalCachedTokens, r.CachedReported, r.CachedShare)
 		}
 	}
-	m, err := bench.ScrapeMetrics(context.Background(), "http://"+sc.addr+"/metrics")
+	m, err := bench.ScrapeMetrics(context.Background(), "http://"+addr+"/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,13 +1,15 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
-	"os"
 
 	"github.com/kvsidecar/kvsidecar/gpu/probe"
 	"github.com/kvsidecar/kvsidecar/internal/bench"
 )
+
+// deviceFlagUsage documents --device, as the sidecar's own flag does.
+const deviceFlagUsage = "device for the Focus tier: cuda (fail without a GPU), cpu, or auto (a GPU if one opens, else cpu). " +
+	"CUDA_VISIBLE_DEVICES chooses which GPUs are visible; the first visible one is used"
 
 // benchGPU implements `sidecar bench gpu`: Focus put/get latency and
 // bandwidth for 1, 16 and 256 MiB blocks on the device --device selects.
@@ -23,10 +25,5 @@ func benchGPU(args []string) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(r)
-	}
-	return probe.WriteTable(os.Stdout, r)
+	return emit(*asJSON, r, probe.WriteTable)
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"os"
 	"strings"
 	"testing"
 
@@ -10,13 +9,13 @@ import (
 	"github.com/kvsidecar/kvsidecar/internal/redisserver"
 )
 
-// `sidecar bench scale` end to end on a small run: this binary as the
-// sidecar, two batches, every figure of a batch filled in.
+// `sidecar bench scale` end to end on a small run: the sidecar binary
+// (sidecarBin), two batches, every figure of a batch filled in.
 func TestBenchScaleSmall(t *testing.T) {
 	run := func(t *testing.T, o bench.ScaleOptions) *bench.ScaleReport {
 		t.Helper()
 		o.Batches, o.Clients, o.Returning, o.Dir = []int{12, 12}, 2, 6, t.TempDir()
-		o.SidecarCommand, o.SidecarEnv = []string{os.Args[0], "serve"}, []string{"SIDECAR_TEST_MAIN=1"}
+		o.SidecarCommand = []string{sidecarBin(t), "serve"}
 		r, err := bench.RunScale(t.Context(), o)
 		if err != nil {
 			t.Fatal(err)

@@ -49,8 +49,8 @@ func newRealFlags(fs *flag.FlagSet, p *bench.RealParts, servers string) *realFla
 }
 
 // parse parses args into fs, refuses positional arguments and fills in
-// the sidecar command (this binary's serve), the extra arguments and the
-// progress output (stderr).
+// the sidecar command (the sidecar binary's serve: sidecarBinary), the
+// extra arguments and the progress output (stderr).
 func (r *realFlags) parse(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -58,11 +58,11 @@ func (r *realFlags) parse(fs *flag.FlagSet, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
-	exe, err := os.Executable()
+	cmd, err := sidecarCommand()
 	if err != nil {
-		return fmt.Errorf("the sidecar binary to start: %w", err)
+		return err
 	}
-	r.p.SidecarCommand = []string{exe, "serve"}
+	r.p.SidecarCommand = cmd
 	r.p.SidecarArgs = r.sidecarArgs
 	r.p.LlamaArgs = strings.Fields(r.llamaArgs)
 	if r.p.LlamaArgs == nil {

@@ -14,7 +14,7 @@ func benchScale(args []string) error {
 	fs := flag.NewFlagSet("bench scale", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: sidecar bench scale [flags]\n\n"+
-			"Starts this binary's `sidecar serve` (its defaults, --fsync always) before a scripted upstream and\n"+
+			"Starts `sidecar serve` (its defaults, --fsync always) before a scripted upstream and\n"+
 			"creates sessions in batches with drop-in clients; per batch: new-session, hot and returning-session\n"+
 			"turn latency, requests/s, the sidecar's RSS, open files, disk (and Redis memory with --remote).\n\n")
 		fs.PrintDefaults()
@@ -58,11 +58,11 @@ func benchScale(args []string) error {
 			o.Batches = append(o.Batches, n)
 		}
 	}
-	exe, err := os.Executable()
+	cmd, err := sidecarCommand()
 	if err != nil {
-		return fmt.Errorf("the sidecar binary to start: %w", err)
+		return err
 	}
-	o.SidecarCommand = []string{exe, "serve"}
+	o.SidecarCommand = cmd
 	o.SidecarArgs = sidecarArgs
 	o.Progress = os.Stderr
 	ctx, stop := interruptible()
