@@ -16,7 +16,7 @@
 # out/ holds, stripped:
 #   gpu.test     gpu package tests; the CUDA ones run on a GPU
 #   tiers.test   tiers tests (Focus tier on a device that runs out of memory)
-#   bench.test   internal/bench tests; TestRunGPUOnCUDA logs the GPU benchmark tables
+#   bench.test   internal/harness/bench tests; TestRunGPUOnCUDA logs the GPU benchmark tables
 #                (KVSIDECAR_BENCH_FULL=1 for the full run)
 #   sidecar.gz   the sidecar binary, gzipped, and sidecar-bench.gz, what
 #                `sidecar bench` runs: the five must fit the 64 MiB a device
@@ -28,7 +28,7 @@
 # then the same command, or by hand:
 #
 #   (cd gpu   && ../out/gpu.test   -test.v -test.run CUDA)
-#   (cd internal/bench && ../../out/bench.test -test.v -test.run TestRunGPUOnCUDA)
+#   (cd internal/harness/bench && ../../../out/bench.test -test.v -test.run TestRunGPUOnCUDA)
 #   gunzip -k out/sidecar.gz out/sidecar-bench.gz && ./out/sidecar gpu --device cuda
 #   ./out/sidecar bench gpu --device cuda --full --json
 #   CUDA_VISIBLE_DEVICES=1 ./out/sidecar gpu    # another GPU
@@ -46,7 +46,7 @@ build() {
 	mkdir -p "$OUT"
 	export CGO_ENABLED=0
 	local p
-	for p in gpu tiers internal/bench; do
+	for p in gpu tiers internal/harness/bench; do
 		echo "build $OUT/${p##*/}.test"
 		go test -c -trimpath -ldflags='-s -w' -o "$OUT/${p##*/}.test" "./$p/"
 	done
@@ -87,7 +87,7 @@ run() {
 	(cd gpu && "$out/gpu.test" -test.count=1)
 	(cd tiers && "$out/tiers.test" -test.count=1)
 	echo "== bench: GPU benchmark"
-	(cd internal/bench && "$out/bench.test" -test.v -test.count=1 -test.run GPU)
+	(cd internal/harness/bench && "$out/bench.test" -test.v -test.count=1 -test.run GPU)
 	echo "== sidecar gpu"
 	"$tmp/sidecar" gpu --device cuda || echo "(sidecar gpu failed)"
 	echo "== sidecar bench gpu $*"

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"flag"
 
-	"github.com/kvsidecar/kvsidecar/internal/bench"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
 )
 
 func benchArchive(args []string) error {

@@ -3,7 +3,7 @@ package main
 import (
 	"flag"
 
-	"github.com/kvsidecar/kvsidecar/internal/bench"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
 )
 
 func benchFleet(args []string) error {

@@ -8,9 +8,9 @@ package main
 import (
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/bench"
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver/llamatest"
-	"github.com/kvsidecar/kvsidecar/internal/redisserver/redistest"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver/redistest"
 )
 
 // `sidecar bench fleet` with real parts end to end: redis-server (AOF,

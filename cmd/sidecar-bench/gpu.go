@@ -4,7 +4,7 @@ import (
 	"flag"
 
 	"github.com/kvsidecar/kvsidecar/gpu/probe"
-	"github.com/kvsidecar/kvsidecar/internal/bench"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
 )
 
 // deviceFlagUsage documents --device, as the sidecar's own flag does.

@@ -5,7 +5,7 @@ import (
 	"io"
 	"os"
 
-	"github.com/kvsidecar/kvsidecar/internal/bench"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
 )
 
 func benchKV(args []string) error {

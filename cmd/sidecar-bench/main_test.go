@@ -12,8 +12,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/bench"
-	"github.com/kvsidecar/kvsidecar/internal/launch"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
 )
 
 // When the test binary runs with SIDECAR_BENCH_TEST_MAIN=1 it is

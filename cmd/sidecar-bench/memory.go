@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvsidecar/kvsidecar/internal/bench"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
 )
 
 func benchMemory(args []string) error {

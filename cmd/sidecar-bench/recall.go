@@ -7,7 +7,7 @@ import (
 	"io"
 
 	"github.com/kvsidecar/kvsidecar/index"
-	"github.com/kvsidecar/kvsidecar/internal/bench"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
 )
 
 func benchRecall(args []string) error {

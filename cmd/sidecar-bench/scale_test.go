@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/bench"
-	"github.com/kvsidecar/kvsidecar/internal/redisserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver"
 )
 
 // `sidecar bench scale` end to end on a small run: the sidecar binary

@@ -4,7 +4,7 @@ import (
 	"flag"
 	"io"
 
-	"github.com/kvsidecar/kvsidecar/internal/bench"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
 )
 
 func benchSessions(args []string) error {

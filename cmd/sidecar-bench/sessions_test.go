@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/bench"
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
 )
 
 // `sidecar bench sessions` runs end to end as a user runs it: it starts

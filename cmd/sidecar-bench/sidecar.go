@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvsidecar/kvsidecar/internal/launch"
+	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
 )
 
 // sidecarBinaryEnv names the environment variable holding the sidecar

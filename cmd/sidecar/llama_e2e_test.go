@@ -2,7 +2,7 @@ package main
 
 // End-to-end tests against the real llama.cpp server of ../shared/llama
 // (issue 10): the sidecar binary with --engine llamacpp in front of a
-// llama-server started by internal/llamaserver, asserting on llama.cpp's own
+// llama-server started by internal/harness/llamaserver, asserting on llama.cpp's own
 // timings (prompt_n: tokens reprocessed, cache_n: tokens reused). Where the
 // server or python3 is missing they skip, or fail under
 // KVSIDECAR_REQUIRE_LLAMA=1 (as in CI).
@@ -22,10 +22,10 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/kvsidecar/kvsidecar/internal/bench"
-	"github.com/kvsidecar/kvsidecar/internal/launch"
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
 )
 
 // realStack is a llama-server and the sidecar in front of it.

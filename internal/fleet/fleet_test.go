@@ -8,8 +8,8 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/internal/fleet"
-	"github.com/kvsidecar/kvsidecar/internal/redisserver"
-	"github.com/kvsidecar/kvsidecar/internal/redisserver/redistest"
+	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver/redistest"
 	"github.com/kvsidecar/kvsidecar/memory"
 	"github.com/kvsidecar/kvsidecar/remote"
 )

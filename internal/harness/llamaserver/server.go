@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/launch"
+	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
 )
 
 // Options configure Start. Model is required; every zero value is a

@@ -4,7 +4,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/recordup"
+	"github.com/kvsidecar/kvsidecar/internal/harness/recordup"
 )
 
 func TestGenerationAndOwnCalls(t *testing.T) {

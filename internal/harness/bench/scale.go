@@ -31,8 +31,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvsidecar/kvsidecar/internal/launch"
-	"github.com/kvsidecar/kvsidecar/internal/redisserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
+	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver"
 )
 
 // ScaleOptions configure RunScale. Every zero value is a documented
@@ -52,7 +52,7 @@ type ScaleOptions struct {
 	// API key, no user id, as most apps call). The default names each
 	// session its own end user.
 	NoUser bool
-	// Remote runs a redis-server (internal/redisserver) and gives the
+	// Remote runs a redis-server (internal/harness/redisserver) and gives the
 	// sidecar --remote: Redis's used_memory per session is reported.
 	Remote bool
 	// RedisServer is the redis-server binary for Remote. Empty: found on

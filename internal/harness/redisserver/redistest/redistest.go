@@ -8,7 +8,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/redisserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver"
 )
 
 // RequireEnv, set to 1 (as .ci/run does), turns Require's skip into a

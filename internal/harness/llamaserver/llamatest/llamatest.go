@@ -8,7 +8,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
 )
 
 // RequireEnv, set to 1 (as .ci/run does), turns Require's skip into a

@@ -20,7 +20,7 @@
 // for it; Kill, Stop and Close return only after the process is reaped. On
 // Linux the child also gets SIGKILL when the thread that started it dies
 // (Pdeathsig), so a crashed test or benchmark leaves no llama-server behind.
-// The process itself is run by internal/launch, as redis-server is.
+// The process itself is run by internal/harness/launch, as redis-server is.
 //
 // The subpackage llamatest holds the test helpers (Require, Start).
 package llamaserver

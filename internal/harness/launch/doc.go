@@ -1,7 +1,7 @@
 // Package launch runs one server process for tests and benchmarks: on a free
 // loopback port, restartable on that same port, with its output captured
-// in a log file. It is the launcher under internal/llamaserver and
-// internal/redisserver.
+// in a log file. It is the launcher under internal/harness/llamaserver and
+// internal/harness/redisserver.
 //
 //   - Start picks a free port, runs the binary with the arguments
 //     Options.Args gives for that port and polls Options.Ready (bounded by

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/redisserver"
-	"github.com/kvsidecar/kvsidecar/internal/redisserver/redistest"
+	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver/redistest"
 )
 
 // do sends one command in RESP and returns the first reply line.

@@ -8,8 +8,8 @@
 // (memory.go), sessions on a real llama-server with and without the sidecar
 // (sessions*.go) and a fleet of replicas sharing Redis (fleet*.go); those
 // two start their llama-servers and sidecars the same way (realstack.go,
-// on internal/launch); bench sessions puts a recording proxy
-// (internal/recordup) in front of each llama-server and sorts what reached
+// on internal/harness/launch); bench sessions puts a recording proxy
+// (internal/harness/recordup) in front of each llama-server and sorts what reached
 // it into the clients' turns and the sidecar's own generations
 // (owncalls.go). bench serve (serve*.go) is the one that measures the
 // user's own deployment instead of starting parts: multi-turn streamed

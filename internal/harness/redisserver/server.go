@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/launch"
+	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
 )
 
 // EnvServer names the redis-server binary to run instead of the one on

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
 )
 
 func TestFindServerFromEnvironment(t *testing.T) {

@@ -8,8 +8,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/redisserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver"
 )
 
 // The run of RunFleet: the fleets, their turns, the kill of a replica and of

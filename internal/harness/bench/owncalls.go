@@ -1,7 +1,7 @@
 package bench
 
 // The sidecar's own calls as they reach an engine: requests recorded by
-// internal/recordup in front of a llama-server, sorted into the clients'
+// internal/harness/recordup in front of a llama-server, sorted into the clients'
 // turns and the sidecar's own generations, and whether each generation
 // bounds its length. A random-weight model never ends an answer, and a
 // real one may ramble: a generation without max_tokens holds a slot until
@@ -12,7 +12,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/kvsidecar/kvsidecar/internal/recordup"
+	"github.com/kvsidecar/kvsidecar/internal/harness/recordup"
 )
 
 // Generation reports whether r asks the engine to generate text (a POST

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/launch"
+	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
 )
 
 // The test binary doubles as the server: with LAUNCH_TEST=listen it

@@ -13,9 +13,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/launch"
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/recordup"
+	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/recordup"
 )
 
 // RealParts is what the benchmarks on real parts (sessions, fleet) share:
@@ -228,7 +228,7 @@ func makeDocs(ctx context.Context, srv *llamaserver.Server, n, tokens int) ([]st
 // uvicorn's own 5 s, so the proxy changes nothing a client sees of it.
 const engineIdleClose = 5 * time.Second
 
-// recordEngine starts a recording proxy in front of up (internal/recordup):
+// recordEngine starts a recording proxy in front of up (internal/harness/recordup):
 // the benchmark reads what reached the engine, the sidecar's own calls
 // included.
 func recordEngine(up *llamaserver.Server) (*recordup.Proxy, error) {

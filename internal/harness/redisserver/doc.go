@@ -14,7 +14,7 @@
 // it; Kill, Stop and Close return only after the process is reaped. On
 // Linux the child also gets SIGKILL when the thread that started it dies
 // (Pdeathsig), so a crashed test leaves no redis-server behind. The process
-// itself is run by internal/launch, as llama-server is.
+// itself is run by internal/harness/launch, as llama-server is.
 //
 // The subpackage redistest holds the test helpers (Require, Start).
 package redisserver

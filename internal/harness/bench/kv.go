@@ -18,7 +18,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/bench/cachesim"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench/cachesim"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/tiers"
 )

@@ -6,7 +6,7 @@ package bench
 // an identical one through the sidecar, side by side in one run, with
 // optional kill -9 restarts of the engines or of the sidecar between rounds.
 // The measure is llama.cpp's own: tokens reprocessed (timings.prompt_n).
-// Each llama-server sits behind a recording proxy (internal/recordup), which
+// Each llama-server sits behind a recording proxy (internal/harness/recordup), which
 // shows what the sidecar asked of its engine on its own.
 
 import (
@@ -20,8 +20,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/recordup"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/recordup"
 )
 
 // SessionsOptions configure RunSessions. SidecarCommand is required; every
