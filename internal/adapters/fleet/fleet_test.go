@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/engine"
-	"github.com/kvsidecar/kvsidecar/internal/fleet"
+	"github.com/kvsidecar/kvsidecar/internal/adapters/fleet"
 	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver"
 	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver/redistest"
 	"github.com/kvsidecar/kvsidecar/memory"
