@@ -16,10 +16,11 @@
 // conversations against any OpenAI-compatible targets, with vLLM's
 // benchmark_serving.py figures.
 //
-// It is internal: only cmd/sidecar uses it (the bench subcommands; `sidecar
-// gpu`'s probe is gpu/probe, and `serve --kv-trace` records KV accesses for
-// the simulator through tiers/tracefile). No library package imports it, so the
-// serving packages never link its dependencies (gorgonia.org/tensor among
+// It is internal to the harness: only cmd/sidecar-bench (the binary behind
+// `sidecar bench`) and tests import it. No serving package and not
+// cmd/sidecar imports it (`sidecar gpu`'s probe is gpu/probe; `serve
+// --kv-trace` records KV accesses through tiers/tracefile), so the serving
+// binary never links its dependencies (gorgonia.org/tensor among
 // them). The hit-ratio replay engine is cachesim; the comparison with
 // otter's W-TinyLFU lives in bench/simulator, a module of its own, and
 // bench/redisclients compares Redis clients in another module, so neither
