@@ -1,6 +1,7 @@
 # kvsidecar — run `make help` for the targets.
 GO       ?= go
 BIN      ?= bin/sidecar
+BENCHBIN ?= $(dir $(BIN))sidecar-bench
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 PKGS     := ./...
@@ -18,8 +19,9 @@ export SIDECAR_DATA_DIR ?= ./data
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-build: ## build bin/sidecar (static, no cgo)
+build: ## build bin/sidecar and, beside it, bin/sidecar-bench (what `sidecar bench` runs); static, no cgo
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/sidecar
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BENCHBIN) ./cmd/sidecar-bench
 
 run: build ## start the sidecar on $SIDECAR_LISTEN in front of $SIDECAR_UPSTREAM
 	$(BIN) serve --log-format text
@@ -47,16 +49,16 @@ bench-mcp: ## the session working memory design's test plan: full recalls per 10
 	$(GO) test -count=1 -v -run 'TestRecallDesignPlan' ./memory
 	$(MAKE) test-mcp
 
-bench: ## go test benchmarks, then sidecar bench (amortization)
+bench: build ## go test benchmarks, then sidecar bench (amortization)
 	$(GO) test -run '^$$' -bench . -benchtime 200x -timeout 30m $(PKGS)
-	$(GO) run ./cmd/sidecar bench
+	$(BIN) bench
 
 bench-proxy: ## sidecar vs nginx side by side over a loopback upstream: 8 and 64 connections, streamed or not, pass-through and session path, req/s and CPU per 10K requests
 	scripts/bench-proxy.sh
 
-bench-amortization: ## cost per turn of a session prefix's KV, T = 1..64 (plot in out/amortization.svg)
+bench-amortization: build ## cost per turn of a session prefix's KV, T = 1..64 (plot in out/amortization.svg)
 	mkdir -p out
-	$(GO) run ./cmd/sidecar bench amortization --plot out/amortization.svg
+	$(BIN) bench amortization --plot out/amortization.svg
 
 bench-sessions: build ## real llama-server, direct vs through the sidecar, one key and no user id: engine kill -9 after round 2 (no drain), then also a sidecar kill -9 after round 3, then each session its own user (plots in out/)
 	mkdir -p out
@@ -81,23 +83,23 @@ docker-cuda: ## build the CUDA image kvsidecar:cuda (needs a Docker engine)
 bench-memory: ## window building at 10/100/1000 turns, tokenizer cold vs cached, log append per fsync policy
 	$(GO) test ./memory -run '^$$' -bench 'Prepare|Count|LogAppend' -benchtime 300x
 
-bench-memory-e2e: ## LoCoMo replayed through a sidecar: context recall per client, prompt prefix sharing, on $(LOCOMO)
-	$(GO) run ./cmd/sidecar bench memory --data $(LOCOMO)
+bench-memory-e2e: build ## LoCoMo replayed through a sidecar: context recall per client, prompt prefix sharing, on $(LOCOMO)
+	$(BIN) bench memory --data $(LOCOMO)
 
 bench-reliability: build ## issue 12 memory rows against the binary: huge words, SIGTERM, a 200 MB reply, ulimit -n 1024
 	scripts/bench-reliability.sh $(BIN)
 
-bench-kv: ## KV tiers: hit rate vs Belady, latency, throughput, compression, amortization
-	$(GO) run ./cmd/sidecar bench kv
+bench-kv: build ## KV tiers: hit rate vs Belady, latency, throughput, compression, amortization
+	$(BIN) bench kv
 
 bench-policy: ## hit ratio of every eviction strategy beside otter's W-TinyLFU and Belady, synthetic and recorded traces
 	cd bench/simulator && $(GO) run .
 
-bench-recall: ## LoCoMo evidence recall (bm25, vector, hybrid, hybrid+graph) on $(LOCOMO)
-	$(GO) run ./cmd/sidecar bench recall --data $(LOCOMO) --scale 100000
+bench-recall: build ## LoCoMo evidence recall (bm25, vector, hybrid, hybrid+graph) on $(LOCOMO)
+	$(BIN) bench recall --data $(LOCOMO) --scale 100000
 
-bench-archive: ## archive compression on $(LOCOMO): text with zstd and a trained dictionary, vectors with PQ, summaries (ratio, decode speed, recall@10 loss)
-	$(GO) run ./cmd/sidecar bench archive --data $(LOCOMO)
+bench-archive: build ## archive compression on $(LOCOMO): text with zstd and a trained dictionary, vectors with PQ, summaries (ratio, decode speed, recall@10 loss)
+	$(BIN) bench archive --data $(LOCOMO)
 
 bench-preload: build ## predictive preload on a real llama-server: returning against resident sessions' time to first token, preload on and off, round-robin and shuffled
 	$(BIN) bench sessions --follow-up --pause 1s

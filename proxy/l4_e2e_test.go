@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/llm"
+	"github.com/kvsidecar/kvsidecar/internal/adapters/llm"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/internal/adapters/llm"
 	"github.com/kvsidecar/kvsidecar/internal/clock"
-	"github.com/kvsidecar/kvsidecar/internal/llm"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
 )
 
 // TestRealLlamaServerRestart: two clients at once against a real

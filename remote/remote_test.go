@@ -13,8 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kvsidecar/kvsidecar/internal/durable"
-	"github.com/kvsidecar/kvsidecar/internal/redisserver"
-	"github.com/kvsidecar/kvsidecar/internal/redisserver/redistest"
+	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver/redistest"
 	"github.com/kvsidecar/kvsidecar/remote"
 )
 

@@ -25,6 +25,7 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 mkdir -p bin
 go build -o bin/sidecar ./cmd/sidecar
+go build -o bin/sidecar-bench ./cmd/sidecar-bench # what `sidecar bench` runs
 
 work=$(mktemp -d)
 pids=()

@@ -16,10 +16,11 @@
 # out/ holds, stripped:
 #   gpu.test     gpu package tests; the CUDA ones run on a GPU
 #   tiers.test   tiers tests (Focus tier on a device that runs out of memory)
-#   bench.test   internal/bench tests; TestRunGPUOnCUDA logs the GPU benchmark tables
+#   bench.test   internal/harness/bench tests; TestRunGPUOnCUDA logs the GPU benchmark tables
 #                (KVSIDECAR_BENCH_FULL=1 for the full run)
-#   sidecar.gz   the sidecar binary, gzipped: the four must fit the 64 MiB a
-#                device machine's `carry` takes (about 57 MiB together)
+#   sidecar.gz   the sidecar binary, gzipped, and sidecar-bench.gz, what
+#                `sidecar bench` runs: the five must fit the 64 MiB a device
+#                machine's `carry` takes
 #
 # On this project's device machine: run the command
 #   bash scripts/gpu-test.sh run
@@ -27,8 +28,8 @@
 # then the same command, or by hand:
 #
 #   (cd gpu   && ../out/gpu.test   -test.v -test.run CUDA)
-#   (cd internal/bench && ../../out/bench.test -test.v -test.run TestRunGPUOnCUDA)
-#   gunzip -k out/sidecar.gz && ./out/sidecar gpu --device cuda
+#   (cd internal/harness/bench && ../../../out/bench.test -test.v -test.run TestRunGPUOnCUDA)
+#   gunzip -k out/sidecar.gz out/sidecar-bench.gz && ./out/sidecar gpu --device cuda
 #   ./out/sidecar bench gpu --device cuda --full --json
 #   CUDA_VISIBLE_DEVICES=1 ./out/sidecar gpu    # another GPU
 #
@@ -45,13 +46,15 @@ build() {
 	mkdir -p "$OUT"
 	export CGO_ENABLED=0
 	local p
-	for p in gpu tiers internal/bench; do
+	for p in gpu tiers internal/harness/bench; do
 		echo "build $OUT/${p##*/}.test"
 		go test -c -trimpath -ldflags='-s -w' -o "$OUT/${p##*/}.test" "./$p/"
 	done
-	echo "build $OUT/sidecar.gz"
-	go build -trimpath -ldflags='-s -w' -o "$OUT/sidecar" ./cmd/sidecar/
-	gzip -f "$OUT/sidecar"
+	for p in sidecar sidecar-bench; do
+		echo "build $OUT/$p.gz"
+		go build -trimpath -ldflags='-s -w' -o "$OUT/$p" "./cmd/$p/"
+		gzip -f "$OUT/$p"
+	done
 	ls -l "$OUT"
 	du -sh "$OUT"
 }
@@ -59,13 +62,14 @@ build() {
 run() {
 	local out tmp log
 	out=$(realpath "$OUT")
-	for f in gpu.test tiers.test bench.test sidecar.gz; do
+	for f in gpu.test tiers.test bench.test sidecar.gz sidecar-bench.gz; do
 		[[ -f "$out/$f" ]] || { echo "missing $out/$f: run 'scripts/gpu-test.sh build' first" >&2; exit 1; }
 	done
 	tmp=$(mktemp -d)
 	trap 'rm -rf "$tmp"' EXIT
 	gunzip -c "$out/sidecar.gz" >"$tmp/sidecar"
-	chmod +x "$tmp/sidecar"
+	gunzip -c "$out/sidecar-bench.gz" >"$tmp/sidecar-bench"
+	chmod +x "$tmp/sidecar" "$tmp/sidecar-bench"
 	if command -v nvidia-smi >/dev/null; then
 		nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv || true
 	fi
@@ -83,11 +87,11 @@ run() {
 	(cd gpu && "$out/gpu.test" -test.count=1)
 	(cd tiers && "$out/tiers.test" -test.count=1)
 	echo "== bench: GPU benchmark"
-	(cd internal/bench && "$out/bench.test" -test.v -test.count=1 -test.run GPU)
+	(cd internal/harness/bench && "$out/bench.test" -test.v -test.count=1 -test.run GPU)
 	echo "== sidecar gpu"
-	"$tmp/sidecar" gpu --device cuda || echo "(sidecar gpu failed or is not wired into main.go yet)"
+	"$tmp/sidecar" gpu --device cuda || echo "(sidecar gpu failed)"
 	echo "== sidecar bench gpu $*"
-	"$tmp/sidecar" bench gpu --device cuda "$@" || echo "(sidecar bench gpu failed or is not wired into bench.go yet)"
+	"$tmp/sidecar" bench gpu --device cuda "$@" || echo "(sidecar bench gpu failed)"
 }
 
 case "${1:-build}" in

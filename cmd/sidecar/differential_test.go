@@ -6,7 +6,7 @@ package main
 // results, one API key for every end user and mostly no user id, some
 // with X-User-ID — sent side by side to a real llama-server directly and
 // to an identical one through the sidecar binary, on engines with small
-// slots, each llama-server behind a recording proxy (internal/recordup)
+// slots, each llama-server behind a recording proxy (internal/harness/recordup)
 // that closes idle keep-alive connections after 1 s, the rounds 1.5 s
 // apart, and both llama-servers killed with SIGKILL in the middle of a
 // round (not after the sidecar's queue drained) and started again at once.
@@ -52,11 +52,11 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/kvsidecar/kvsidecar/internal/bench"
-	"github.com/kvsidecar/kvsidecar/internal/launch"
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver/llamatest"
-	"github.com/kvsidecar/kvsidecar/internal/recordup"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/internal/harness/recordup"
 )
 
 const (

@@ -10,7 +10,7 @@ import (
 	"os"
 
 	"github.com/kvsidecar/kvsidecar/gpu"
-	"github.com/kvsidecar/kvsidecar/internal/bench"
+	"github.com/kvsidecar/kvsidecar/gpu/probe"
 )
 
 // deviceFlagUsage documents --device for every command that takes it.
@@ -44,7 +44,7 @@ type gpuReport struct {
 	Device    string      `json:"device"`
 	Memory    gpu.MemInfo `json:"memory"`
 	// Probe is the bandwidth probe on the selected device.
-	Probe *bench.GPUReport `json:"probe,omitempty"`
+	Probe *probe.Report `json:"probe,omitempty"`
 }
 
 const gpuUsage = `usage: sidecar gpu [--device cpu|cuda|auto] [--probe-mib N] [--json]
@@ -101,7 +101,7 @@ func runGPU(args []string, stdout, stderr io.Writer, getenv func(string) string)
 	}
 	code := 0
 	if *probeMiB > 0 {
-		p, err := bench.RunGPU(bench.GPUOptions{Device: dev, Sizes: []int{*probeMiB << 20}, Reps: 5, SkipLatency: true})
+		p, err := probe.Run(probe.Options{Device: dev, Sizes: []int{*probeMiB << 20}, Reps: 5})
 		if err != nil {
 			fmt.Fprintln(stderr, "sidecar gpu: probe:", err)
 			code = 1
@@ -138,29 +138,7 @@ func writeGPUReport(w io.Writer, r gpuReport, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "selected (--device %s): %s, %s, free %.1f / %.1f GiB\n\n", r.Requested, r.Selected, r.Device, gib(r.Memory.Free), gib(r.Memory.Total))
 	if r.Probe != nil {
-		return bench.WriteGPUTable(w, *r.Probe)
+		return probe.WriteTable(w, *r.Probe)
 	}
 	return nil
-}
-
-// benchGPU implements `sidecar bench gpu`: Focus put/get latency and
-// bandwidth for 1, 16 and 256 MiB blocks on the device --device selects.
-func benchGPU(args []string) error {
-	fs := flag.NewFlagSet("bench gpu", flag.ContinueOnError)
-	asJSON := fs.Bool("json", false, "print one JSON object")
-	full := fs.Bool("full", false, "more repetitions (tens of seconds on a GPU, minutes on the CPU device)")
-	kind := fs.String("device", "auto", deviceFlagUsage)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	r, err := bench.RunGPU(bench.GPUOptions{Kind: *kind, Quick: !*full})
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(r)
-	}
-	return bench.WriteGPUTable(os.Stdout, r)
 }

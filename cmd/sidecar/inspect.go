@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -125,4 +126,14 @@ func writeInspect(w io.Writer, r inspectReport) error {
 		fmt.Fprintf(tw, "  %s\t%s\n", q.File, q.Reason)
 	}
 	return tw.Flush()
+}
+
+// emit writes r as one JSON object, or as tables through table.
+func emit[R any](asJSON bool, r R, table func(io.Writer, R) error) error {
+	if asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	return table(os.Stdout, r)
 }

@@ -2,7 +2,7 @@ package main
 
 // End-to-end tests against the real llama.cpp server of ../shared/llama
 // (issue 10): the sidecar binary with --engine llamacpp in front of a
-// llama-server started by internal/llamaserver, asserting on llama.cpp's own
+// llama-server started by internal/harness/llamaserver, asserting on llama.cpp's own
 // timings (prompt_n: tokens reprocessed, cache_n: tokens reused). Where the
 // server or python3 is missing they skip, or fail under
 // KVSIDECAR_REQUIRE_LLAMA=1 (as in CI).
@@ -22,10 +22,10 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/kvsidecar/kvsidecar/internal/bench"
-	"github.com/kvsidecar/kvsidecar/internal/launch"
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
 )
 
 // realStack is a llama-server and the sidecar in front of it.
@@ -364,61 +364,6 @@ func TestRealEngineRefusesStateFromAnotherModel(t *testing.T) {
 			}
 		})
 	}
-}
-
-// `sidecar bench sessions` runs end to end as a user runs it: it starts
-// both llama-servers and the sidecar itself, kills the sidecar with
-// SIGKILL between rounds, and prints one JSON object and an SVG.
-func TestBenchSessionsRuns(t *testing.T) {
-	llamatest.Require(t)
-	plot := filepath.Join(t.TempDir(), "sessions.svg")
-	var r bench.SessionsReport
-	stderr := runBenchJSON(t, &r, "sessions", "--sessions", "3", "--rounds", "2", "--slots", "1",
-		"--doc-tokens", "400", "--cache-ram", "-1", "--sidecar-restart-after", "1", "--plot", plot)
-	if len(r.RoundStats) != 2 || r.RoundStats[1].Event != "sidecar restart" || len(r.Notes) == 0 || !strings.Contains(r.Notes[0], "SIGKILL") {
-		t.Fatalf("report: %+v", r)
-	}
-	for _, rs := range r.RoundStats {
-		for _, side := range []bench.SessionsSide{rs.Direct, rs.Sidecar} {
-			if side.Turns != 3 || side.Errors != 0 || side.PromptTokens != side.Reprocessed+side.Cached || side.TTFTP50Ms <= 0 {
-				t.Fatalf("round %d: %+v\n%s", rs.Round, side, stderr)
-			}
-		}
-	}
-	// Three 400-token documents, one slot and no RAM cache: the direct client
-	// computes every prompt in full, both rounds.
-	for _, rs := range r.RoundStats {
-		if d := rs.Direct; d.Reprocessed < 3*400 || d.Reprocessed < d.PromptTokens*8/10 || d.EngineReprocessed < d.Reprocessed {
-			t.Fatalf("round %d direct: %+v", rs.Round, d)
-		}
-	}
-	if rs := r.RoundStats[1]; rs.Floor <= 0 || rs.Floor >= 0.5 || rs.Ratio != float64(rs.Sidecar.Reprocessed)/float64(rs.Direct.Reprocessed) {
-		t.Fatalf("round 2 ratio %.3f, floor %.3f", rs.Ratio, rs.Floor)
-	}
-	svg, err := os.ReadFile(plot)
-	if err != nil || !strings.Contains(string(svg), "after sidecar restart") {
-		t.Fatalf("plot: %v\n%s", err, svg)
-	}
-}
-
-// runBenchJSON runs `sidecar bench WHAT ARGS --json` as a user does (this
-// test binary as the sidecar), decodes its report into r and returns what
-// it wrote on stderr (its progress lines).
-func runBenchJSON(t *testing.T, r any, what string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], append(append([]string{"bench", what}, args...), "--json")...)
-	cmd.Env = append(os.Environ(), "SIDECAR_TEST_MAIN=1")
-	cmd.SysProcAttr = launch.SysProcAttr()
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("bench %s: %v\n%s", what, err, stderr.String())
-	}
-	if err := json.Unmarshal(out, r); err != nil {
-		t.Fatalf("bench %s --json printed %q: %v", what, tail(string(out), 300), err)
-	}
-	return stderr.String()
 }
 
 // metric returns one of the sidecar's /metrics values (0 when absent).

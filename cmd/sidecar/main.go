@@ -2,7 +2,7 @@
 // an OpenAI-compatible LLM server.
 //
 //	sidecar serve --listen 127.0.0.1:8080 --upstream http://127.0.0.1:8000 --data-dir ./data
-//	sidecar bench [workload] [--json]
+//	sidecar bench [workload] [--json]     (runs sidecar-bench, cmd/sidecar-bench)
 //	sidecar gpu [--device auto|cuda|cpu]
 //	sidecar inspect DIR
 //	sidecar snapshot export|import|inspect
@@ -37,7 +37,7 @@ const usage = `usage: sidecar <command> [flags]
 
 commands:
   serve     run the sidecar in front of an OpenAI-compatible server
-  bench     run a benchmark workload ("sidecar bench help" lists them)
+  bench     run a benchmark workload through the sidecar-bench binary ("sidecar bench help" lists them)
   gpu       list GPUs, memory and a host<->device bandwidth probe
   inspect   report what a data dir holds (sessions, KV archive, quarantine)
   snapshot  export a session (memory and KV) from a running sidecar as a .hctx file, or import one

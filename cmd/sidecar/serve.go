@@ -21,9 +21,8 @@ import (
 	"github.com/kvsidecar/kvsidecar/engine/connectors"
 	"github.com/kvsidecar/kvsidecar/gpu"
 	"github.com/kvsidecar/kvsidecar/index"
-	"github.com/kvsidecar/kvsidecar/internal/bench"
-	"github.com/kvsidecar/kvsidecar/internal/fleet"
-	"github.com/kvsidecar/kvsidecar/internal/llm"
+	"github.com/kvsidecar/kvsidecar/internal/adapters/fleet"
+	"github.com/kvsidecar/kvsidecar/internal/adapters/llm"
 	"github.com/kvsidecar/kvsidecar/internal/obs"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/mcpserver"
@@ -31,6 +30,7 @@ import (
 	"github.com/kvsidecar/kvsidecar/proxy"
 	"github.com/kvsidecar/kvsidecar/remote"
 	"github.com/kvsidecar/kvsidecar/tiers"
+	"github.com/kvsidecar/kvsidecar/tiers/tracefile"
 )
 
 // serveConfig is everything `sidecar serve` reads from flags and environment.
@@ -320,12 +320,12 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	storeOpts := tiers.Options{Dir: filepath.Join(dataDir, "kv"), Strategy: c.kvStrategy, Device: focusDev,
 		Archive: tiers.Budget{MaxBytes: c.maxDiskBytes}, Metrics: reg}
 	if c.kvTrace != "" {
-		record, closeTrace, err := bench.OpenKVTrace(c.kvTrace)
+		trace, err := tracefile.Create(c.kvTrace)
 		if err != nil {
 			return fmt.Errorf("--kv-trace: %w", err)
 		}
-		onClose("KV trace", closeTrace)
-		storeOpts.Trace = record
+		onClose("KV trace", trace.Close)
+		storeOpts.Trace = trace.Record
 		log.Info("recording KV accesses", "file", c.kvTrace)
 	}
 	kvo := kv.Options{Store: storeOpts, MaxBlobBytes: max(int64(c.maxKV), 1<<30)}

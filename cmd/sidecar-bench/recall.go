@@ -1,0 +1,51 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+)
+
+func benchRecall(args []string) error {
+	fs := flag.NewFlagSet("bench recall", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	data := fs.String("data", "", "LoCoMo-format JSON file (required)")
+	ctxTurns := fs.Int("context", 0, "preceding turns indexed with each turn (0: one; -1: the turn alone, as the LoCoMo paper)")
+	scale := fs.Int("scale", 0, "also index this many recombined memories and report search latency")
+	graphWeight := fs.Float64("graph-weight", 0, "the entity graph's weight in the hybrid+graph column (0: the index default)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *data == "" {
+		return errors.New("--data FILE is required")
+	}
+	r, err := bench.RunRecall(bench.RecallOptions{Data: *data, ContextTurns: *ctxTurns, Index: index.Options{GraphWeight: *graphWeight}})
+	if err != nil {
+		return err
+	}
+	if *scale <= 0 {
+		return emit(*asJSON, r, bench.WriteRecallTable)
+	}
+	s, err := bench.RunRecallScale(bench.RecallScaleOptions{Data: *data, N: *scale})
+	if err != nil {
+		return err
+	}
+	// The scale figures ride along in the same object, beside "recall".
+	both := recallWithScale{r, s}
+	return emit(*asJSON, both, func(w io.Writer, b recallWithScale) error {
+		if err := bench.WriteRecallTable(w, b.RecallReport); err != nil {
+			return err
+		}
+		fmt.Fprintln(w)
+		return bench.WriteRecallScaleTable(w, b.Scale)
+	})
+}
+
+type recallWithScale struct {
+	bench.RecallReport
+	Scale bench.RecallScaleReport `json:"scale"`
+}
