@@ -127,7 +127,7 @@ type record struct {
 	Unit    *Unit             `json:"unit,omitempty"`
 	Acc     []accessRecord    `json:"acc,omitempty"`
 	ID      string            `json:"id,omitempty"`
-	Triple  *Triple           `json:"triple,omitempty"`
+	Triple  *tripleRecord     `json:"triple,omitempty"`
 	H       []uint64          `json:"h,omitempty"`
 }
 

@@ -36,18 +36,40 @@ import (
 // and fused in hybrid recall; the user's graph (usergraph.go) holds the
 // triples of all the user's sessions for recall across them.
 
-// Triple is one (subject, predicate, object) of the knowledge base.
+// Triple is one (subject, predicate, object) of the knowledge base, the
+// one type for it on both sides of the seam: the console (package proxy)
+// serves it as this JSON. The session log keeps triples in its own,
+// shorter form (tripleRecord).
 type Triple struct {
 	ID        string `json:"id"`
-	Subject   string `json:"s"`
-	Predicate string `json:"p"`
-	Object    string `json:"o"`
+	Subject   string `json:"subject"`
+	Predicate string `json:"predicate"`
+	Object    string `json:"object"`
 	// Support lists the ids of the session's memory units (facts) the
 	// triple rests on, sorted; never empty.
-	Support []string  `json:"sup"`
+	Support []string  `json:"support"`
 	At      time.Time `json:"at"`
 	// Session is the session holding the triple; set by Store.Triples only.
 	Session string `json:"session,omitempty"`
+}
+
+// tripleRecord is a triple as a "triple" log record holds it (the log's
+// format: short keys, no session).
+type tripleRecord struct {
+	ID        string    `json:"id"`
+	Subject   string    `json:"s"`
+	Predicate string    `json:"p"`
+	Object    string    `json:"o"`
+	Support   []string  `json:"sup"`
+	At        time.Time `json:"at"`
+}
+
+func (t *Triple) record() *tripleRecord {
+	return &tripleRecord{ID: t.ID, Subject: t.Subject, Predicate: t.Predicate, Object: t.Object, Support: t.Support, At: t.At}
+}
+
+func (r *tripleRecord) triple() Triple {
+	return Triple{ID: r.ID, Subject: r.Subject, Predicate: r.Predicate, Object: r.Object, Support: r.Support, At: r.At}
 }
 
 // tripleOp is one parsed triple line: Support holds fact ids and "+n"
@@ -228,8 +250,7 @@ func (s *session) applyTripleRecord(r *record) error {
 	if s.kb.deleted[r.Triple.ID] {
 		return nil
 	}
-	t := *r.Triple
-	t.Session = ""
+	t := r.Triple.triple()
 	// Supports deleted since (or before, in a shared log) do not count.
 	t.Support = slices.DeleteFunc(slices.Clone(t.Support), func(id string) bool { return s.deleted[id] })
 	if len(t.Support) == 0 {
@@ -258,7 +279,7 @@ func (k *knowledge) appendRecords(framed []byte, now time.Time) ([]byte, error) 
 	slices.Sort(ids)
 	for _, id := range ids {
 		if t := k.triples[id]; t != nil {
-			if framed, err = encodeRecord(framed, &record{K: "triple", T: now.UnixNano(), Triple: t}); err != nil {
+			if framed, err = encodeRecord(framed, &record{K: "triple", T: now.UnixNano(), Triple: t.record()}); err != nil {
 				return framed, err
 			}
 		}

@@ -485,7 +485,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		NoContextProbe:     !c.contextProbe,
 		AdminToken:         c.adminToken,
 		ConsoleSampleEvery: c.consoleEvery,
-		Knowledge:          knowledge{mem},
+		Knowledge:          mem,
 		Logger:             log,
 
 		UpstreamIdleTimeout: c.upstreamIdle,
