@@ -89,7 +89,7 @@ func (s *Store) tenantDirs() []string {
 	}
 	var out []string
 	for _, e := range ents {
-		if e.IsDir() && e.Name() != filepath.Base(s.quarantine) {
+		if e.IsDir() && e.Name() != filepath.Base(s.j.Quarantine()) {
 			out = append(out, filepath.Join(s.opts.Dir, e.Name()))
 		}
 	}
@@ -125,7 +125,7 @@ func (s *Store) Sessions(tenant string, user *string, limit int) ([]SessionInfo,
 		if len(out) >= limit {
 			break
 		}
-		meta, err := readLogMeta(l.path, s.opts.MaxRecordBytes)
+		meta, err := readLogMeta(s.j, l.path)
 		if err != nil || meta.K != "meta" || meta.Session == "" {
 			continue
 		}
@@ -152,7 +152,7 @@ func (s *Store) Tenants() ([]TenantInfo, error) {
 		logs := logsUnder(d)
 		newestFirst(logs)
 		for _, l := range logs {
-			meta, err := readLogMeta(l.path, s.opts.MaxRecordBytes)
+			meta, err := readLogMeta(s.j, l.path)
 			if err == nil && meta.K == "meta" && meta.Tenant != "" && tenantDir(s.opts.Dir, meta.Tenant) == d {
 				out = append(out, TenantInfo{Tenant: meta.Tenant, Sessions: len(logs), UpdatedAt: logs[0].mtime})
 				break

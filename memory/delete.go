@@ -69,7 +69,7 @@ func (s *Store) removeLocked(sess *session, sync bool) error {
 	sess.exists = false
 	var errs []error
 	if sess.log != nil {
-		errs = append(errs, sess.log.close())
+		errs = append(errs, sess.log.Close())
 		sess.log = nil
 	}
 	if err := os.Remove(indexPath(sess)); err != nil && !errors.Is(err, fs.ErrNotExist) {

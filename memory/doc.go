@@ -15,7 +15,8 @@
 //     a damaged magic or meta record is rewritten; the damaged bytes go to
 //     Dir/quarantine/. A log of another session is quarantined whole and the
 //     session starts afresh. Version 1 logs ("KVSMLOG1") are converted.
-//     Loading fails only on I/O errors (log.go, store.go load).
+//     Loading fails only on I/O errors (package memory/internal/journal,
+//     store.go load).
 //   - Token counting (Tokenizer) with tiktoken-go and its embedded offline BPE
 //     files: o200k_base for gpt-4o / gpt-4.1 / gpt-4.5 / gpt-5 / o1 / o3 / o4
 //     style names, cl100k_base otherwise, both overridable. Counts are cached

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -20,7 +19,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/kvsidecar/kvsidecar/internal/durable"
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 )
 
 // The shared pool is a small key-value store per tenant that every session
@@ -97,7 +96,7 @@ type pool struct {
 
 	// mu protects the fields below.
 	mu      sync.Mutex
-	log     *logFile
+	log     *journal.Log
 	entries map[string]*PoolEntry
 	rev     uint64
 	records int // put and del records in the log
@@ -201,7 +200,7 @@ func (s *Store) loadPool(p *pool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	first, foreign, meta, rejected := true, false, false, 0
-	lf, rep, err := s.openLog(p.path, func(b []byte) {
+	lf, rep, err := s.j.Open(p.path, func(b []byte) {
 		isFirst := first
 		first = false
 		var r poolRecord
@@ -227,7 +226,7 @@ func (s *Store) loadPool(p *pool) error {
 	if err != nil {
 		return err
 	}
-	if use, err := s.settleLog(lf, rep, rejected, foreign, p.path, "pool"); !use {
+	if use, err := s.j.Settle(lf, rep, rejected, foreign, p.path, "pool"); !use {
 		clear(p.entries)
 		p.rev, p.records = 0, 0
 		return err
@@ -275,7 +274,7 @@ func (s *Store) compactPoolLocked(p *pool) error {
 	if err != nil {
 		return err
 	}
-	image := appendRecord(append([]byte(nil), logMagic...), meta)
+	image := journal.Image(meta)
 	image, err = encodePoolRecord(image, &poolRecord{K: "rev", Rev: p.rev})
 	for _, k := range slices.Sorted(maps.Keys(p.entries)) {
 		if err != nil {
@@ -286,28 +285,13 @@ func (s *Store) compactPoolLocked(p *pool) error {
 	if err != nil {
 		return err
 	}
-	nl, err := s.rewriteLog(p.log, p.path, image)
+	nl, err := s.j.Rewrite(p.log, p.path, image)
 	p.log = nl
 	if err != nil {
 		return err
 	}
 	p.records = len(p.entries)
 	return nil
-}
-
-// rewriteLog replaces the log lf at path with image (magic and records),
-// atomically (durable.WriteFile), and returns the log reopened. When the
-// write fails the old file stays and is reopened; when closing lf fails,
-// lf is returned as it is; nil when reopening fails.
-func (s *Store) rewriteLog(lf *logFile, path string, image []byte) (*logFile, error) {
-	if err := lf.close(); err != nil {
-		return lf, err
-	}
-	if err := durable.WriteFile(path, image); err != nil {
-		s.opts.Logger.Warn("memory: compact log", "file", filepath.Base(path), "err", err)
-	}
-	nl, _, err := s.openLog(path, func([]byte) {})
-	return nl, err
 }
 
 func encodePoolRecord(dst []byte, r *poolRecord) ([]byte, error) {
@@ -346,11 +330,11 @@ func (s *Store) writePoolLocked(p *pool, r *poolRecord) error {
 		}
 	}
 	if p.log == nil {
-		if p.log, err = s.createLog(p.path, appendRecord(nil, meta)); err != nil {
+		if p.log, err = s.j.Create(p.path, appendRecord(nil, meta)); err != nil {
 			return err
 		}
 	}
-	if err := p.log.append(framed); err != nil {
+	if err := p.log.Append(framed); err != nil {
 		return err
 	}
 	p.records++
@@ -369,7 +353,7 @@ func (s *Store) closePools() error {
 			sub.endLocked(false)
 		}
 		if p.log != nil {
-			errs = append(errs, p.log.close())
+			errs = append(errs, p.log.Close())
 			p.log = nil
 		}
 		p.mu.Unlock()
@@ -577,32 +561,4 @@ func (s *Store) syncPoolShared(p *pool) error {
 	ctx, cancel := context.WithTimeout(s.ctx, s.opts.SharedLogTimeout)
 	defer cancel()
 	return s.syncPoolLocked(ctx, p)
-}
-
-// settleLog finishes opening a pool or review log (what names it in
-// messages): it counts and reports what was repaired, and deals with the
-// two cases that leave nothing to use, closing lf: a log of another scope
-// (foreign) is quarantined, a log with no intact record (a creation never
-// acknowledged) removed. It reports whether lf is to be used, and the
-// error of a quarantine or removal that failed.
-func (s *Store) settleLog(lf *logFile, rep durable.Recovery, rejected int, foreign bool, path, what string) (bool, error) {
-	if rep.Repaired() || rejected > 0 {
-		s.stats.quarantined.Add(1)
-		s.stats.recordsLost.Add(int64(rep.Damaged + rejected))
-		s.opts.Logger.Warn("memory: repaired a damaged "+what+" log", "file", filepath.Base(path),
-			"records", rep.Records, "damaged", rep.Damaged, "rejected", rejected, "tail_bytes", rep.TailBytes,
-			"bad_magic", rep.BadMagic, "saved", rep.Quarantined)
-	}
-	switch {
-	case foreign:
-		lf.close()
-		if _, err := durable.Quarantine(path, s.quarantine, s.opts.Clock.Now()); err != nil {
-			return false, fmt.Errorf("memory: quarantine foreign %s log: %w", what, err)
-		}
-		return false, nil
-	case rep.Records == 0:
-		lf.close()
-		return false, os.Remove(path)
-	}
-	return true, nil
 }

@@ -4,6 +4,8 @@ import (
 	"container/list"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 )
 
 // What the Store keeps in memory (issue 22). Sessions and user indexes
@@ -198,13 +200,13 @@ func (s *Store) idleLocked(sess *session, saved bool) bool {
 // down to 7/8 of the bound, without waiting for any lock (a busy one is
 // skipped; the worker's trim finishes the job). Called with s.mu held; the
 // caller closes the logs it returns once it let go of s.mu.
-func (s *Store) shrinkSessionsLocked(keep *session) []*logFile {
+func (s *Store) shrinkSessionsLocked(keep *session) []*journal.Log {
 	over := s.res.sessions.Len() - s.opts.MaxLoadedSessions
 	if over <= 0 {
 		return nil
 	}
 	over += s.opts.MaxLoadedSessions / 8
-	var logs []*logFile
+	var logs []*journal.Log
 	tries := 0
 	for e := s.res.sessions.Back(); e != nil && over > 0 && tries < 4*over+64; tries++ {
 		prev := e.Prev()
@@ -230,9 +232,9 @@ func (s *Store) shrinkSessionsLocked(keep *session) []*logFile {
 }
 
 // closeLogs closes the logs of sessions that left memory.
-func (s *Store) closeLogs(logs []*logFile) {
+func (s *Store) closeLogs(logs []*journal.Log) {
 	for _, l := range logs {
-		if err := l.close(); err != nil {
+		if err := l.Close(); err != nil {
 			s.opts.Logger.Warn("memory: close idle session log", "err", err)
 		}
 	}
@@ -359,7 +361,7 @@ func (s *Store) unloadSession(sess *session) bool {
 	sess.mu.Unlock()
 	s.res.sessionsUnloaded.Add(1)
 	if l != nil {
-		s.closeLogs([]*logFile{l})
+		s.closeLogs([]*journal.Log{l})
 	}
 	return true
 }

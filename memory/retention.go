@@ -159,7 +159,7 @@ func (s *Store) scanDir(now time.Time) (sessions []sessionFile, other int64, qua
 			break // closing: the next start sweeps again
 		}
 		dir := filepath.Join(root, td.Name())
-		if td.Name() == filepath.Base(s.quarantine) {
+		if td.Name() == filepath.Base(s.j.Quarantine()) {
 			files, _ := os.ReadDir(dir)
 			for _, f := range files {
 				if fi, err := f.Info(); err == nil && fi.Mode().IsRegular() {

@@ -9,6 +9,8 @@ import (
 	"io/fs"
 	"path/filepath"
 	"sync"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 )
 
 // reviewLog is one tenant and user's decisions log.
@@ -18,9 +20,9 @@ type reviewLog struct {
 
 	// mu protects the fields below.
 	mu      sync.Mutex
-	log     *logFile // nil until the first decision is written
-	entries []Review // oldest first, at most Reviewer.LogSize
-	records int      // decision records in the file
+	log     *journal.Log // nil until the first decision is written
+	entries []Review     // oldest first, at most Reviewer.LogSize
+	records int          // decision records in the file
 	closed  bool
 }
 
@@ -55,7 +57,7 @@ func (s *Store) loadReviewLog(l *reviewLog) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	first, foreign, rejected := true, false, 0
-	lf, rep, err := s.openLog(l.path, func(b []byte) {
+	lf, rep, err := s.j.Open(l.path, func(b []byte) {
 		isFirst := first
 		first = false
 		var r reviewRecord
@@ -79,7 +81,7 @@ func (s *Store) loadReviewLog(l *reviewLog) error {
 	if err != nil {
 		return err
 	}
-	if use, err := s.settleLog(lf, rep, rejected, foreign, l.path, "review"); !use {
+	if use, err := s.j.Settle(lf, rep, rejected, foreign, l.path, "review"); !use {
 		l.entries, l.records = nil, 0
 		return err
 	}
@@ -131,11 +133,11 @@ func (s *Store) writeReview(l *reviewLog, rev Review) error {
 		if err != nil {
 			return err
 		}
-		if l.log, err = s.createLog(l.path, appendRecord(nil, meta)); err != nil {
+		if l.log, err = s.j.Create(l.path, appendRecord(nil, meta)); err != nil {
 			return err
 		}
 	}
-	if err := l.log.append(appendRecord(nil, b)); err != nil {
+	if err := l.log.Append(appendRecord(nil, b)); err != nil {
 		return err
 	}
 	l.add(rev, s.opts.Reviewer.LogSize)
@@ -153,7 +155,7 @@ func (s *Store) compactReviewLogLocked(l *reviewLog) error {
 	if err != nil {
 		return err
 	}
-	image := appendRecord(append([]byte(nil), logMagic...), meta)
+	image := journal.Image(meta)
 	for i := range l.entries {
 		b, err := json.Marshal(&reviewRecord{K: "review", Review: &l.entries[i]})
 		if err != nil {
@@ -161,7 +163,7 @@ func (s *Store) compactReviewLogLocked(l *reviewLog) error {
 		}
 		image = appendRecord(image, b)
 	}
-	nl, err := s.rewriteLog(l.log, l.path, image)
+	nl, err := s.j.Rewrite(l.log, l.path, image)
 	l.log = nl
 	if err != nil {
 		return err
@@ -208,7 +210,7 @@ func (s *Store) closeReviewLogs() error {
 		l.mu.Lock()
 		l.closed = true
 		if l.log != nil {
-			errs = append(errs, l.log.close())
+			errs = append(errs, l.log.Close())
 			l.log = nil
 		}
 		l.mu.Unlock()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 )
 
 // entry is one stored message.
@@ -162,9 +163,9 @@ type session struct {
 
 	// mu protects the fields below.
 	mu          sync.Mutex
-	log         *logFile // nil until the first append
-	exists      bool     // has a log on disk
-	user        string   // the user scope (the meta record's; "" is the tenant's default user)
+	log         *journal.Log // nil until the first append
+	exists      bool         // has a log on disk
+	user        string       // the user scope (the meta record's; "" is the tenant's default user)
 	nextSeq     uint64
 	sys         []*entry
 	hist        []*entry

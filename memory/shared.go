@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/internal/durable"
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 )
 
 // SharedLog is a record store the replicas of a fleet share (package fleet
@@ -196,7 +197,7 @@ func (s *Store) applySharedLocked(sess *session, payloads [][]byte) error {
 	if len(framed) == 0 {
 		return nil
 	}
-	return sess.log.append(framed)
+	return sess.log.Append(framed)
 }
 
 // rebuildLocked replaces the session's local log and state with payloads
@@ -208,13 +209,10 @@ func (s *Store) rebuildLocked(sess *session, payloads [][]byte) error {
 		return fmt.Errorf("memory: shared log of %q does not start with its meta record: %w", sess.id, errCorrupt)
 	}
 	if sess.log != nil {
-		sess.log.close()
+		sess.log.Close()
 		sess.log = nil
 	}
-	image := append([]byte(nil), logMagic...)
-	for _, p := range payloads {
-		image = appendRecord(image, p)
-	}
+	image := journal.Image(payloads...)
 	if err := durable.MkdirAll(filepath.Dir(sess.path), 0o755); err != nil {
 		return err
 	}
@@ -239,7 +237,7 @@ func (s *Store) rebuildLocked(sess *session, payloads [][]byte) error {
 		}
 		_ = sess.apply(&r, nil, s.tok)
 	}
-	lf, _, err := s.openLog(sess.path, func([]byte) {})
+	lf, _, err := s.j.Open(sess.path, func([]byte) {})
 	if err != nil {
 		return err
 	}
@@ -254,12 +252,10 @@ func (s *Store) uploadLocked(ctx context.Context, sess *session) error {
 		sess.setShared(0, nil)
 		return nil
 	}
-	var payloads [][]byte
-	lf, _, err := s.openLog(sess.path, func(p []byte) { payloads = append(payloads, append([]byte(nil), p...)) })
+	payloads, err := s.j.Records(sess.path)
 	if err != nil {
 		return err
 	}
-	lf.Close(false)
 	n, err := s.opts.SharedLog.Append(ctx, sess.tenant, sess.id, 0, payloads)
 	if err != nil {
 		return fmt.Errorf("memory: upload to the shared log: %w", err)
@@ -338,7 +334,7 @@ func (s *Store) syncPoolLocked(ctx context.Context, p *pool) error {
 			framed = appendRecord(framed, b)
 		}
 		if len(framed) > 0 {
-			if err := p.log.append(framed); err != nil {
+			if err := p.log.Append(framed); err != nil {
 				return err
 			}
 		}
@@ -348,11 +344,10 @@ func (s *Store) syncPoolLocked(ctx context.Context, p *pool) error {
 	case n == 0 || p.sharedN > n:
 		var payloads [][]byte
 		if p.log != nil {
-			lf, _, err := s.openLog(p.path, func(b []byte) { payloads = append(payloads, append([]byte(nil), b...)) })
-			if err != nil {
+			var err error
+			if payloads, err = s.j.Records(p.path); err != nil {
 				return err
 			}
-			lf.Close(false)
 		}
 		if len(payloads) == 0 {
 			p.sharedN = 0
@@ -374,7 +369,7 @@ func (s *Store) syncPoolLocked(ctx context.Context, p *pool) error {
 		p.rev, p.records = 0, 0
 		clear(p.views)
 		p.resetSubsLocked() // what changed is not known event by event
-		image := append([]byte(nil), logMagic...)
+		image := journal.Image()
 		for _, b := range all {
 			var r poolRecord
 			if json.Unmarshal(b, &r) != nil {
@@ -387,7 +382,7 @@ func (s *Store) syncPoolLocked(ctx context.Context, p *pool) error {
 			image = appendRecord(image, b)
 		}
 		if p.log != nil {
-			p.log.close()
+			p.log.Close()
 			p.log = nil
 		}
 		if err := durable.MkdirAll(filepath.Dir(p.path), 0o755); err != nil {
@@ -396,7 +391,7 @@ func (s *Store) syncPoolLocked(ctx context.Context, p *pool) error {
 		if err := durable.WriteFile(p.path, image); err != nil {
 			return fmt.Errorf("memory: rebuild the pool from the shared log: %w", err)
 		}
-		lf, _, err := s.openLog(p.path, func([]byte) {})
+		lf, _, err := s.j.Open(p.path, func([]byte) {})
 		if err != nil {
 			return err
 		}

@@ -21,6 +21,7 @@ package memory
 // anything, so a section that does not replay cleanly is refused whole.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,6 +32,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/internal/durable"
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 )
 
 // ErrExists: an import names a session that already exists. Nothing was
@@ -213,7 +215,7 @@ func (s *Store) ExportSession(ctx context.Context, tenant, sessionID, user strin
 	}
 	s.persistLocked(sess, s.opts.Clock.Now())
 	if sess.log != nil {
-		if err := sess.log.sync(); err != nil {
+		if err := sess.log.Sync(); err != nil {
 			return nil, SnapshotInfo{}, err
 		}
 	}
@@ -221,7 +223,7 @@ func (s *Store) ExportSession(ctx context.Context, tenant, sessionID, user strin
 	if err != nil {
 		return nil, SnapshotInfo{}, fmt.Errorf("memory: export: read log: %w", err)
 	}
-	if len(data) < len(logMagic) || string(data[:len(logMagic)]) != string(logMagic) {
+	if !bytes.HasPrefix(data, journal.Magic) {
 		return nil, SnapshotInfo{}, fmt.Errorf("memory: export: log of %q: %w", sessionID, errCorrupt)
 	}
 	hdr, err := json.Marshal(&snapHeader{K: "hctx", V: snapshotVersion, Session: sess.id, User: sess.user, Model: sess.lastModel, WM: sess.wm.snapshot()})
@@ -233,7 +235,7 @@ func (s *Store) ExportSession(ctx context.Context, tenant, sessionID, user strin
 	// records that apply: the importer refuses any that does not.
 	scratch := newSession(s.opts.Dir, sess.tenant, sess.id)
 	first, n := true, 1
-	durable.ScanRecords(data[len(logMagic):], s.opts.MaxRecordBytes, func(_ int, p []byte) {
+	durable.ScanRecords(data[len(journal.Magic):], s.opts.MaxRecordBytes, func(_ int, p []byte) {
 		var r record
 		if json.Unmarshal(p, &r) != nil || (r.K == "meta") != first {
 			return // only the first record is the meta record (load's rule)

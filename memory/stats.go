@@ -6,14 +6,14 @@ import (
 )
 
 type storeStats struct {
-	prepares, appended, appendBytes, evicted    atomic.Int64
-	summaries, summaryErrors, queueFull         atomic.Int64
-	quarantined, writeErrors, completes, orphan atomic.Int64
-	recordsLost, repliesCut, undone             atomic.Int64
-	userMismatch, asSent                        atomic.Int64
-	sessionsExpired, sessionsEvicted            atomic.Int64
-	quarantineRemoved, sharedTrims              atomic.Int64
-	diskBytes, sharedBytes                      atomic.Int64
+	prepares, appended, appendBytes, evicted atomic.Int64
+	summaries, summaryErrors, queueFull      atomic.Int64
+	writeErrors, completes, orphan           atomic.Int64
+	repliesCut, undone                       atomic.Int64
+	userMismatch, asSent                     atomic.Int64
+	sessionsExpired, sessionsEvicted         atomic.Int64
+	quarantineRemoved, sharedTrims           atomic.Int64
+	diskBytes, sharedBytes                   atomic.Int64
 
 	fullRecalls, probeReuses, recallByWords  atomic.Int64
 	indexRebuilds, indexErrors, indexSaves   atomic.Int64
@@ -154,8 +154,8 @@ func (s *Store) Stats() Stats {
 		Prepares: st.prepares.Load(), Appended: st.appended.Load(),
 		AppendBytes: st.appendBytes.Load(), Evicted: st.evicted.Load(), Completes: st.completes.Load(),
 		Orphans: st.orphan.Load(), Summaries: st.summaries.Load(), SummaryErrors: st.summaryErrors.Load(),
-		QueueFull: st.queueFull.Load(), Quarantined: st.quarantined.Load(), WriteErrors: st.writeErrors.Load(),
-		RecordsLost: st.recordsLost.Load(), RepliesCut: st.repliesCut.Load(), Undone: st.undone.Load(), UserMismatch: st.userMismatch.Load(), AsSent: st.asSent.Load(),
+		QueueFull: st.queueFull.Load(), Quarantined: s.j.Stats().Quarantined, WriteErrors: st.writeErrors.Load(),
+		RecordsLost: s.j.Stats().RecordsLost, RepliesCut: st.repliesCut.Load(), Undone: st.undone.Load(), UserMismatch: st.userMismatch.Load(), AsSent: st.asSent.Load(),
 		DiskBytes: st.diskBytes.Load(), SharedDiskBytes: st.sharedBytes.Load(), MaxDiskBytes: s.opts.Storage.MaxDiskBytes,
 		SessionsExpired: st.sessionsExpired.Load(), SessionsEvicted: st.sessionsEvicted.Load(),
 		QuarantineRemoved: st.quarantineRemoved.Load(), SharedTrims: st.sharedTrims.Load(),

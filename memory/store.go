@@ -15,16 +15,17 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/internal/durable"
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 )
 
 // Store owns the sessions under Options.Dir, the token counter, and the
 // background worker. Open it once; Close it after the last request.
 // Safe for concurrent use.
 type Store struct {
-	opts       Options
-	tok        *Tokenizer
-	quarantine string
-	files      *durable.Files // bounds the log files held open
+	opts  Options
+	tok   *Tokenizer
+	j     *journal.Journal // the logs' files and format (memory/internal/journal)
+	files *durable.Files   // bounds the log files held open
 
 	// mu protects the fields below.
 	mu       sync.Mutex
@@ -93,21 +94,24 @@ func Open(opts Options) (*Store, error) {
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("memory: create %s: %w", opts.Dir, err)
 	}
+	files := durable.NewFiles(opts.Storage.MaxOpenFiles)
 	s := &Store{
-		opts:       opts,
-		tok:        NewTokenizer(opts.Window.TokenCacheEntries),
-		quarantine: filepath.Join(opts.Dir, "quarantine"),
-		files:      durable.NewFiles(opts.Storage.MaxOpenFiles),
-		sessions:   map[string]*session{},
-		queue:      make(chan *session, opts.QueueSize),
-		trimC:      make(chan struct{}, 1),
-		stop:       make(chan struct{}),
-		sumSem:     make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries)),
-		ixOpts:     opts.Recall.Index,
-		extractQ:   make(chan *extractJob, max(1, opts.Extraction.Queue)),
-		pools:      map[string]*pool{},
-		users:      map[string]*userMem{},
-		writer:     newWriterID(),
+		opts:  opts,
+		tok:   NewTokenizer(opts.Window.TokenCacheEntries),
+		files: files,
+		j: journal.New(journal.Options{MaxRecord: opts.MaxRecordBytes, Quarantine: filepath.Join(opts.Dir, "quarantine"),
+			Files: files, SyncAppends: opts.Fsync == FsyncAlways, NoSync: opts.Fsync == FsyncNever,
+			Now: opts.Clock.Now, Logger: opts.Logger}),
+		sessions: map[string]*session{},
+		queue:    make(chan *session, opts.QueueSize),
+		trimC:    make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		sumSem:   make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries)),
+		ixOpts:   opts.Recall.Index,
+		extractQ: make(chan *extractJob, max(1, opts.Extraction.Queue)),
+		pools:    map[string]*pool{},
+		users:    map[string]*userMem{},
+		writer:   newWriterID(),
 	}
 	_, s.localEmbedder = opts.Recall.Index.Embedder.(*index.HashEmbedder)
 	enc := CL100K
@@ -205,7 +209,7 @@ func (s *Store) Shutdown(ctx context.Context) error {
 			continue
 		}
 		if sess.log != nil {
-			errs = append(errs, sess.log.close())
+			errs = append(errs, sess.log.Close())
 			sess.log = nil
 		}
 		sess.gone.Store(true)
@@ -309,7 +313,7 @@ func (s *Store) session(tenant, id string, create bool) (*session, error) {
 	}
 	sess := s.sessions[key]
 	added := sess == nil || sess.gone.Load()
-	var idled []*logFile
+	var idled []*journal.Log
 	if added {
 		if sess != nil {
 			s.dropSessionLocked(sess)
@@ -398,7 +402,7 @@ func (s *Store) load(sess *session) error {
 		foreign  bool
 		rejected int
 	)
-	lf, rep, err := s.openLog(sess.path, func(p []byte) {
+	lf, rep, err := s.j.Open(sess.path, func(p []byte) {
 		if foreign {
 			return
 		}
@@ -424,31 +428,25 @@ func (s *Store) load(sess *session) error {
 	if err != nil {
 		return err
 	}
-	if rep.Repaired() || rejected > 0 {
-		s.stats.quarantined.Add(1)
-		s.stats.recordsLost.Add(int64(rep.Damaged + rejected))
-		s.opts.Logger.Warn("memory: repaired a damaged session log", "file", filepath.Base(sess.path),
-			"records", rep.Records, "damaged", rep.Damaged, "damaged_bytes", rep.DamagedBytes, "rejected", rejected,
-			"tail_bytes", rep.TailBytes, "bad_magic", rep.BadMagic, "saved", rep.Quarantined)
-	}
+	s.j.NoteRepair(rep, rejected, sess.path, "session")
 	switch {
 	case foreign:
 		// Not this session's log (a misplaced or forged file): keep it in
 		// quarantine and start afresh.
-		lf.close()
+		lf.Close()
 		sess.reset()
 		sess.created = time.Time{}
-		dst, err := durable.Quarantine(sess.path, s.quarantine, s.opts.Clock.Now())
+		dst, err := durable.Quarantine(sess.path, s.j.Quarantine(), s.opts.Clock.Now())
 		if err != nil {
 			return fmt.Errorf("memory: quarantine foreign log: %w", err)
 		}
-		s.stats.quarantined.Add(1)
+		s.j.CountQuarantined()
 		s.opts.Logger.Warn("memory: session log belongs to another session; quarantined", "saved", dst)
 		return s.removeIndexFile(sess)
 	case sess.created.IsZero() && rep.Records == 0:
 		// Nothing but the magic: a creation never acknowledged, or a log
 		// whose every record was damaged.
-		lf.close()
+		lf.Close()
 		if err := os.Remove(sess.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("memory: remove empty log: %w", err)
 		}
@@ -457,7 +455,7 @@ func (s *Store) load(sess *session) error {
 	case sess.created.IsZero():
 		// The meta record was damaged, the rest salvaged: write a new one
 		// first so the next open finds the log whole.
-		lf.close()
+		lf.Close()
 		if lf, err = s.rewriteMeta(sess); err != nil {
 			return err
 		}
@@ -474,22 +472,21 @@ func (s *Store) load(sess *session) error {
 
 // rewriteMeta rewrites the session's log with a new meta record before its
 // records (atomically) and reopens it. Called with sess.mu held.
-func (s *Store) rewriteMeta(sess *session) (*logFile, error) {
+func (s *Store) rewriteMeta(sess *session) (*journal.Log, error) {
 	now := s.opts.Clock.Now()
 	meta, err := json.Marshal(&record{K: "meta", V: logVersion, Tenant: sess.tenant, Session: sess.id, T: now.UnixNano()})
 	if err != nil {
 		return nil, fmt.Errorf("memory: encode meta: %w", err)
 	}
 	data, err := os.ReadFile(sess.path)
-	if err != nil || !bytes.HasPrefix(data, logMagic) {
+	if err != nil || !bytes.HasPrefix(data, journal.Magic) {
 		return nil, fmt.Errorf("memory: reread repaired log: %w", errors.Join(err, errCorrupt))
 	}
-	image := appendRecord(append([]byte(nil), logMagic...), meta)
-	image = append(image, data[len(logMagic):]...)
+	image := append(journal.Image(meta), data[len(journal.Magic):]...)
 	if err := durable.WriteFile(sess.path, image); err != nil {
 		return nil, fmt.Errorf("memory: rewrite meta: %w", err)
 	}
-	lf, _, err := s.openLog(sess.path, func([]byte) {})
+	lf, _, err := s.j.Open(sess.path, func([]byte) {})
 	if err != nil {
 		return nil, err
 	}
@@ -554,13 +551,13 @@ func (s *Store) writeLocked(sess *session, framed []byte, now time.Time) error {
 				return err
 			}
 		}
-		lf, err := s.createLog(sess.path, appendRecord(nil, meta))
+		lf, err := s.j.Create(sess.path, appendRecord(nil, meta))
 		if err != nil {
 			return err
 		}
 		sess.log, sess.exists, sess.created = lf, true, now
 	}
-	return sess.log.append(framed)
+	return sess.log.Append(framed)
 }
 
 // waitPending waits (bounded by PendingWait and ctx) for the session's open

@@ -474,7 +474,7 @@ func (s *Store) DeleteTriple(tenant, user, id string) error {
 	h8 = h8[:8]
 	paths, _ := filepath.Glob(filepath.Join(tenantDir(s.opts.Dir, tenant), h8[:2], h8+"*.log"))
 	for _, p := range paths {
-		meta, err := readLogMeta(p, s.opts.MaxRecordBytes)
+		meta, err := readLogMeta(s.j, p)
 		if err != nil || meta.K != "meta" || meta.Tenant != tenant || meta.User != user || meta.Session == "" {
 			continue
 		}

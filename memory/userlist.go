@@ -372,7 +372,7 @@ func (s *Store) forEachLogMeta(tdir string, fn func(meta record)) {
 			if !strings.HasSuffix(f.Name(), ".log") {
 				continue
 			}
-			meta, err := readLogMeta(filepath.Join(dir, f.Name()), s.opts.MaxRecordBytes)
+			meta, err := readLogMeta(s.j, filepath.Join(dir, f.Name()))
 			if err == nil && meta.K == "meta" && meta.Session != "" {
 				fn(meta)
 			}

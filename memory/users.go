@@ -1,13 +1,11 @@
 package memory
 
 import (
-	"bytes"
 	"container/list"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -17,7 +15,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
-	"github.com/kvsidecar/kvsidecar/internal/durable"
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 )
 
 // User memory. A user is a scope inside a tenant (TurnRequest.UserID; the
@@ -339,37 +337,13 @@ func (s *Store) loadUser(um *userMem) {
 	}
 }
 
-// readLogMeta reads a log's first record (its meta record) without opening
-// the log for writing: the first intact record of the file's head.
-func readLogMeta(path string, maxPayload int) (record, error) {
+// readLogMeta reads a log's meta record (its first) without opening the
+// log for writing (journal.ReadFirst).
+func readLogMeta(j *journal.Journal, path string) (record, error) {
 	var rec record
-	f, err := os.Open(path)
+	first, err := j.ReadFirst(path)
 	if err != nil {
 		return rec, err
-	}
-	defer f.Close()
-	head, err := io.ReadAll(io.LimitReader(f, int64(len(logMagic)+min(maxPayload, 1<<16)+durable.RecordHeaderSize)))
-	if err != nil {
-		return rec, err
-	}
-	if len(head) < len(logMagic) {
-		return rec, errCorrupt
-	}
-	var first []byte
-	switch magic, body := head[:len(logMagic)], head[len(logMagic):]; {
-	case bytes.Equal(magic, logMagic):
-		durable.ScanRecords(body, maxPayload, func(_ int, p []byte) {
-			if first == nil {
-				first = p
-			}
-		})
-	case bytes.Equal(magic, legacyMagic):
-		if ps, _ := legacyRecords(body, maxPayload); len(ps) > 0 {
-			first = ps[0]
-		}
-	}
-	if first == nil {
-		return rec, errCorrupt
 	}
 	err = json.Unmarshal(first, &rec)
 	return rec, err

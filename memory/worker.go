@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 )
 
 // enqueue asks the worker to sync the session. It never blocks: a session
@@ -69,7 +71,7 @@ func (s *Store) worker() {
 // syncLogs fsyncs every dirty log (FsyncInterval).
 func (s *Store) syncLogs() {
 	s.mu.Lock()
-	logs := make([]*logFile, 0, len(s.sessions))
+	logs := make([]*journal.Log, 0, len(s.sessions))
 	for _, sess := range s.sessions {
 		if sess.mu.TryLock() {
 			if sess.log != nil {
@@ -80,7 +82,7 @@ func (s *Store) syncLogs() {
 	}
 	s.mu.Unlock()
 	for _, l := range logs {
-		if err := l.sync(); err != nil {
+		if err := l.Sync(); err != nil {
 			s.stats.writeErrors.Add(1)
 			s.opts.Logger.Warn("memory: interval fsync", "err", err)
 		}
