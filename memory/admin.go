@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // Accessors for the operator's console (proxy's admin API): listing what
@@ -184,7 +186,7 @@ type MemoryEdit struct {
 func (s *Store) UpdateMemory(tenant, sessionID, unitID string, e MemoryEdit) (Unit, error) {
 	var text string
 	if e.Text != nil {
-		if text = sanitizeText(*e.Text, maxMemoryBytes); text == "" {
+		if text = sanitize.Text(*e.Text, maxMemoryBytes); text == "" {
 			return Unit{}, fmt.Errorf("%w: empty memory text", ErrInvalid)
 		}
 	}

@@ -10,6 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // Block layout. A block's text is assembled from stored strings in a fixed
@@ -56,7 +59,7 @@ func summarySegment(u *Unit) string { return "- " + strings.TrimSpace(u.Content)
 // (system and core) memories by id, then the newest summaries that fit
 // Window.StableMaxTokens, oldest first, then, for a request that named a
 // pool prefix, the pool's entries under it, newest first, within
-// Pool.ContextTokens (poolevents.go). Unless refresh, the session's block
+// Pool.ContextTokens (package pool's views). Unless refresh, the session's block
 // of the previous window is kept while everything it was made of is
 // unchanged, so the prompt's start stays byte-identical until history next
 // leaves the window (new summaries wait for that) or the pool under the
@@ -72,10 +75,10 @@ func (s *Store) stableBlock(sess *session, p windowParams, refresh bool) cachedB
 	var pool []string
 	if p.pool != nil && s.opts.Pool.ContextTokens > 0 {
 		left := s.opts.Pool.ContextTokens - tk.Count(p.enc, poolBlockHeader)
-		for _, it := range p.pool.items {
-			if c := tk.Count(p.enc, it.seg); c <= left {
+		for _, it := range p.pool.Items {
+			if c := tk.Count(p.enc, it.Seg); c <= left {
 				left -= c
-				pool = append(pool, it.seg)
+				pool = append(pool, it.Seg)
 			}
 		}
 	}
@@ -140,7 +143,7 @@ func (s *Store) stableBlock(sess *session, p windowParams, refresh bool) cachedB
 // stableFingerprint hashes every pinned memory of the session and the
 // summaries shown, ids and current text ("" once deleted), and the pool
 // view (its entries' keys and versions).
-func stableFingerprint(sess *session, sums []*Unit, pool *poolView) uint64 {
+func stableFingerprint(sess *session, sums []*Unit, pv *pool.View) uint64 {
 	var h maphash.Hash
 	h.SetSeed(keySeed)
 	for _, u := range sess.pinned {
@@ -159,8 +162,8 @@ func stableFingerprint(sess *session, sums []*Unit, pool *poolView) uint64 {
 		h.WriteByte(0)
 	}
 	h.WriteByte(2)
-	if pool != nil {
-		h.WriteString(strconv.FormatUint(pool.fp, 16))
+	if pv != nil {
+		h.WriteString(strconv.FormatUint(pv.FP, 16))
 	}
 	return h.Sum64()
 }
@@ -196,7 +199,7 @@ func (it *recallItem) segment() string {
 	if it.role != "" || it.cross {
 		b.WriteString(": ")
 	}
-	b.WriteString(strings.TrimSpace(truncateRunes(it.text, maxRecalledText)))
+	b.WriteString(strings.TrimSpace(sanitize.Truncate(it.text, maxRecalledText)))
 	b.WriteByte('\n')
 	return b.String()
 }

@@ -6,6 +6,9 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/memerr"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // Category is the decay class of a memory unit.
@@ -64,14 +67,7 @@ var ErrBoostLimited = errors.New("memory: boost limited")
 
 // ErrMemoryNotFound: no memory unit with that id in the session. It also
 // matches ErrNotFound.
-var ErrMemoryNotFound error = &notFoundError{"memory: memory unit not found"}
-
-// notFoundError is a sentinel that also matches ErrNotFound, so callers
-// mapping ErrNotFound to 404 need no new case.
-type notFoundError struct{ msg string }
-
-func (e *notFoundError) Error() string        { return e.msg }
-func (e *notFoundError) Is(target error) bool { return target == ErrNotFound }
+var ErrMemoryNotFound = memerr.NotFound("memory: memory unit not found")
 
 // decays reports whether the category decays.
 func (c Category) decays() bool { return c == CategoryFact || c == CategoryEpisode }
@@ -231,7 +227,7 @@ func (s *Store) AddMemory(tenant, sessionID string, c Category, text string, imp
 	if _, err := ParseCategory(string(c)); err != nil {
 		return Unit{}, err
 	}
-	text = sanitizeText(text, maxMemoryBytes)
+	text = sanitize.Text(text, maxMemoryBytes)
 	if text == "" {
 		return Unit{}, fmt.Errorf("%w: empty memory text", ErrInvalid)
 	}

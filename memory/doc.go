@@ -153,11 +153,12 @@
 //     (Unit.Merged); refused clusters are remembered ("l4" records).
 //     Without embeddings (Recall.IndexDisabled) the most important facts
 //     are kept.
-//   - The shared pool (pool.go): per-tenant keyed entries with versions,
+//   - The shared pool (package memory/internal/pool, served through
+//     pool.go): per-tenant keyed entries with versions,
 //     creator and updater sessions, metadata, conditional writes
 //     (ErrConflict), prefix listing, in one framed and checksummed log per
 //     tenant, compacted on open. Its writes and deletes are published to
-//     bounded subscribers (PoolSubscribe, poolevents.go; a slow one is
+//     bounded subscribers (PoolSubscribe; a slow one is
 //     ended as lagged, a reconnecting one replayed from the newest
 //     events), and a request that names a prefix
 //     (TurnRequest.PoolPrefix) gets the entries under it, newest first,

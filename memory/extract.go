@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // ExtractRequest is one extraction call: its prompt and the session it is
@@ -201,7 +203,7 @@ func (s *Store) factJobLocked(sess *session) *extractJob {
 	}
 	for _, u := range facts {
 		known[u.ID] = true
-		fmt.Fprintf(&b, "[%s] %s", u.ID, sanitizeText(u.Content, maxFactBytes))
+		fmt.Fprintf(&b, "[%s] %s", u.ID, sanitize.Text(u.Content, maxFactBytes))
 		if u.Review != "" {
 			fmt.Fprintf(&b, " (review: %s)", u.Review)
 		}
@@ -224,7 +226,7 @@ func writeMessages(b *strings.Builder, es []*entry) {
 	for _, e := range es {
 		b.WriteString(e.msg.Role)
 		b.WriteString(": ")
-		b.WriteString(sanitizeText(e.text(), maxPromptMsgBytes))
+		b.WriteString(sanitize.Text(e.text(), maxPromptMsgBytes))
 		b.WriteByte('\n')
 	}
 }
@@ -291,7 +293,7 @@ func (s *Store) runExtract(job *extractJob) {
 
 func (s *Store) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
 	sess := job.sess
-	text := sanitizeText(out, maxEpisodeBytes)
+	text := sanitize.Text(out, maxEpisodeBytes)
 	if strings.EqualFold(strings.TrimSpace(text), "[SKIP]") {
 		// The model found nothing worth keeping: the messages are covered.
 		sess.episodeSeq = max(sess.episodeSeq, job.to)

@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/viterin/vek/vek32"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // L4 compression (the Loom memory design's L4Compressor, with its fidelity
@@ -631,7 +633,7 @@ func l4Prompt(part []*l4Fact) string {
 	var b strings.Builder
 	b.WriteString("You keep an assistant's long-term memory about a user compact. These facts overlap:\n\n")
 	for _, f := range part {
-		fmt.Fprintf(&b, "[%s] %s\n", f.id, sanitizeText(f.content, maxFactBytes))
+		fmt.Fprintf(&b, "[%s] %s\n", f.id, sanitize.Text(f.content, maxFactBytes))
 	}
 	fmt.Fprintf(&b, "\nMerge them into ONE standalone fact, in the language they are written in, that keeps every name, "+
 		"number, identifier, date and detail they state (at most %d bytes). Answer with exactly one line, nothing else:\n"+
@@ -669,7 +671,7 @@ func parseL4Merge(out string) (text string, skip bool, err error) {
 	}
 	rest, ok := strings.CutPrefix(line, "[MERGE]")
 	if !ok {
-		return bad("does not start with [MERGE] or [SKIP]: %q", truncateRunes(line, 80))
+		return bad("does not start with [MERGE] or [SKIP]: %q", sanitize.Truncate(line, 80))
 	}
 	if rest == "" || rest[0] != ' ' {
 		return bad("[MERGE] needs a space and a text")

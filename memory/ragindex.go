@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // The RAG index is per session: memory units belong to sessions, so a
@@ -40,7 +41,7 @@ func (sess *session) docText(u *Unit) string {
 			text += "\n" + prev
 		}
 	}
-	return truncateRunes(text, maxDocBytes)
+	return sanitize.Truncate(text, maxDocBytes)
 }
 
 // prevMessageText is the text of the history message before seq.

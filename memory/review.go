@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // The memory reviewer. A fact whose importance reaches Reviewer.PromoteAt
@@ -278,7 +279,7 @@ func (s *Store) reviewSearch(sess *session, self, keywords string) string {
 		if role == "" {
 			role = "memory"
 		}
-		fmt.Fprintf(&b, "- %s: %s\n", role, sanitizeText(it.text, maxReviewShownBytes))
+		fmt.Fprintf(&b, "- %s: %s\n", role, sanitize.Text(it.text, maxReviewShownBytes))
 	}
 	if b.Len() == 0 {
 		return "(nothing)\n"
@@ -316,7 +317,7 @@ func (s *Store) reviewPrompt(task *reviewTask, round int, searches string) strin
 	var b strings.Builder
 	b.WriteString("You review one memory in an assistant's long-term memory about a user.\n\n")
 	fmt.Fprintf(&b, "Memory [%s], importance %.2f, created %s:\n%s\n\n", task.id, task.importance,
-		task.created.UTC().Format(blockTimeLayout), sanitizeText(task.content, maxFactBytes))
+		task.created.UTC().Format(blockTimeLayout), sanitize.Text(task.content, maxFactBytes))
 	if task.trigger == "promote" {
 		b.WriteString("It was confirmed often: decide whether it becomes a core memory, shown to the assistant in every conversation.\n")
 	} else {
@@ -388,7 +389,7 @@ func parseReview(out string) (reviewStep, error) {
 		return bad("more than one line")
 	}
 	if line[0] != '[' {
-		return bad("does not start with a tag: %q", truncateRunes(line, 80))
+		return bad("does not start with a tag: %q", sanitize.Truncate(line, 80))
 	}
 	end := strings.IndexByte(line, ']')
 	if end < 0 {
@@ -414,7 +415,7 @@ func parseReview(out string) (reviewStep, error) {
 	case "DELETE":
 		st.Kind = ReviewDelete
 	default:
-		return bad("unknown tag %q", truncateRunes(tag, 40))
+		return bad("unknown tag %q", sanitize.Truncate(tag, 40))
 	}
 	if rest != "" {
 		if rest[0] != ' ' {
@@ -440,7 +441,7 @@ func reviewText(t string, maxBytes int) error {
 		return errors.New("contains a bracket (a second tag?)")
 	}
 	for _, r := range t {
-		if unsafeRune(r) {
+		if sanitize.Unsafe(r) {
 			return fmt.Errorf("control or format character %U", r)
 		}
 	}

@@ -11,12 +11,13 @@ import (
 	"sync"
 
 	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // reviewLog is one tenant and user's decisions log.
 type reviewLog struct {
 	tenant, user, path string
-	lazyLoad
+	journal.Lazy
 
 	// mu protects the fields below.
 	mu      sync.Mutex
@@ -48,7 +49,7 @@ func (s *Store) reviewLogFor(tenant, user string) (*reviewLog, error) {
 	if closed {
 		return nil, ErrClosed
 	}
-	return loadedIn(&r.mu, &r.logs, reviewScope(tenant, user), func() *reviewLog {
+	return journal.LoadedIn(&r.mu, &r.logs, reviewScope(tenant, user), func() *reviewLog {
 		return &reviewLog{tenant: tenant, user: user, path: reviewLogPath(s.opts.Dir, tenant, user)}
 	}, s.loadReviewLog)
 }
@@ -100,7 +101,7 @@ func (l *reviewLog) add(r Review, max int) {
 // logReview counts a review's outcome and appends it to its scope's log.
 func (s *Store) logReview(sess *session, rev Review) {
 	rev.At = s.opts.Clock.Now().UTC().Round(0) // as the log reads it back
-	rev.Reason = sanitizeText(rev.Reason, maxReviewReason)
+	rev.Reason = sanitize.Text(rev.Reason, maxReviewReason)
 	s.rev.reviews.Add(1)
 	for i, d := range reviewDecisions {
 		if d == rev.Decision {

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 func TestParseReview(t *testing.T) {
@@ -85,7 +87,7 @@ func FuzzParseReview(f *testing.F) {
 				t.Fatalf("unsafe text %q", txt)
 			}
 			for _, r := range txt {
-				if unsafeRune(r) {
+				if sanitize.Unsafe(r) {
 					t.Fatalf("unsafe rune %U in %q", r, txt)
 				}
 			}
@@ -133,7 +135,7 @@ func FuzzParseToolContext(f *testing.F) {
 			t.Fatalf("unsafe context %q", got)
 		}
 		for _, r := range got {
-			if unsafeRune(r) {
+			if sanitize.Unsafe(r) {
 				t.Fatalf("unsafe rune %U in %q", r, got)
 			}
 		}

@@ -12,30 +12,18 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/internal/durable"
 	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
+	"github.com/kvsidecar/kvsidecar/memory/internal/memerr"
 )
 
 // SharedLog is a record store the replicas of a fleet share (package fleet
-// implements it over a Redis/Valkey store). With one, a session's log is
-// kept twice: every record is written to the shared list first, at its
-// position, then to the local log; a replica brings its copy of a session
-// up to date from the shared list (Store.Sync) before a turn, so any
-// replica can serve any session and none forks its history. Units, facts,
-// episodes and access counts are log records too, so they follow.
-type SharedLog interface {
-	// Append writes payloads at positions at, at+1, … of the session's
-	// list and returns the list's length. Records already there with the
-	// same bytes are skipped (a retry is harmless); a position taken by
-	// other bytes, or past the end, fails with an error wrapping
-	// ErrSharedConflict.
-	Append(ctx context.Context, tenant, session string, at int64, payloads [][]byte) (int64, error)
-	// Records returns the session's records from position from on.
-	Records(ctx context.Context, tenant, session string, from int64) ([][]byte, error)
-	// Len returns the length of the session's list (0: none).
-	Len(ctx context.Context, tenant, session string) (int64, error)
-	// Replace replaces the session's list with payloads, atomically (a
-	// deleted session's list becomes one tombstone record).
-	Replace(ctx context.Context, tenant, session string, payloads [][]byte) error
-}
+// implements it over a Redis/Valkey store; package journal defines it).
+// With one, a session's log is kept twice: every record is written to the
+// shared list first, at its position, then to the local log; a replica
+// brings its copy of a session up to date from the shared list (Store.Sync)
+// before a turn, so any replica can serve any session and none forks its
+// history. Units, facts, episodes and access counts are log records too, so
+// they follow; so do the tenants' pools (package pool).
+type SharedLog = journal.Shared
 
 // goneRecord is the tombstone a deleted session's shared log is replaced
 // with: a replica that still holds the session deletes its copy, and a
@@ -49,7 +37,7 @@ func isGone(p []byte) bool {
 
 // ErrSharedConflict: the shared log moved on (another replica wrote the
 // position this one meant to).
-var ErrSharedConflict = errors.New("memory: shared log moved on")
+var ErrSharedConflict = memerr.ErrSharedConflict
 
 // Sync brings the session's local state up to date with the shared log,
 // when the Store has one (Options.SharedLog) (else it does nothing). A fleet calls it while it
@@ -301,128 +289,6 @@ func (s *Store) shareLocked(ctx context.Context, sess *session, meta, framed []b
 			return err
 		}
 	}
-}
-
-// poolLogID names a tenant's pool in the shared log: a session id no client
-// can send (session ids are printable).
-const poolLogID = "\x00pool"
-
-// syncPoolLocked brings the pool up to date with the shared log (as
-// syncLocked does for a session). Called with p.mu held.
-func (s *Store) syncPoolLocked(ctx context.Context, p *pool) error {
-	sh := s.opts.SharedLog
-	n, err := sh.Len(ctx, p.tenant, poolLogID)
-	if err != nil {
-		return fmt.Errorf("memory: shared pool log: %w", err)
-	}
-	switch {
-	case p.sharedN == n:
-		return nil
-	case p.sharedN >= 0 && p.sharedN < n && p.log != nil:
-		tail, err := sh.Records(ctx, p.tenant, poolLogID, p.sharedN)
-		if err != nil {
-			return fmt.Errorf("memory: shared pool log: %w", err)
-		}
-		var framed []byte
-		for _, b := range tail {
-			var r poolRecord
-			if json.Unmarshal(b, &r) != nil || r.K == "meta" {
-				continue
-			}
-			applyPoolRecord(p, &r)
-			s.publishRecordLocked(p, &r) // another replica's write
-			framed = appendRecord(framed, b)
-		}
-		if len(framed) > 0 {
-			if err := p.log.Append(framed); err != nil {
-				return err
-			}
-		}
-		p.sharedN += int64(len(tail))
-		s.stats.logPulled.Add(int64(len(tail)))
-		return nil
-	case n == 0 || p.sharedN > n:
-		var payloads [][]byte
-		if p.log != nil {
-			var err error
-			if payloads, err = s.j.Records(p.path); err != nil {
-				return err
-			}
-		}
-		if len(payloads) == 0 {
-			p.sharedN = 0
-			return nil
-		}
-		got, err := sh.Append(ctx, p.tenant, poolLogID, 0, payloads)
-		if err != nil {
-			return fmt.Errorf("memory: upload the pool to the shared log: %w", err)
-		}
-		p.sharedN = got
-		s.stats.logUploads.Add(1)
-		return nil
-	default:
-		all, err := sh.Records(ctx, p.tenant, poolLogID, 0)
-		if err != nil {
-			return fmt.Errorf("memory: shared pool log: %w", err)
-		}
-		clear(p.entries)
-		p.rev, p.records = 0, 0
-		clear(p.views)
-		p.resetSubsLocked() // what changed is not known event by event
-		image := journal.Image()
-		for _, b := range all {
-			var r poolRecord
-			if json.Unmarshal(b, &r) != nil {
-				continue
-			}
-			if r.K == "meta" && r.Tenant != p.tenant {
-				return fmt.Errorf("memory: shared pool log of another tenant: %w", errCorrupt)
-			}
-			applyPoolRecord(p, &r)
-			image = appendRecord(image, b)
-		}
-		if p.log != nil {
-			p.log.Close()
-			p.log = nil
-		}
-		if err := durable.MkdirAll(filepath.Dir(p.path), 0o755); err != nil {
-			return err
-		}
-		if err := durable.WriteFile(p.path, image); err != nil {
-			return fmt.Errorf("memory: rebuild the pool from the shared log: %w", err)
-		}
-		lf, _, err := s.j.Open(p.path, func([]byte) {})
-		if err != nil {
-			return err
-		}
-		p.log, p.sharedN = lf, int64(len(all))
-		s.stats.logRebuilds.Add(1)
-		return nil
-	}
-}
-
-// sharePoolLocked writes framed pool records (with the meta record when the
-// pool has no log yet) to the shared log at the pool's position. A
-// conflict (another replica wrote the pool meanwhile) is returned wrapping
-// ErrSharedConflict: the caller syncs and decides again.
-func (s *Store) sharePoolLocked(ctx context.Context, p *pool, meta, framed []byte) error {
-	var payloads [][]byte
-	if p.log == nil {
-		payloads = append(payloads, meta)
-	}
-	durable.ScanRecords(framed, s.opts.MaxRecordBytes, func(_ int, b []byte) { payloads = append(payloads, b) })
-	n, err := s.opts.SharedLog.Append(ctx, p.tenant, poolLogID, p.sharedN, payloads)
-	if err != nil {
-		if errors.Is(err, ErrSharedConflict) {
-			// The shared log only grew: the next sync takes its tail, as
-			// for a session (shareLocked), without rebuilding the file.
-			s.stats.logConflicts.Add(1)
-		}
-		return fmt.Errorf("memory: shared pool log: %w", err)
-	}
-	p.sharedN = n
-	s.stats.logPushed.Add(int64(len(payloads)))
-	return nil
 }
 
 // A user's sessions are listed in the shared log under userLogID (one

@@ -21,7 +21,7 @@ type storeStats struct {
 	extractJobs, extractDropped, extractErrs atomic.Int64
 	factOps, factOpsRejected, episodes       atomic.Int64
 	triples, triplesRejected                 atomic.Int64
-	poolWrites, poolConflicts                atomic.Int64
+	poolCtxTurns, poolCtxErrors              atomic.Int64
 	logPushed, logPulled, logRebuilds        atomic.Int64
 	logUploads, logConflicts                 atomic.Int64
 
@@ -139,7 +139,7 @@ type Stats struct {
 	ReviewStats      // the memory reviewer (review.go)
 	ToolContextStats // tool-result context (toolctx.go)
 	L4Stats          // L4 compression (l4.go)
-	PoolEventStats   // the pool's events and context (poolevents.go)
+	PoolEventStats   // the pool's events and context (package pool)
 }
 
 // Stats returns cumulative counters.
@@ -172,14 +172,18 @@ func (s *Store) Stats() Stats {
 	out.ExtractJobs, out.ExtractDropped, out.ExtractErrors = st.extractJobs.Load(), st.extractDropped.Load(), st.extractErrs.Load()
 	out.FactOps, out.FactOpsRejected, out.Episodes = st.factOps.Load(), st.factOpsRejected.Load(), st.episodes.Load()
 	out.Triples, out.TriplesRejected = st.triples.Load(), st.triplesRejected.Load()
-	out.PoolWrites, out.PoolConflicts = st.poolWrites.Load(), st.poolConflicts.Load()
-	out.SharedLogPushed, out.SharedLogPulled, out.SharedLogRebuilds = st.logPushed.Load(), st.logPulled.Load(), st.logRebuilds.Load()
-	out.SharedLogUploads, out.SharedLogConflicts = st.logUploads.Load(), st.logConflicts.Load()
+	ps := s.pools.Stats()
+	out.PoolWrites, out.PoolConflicts = ps.Writes, ps.Conflicts
+	out.SharedLogPushed, out.SharedLogPulled = st.logPushed.Load()+ps.SharedPushed, st.logPulled.Load()+ps.SharedPulled
+	out.SharedLogRebuilds, out.SharedLogUploads = st.logRebuilds.Load()+ps.SharedRebuilds, st.logUploads.Load()+ps.SharedUploads
+	out.SharedLogConflicts = st.logConflicts.Load() + ps.SharedConflicts
 	out.FullNamed, out.FullDetected = st.modes[0][0].Load(), st.modes[0][1].Load()
 	out.AppendNamed, out.AppendDetected = st.modes[1][0].Load(), st.modes[1][1].Load()
 	out.FactCalls, out.EpisodeCalls, out.SummaryCalls = st.calls[callFacts].Load(), st.calls[callEpisode].Load(), st.calls[callSummary].Load()
 	out.ReviewStats, out.ToolContextStats, out.L4Stats = s.rev.stats(), s.tcs.stats(), s.l4c.stats()
-	out.PoolEventStats = s.poolEv.stats()
+	out.PoolEventStats = PoolEventStats{PoolSubscribers: ps.Subscribers, PoolEventsPublished: ps.EventsPublished,
+		PoolSubscribersLagged: ps.SubscribersLagged, PoolSubscribeRefused: ps.SubscribeRefused,
+		PoolContextTurns: st.poolCtxTurns.Load(), PoolContextErrors: st.poolCtxErrors.Load()}
 	return out
 }
 

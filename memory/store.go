@@ -10,12 +10,12 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/internal/durable"
 	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
+	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
 )
 
 // Store owns the sessions under Options.Dir, the token counter, and the
@@ -48,19 +48,12 @@ type Store struct {
 	ixOpts        index.Options
 	localEmbedder bool // the index embeds offline: units are indexed on the request path
 
-	// writer (fixed at Open) and writes name this store's pool writes
-	// (see poolRecord.W).
-	writer string
-	writes atomic.Uint64
-
 	extractQ  chan *extractJob
 	extractWG sync.WaitGroup
 
 	retentionWG sync.WaitGroup // the retention goroutine (retention.go)
 
-	// poolMu protects pools.
-	poolMu sync.Mutex
-	pools  map[string]*pool
+	pools *pool.Pools // the tenants' shared pools (memory/internal/pool)
 
 	// users are the loaded user memories, by tenant "\x00" user; s.mu
 	// protects the map.
@@ -78,8 +71,6 @@ type Store struct {
 	rev reviewer    // the memory reviewer's decisions logs and counters (review.go)
 	tcs toolCtxStat // tool-result context counters (toolctx.go)
 	l4c l4Counters  // L4 compression counters (l4.go)
-	// poolEv counts the pools' event subscriptions and context (poolevents.go).
-	poolEv poolEvents
 
 	stats storeStats
 }
@@ -109,9 +100,7 @@ func Open(opts Options) (*Store, error) {
 		sumSem:   make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries)),
 		ixOpts:   opts.Recall.Index,
 		extractQ: make(chan *extractJob, max(1, opts.Extraction.Queue)),
-		pools:    map[string]*pool{},
 		users:    map[string]*userMem{},
-		writer:   newWriterID(),
 	}
 	_, s.localEmbedder = opts.Recall.Index.Embedder.(*index.HashEmbedder)
 	enc := CL100K
@@ -122,6 +111,7 @@ func Open(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("memory: load encoding %s: %w", enc, err)
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.pools = newPools(s)
 	s.workerWG.Add(1)
 	go s.worker()
 	s.retentionWG.Add(1)
@@ -201,7 +191,7 @@ func (s *Store) Shutdown(ctx context.Context) error {
 		s.saveUser(um, true)
 	}
 	s.syncLists()
-	errs = append(errs, s.closePools(), s.closeReviewLogs())
+	errs = append(errs, s.pools.Close(), s.closeReviewLogs())
 	skipped := 0
 	for _, sess := range loaded {
 		if !lockCtx(ctx, &sess.mu) {

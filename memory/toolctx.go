@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // Tool-result context. When a request brings tool results (OpenAI "tool"
@@ -124,14 +126,14 @@ func (s *Store) toolCtxPrompt(src []*entry) string {
 	for _, e := range src {
 		if e.msg.Role == "assistant" {
 			b.WriteString("assistant called: ")
-			b.WriteString(sanitizeText(e.msg.toolText, per))
+			b.WriteString(sanitize.Text(e.msg.toolText, per))
 		} else {
 			b.WriteString("tool result")
-			if n := sanitizeText(e.msg.Name, 64); n != "" {
+			if n := sanitize.Text(e.msg.Name, 64); n != "" {
 				b.WriteString(" (" + n + ")")
 			}
 			b.WriteString(": ")
-			b.WriteString(sanitizeText(e.msg.Content, per))
+			b.WriteString(sanitize.Text(e.msg.Content, per))
 		}
 		b.WriteByte('\n')
 	}
@@ -184,7 +186,7 @@ func parseToolContext(out string, maxBytes int) (string, error) {
 	if len(out) > 4*maxBytes {
 		return "", fmt.Errorf("%w: tool context: answer of %d bytes (max %d)", ErrInvalid, len(out), maxBytes)
 	}
-	t := sanitizeText(out, 4*maxBytes)
+	t := sanitize.Text(out, 4*maxBytes)
 	if t == "[SKIP]" {
 		return "", nil
 	}

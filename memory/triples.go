@@ -12,6 +12,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/memory/internal/memerr"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // The knowledge base beside the log: (subject, predicate, object) triples
@@ -98,7 +100,7 @@ const (
 
 // ErrTripleNotFound: no triple with that id for the tenant and user. It
 // also matches ErrNotFound.
-var ErrTripleNotFound error = &notFoundError{"memory: triple not found"}
+var ErrTripleNotFound = memerr.NotFound("memory: triple not found")
 
 // tripleInstructions is appended to the fact prompt.
 const tripleInstructions = "\nThen state what the new messages say as knowledge triples, one per line, exactly:\n" +
@@ -161,7 +163,7 @@ func parseTriple(line string) (tripleOp, error) {
 		if ref, isRef := strings.CutPrefix(sup, "+"); isRef {
 			n, err := strconv.Atoi(ref)
 			if err != nil || n < 1 || n > maxTripleRef || ref != strconv.Itoa(n) {
-				return tripleOp{}, fmt.Errorf("bad reference %q", truncateRunes(sup, 16))
+				return tripleOp{}, fmt.Errorf("bad reference %q", sanitize.Truncate(sup, 16))
 			}
 		} else if err := validFactID(sup); err != nil {
 			return tripleOp{}, fmt.Errorf("support: %v", err)

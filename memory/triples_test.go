@@ -11,6 +11,8 @@ import (
 	"testing/synctest"
 	"time"
 	"unicode/utf8"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 func TestParseTriples(t *testing.T) {
@@ -87,7 +89,7 @@ func FuzzParseTriples(f *testing.F) {
 					t.Fatalf("bad text %q", s)
 				}
 				for _, r := range s {
-					if unsafeRune(r) {
+					if sanitize.Unsafe(r) {
 						t.Fatalf("unsafe rune %U in %q", r, s)
 					}
 				}

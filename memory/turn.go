@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
 )
 
 // Turn is one request's view of its session: the window to send upstream,
@@ -131,7 +133,7 @@ type TurnRequest struct {
 	// the window is then the request as sent (see Prepare).
 	asSent bool
 	// pool is the view of PoolPrefix, read before the session is locked.
-	pool *poolView
+	pool *pool.View
 }
 
 // limitFor is the window limit of req: Store.Limit(req.Model), lowered to
@@ -195,9 +197,9 @@ func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
 		// The pool is read (and, in a fleet, brought up to date) before
 		// the session is locked. A pool that fails leaves it out: the
 		// turn goes on without it.
-		pv, err := s.poolContext(req.Tenant, req.PoolPrefix)
+		pv, err := s.poolView(req.Tenant, req.PoolPrefix)
 		if err != nil {
-			s.poolEv.ctxErrors.Add(1)
+			s.stats.poolCtxErrors.Add(1)
 			s.opts.Logger.Warn("memory: shared pool for the context", "session", req.SessionID, "err", err)
 		}
 		req.pool = pv
@@ -460,7 +462,7 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	st.WindowMessages, st.StoredMessages = len(w.msgs), len(sess.hist)
 	st.Evicted, st.Recalled, st.CrossSession, st.Summaries, st.Pooled = w.evicted, w.recalled, w.crossSession, w.summaries, w.pooled
 	if w.pooled > 0 {
-		s.poolEv.ctxTurns.Add(1)
+		s.stats.poolCtxTurns.Add(1)
 	}
 	st.Recall = w.recallMode
 	st.Prefix = prefixStats(sess.prevPrompt, w.msgs, w.costs)

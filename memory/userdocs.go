@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // userDocPrefix is the prefix of the session's documents in its user's
@@ -35,11 +36,11 @@ func userDocID(sess *session, role, unitID string) string {
 // userDocText is what the user's index holds of a memory: its text, then the
 // message before it as context after a record separator.
 func userDocText(text, context string) string {
-	text = truncateRunes(text, maxDocBytes)
+	text = sanitize.Truncate(text, maxDocBytes)
 	if context == "" {
 		return text
 	}
-	return text + "\x1e" + truncateRunes(context, maxDocBytes/4)
+	return text + "\x1e" + sanitize.Truncate(context, maxDocBytes/4)
 }
 
 // userItem makes the recall item of a document of the user's index.

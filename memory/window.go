@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // The window sent upstream is, in order:
@@ -68,7 +70,7 @@ type windowParams struct {
 	toolCtx string
 	// pool is the view of the shared pool the request named
 	// (TurnRequest.PoolPrefix), shown in the stable block; nil for none.
-	pool *poolView
+	pool *pool.View
 }
 
 // budget is how the limit is shared out for one window.
@@ -291,7 +293,7 @@ func query(sess *session, cur, ctxBytes int) string {
 	q := sess.hist[cur].text()
 	if ctxBytes > 0 && cur > 0 && len(index.Tokenize(q)) < shortQueryTerms {
 		if prev := sess.hist[cur-1].text(); prev != "" {
-			q += "\n" + truncateRunes(prev, ctxBytes)
+			q += "\n" + sanitize.Truncate(prev, ctxBytes)
 		}
 	}
 	return q
