@@ -123,7 +123,8 @@
 //     links), so a new session reaches earlier sessions' facts through
 //     the entities its question names. Store.Triples and
 //     Store.DeleteTriple serve the console per tenant and user.
-//   - The memory reviewer (review.go, its decisions log review_log.go,
+//   - The memory reviewer (review.go, its decisions logs package
+//     memory/internal/reviewlog,
 //     Options.Reviewer): a fact whose
 //     importance reaches PromoteAt (2.5) or decays below DemoteBelow (0.5)
 //     is reviewed by the Extractor in the background (an extraction job of

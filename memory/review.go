@@ -46,22 +46,6 @@ const (
 	ReviewStale     = "stale"     // the fact changed meanwhile: the verdict was not applied
 )
 
-// Review is one outcome of the memory reviewer, as its decisions log keeps
-// it. Only promote, keep and delete changed the fact.
-type Review struct {
-	FactID  string `json:"fact_id"`
-	Session string `json:"session"`
-	// Decision is one of the Review… constants.
-	Decision string `json:"decision"`
-	// Trigger is "promote" (importance reached PromoteAt) or "demote"
-	// (importance fell below DemoteBelow).
-	Trigger string    `json:"trigger"`
-	Rounds  int       `json:"rounds"`
-	At      time.Time `json:"at"`
-	// Reason is the model's reason, or why nothing was applied.
-	Reason string `json:"reason"`
-}
-
 // ReviewStats count the reviewer's work (Stats embeds them).
 type ReviewStats struct {
 	Reviews          int64 // reviews finished
@@ -80,8 +64,7 @@ type ReviewStats struct {
 type reviewer struct {
 	// mu protects the fields below.
 	mu       sync.Mutex
-	inflight map[string]bool       // scopes (tenant "\x00" user) with a review queued or running
-	logs     map[string]*reviewLog // loaded decisions logs by scope
+	inflight map[string]bool // scopes (tenant "\x00" user) with a review queued or running
 	closed   bool
 
 	reviews, calls, errs, dropped atomic.Int64
@@ -111,22 +94,17 @@ type sessReview struct {
 // session, with sess.mu held, from the worker.
 func (s *Store) seenFromLogLocked(sess *session) {
 	sess.rv.fromLog = true
-	l, err := s.reviewLogFor(sess.tenant, sess.user)
-	if err != nil {
-		return // a log that cannot be read: facts past a threshold are reviewed again
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, r := range l.entries {
+	// A log that cannot be read: facts past a threshold are reviewed again.
+	_ = s.revLogs.Each(sess.tenant, sess.user, func(r *Review) {
 		u := sess.units[r.FactID]
 		if r.Session != sess.id || u == nil || r.At.Before(u.UpdatedAt) {
-			continue
+			return
 		}
 		if sess.rv.seen == nil {
 			sess.rv.seen = map[string]time.Time{}
 		}
 		sess.rv.seen[u.ID] = u.UpdatedAt
-	}
+	})
 }
 
 // reviewTask is the fact a review is about, as it was when queued.

@@ -16,6 +16,8 @@ import (
 	"github.com/kvsidecar/kvsidecar/internal/durable"
 	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
+	"github.com/kvsidecar/kvsidecar/memory/internal/reviewlog"
+	"github.com/kvsidecar/kvsidecar/memory/internal/userlist"
 )
 
 // Store owns the sessions under Options.Dir, the token counter, and the
@@ -53,14 +55,15 @@ type Store struct {
 
 	retentionWG sync.WaitGroup // the retention goroutine (retention.go)
 
-	pools *pool.Pools // the tenants' shared pools (memory/internal/pool)
+	pools   *pool.Pools     // the tenants' shared pools (memory/internal/pool)
+	revLogs *reviewlog.Logs // the reviewer's decisions logs (memory/internal/reviewlog)
 
 	// users are the loaded user memories, by tenant "\x00" user; s.mu
 	// protects the map.
 	users   map[string]*userMem
 	userGen uint64 // counts the user memories loaded (userMem.gen)
 
-	lists userLists // the users' session lists (userlist.go)
+	lists *userlist.Lists // the users' session lists (memory/internal/userlist)
 
 	// res orders the loaded sessions and user indexes by last use and
 	// sums their estimated sizes (resident.go); trimC wakes the worker to
@@ -112,6 +115,8 @@ func Open(opts Options) (*Store, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.pools = newPools(s)
+	s.lists = userlist.New(userlist.Options{Journal: s.j, NoSync: opts.Fsync == FsyncNever, Logger: opts.Logger})
+	s.revLogs = reviewlog.New(reviewlog.Options{Dir: opts.Dir, Journal: s.j, Size: opts.Reviewer.LogSize})
 	s.workerWG.Add(1)
 	go s.worker()
 	s.retentionWG.Add(1)
@@ -190,7 +195,7 @@ func (s *Store) Shutdown(ctx context.Context) error {
 		}
 		s.saveUser(um, true)
 	}
-	s.syncLists()
+	s.lists.Sync()
 	errs = append(errs, s.pools.Close(), s.closeReviewLogs())
 	skipped := 0
 	for _, sess := range loaded {

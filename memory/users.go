@@ -126,10 +126,7 @@ func (um *userMem) changed() {
 	um.mu.Unlock()
 }
 
-func tenantDir(root, tenant string) string {
-	th := sha256.Sum256([]byte("tenant\x00" + tenant))
-	return filepath.Join(root, hex.EncodeToString(th[:12]))
-}
+func tenantDir(root, tenant string) string { return journal.TenantDir(root, tenant) }
 
 func userIndexPath(root, tenant, user string) string {
 	uh := sha256.Sum256([]byte("user\x00" + tenant + "\x00" + user))

@@ -43,7 +43,7 @@ func (s *Store) worker() {
 		case sess := <-s.queue:
 			sess.queued.Store(false)
 			s.sync(sess)
-			s.syncLists()
+			s.lists.Sync()
 			s.noteSession(sess)
 			if s.overBudget() {
 				s.trim(trimBatch)

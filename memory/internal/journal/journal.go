@@ -2,6 +2,8 @@ package journal
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -251,3 +253,10 @@ func (l *Log) Sync() error { return l.l.Sync() }
 
 // Close fsyncs (unless the journal never syncs) and closes the file.
 func (l *Log) Close() error { return l.l.Close(!l.noSyncOn) }
+
+// TenantDir is the folder of a tenant's logs under root: named by a hash
+// of the tenant, never by the client's string.
+func TenantDir(root, tenant string) string {
+	th := sha256.Sum256([]byte("tenant\x00" + tenant))
+	return filepath.Join(root, hex.EncodeToString(th[:12]))
+}

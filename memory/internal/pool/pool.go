@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -217,9 +216,8 @@ func (ps *Pools) writeID() string {
 
 // Path is the log of tenant's pool under root.
 func Path(root, tenant string) string {
-	th := sha256.Sum256([]byte("tenant\x00" + tenant))
-	t := hex.EncodeToString(th[:12])
-	return filepath.Join(root, t, "pool-"+t+".log")
+	dir := journal.TenantDir(root, tenant)
+	return filepath.Join(dir, "pool-"+filepath.Base(dir)+".log")
 }
 
 // get returns the tenant's pool, loading it on first use.
