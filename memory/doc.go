@@ -32,7 +32,8 @@
 //     the prompt prefix shared by consecutive windows (prefix.go).
 //   - Open files and disk (storage.go, retention.go): log descriptors are
 //     bounded (durable.Files, a quarter of RLIMIT_NOFILE by default); a
-//     retention goroutine deletes sessions past Storage.SessionTTL and keeps
+//     retention goroutine (package memory/internal/retention's Sweeper,
+//     stopped by Shutdown) deletes sessions past Storage.SessionTTL and keeps
 //     Dir plus the KV archive under Storage.MaxDiskBytes; a recorded reply
 //     is capped at Storage.MaxReplyBytes.
 //   - What stays in memory (resident.go): loaded sessions and user indexes

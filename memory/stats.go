@@ -11,9 +11,6 @@ type storeStats struct {
 	writeErrors, completes, orphan           atomic.Int64
 	repliesCut, undone                       atomic.Int64
 	userMismatch, asSent                     atomic.Int64
-	sessionsExpired, sessionsEvicted         atomic.Int64
-	quarantineRemoved, sharedTrims           atomic.Int64
-	diskBytes, sharedBytes                   atomic.Int64
 
 	fullRecalls, probeReuses, recallByWords  atomic.Int64
 	indexRebuilds, indexErrors, indexSaves   atomic.Int64
@@ -156,10 +153,12 @@ func (s *Store) Stats() Stats {
 		Orphans: st.orphan.Load(), Summaries: st.summaries.Load(), SummaryErrors: st.summaryErrors.Load(),
 		QueueFull: st.queueFull.Load(), Quarantined: s.j.Stats().Quarantined, WriteErrors: st.writeErrors.Load(),
 		RecordsLost: s.j.Stats().RecordsLost, RepliesCut: st.repliesCut.Load(), Undone: st.undone.Load(), UserMismatch: st.userMismatch.Load(), AsSent: st.asSent.Load(),
-		DiskBytes: st.diskBytes.Load(), SharedDiskBytes: st.sharedBytes.Load(), MaxDiskBytes: s.opts.Storage.MaxDiskBytes,
-		SessionsExpired: st.sessionsExpired.Load(), SessionsEvicted: st.sessionsEvicted.Load(),
-		QuarantineRemoved: st.quarantineRemoved.Load(), SharedTrims: st.sharedTrims.Load(),
+		MaxDiskBytes: s.opts.Storage.MaxDiskBytes,
 	}
+	rst := s.sweeper.Stats()
+	out.DiskBytes, out.SharedDiskBytes = rst.DiskBytes, rst.SharedDiskBytes
+	out.SessionsExpired, out.SessionsEvicted = rst.SessionsExpired, rst.SessionsEvicted
+	out.QuarantineRemoved, out.SharedTrims = rst.QuarantineRemoved, rst.SharedTrims
 	fst := s.files.Stats()
 	out.OpenFiles, out.MaxOpenFiles, out.FileReopens = fst.Open, fst.Max, fst.Reopens
 	out.FullRecalls, out.ProbeReuses = st.fullRecalls.Load(), st.probeReuses.Load()

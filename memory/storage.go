@@ -3,6 +3,8 @@ package memory
 import (
 	"errors"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/retention"
 )
 
 // StorageOptions bound what a Store keeps on disk and in open files. The
@@ -42,14 +44,9 @@ type StorageOptions struct {
 	MaxReplyBytes int
 }
 
-// DiskUser is a store sharing the disk budget.
-type DiskUser interface {
-	// DiskBytes is what it holds on disk now.
-	DiskBytes() int64
-	// TrimDisk deletes what it holds (least valuable first) until it holds
-	// at most max bytes, or nothing.
-	TrimDisk(max int64)
-}
+// DiskUser is a store sharing the disk budget (DiskBytes, TrimDisk; see
+// package memory/internal/retention).
+type DiskUser = retention.DiskUser
 
 func (o *StorageOptions) setDefaults() {
 	if o.SweepEvery == 0 {

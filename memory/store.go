@@ -16,6 +16,7 @@ import (
 	"github.com/kvsidecar/kvsidecar/internal/durable"
 	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
+	"github.com/kvsidecar/kvsidecar/memory/internal/retention"
 	"github.com/kvsidecar/kvsidecar/memory/internal/reviewlog"
 	"github.com/kvsidecar/kvsidecar/memory/internal/userlist"
 )
@@ -53,7 +54,7 @@ type Store struct {
 	extractQ  chan *extractJob
 	extractWG sync.WaitGroup
 
-	retentionWG sync.WaitGroup // the retention goroutine (retention.go)
+	sweeper *retention.Sweeper // the retention sweep and its goroutine (memory/internal/retention)
 
 	pools   *pool.Pools     // the tenants' shared pools (memory/internal/pool)
 	revLogs *reviewlog.Logs // the reviewer's decisions logs (memory/internal/reviewlog)
@@ -119,8 +120,7 @@ func Open(opts Options) (*Store, error) {
 	s.revLogs = reviewlog.New(reviewlog.Options{Dir: opts.Dir, Journal: s.j, Size: opts.Reviewer.LogSize})
 	s.workerWG.Add(1)
 	go s.worker()
-	s.retentionWG.Add(1)
-	go s.retention(sweepPeriod(&opts.Storage))
+	s.sweeper = newSweeper(s)
 	if opts.Extraction.Extractor != nil {
 		for range max(1, opts.Extraction.Workers) {
 			s.extractWG.Add(1)
@@ -156,11 +156,14 @@ func (s *Store) Shutdown(ctx context.Context) error {
 	s.cancel()
 	close(s.stop)
 	var errs []error
-	for _, wg := range []*sync.WaitGroup{&s.retentionWG, &s.workerWG, &s.sumWG, &s.extractWG} {
-		if !waitGroup(ctx, wg) {
-			errs = append(errs, fmt.Errorf("memory: shutdown: background work still running: %w", ctx.Err()))
+	stopped := s.sweeper.Stop(ctx)
+	for _, wg := range []*sync.WaitGroup{&s.workerWG, &s.sumWG, &s.extractWG} {
+		if stopped = stopped && waitGroup(ctx, wg); !stopped {
 			break
 		}
+	}
+	if !stopped {
+		errs = append(errs, fmt.Errorf("memory: shutdown: background work still running: %w", ctx.Err()))
 	}
 	s.mu.Lock()
 	loaded := make([]*session, 0, len(s.sessions))

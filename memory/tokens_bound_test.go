@@ -159,7 +159,8 @@ func TestShutdownGivesUpAtItsDeadline(t *testing.T) {
 		// Free the holder, then let the work Shutdown gave up on finish
 		// before the folder is removed.
 		sess.mu.Unlock()
-		for _, wg := range []*sync.WaitGroup{&s.retentionWG, &s.workerWG, &s.sumWG, &s.extractWG} {
+		s.sweeper.Stop(context.Background())
+		for _, wg := range []*sync.WaitGroup{&s.workerWG, &s.sumWG, &s.extractWG} {
 			wg.Wait()
 		}
 	}()

@@ -199,7 +199,7 @@ func TestRetentionForgetsUserMemory(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s.sweep(time.Now())
+	s.sweeper.Sweep(time.Now())
 	if _, err := os.Stat(userIndexPath(dir, "t", "ada")); err != nil {
 		t.Fatalf("the sweep removed the user index: %v", err)
 	}
