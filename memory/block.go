@@ -3,7 +3,6 @@ package memory
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"encoding/json"
 	"hash/maphash"
 	"slices"
@@ -64,17 +63,17 @@ func summarySegment(u *Unit) string { return "- " + strings.TrimSpace(u.Content)
 // unchanged, so the prompt's start stays byte-identical until history next
 // leaves the window (new summaries wait for that) or the pool under the
 // prefix changes; a changed or deleted memory it shows is never kept.
-func (s *Store) stableBlock(sess *session, p windowParams, refresh bool) cachedBlock {
+func (wb *windowBuilder) stableBlock(sess *session, p windowParams, refresh bool) cachedBlock {
 	sess.refreshIndex()
 	if st := &sess.sticky; !refresh && st.set && st.enc == p.enc && st.fp == stableFingerprint(sess, st.sums, p.pool) {
 		return *st
 	}
 	b := cachedBlock{set: true, enc: p.enc}
-	limit := s.opts.Window.StableMaxTokens
-	tk := s.tok
+	limit := wb.opts.Window.StableMaxTokens
+	tk := wb.tok
 	var pool []string
-	if p.pool != nil && s.opts.Pool.ContextTokens > 0 {
-		left := s.opts.Pool.ContextTokens - tk.Count(p.enc, poolBlockHeader)
+	if p.pool != nil && wb.opts.Pool.ContextTokens > 0 {
+		left := wb.opts.Pool.ContextTokens - tk.Count(p.enc, poolBlockHeader)
 		for _, it := range p.pool.Items {
 			if c := tk.Count(p.enc, it.Seg); c <= left {
 				left -= c
@@ -136,7 +135,7 @@ func (s *Store) stableBlock(sess *session, p windowParams, refresh bool) cachedB
 		segs = append(segs, poolBlockHeader)
 		segs = append(segs, pool...)
 	}
-	b.raw, b.cost = s.assembleBlock(p.enc, segs)
+	b.raw, b.cost = wb.assembleBlock(p.enc, segs)
 	return b
 }
 
@@ -217,13 +216,13 @@ func dateSegment(t time.Time) string {
 // first while they fit, without those whose text is already in the window
 // or repeated, shown oldest first with their dates. Recalled units of the
 // session are touched (access count, recency).
-func (s *Store) recallBlock(ctx context.Context, sess *session, um *userMem, p windowParams, cur int, groups []group, stable cachedBlock, budget int, w *window) {
-	q := query(sess, cur, max(s.opts.Recall.QueryContextBytes, 0))
+func (wb *windowBuilder) recallBlock(sess *session, p windowParams, cur int, groups []group, stable cachedBlock, budget int, w *window) {
+	q := query(sess, cur, max(wb.opts.Recall.QueryContextBytes, 0))
 	skip := make(map[string]bool, len(stable.sums))
 	for _, u := range stable.sums {
 		skip[u.ID] = true
 	}
-	items, mode := s.recallLocked(ctx, sess, um, recallQuery{text: q, focus: sess.hist[cur].text()}, p.now, skip)
+	items, mode := p.recall(recallQuery{text: q, focus: sess.hist[cur].text()}, skip)
 	w.recallMode = mode
 	if len(items) == 0 && p.toolCtx == "" {
 		return
@@ -242,7 +241,7 @@ func (s *Store) recallBlock(ctx context.Context, sess *session, um *userMem, p w
 	for _, e := range sess.hist[cur:] {
 		seen[e.contentHash()] = true
 	}
-	tk := s.tok
+	tk := wb.tok
 	left := budget - MessageFraming - tk.Count(p.enc, recallHeader)
 	toolSeg := ""
 	if p.toolCtx != "" {
@@ -316,9 +315,9 @@ func (s *Store) recallBlock(ctx context.Context, sess *session, um *userMem, p w
 	if toolSeg != "" {
 		parts = append(parts, toolSeg)
 		w.toolCtx = true
-		s.tcs.injected.Add(1)
+		wb.toolShown.Add(1)
 	}
-	w.recall, w.recallTokens = s.assembleBlock(p.enc, parts)
+	w.recall, w.recallTokens = wb.assembleBlock(p.enc, parts)
 	w.recalled = len(kept)
 	w.recallHashes = make([]uint64, 0, len(kept))
 	for _, it := range kept {
@@ -328,11 +327,11 @@ func (s *Store) recallBlock(ctx context.Context, sess *session, um *userMem, p w
 
 // assembleBlock makes a system message of segs; its cost is the sum of the
 // segments' cached counts plus the message framing.
-func (s *Store) assembleBlock(enc Encoding, segs []string) (json.RawMessage, int) {
+func (wb *windowBuilder) assembleBlock(enc Encoding, segs []string) (json.RawMessage, int) {
 	content := strings.Join(segs, "")
 	cost := MessageFraming
 	for _, sg := range segs {
-		cost += s.tok.Count(enc, sg)
+		cost += wb.tok.Count(enc, sg)
 	}
 	var buf bytes.Buffer
 	je := json.NewEncoder(&buf)

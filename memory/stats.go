@@ -6,11 +6,11 @@ import (
 )
 
 type storeStats struct {
-	prepares, appended, appendBytes, evicted atomic.Int64
-	summaries, summaryErrors, queueFull      atomic.Int64
-	writeErrors, completes, orphan           atomic.Int64
-	repliesCut, undone                       atomic.Int64
-	userMismatch, asSent                     atomic.Int64
+	prepares, appended, appendBytes     atomic.Int64
+	summaries, summaryErrors, queueFull atomic.Int64
+	writeErrors, completes, orphan      atomic.Int64
+	repliesCut, undone                  atomic.Int64
+	userMismatch, asSent                atomic.Int64
 
 	fullRecalls, probeReuses, recallByWords  atomic.Int64
 	indexRebuilds, indexErrors, indexSaves   atomic.Int64
@@ -149,7 +149,7 @@ func (s *Store) Stats() Stats {
 		Sessions: n, Users: users, ResidentBytes: s.res.bytes.Load(), MemoryBudget: s.opts.MemoryBudget,
 		SessionsUnloaded: s.res.sessionsUnloaded.Load(), UsersUnloaded: s.res.usersUnloaded.Load(),
 		Prepares: st.prepares.Load(), Appended: st.appended.Load(),
-		AppendBytes: st.appendBytes.Load(), Evicted: st.evicted.Load(), Completes: st.completes.Load(),
+		AppendBytes: st.appendBytes.Load(), Evicted: s.win.evicted.Load(), Completes: st.completes.Load(),
 		Orphans: st.orphan.Load(), Summaries: st.summaries.Load(), SummaryErrors: st.summaryErrors.Load(),
 		QueueFull: st.queueFull.Load(), Quarantined: s.j.Stats().Quarantined, WriteErrors: st.writeErrors.Load(),
 		RecordsLost: s.j.Stats().RecordsLost, RepliesCut: st.repliesCut.Load(), Undone: st.undone.Load(), UserMismatch: st.userMismatch.Load(), AsSent: st.asSent.Load(),
@@ -179,7 +179,7 @@ func (s *Store) Stats() Stats {
 	out.FullNamed, out.FullDetected = st.modes[0][0].Load(), st.modes[0][1].Load()
 	out.AppendNamed, out.AppendDetected = st.modes[1][0].Load(), st.modes[1][1].Load()
 	out.FactCalls, out.EpisodeCalls, out.SummaryCalls = st.calls[callFacts].Load(), st.calls[callEpisode].Load(), st.calls[callSummary].Load()
-	out.ReviewStats, out.ToolContextStats, out.L4Stats = s.rev.stats(), s.tcs.stats(), s.l4c.stats()
+	out.ReviewStats, out.ToolContextStats, out.L4Stats = s.rev.stats(), s.tcs.stats(s.win.toolShown.Load()), s.l4c.stats()
 	out.PoolEventStats = PoolEventStats{PoolSubscribers: ps.Subscribers, PoolEventsPublished: ps.EventsPublished,
 		PoolSubscribersLagged: ps.SubscribersLagged, PoolSubscribeRefused: ps.SubscribeRefused,
 		PoolContextTurns: st.poolCtxTurns.Load(), PoolContextErrors: st.poolCtxErrors.Load()}

@@ -21,14 +21,23 @@ import (
 	"github.com/kvsidecar/kvsidecar/memory/internal/userlist"
 )
 
+// env is what the Store's subsystems share, fixed at Open: the options,
+// the token counter, the logs' journal, the counters (atomics) and the
+// store's lifetime (ctx, cancelled when Shutdown starts). Read-only.
+type env struct {
+	opts  Options
+	tok   *Tokenizer
+	j     *journal.Journal // the logs' files and format (memory/internal/journal)
+	stats storeStats
+	ctx   context.Context
+}
+
 // Store owns the sessions under Options.Dir, the token counter, and the
 // background worker. Open it once; Close it after the last request.
 // Safe for concurrent use.
 type Store struct {
-	opts  Options
-	tok   *Tokenizer
-	j     *journal.Journal // the logs' files and format (memory/internal/journal)
-	files *durable.Files   // bounds the log files held open
+	*env
+	files *durable.Files // bounds the log files held open
 
 	// mu protects the fields below.
 	mu       sync.Mutex
@@ -45,7 +54,6 @@ type Store struct {
 	workerWG sync.WaitGroup
 	sumWG    sync.WaitGroup
 	sumSem   chan struct{}
-	ctx      context.Context
 	cancel   context.CancelFunc
 
 	ixOpts        index.Options
@@ -76,7 +84,7 @@ type Store struct {
 	tcs toolCtxStat // tool-result context counters (toolctx.go)
 	l4c l4Counters  // L4 compression counters (l4.go)
 
-	stats storeStats
+	win *windowBuilder // builds the windows (window.go)
 }
 
 // Open opens (creating if needed) the store rooted at opts.Dir and starts
@@ -90,13 +98,14 @@ func Open(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("memory: create %s: %w", opts.Dir, err)
 	}
 	files := durable.NewFiles(opts.Storage.MaxOpenFiles)
+	ctx, cancel := context.WithCancel(context.Background())
 	s := &Store{
-		opts:  opts,
-		tok:   NewTokenizer(opts.Window.TokenCacheEntries),
-		files: files,
-		j: journal.New(journal.Options{MaxRecord: opts.MaxRecordBytes, Quarantine: filepath.Join(opts.Dir, "quarantine"),
-			Files: files, SyncAppends: opts.Fsync == FsyncAlways, NoSync: opts.Fsync == FsyncNever,
-			Now: opts.Clock.Now, Logger: opts.Logger}),
+		env: &env{opts: opts, tok: NewTokenizer(opts.Window.TokenCacheEntries), ctx: ctx,
+			j: journal.New(journal.Options{MaxRecord: opts.MaxRecordBytes, Quarantine: filepath.Join(opts.Dir, "quarantine"),
+				Files: files, SyncAppends: opts.Fsync == FsyncAlways, NoSync: opts.Fsync == FsyncNever,
+				Now: opts.Clock.Now, Logger: opts.Logger})},
+		cancel:   cancel,
+		files:    files,
 		sessions: map[string]*session{},
 		queue:    make(chan *session, opts.QueueSize),
 		trimC:    make(chan struct{}, 1),
@@ -112,10 +121,11 @@ func Open(opts Options) (*Store, error) {
 		enc, _ = encodingByName(opts.Window.Encoding)
 	}
 	if err := s.tok.Load(enc); err != nil {
+		cancel()
 		return nil, fmt.Errorf("memory: load encoding %s: %w", enc, err)
 	}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.pools = newPools(s)
+	s.win = &windowBuilder{opts: &s.opts, tok: s.tok}
 	s.lists = userlist.New(userlist.Options{Journal: s.j, NoSync: opts.Fsync == FsyncNever, Logger: opts.Logger})
 	s.revLogs = reviewlog.New(reviewlog.Options{Dir: opts.Dir, Journal: s.j, Size: opts.Reviewer.LogSize})
 	s.workerWG.Add(1)

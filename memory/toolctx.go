@@ -35,11 +35,13 @@ type ToolContextStats struct {
 
 // toolCtxStat are the Store's counters.
 type toolCtxStat struct {
-	calls, ready, injected, rejected, late, dropped atomic.Int64
+	calls, ready, rejected, late, dropped atomic.Int64
 }
 
-func (t *toolCtxStat) stats() ToolContextStats {
-	return ToolContextStats{ToolContextCalls: t.calls.Load(), ToolContextReady: t.ready.Load(), ToolContextInjected: t.injected.Load(),
+// stats returns the counters; injected is the window builder's count of
+// contexts shown.
+func (t *toolCtxStat) stats(injected int64) ToolContextStats {
+	return ToolContextStats{ToolContextCalls: t.calls.Load(), ToolContextReady: t.ready.Load(), ToolContextInjected: injected,
 		ToolContextRejected: t.rejected.Load(), ToolContextLate: t.late.Load(), ToolContextDropped: t.dropped.Load()}
 }
 

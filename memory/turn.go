@@ -205,7 +205,7 @@ func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
 		req.pool = pv
 	}
 	enc := s.Encoding(req.Model)
-	if err := s.checkFixedPart(ctx, enc, s.limitFor(&req), msgs, req.ToolsTokens); errors.Is(err, ErrContextTooLarge) {
+	if err := s.tok.checkFixedPart(ctx, enc, s.limitFor(&req), msgs, req.ToolsTokens); errors.Is(err, ErrContextTooLarge) {
 		req.asSent = true
 	} else if err != nil {
 		return nil, err
@@ -452,7 +452,11 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	}
 	s.maybeDecayLocked(sess, now)
 	toolCtx := s.toolTurnLocked(sess, p.add)
-	w, err := s.buildWindow(ctx, sess, um, windowParams{enc: enc, limit: limit, tools: req.ToolsTokens, strategy: s.opts.Window.Strategy, now: now, toolCtx: toolCtx, pool: req.pool})
+	recall := func(q recallQuery, skip map[string]bool) ([]recallItem, string) {
+		return s.recallLocked(ctx, sess, um, q, now, skip)
+	}
+	w, err := s.win.build(sess, windowParams{enc: enc, limit: limit, tools: req.ToolsTokens, strategy: s.opts.Window.Strategy,
+		now: now, toolCtx: toolCtx, pool: req.pool, recall: recall})
 	if err != nil {
 		return nil, err
 	}
