@@ -44,7 +44,7 @@ func (s *Store) Delete(tenant, sessionID string) error {
 	}
 	defer s.unpin(sess)
 	um := s.userFor(sess, "")
-	defer s.dropUserDocs(um, userDocPrefix(sess))
+	defer s.recall.dropUserDocs(um, userDocPrefix(sess))
 	sess.mu.Lock()
 	if !sess.exists {
 		sess.mu.Unlock()

@@ -363,7 +363,7 @@ func TestDeleteMemoryRemovesItEverywhere(t *testing.T) {
 	}
 	sess, _ := s.session("t", "s", false)
 	sess.mu.Lock()
-	_, inIndex := s.indexLocked(context.Background(), sess).Get(id)
+	_, inIndex := s.recall.indexLocked(context.Background(), sess).Get(id)
 	active := sess.wm.isActive(id)
 	sess.mu.Unlock()
 	if inIndex || active {

@@ -63,7 +63,7 @@ const (
 // docSize is the estimated resident size of one index document.
 func (s *Store) docSize() int64 {
 	dim := 0
-	if e := s.ixOpts.Embedder; e != nil {
+	if e := s.recall.ixOpts.Embedder; e != nil {
 		dim = e.Dim()
 	}
 	if dim <= 0 {
@@ -342,7 +342,7 @@ func (s *Store) unloadSession(sess *session) bool {
 	dirty := sess.ix != nil && sess.ixVer != sess.ixSaved
 	sess.mu.Unlock()
 	if dirty {
-		s.syncIndex(sess, true)
+		s.recall.syncIndex(sess, true)
 	}
 	s.mu.Lock()
 	if sess.lru == nil || !sess.mu.TryLock() {
@@ -369,7 +369,7 @@ func (s *Store) unloadSession(sess *session) bool {
 // unloadUser saves the user index if it changed, then drops it from
 // memory if nobody uses it. Worker only.
 func (s *Store) unloadUser(um *userMem) bool {
-	s.saveUser(um, true)
+	s.recall.saveUser(um, true)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if um.lru == nil || !s.userIdleLocked(um) {

@@ -250,7 +250,7 @@ func (s *Store) reviewSearch(sess *session, self, keywords string) string {
 	if sess.gone.Load() || !sess.exists {
 		return "(nothing)\n"
 	}
-	items := s.searchAll(s.ctx, sess, um, recallQuery{text: keywords, focus: keywords}, s.opts.Reviewer.SearchK, index.ModeBM25, map[string]bool{self: true})
+	items := s.recall.searchAll(s.ctx, sess, um, recallQuery{text: keywords, focus: keywords}, s.opts.Reviewer.SearchK, index.ModeBM25, map[string]bool{self: true})
 	var b strings.Builder
 	for _, it := range items {
 		role := it.role

@@ -349,7 +349,7 @@ func (s *Store) syncUserShared(um *userMem) {
 			continue
 		}
 		if changed && um.index() != nil {
-			s.syncUserDocs(sess, um)
+			s.recall.syncUserDocs(sess, um)
 		}
 	}
 }

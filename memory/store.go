@@ -56,9 +56,6 @@ type Store struct {
 	sumSem   chan struct{}
 	cancel   context.CancelFunc
 
-	ixOpts        index.Options
-	localEmbedder bool // the index embeds offline: units are indexed on the request path
-
 	extractQ  chan *extractJob
 	extractWG sync.WaitGroup
 
@@ -84,7 +81,8 @@ type Store struct {
 	tcs toolCtxStat // tool-result context counters (toolctx.go)
 	l4c l4Counters  // L4 compression counters (l4.go)
 
-	win *windowBuilder // builds the windows (window.go)
+	win    *windowBuilder // builds the windows (window.go)
+	recall *retriever     // the indexes and what a turn recalls (recall.go)
 }
 
 // Open opens (creating if needed) the store rooted at opts.Dir and starts
@@ -111,11 +109,9 @@ func Open(opts Options) (*Store, error) {
 		trimC:    make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		sumSem:   make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries)),
-		ixOpts:   opts.Recall.Index,
 		extractQ: make(chan *extractJob, max(1, opts.Extraction.Queue)),
 		users:    map[string]*userMem{},
 	}
-	_, s.localEmbedder = opts.Recall.Index.Embedder.(*index.HashEmbedder)
 	enc := CL100K
 	if opts.Window.Encoding != "" {
 		enc, _ = encodingByName(opts.Window.Encoding)
@@ -126,6 +122,8 @@ func Open(opts Options) (*Store, error) {
 	}
 	s.pools = newPools(s)
 	s.win = &windowBuilder{opts: &s.opts, tok: s.tok}
+	s.recall = &retriever{env: s.env, ixOpts: opts.Recall.Index, enqueue: s.enqueue}
+	_, s.recall.localEmbedder = opts.Recall.Index.Embedder.(*index.HashEmbedder)
 	s.lists = userlist.New(userlist.Options{Journal: s.j, NoSync: opts.Fsync == FsyncNever, Logger: opts.Logger})
 	s.revLogs = reviewlog.New(reviewlog.Options{Dir: opts.Dir, Journal: s.j, Size: opts.Reviewer.LogSize})
 	s.workerWG.Add(1)
@@ -193,7 +191,7 @@ func (s *Store) Shutdown(ctx context.Context) error {
 			s.persistLocked(sess, s.opts.Clock.Now())
 		}
 		sess.mu.Unlock()
-		s.syncIndex(sess, true)
+		s.recall.syncIndex(sess, true)
 		s.syncUser(sess)
 	}
 	s.mu.Lock()
@@ -206,7 +204,7 @@ func (s *Store) Shutdown(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
-		s.saveUser(um, true)
+		s.recall.saveUser(um, true)
 	}
 	s.lists.Sync()
 	errs = append(errs, s.pools.Close(), s.closeReviewLogs())

@@ -391,7 +391,7 @@ func resolveSupport(sess *session, job *extractJob, sups []string, added map[int
 // attachGraphLocked gives the session's index the graph of its triples
 // when they changed since (or the index was rebuilt). Called with sess.mu
 // held, before a search.
-func (s *Store) attachGraphLocked(sess *session, x *index.Index) {
+func (rt *retriever) attachGraphLocked(sess *session, x *index.Index) {
 	kb := &sess.kb
 	if x == nil || kb.graphIx == x && kb.graphVer == kb.ver {
 		return

@@ -399,9 +399,9 @@ func TestUserGraphAcrossSessions(t *testing.T) {
 				um := s.userMem("t", "ada")
 				sess.mu.Lock()
 				defer sess.mu.Unlock()
-				items := s.itemsFor(sess, um, sess.wm.injected, nil)
+				items := s.recall.itemsFor(sess, um, sess.wm.injected, nil)
 				shown := func(q string) bool {
-					for _, it := range s.gated(context.Background(), sess, um, recallQuery{text: q}, slices.Clone(items)) {
+					for _, it := range s.recall.gated(context.Background(), sess, um, recallQuery{text: q}, slices.Clone(items)) {
 						if strings.Contains(it.text, fact) {
 							return !it.weak
 						}

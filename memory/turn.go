@@ -453,7 +453,7 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	s.maybeDecayLocked(sess, now)
 	toolCtx := s.toolTurnLocked(sess, p.add)
 	recall := func(q recallQuery, skip map[string]bool) ([]recallItem, string) {
-		return s.recallLocked(ctx, sess, um, q, now, skip)
+		return s.recall.recallLocked(ctx, sess, um, q, now, skip)
 	}
 	w, err := s.win.build(sess, windowParams{enc: enc, limit: limit, tools: req.ToolsTokens, strategy: s.opts.Window.Strategy,
 		now: now, toolCtx: toolCtx, pool: req.pool, recall: recall})

@@ -144,7 +144,7 @@ func (sess *session) setUserMarksLocked(marks map[string]uint64, stale []string,
 // deleted ones removed. The first sync after the session loaded also
 // removes documents of the session the index holds but the session no
 // longer has, and skips those already there in the same text.
-func (s *Store) syncUserDocs(sess *session, um *userMem) {
+func (rt *retriever) syncUserDocs(sess *session, um *userMem) {
 	x := um.index()
 	if x == nil {
 		return
@@ -185,11 +185,11 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 			return ok && old.Text == d.Text
 		})
 	}
-	ctx := s.ctx
-	if s.localEmbedder {
+	ctx := rt.ctx
+	if rt.localEmbedder {
 		ctx = context.Background() // offline: also on Close
 	}
-	if s.reembed(ctx, x) {
+	if rt.reembed(ctx, x) {
 		um.changed()
 	}
 	if len(docs) == 0 && len(stale) == 0 {
@@ -198,7 +198,7 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 		sess.mu.Unlock()
 		return
 	}
-	if !s.localEmbedder && ctx.Err() != nil {
+	if !rt.localEmbedder && ctx.Err() != nil {
 		return // closing: a remote embedder is not called any more
 	}
 	added := 0
@@ -209,7 +209,7 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 	}
 	if len(docs) > 0 {
 		if err := x.Upsert(ctx, docs...); err != nil {
-			s.indexFailed("memory: user index", len(docs), err)
+			rt.indexFailed("memory: user index", len(docs), err)
 			return
 		}
 	}
@@ -222,7 +222,7 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 	sess.mu.Lock()
 	if sess.gone.Load() && !sess.exists {
 		sess.mu.Unlock()
-		s.dropUserDocs(um, prefix) // deleted meanwhile
+		rt.dropUserDocs(um, prefix) // deleted meanwhile
 		return
 	}
 	// Marks describe what was sent; a change made meanwhile is caught by
@@ -230,7 +230,7 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 	sess.setUserMarksLocked(marks, stale, seq, ver)
 	sess.mu.Unlock()
 	um.changed()
-	s.capUser(um)
+	rt.capUser(um)
 }
 
 // forgetSessionDocs drops the documents of the session whose log was at
@@ -249,7 +249,7 @@ func (s *Store) forgetSessionDocs(logPath string) {
 	s.mu.Unlock()
 	for _, um := range ums {
 		if um.hasDocsOf(hash) {
-			s.dropUserDocs(um, hash+"|")
+			s.recall.dropUserDocs(um, hash+"|")
 		}
 	}
 }
@@ -264,7 +264,7 @@ func (um *userMem) hasDocsOf(h string) bool {
 
 // dropUserDocs removes every document with prefix (a session's: its hash
 // and "|") from the user's index, and the session's links from its graph.
-func (s *Store) dropUserDocs(um *userMem, prefix string) {
+func (rt *retriever) dropUserDocs(um *userMem, prefix string) {
 	x := um.index()
 	if x == nil {
 		return
@@ -289,8 +289,8 @@ func (s *Store) dropUserDocs(um *userMem, prefix string) {
 
 // capUser keeps the user's index within Recall.UserMaxDocs: past 110% of
 // it, the oldest documents leave until 90% remain.
-func (s *Store) capUser(um *userMem) {
-	x, limit := um.index(), s.opts.Recall.UserMaxDocs
+func (rt *retriever) capUser(um *userMem) {
+	x, limit := um.index(), rt.opts.Recall.UserMaxDocs
 	if x == nil || x.Len() <= limit+limit/10 {
 		return
 	}

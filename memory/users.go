@@ -244,7 +244,7 @@ func (s *Store) holdUserFor(sess *session, requested string) *userMem {
 // loadUser loads the user's index and reconciles it with the logs.
 func (s *Store) loadUser(um *userMem) {
 	var since time.Time // logs changed after this are reconciled; zero: all
-	x, err := index.Load(um.path, s.ixOpts)
+	x, err := index.Load(um.path, s.recall.ixOpts)
 	if err == nil {
 		if fi, err := os.Stat(um.path); err == nil {
 			since = fi.ModTime()
@@ -269,7 +269,7 @@ func (s *Store) loadUser(um *userMem) {
 			s.opts.Logger.Warn("memory: user index unusable, rebuilding from the logs", "file", um.path, "err", err)
 			s.stats.indexRebuilds.Add(1)
 		}
-		if x, err = index.New(s.ixOpts); err != nil {
+		if x, err = index.New(s.recall.ixOpts); err != nil {
 			s.opts.Logger.Error("memory: new user index", "err", err) // options were validated at Open
 			return
 		}
@@ -328,7 +328,7 @@ func (s *Store) loadUser(um *userMem) {
 		mine := sess.user == um.user
 		sess.mu.Unlock()
 		if mine { // not an id reused by another user after a deletion
-			s.syncUserDocs(sess, um)
+			s.recall.syncUserDocs(sess, um)
 		}
 		s.unpin(sess)
 	}
@@ -348,14 +348,14 @@ func readLogMeta(j *journal.Journal, path string) (record, error) {
 
 // saveUser writes the user's index if it changed and the last save is
 // Recall.IndexSaveInterval old (always when force).
-func (s *Store) saveUser(um *userMem, force bool) {
+func (rt *retriever) saveUser(um *userMem, force bool) {
 	x := um.index()
 	if x == nil {
 		return
 	}
-	now := s.opts.Clock.Now()
+	now := rt.opts.Clock.Now()
 	um.mu.Lock()
-	due := um.ver != um.saved && (force || now.Sub(um.lastSave) >= s.opts.Recall.IndexSaveInterval)
+	due := um.ver != um.saved && (force || now.Sub(um.lastSave) >= rt.opts.Recall.IndexSaveInterval)
 	ver := um.ver
 	if due {
 		um.lastSave = now
@@ -392,11 +392,11 @@ func (s *Store) saveUser(um *userMem, force bool) {
 		}
 	}
 	if err != nil {
-		s.stats.indexErrors.Add(1)
-		s.opts.Logger.Warn("memory: save user index", "err", err)
+		rt.stats.indexErrors.Add(1)
+		rt.opts.Logger.Warn("memory: save user index", "err", err)
 		return
 	}
-	s.stats.indexSaves.Add(1)
+	rt.stats.indexSaves.Add(1)
 	um.mu.Lock()
 	um.saved = max(um.saved, ver)
 	um.mu.Unlock()

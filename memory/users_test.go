@@ -192,7 +192,7 @@ func TestRetentionForgetsUserMemory(t *testing.T) {
 	if tr := ask(t, s, "t", "probe1", "ada", "What bike do I ride?"); !strings.Contains(string(tr.Block), "Bianchi") {
 		t.Fatalf("not recalled before the sweep: %s", tr.Block)
 	}
-	s.saveUser(s.userMem("t", "ada"), true)
+	s.recall.saveUser(s.userMem("t", "ada"), true)
 	long := time.Now().Add(-2 * time.Hour)
 	for _, f := range []string{sessionPath(dir, "t", "old"), userIndexPath(dir, "t", "ada")} {
 		if err := os.Chtimes(f, long, long); err != nil {

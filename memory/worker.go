@@ -119,7 +119,7 @@ func (s *Store) sync(sess *session) {
 	s.maybeReviewLocked(sess)
 	s.maybeToolCtxLocked(sess)
 	sess.mu.Unlock()
-	s.syncIndex(sess, false)
+	s.recall.syncIndex(sess, false)
 	s.syncUser(sess)
 }
 
@@ -131,8 +131,8 @@ func (s *Store) syncUser(sess *session) {
 	}
 	um := s.holdUserFor(sess, "")
 	defer s.releaseUser(um)
-	s.syncUserDocs(sess, um)
-	s.saveUser(um, false)
+	s.recall.syncUserDocs(sess, um)
+	s.recall.saveUser(um, false)
 	if um.key != "" {
 		s.noteUser(um)
 	}
