@@ -217,16 +217,16 @@ func (s *Store) UpdateMemory(tenant, sessionID, unitID string, e MemoryEdit) (Un
 		sess.mu.Unlock()
 		return Unit{}, fmt.Errorf("%w: %q is part of the conversation record, not a memory", ErrInvalid, unitID)
 	}
-	s.editLocked(sess, u, e, text, s.opts.Clock.Now())
+	sess.edit(s.tok, u, e, text, s.opts.Clock.Now())
 	out := u.clone()
 	sess.mu.Unlock()
 	s.enqueue(sess)
 	return out, nil
 }
 
-// editLocked applies a checked edit (text already sanitized, category
+// edit applies a checked edit (text already sanitized, category
 // canonical) to u, a categorized memory of sess. Called with sess.mu held.
-func (s *Store) editLocked(sess *session, u *Unit, e MemoryEdit, text string, now time.Time) {
+func (sess *session) edit(tk *Tokenizer, u *Unit, e MemoryEdit, text string, now time.Time) {
 	if e.Category != nil && *e.Category != u.Category {
 		c := *e.Category
 		// The user's index names documents by category: drop the old one.
@@ -241,7 +241,7 @@ func (s *Store) editLocked(sess *session, u *Unit, e MemoryEdit, text string, no
 		}
 	}
 	if e.Text != nil && text != u.Content {
-		u.Content, u.Tokens, u.bow = text, s.tok.Count(sess.lastEnc, text), nil
+		u.Content, u.Tokens, u.bow = text, tk.Count(sess.lastEnc, text), nil
 		touch(u, now)
 	}
 	if e.Importance != nil {

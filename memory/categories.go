@@ -125,19 +125,19 @@ func normalizeUnit(u *Unit) {
 // while the process runs, and when a session is loaded, which is how decay
 // catches up after a restart. It changes memory only; the worker persists.
 // Called with sess.mu held.
-func (s *Store) maybeDecayLocked(sess *session, now time.Time) {
-	if !sess.lastDecay.IsZero() && now.Sub(sess.lastDecay) < s.opts.Decay.Every {
+func (kn *knowledge) maybeDecayLocked(sess *session, now time.Time) {
+	if !sess.lastDecay.IsZero() && now.Sub(sess.lastDecay) < kn.opts.Decay.Every {
 		return
 	}
 	sess.lastDecay = now
-	if s.decayLocked(sess, now) {
+	if kn.decayLocked(sess, now) {
 		sess.decayDirty = true
 	}
 }
 
 // decayLocked applies the decay of every categorized unit up to now and
 // deletes expired episodes.
-func (s *Store) decayLocked(sess *session, now time.Time) (changed bool) {
+func (kn *knowledge) decayLocked(sess *session, now time.Time) (changed bool) {
 	for _, u := range sess.sortedUnits() {
 		var f float64
 		var period time.Duration
@@ -146,8 +146,8 @@ func (s *Store) decayLocked(sess *session, now time.Time) (changed bool) {
 			f, period = FactDecay, FactDecayPeriod
 		case CategoryEpisode:
 			if now.Sub(u.TouchedAt) >= EpisodeTTL {
-				s.deleteUnitLocked(sess, u.ID)
-				s.stats.expired.Add(1)
+				sess.deleteUnit(u.ID)
+				kn.stats.expired.Add(1)
 				changed = true
 				continue
 			}
@@ -164,7 +164,7 @@ func (s *Store) decayLocked(sess *session, now time.Time) (changed bool) {
 		u.UpdatedAt = now
 		setReview(u)
 		u.persisted, u.indexed = false, false
-		s.stats.decayed.Add(n)
+		kn.stats.decayed.Add(n)
 		changed = true
 	}
 	return changed
@@ -172,17 +172,17 @@ func (s *Store) decayLocked(sess *session, now time.Time) (changed bool) {
 
 // boostLocked raises u's importance by Options.BoostAmount within the
 // limits: one boost per BoostCooldown, MaxBoostPerDay per 24 h window.
-func (s *Store) boostLocked(u *Unit, now time.Time) error {
+func (kn *knowledge) boostLocked(u *Unit, now time.Time) error {
 	if !u.LastBoost.IsZero() && now.Sub(u.LastBoost) < BoostCooldown {
-		s.stats.boostsLimited.Add(1)
+		kn.stats.boostsLimited.Add(1)
 		return fmt.Errorf("%w: %s boosted %s ago (cooldown %s)", ErrBoostLimited, u.ID, now.Sub(u.LastBoost), BoostCooldown)
 	}
 	if u.BoostDay.IsZero() || now.Sub(u.BoostDay) >= 24*time.Hour {
 		u.BoostDay, u.Boosted = now, 0
 	}
-	add := min(s.opts.Decay.BoostAmount, MaxBoostPerDay-u.Boosted)
+	add := min(kn.opts.Decay.BoostAmount, MaxBoostPerDay-u.Boosted)
 	if add <= 1e-9 {
-		s.stats.boostsLimited.Add(1)
+		kn.stats.boostsLimited.Add(1)
 		return fmt.Errorf("%w: %s gained %.2f today (max %.1f)", ErrBoostLimited, u.ID, u.Boosted, MaxBoostPerDay)
 	}
 	u.Boosted += add
@@ -192,13 +192,13 @@ func (s *Store) boostLocked(u *Unit, now time.Time) error {
 	touch(u, now)
 	setReview(u)
 	u.persisted, u.indexed = false, false
-	s.stats.boosts.Add(1)
+	kn.stats.boosts.Add(1)
 	return nil
 }
 
-// deleteUnitLocked removes a unit from the session, its index and its
-// working memory; the worker writes the deletion. Called with sess.mu held.
-func (s *Store) deleteUnitLocked(sess *session, id string) {
+// deleteUnit removes a unit from the session, its index and its working
+// memory; the worker writes the deletion. Called with sess.mu held.
+func (sess *session) deleteUnit(id string) {
 	u, ok := sess.units[id]
 	if !ok {
 		return
@@ -280,7 +280,7 @@ func (s *Store) DeleteMemory(tenant, sessionID, unitID string) error {
 		sess.mu.Unlock()
 		return fmt.Errorf("%w: %q", ErrMemoryNotFound, unitID)
 	}
-	s.deleteUnitLocked(sess, unitID)
+	sess.deleteUnit(unitID)
 	sess.mu.Unlock()
 	s.enqueue(sess)
 	return nil
@@ -304,7 +304,7 @@ func (s *Store) Boost(tenant, sessionID, unitID string) (float64, error) {
 		sess.mu.Unlock()
 		return 0, fmt.Errorf("%w: %q is not a categorized memory", ErrInvalid, unitID)
 	}
-	err = s.boostLocked(u, s.opts.Clock.Now())
+	err = s.know.boostLocked(u, s.opts.Clock.Now())
 	imp := u.Importance
 	sess.mu.Unlock()
 	if err == nil {

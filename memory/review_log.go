@@ -11,19 +11,19 @@ import (
 type Review = reviewlog.Review
 
 // logReview counts a review's outcome and appends it to its scope's log.
-func (s *Store) logReview(sess *session, rev Review) {
-	rev.At = s.opts.Clock.Now().UTC().Round(0) // as the log reads it back
+func (kn *knowledge) logReview(sess *session, rev Review) {
+	rev.At = kn.opts.Clock.Now().UTC().Round(0) // as the log reads it back
 	rev.Reason = sanitize.Text(rev.Reason, maxReviewReason)
-	s.rev.reviews.Add(1)
+	kn.rev.reviews.Add(1)
 	for i, d := range reviewDecisions {
 		if d == rev.Decision {
-			s.rev.by[i].Add(1)
+			kn.rev.by[i].Add(1)
 		}
 	}
-	s.opts.Logger.Info("memory: review", "session", sess.id, "fact", rev.FactID, "decision", rev.Decision, "rounds", rev.Rounds, "reason", rev.Reason)
-	if err := s.revLogs.Append(sess.tenant, sess.user, rev); err != nil {
-		s.stats.writeErrors.Add(1)
-		s.opts.Logger.Warn("memory: write review decision", "session", sess.id, "err", err)
+	kn.opts.Logger.Info("memory: review", "session", sess.id, "fact", rev.FactID, "decision", rev.Decision, "rounds", rev.Rounds, "reason", rev.Reason)
+	if err := kn.revLogs.Append(sess.tenant, sess.user, rev); err != nil {
+		kn.stats.writeErrors.Add(1)
+		kn.opts.Logger.Warn("memory: write review decision", "session", sess.id, "err", err)
 	}
 }
 
@@ -34,14 +34,14 @@ func (s *Store) logReview(sess *session, rev Review) {
 // reads this machine's log: in a fleet, each replica reviews the sessions
 // it serves.
 func (s *Store) Reviews(tenant, user string, limit int) ([]Review, error) {
-	return s.revLogs.List(tenant, user, limit)
+	return s.know.revLogs.List(tenant, user, limit)
 }
 
 // closeReviewLogs stops new reviews and closes every decisions log
 // (Shutdown, after the extraction workers stopped).
-func (s *Store) closeReviewLogs() error {
-	s.rev.mu.Lock()
-	s.rev.closed = true
-	s.rev.mu.Unlock()
-	return s.revLogs.Close()
+func (kn *knowledge) closeReviewLogs() error {
+	kn.rev.mu.Lock()
+	kn.rev.closed = true
+	kn.rev.mu.Unlock()
+	return kn.revLogs.Close()
 }

@@ -241,8 +241,8 @@ type session struct {
 	sharedN    int64
 	sharedLast uint64
 
-	kb knowledge // triples (triples.go)
-	l4 sessL4    // L4 compression (l4.go)
+	kb sessTriples // triples (triples.go)
+	l4 sessL4      // L4 compression (l4.go)
 }
 
 // unitsChanged invalidates the unit indexes and the cached block.

@@ -179,7 +179,7 @@ func (s *Store) Stats() Stats {
 	out.FullNamed, out.FullDetected = st.modes[0][0].Load(), st.modes[0][1].Load()
 	out.AppendNamed, out.AppendDetected = st.modes[1][0].Load(), st.modes[1][1].Load()
 	out.FactCalls, out.EpisodeCalls, out.SummaryCalls = st.calls[callFacts].Load(), st.calls[callEpisode].Load(), st.calls[callSummary].Load()
-	out.ReviewStats, out.ToolContextStats, out.L4Stats = s.rev.stats(), s.tcs.stats(s.win.toolShown.Load()), s.l4c.stats()
+	out.ReviewStats, out.ToolContextStats, out.L4Stats = s.know.rev.stats(), s.know.tcs.stats(s.win.toolShown.Load()), s.know.l4c.stats()
 	out.PoolEventStats = PoolEventStats{PoolSubscribers: ps.Subscribers, PoolEventsPublished: ps.EventsPublished,
 		PoolSubscribersLagged: ps.SubscribersLagged, PoolSubscribeRefused: ps.SubscribeRefused,
 		PoolContextTurns: st.poolCtxTurns.Load(), PoolContextErrors: st.poolCtxErrors.Load()}
@@ -188,10 +188,10 @@ func (s *Store) Stats() Stats {
 
 // logBackground logs a failed background call: at debug level when it was
 // deferred for clients (ErrDeferred, by design), else as a warning.
-func (s *Store) logBackground(err error, msg string, args ...any) {
+func (e *env) logBackground(err error, msg string, args ...any) {
 	if errors.Is(err, ErrDeferred) {
-		s.opts.Logger.Debug(msg, args...)
+		e.opts.Logger.Debug(msg, args...)
 		return
 	}
-	s.opts.Logger.Warn(msg, args...)
+	e.opts.Logger.Warn(msg, args...)
 }

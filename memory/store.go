@@ -56,13 +56,9 @@ type Store struct {
 	sumSem   chan struct{}
 	cancel   context.CancelFunc
 
-	extractQ  chan *extractJob
-	extractWG sync.WaitGroup
-
 	sweeper *retention.Sweeper // the retention sweep and its goroutine (memory/internal/retention)
 
-	pools   *pool.Pools     // the tenants' shared pools (memory/internal/pool)
-	revLogs *reviewlog.Logs // the reviewer's decisions logs (memory/internal/reviewlog)
+	pools *pool.Pools // the tenants' shared pools (memory/internal/pool)
 
 	// users are the loaded user memories, by tenant "\x00" user; s.mu
 	// protects the map.
@@ -77,12 +73,9 @@ type Store struct {
 	res   residentSet
 	trimC chan struct{}
 
-	rev reviewer    // the memory reviewer's decisions logs and counters (review.go)
-	tcs toolCtxStat // tool-result context counters (toolctx.go)
-	l4c l4Counters  // L4 compression counters (l4.go)
-
 	win    *windowBuilder // builds the windows (window.go)
 	recall *retriever     // the indexes and what a turn recalls (recall.go)
+	know   *knowledge     // what is learnt in the background (extract.go)
 }
 
 // Open opens (creating if needed) the store rooted at opts.Dir and starts
@@ -109,7 +102,6 @@ func Open(opts Options) (*Store, error) {
 		trimC:    make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		sumSem:   make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries)),
-		extractQ: make(chan *extractJob, max(1, opts.Extraction.Queue)),
 		users:    map[string]*userMem{},
 	}
 	enc := CL100K
@@ -125,16 +117,14 @@ func Open(opts Options) (*Store, error) {
 	s.recall = &retriever{env: s.env, ixOpts: opts.Recall.Index, enqueue: s.enqueue}
 	_, s.recall.localEmbedder = opts.Recall.Index.Embedder.(*index.HashEmbedder)
 	s.lists = userlist.New(userlist.Options{Journal: s.j, NoSync: opts.Fsync == FsyncNever, Logger: opts.Logger})
-	s.revLogs = reviewlog.New(reviewlog.Options{Dir: opts.Dir, Journal: s.j, Size: opts.Reviewer.LogSize})
+	s.know = &knowledge{env: s.env, recall: s.recall,
+		revLogs:  reviewlog.New(reviewlog.Options{Dir: opts.Dir, Journal: s.j, Size: opts.Reviewer.LogSize}),
+		extractQ: make(chan *extractJob, max(1, opts.Extraction.Queue)),
+		persist:  s.persistLocked, enqueue: s.enqueue, unpin: s.unpin, userFor: s.userFor}
 	s.workerWG.Add(1)
 	go s.worker()
 	s.sweeper = newSweeper(s)
-	if opts.Extraction.Extractor != nil {
-		for range max(1, opts.Extraction.Workers) {
-			s.extractWG.Add(1)
-			go s.extractWorker()
-		}
-	}
+	s.know.start()
 	return s, nil
 }
 
@@ -165,7 +155,7 @@ func (s *Store) Shutdown(ctx context.Context) error {
 	close(s.stop)
 	var errs []error
 	stopped := s.sweeper.Stop(ctx)
-	for _, wg := range []*sync.WaitGroup{&s.workerWG, &s.sumWG, &s.extractWG} {
+	for _, wg := range []*sync.WaitGroup{&s.workerWG, &s.sumWG, &s.know.extractWG} {
 		if stopped = stopped && waitGroup(ctx, wg); !stopped {
 			break
 		}
@@ -207,7 +197,7 @@ func (s *Store) Shutdown(ctx context.Context) error {
 		s.recall.saveUser(um, true)
 	}
 	s.lists.Sync()
-	errs = append(errs, s.pools.Close(), s.closeReviewLogs())
+	errs = append(errs, s.pools.Close(), s.know.closeReviewLogs())
 	skipped := 0
 	for _, sess := range loaded {
 		if !lockCtx(ctx, &sess.mu) {
@@ -469,7 +459,7 @@ func (s *Store) load(sess *session) error {
 	sess.log = lf
 	sess.exists = true
 	now := s.opts.Clock.Now()
-	s.maybeDecayLocked(sess, now)
+	s.know.maybeDecayLocked(sess, now)
 	if sess.decayDirty {
 		s.enqueue(sess)
 	}
@@ -520,7 +510,7 @@ func (sess *session) reset() {
 	sess.uidx, sess.uSeq, sess.uUnitsVer, sess.uKbVer, sess.uGen = nil, 0, 0, 0, 0
 	sess.sticky = cachedBlock{}
 	sess.wm.reset()
-	sess.kb = knowledge{}
+	sess.kb = sessTriples{}
 	sess.factSeq, sess.episodeSeq = 0, 0
 	sess.sharedN, sess.sharedLast = -1, 0
 	sess.unitsChanged()

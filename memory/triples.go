@@ -179,8 +179,8 @@ func parseTriple(line string) (tripleOp, error) {
 	return op, nil
 }
 
-// knowledge is a session's triples. The session's mu protects it.
-type knowledge struct {
+// sessTriples is a session's triples. The session's mu protects it.
+type sessTriples struct {
 	triples map[string]*Triple
 	deleted map[string]bool // ids an operator deleted: never recreated
 	dirty   map[string]bool // triples to write
@@ -192,7 +192,7 @@ type knowledge struct {
 	graphVer uint64
 }
 
-func (k *knowledge) put(t *Triple) {
+func (k *sessTriples) put(t *Triple) {
 	if k.triples == nil {
 		k.triples = map[string]*Triple{}
 	}
@@ -200,7 +200,7 @@ func (k *knowledge) put(t *Triple) {
 	k.ver++
 }
 
-func (k *knowledge) markDirty(id string) {
+func (k *sessTriples) markDirty(id string) {
 	if k.dirty == nil {
 		k.dirty = map[string]bool{}
 	}
@@ -209,7 +209,7 @@ func (k *knowledge) markDirty(id string) {
 
 // remove deletes a triple (an operator's delete: it is written and never
 // recreated).
-func (k *knowledge) remove(id string) {
+func (k *sessTriples) remove(id string) {
 	delete(k.triples, id)
 	delete(k.dirty, id)
 	if k.deleted == nil {
@@ -222,7 +222,7 @@ func (k *knowledge) remove(id string) {
 // unitDeleted is the cascade: unit id leaves every triple's supports, and
 // triples left with none are deleted. Nothing is written: replay derives
 // the same from the unit's "del" record.
-func (k *knowledge) unitDeleted(id string) {
+func (k *sessTriples) unitDeleted(id string) {
 	for tid, t := range k.triples {
 		i := slices.Index(t.Support, id)
 		if i < 0 {
@@ -267,7 +267,7 @@ func (s *session) applyTripleRecord(r *record) error {
 }
 
 // appendTripleRecords frames the triples and deletions not yet written.
-func (k *knowledge) appendRecords(framed []byte, now time.Time) ([]byte, error) {
+func (k *sessTriples) appendRecords(framed []byte, now time.Time) ([]byte, error) {
 	var err error
 	for _, id := range k.dels {
 		if framed, err = encodeRecord(framed, &record{K: "tdel", T: now.UnixNano(), ID: id}); err != nil {
@@ -290,7 +290,7 @@ func (k *knowledge) appendRecords(framed []byte, now time.Time) ([]byte, error) 
 }
 
 // written marks what appendRecords framed as written.
-func (k *knowledge) written(dels int) {
+func (k *sessTriples) written(dels int) {
 	k.dels = k.dels[dels:]
 	clear(k.dirty)
 }
@@ -304,15 +304,15 @@ func tripleID(sess *session, seq uint64, i int) string {
 // applyTriplesLocked applies a fact job's triple lines after its fact
 // operations: adds are the job's [ADD] operations in reply order, for "+n"
 // supports. Every rejection is logged and counted, and changes nothing.
-func (s *Store) applyTriplesLocked(job *extractJob, lines string, added map[int]string, now time.Time) {
+func (kn *knowledge) applyTriplesLocked(job *extractJob, lines string, added map[int]string, now time.Time) {
 	if lines == "" {
 		return
 	}
 	sess := job.sess
 	ops, rejected := parseTriples(lines)
 	reject := func(err error) {
-		s.stats.triplesRejected.Add(1)
-		s.opts.Logger.Warn("memory: rejected triple", "session", sess.id, "err", err)
+		kn.stats.triplesRejected.Add(1)
+		kn.opts.Logger.Warn("memory: rejected triple", "session", sess.id, "err", err)
 	}
 	for _, err := range rejected {
 		reject(err)
@@ -357,7 +357,7 @@ func (s *Store) applyTriplesLocked(job *extractJob, lines string, added map[int]
 		next++
 		sess.kb.put(&Triple{ID: id, Subject: op.Subject, Predicate: op.Predicate, Object: op.Object, Support: sup, At: now})
 		sess.kb.markDirty(id)
-		s.stats.triples.Add(1)
+		kn.stats.triples.Add(1)
 	}
 }
 

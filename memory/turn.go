@@ -450,8 +450,8 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 		t.added, t.sysChanged, t.prevSys = len(p.add), p.sysChanged, prevSys
 		return t, nil
 	}
-	s.maybeDecayLocked(sess, now)
-	toolCtx := s.toolTurnLocked(sess, p.add)
+	s.know.maybeDecayLocked(sess, now)
+	toolCtx := s.know.toolTurnLocked(sess, p.add)
 	recall := func(q recallQuery, skip map[string]bool) ([]recallItem, string) {
 		return s.recall.recallLocked(ctx, sess, um, q, now, skip)
 	}

@@ -73,7 +73,7 @@ func (sess *session) unitDocID(u *Unit) string {
 // once, by seq); units when they are not a message of the history (facts,
 // episodes, added memories, orphan replies, messages cut from the history)
 // and not summaries, visited when the units changed. Deleted units were
-// queued by deleteUnitLocked. Called with sess.mu held.
+// queued by deleteUnit. Called with sess.mu held.
 func (sess *session) userDocsLocked() (docs []index.Doc, stale []string, marks map[string]uint64) {
 	marks = map[string]uint64{}
 	want := func(id, text string, m index.Meta) {

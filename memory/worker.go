@@ -105,7 +105,7 @@ func (s *Store) sync(sess *session) {
 		sess.mu.Unlock()
 	}()
 	now := s.opts.Clock.Now()
-	s.maybeDecayLocked(sess, now)
+	s.know.maybeDecayLocked(sess, now)
 	s.demoteLocked(sess, now)
 	for id := range sess.accessDirty {
 		if u := sess.units[id]; u != nil {
@@ -113,11 +113,11 @@ func (s *Store) sync(sess *session) {
 		}
 	}
 	s.persistLocked(sess, now)
-	s.maybeCompressLocked(sess, now)
+	s.know.maybeCompressLocked(sess, now)
 	s.maybeSummarizeLocked(sess)
-	s.maybeExtractLocked(sess)
-	s.maybeReviewLocked(sess)
-	s.maybeToolCtxLocked(sess)
+	s.know.maybeExtractLocked(sess)
+	s.know.maybeReviewLocked(sess)
+	s.know.maybeToolCtxLocked(sess)
 	sess.mu.Unlock()
 	s.recall.syncIndex(sess, false)
 	s.syncUser(sess)
