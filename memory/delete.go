@@ -4,11 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
-
-	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
 // Delete removes a session: its log (messages and units) and its state.
@@ -53,37 +48,10 @@ func (s *Store) Delete(tenant, sessionID string) error {
 		}
 		return fmt.Errorf("%w: %q", ErrNotFound, sessionID)
 	}
-	err = s.removeLocked(sess, s.opts.Fsync != FsyncNever)
+	err = s.jrn.removeLocked(sess, s.opts.Fsync != FsyncNever)
 	sess.mu.Unlock()
 	s.mu.Lock()
 	s.dropSessionLocked(sess)
 	s.mu.Unlock()
 	return err
-}
-
-// removeLocked deletes a loaded session's files and state (fsyncing its
-// folder when sync) and marks it gone. Called with sess.mu held; the caller
-// drops it from s.sessions.
-func (s *Store) removeLocked(sess *session, sync bool) error {
-	sess.gone.Store(true)
-	sess.exists = false
-	var errs []error
-	if sess.log != nil {
-		errs = append(errs, sess.log.Close())
-		sess.log = nil
-	}
-	if err := os.Remove(indexPath(sess)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("memory: remove index: %w", err))
-	}
-	if err := os.Remove(sess.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("memory: remove log: %w", err))
-	} else if sync {
-		errs = append(errs, durable.SyncDir(filepath.Dir(sess.path)))
-	}
-	if sess.pending != nil {
-		close(sess.pending)
-		sess.pending = nil
-	}
-	sess.reset()
-	return errors.Join(errs...)
 }

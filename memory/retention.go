@@ -72,7 +72,7 @@ func (s *Store) removeSessionFile(path string) bool {
 		sess.mu.Unlock()
 		return false
 	}
-	if err := s.removeLocked(sess, false); err != nil {
+	if err := s.jrn.removeLocked(sess, false); err != nil {
 		s.opts.Logger.Warn("memory: retention: delete session", "err", err)
 	}
 	sess.mu.Unlock()

@@ -57,12 +57,12 @@ func (s *Store) Sync(ctx context.Context, tenant, sessionID string) error {
 	defer s.unpin(sess)
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
-	return s.syncLocked(ctx, sess)
+	return s.jrn.syncLocked(ctx, sess)
 }
 
 // syncLocked is Sync with sess.mu held.
-func (s *Store) syncLocked(ctx context.Context, sess *session) error {
-	sh := s.opts.SharedLog
+func (sj *sessionJournal) syncLocked(ctx context.Context, sess *session) error {
+	sh := sj.opts.SharedLog
 	n, err := sh.Len(ctx, sess.tenant, sess.id)
 	if err != nil {
 		return fmt.Errorf("memory: shared log: %w", err)
@@ -88,18 +88,18 @@ func (s *Store) syncLocked(ctx context.Context, sess *session) error {
 			tail = tail[1:]
 		}
 		if same && !slices.ContainsFunc(tail, isGone) {
-			if err := s.applySharedLocked(sess, tail); err != nil {
+			if err := sj.applySharedLocked(sess, tail); err != nil {
 				return err
 			}
 			sess.setShared(sess.sharedN+int64(len(tail)), tail)
-			s.stats.logPulled.Add(int64(len(tail)))
+			sj.stats.logPulled.Add(int64(len(tail)))
 			return nil
 		}
 		// Deleted elsewhere (and maybe created again): start over below.
-	case n == 0 || sess.sharedN > n && !s.sharedGone(ctx, sess):
+	case n == 0 || sess.sharedN > n && !sj.sharedGone(ctx, sess):
 		// The shared log has nothing (a session from before the fleet, or
 		// a store that lost it): upload the local log.
-		return s.uploadLocked(ctx, sess)
+		return sj.uploadLocked(ctx, sess)
 	}
 	// Unknown position (loaded from disk, or new here), or deleted
 	// elsewhere: the shared log is the truth.
@@ -117,7 +117,7 @@ func (s *Store) syncLocked(ctx context.Context, sess *session) error {
 	if len(live) == 0 {
 		// Deleted: this replica's copy goes too.
 		if sess.exists || sess.log != nil {
-			if err := s.removeLocked(sess, s.opts.Fsync != FsyncNever); err != nil {
+			if err := sj.removeLocked(sess, sj.opts.Fsync != FsyncNever); err != nil {
 				return err
 			}
 			sess.gone.Store(false) // the entry stays usable: the id may be created again
@@ -126,11 +126,11 @@ func (s *Store) syncLocked(ctx context.Context, sess *session) error {
 		sess.setShared(int64(len(all)), all)
 		return nil
 	}
-	if err := s.rebuildLocked(sess, live); err != nil {
+	if err := sj.rebuildLocked(sess, live); err != nil {
 		return err
 	}
 	sess.setShared(int64(len(all)), all)
-	s.stats.logRebuilds.Add(1)
+	sj.stats.logRebuilds.Add(1)
 	return nil
 }
 
@@ -157,14 +157,14 @@ func recordHash(p []byte) uint64 {
 // sharedGone reports whether the session's shared log ends deleted (its
 // last tombstone has nothing after it): then a longer local copy is not
 // uploaded back.
-func (s *Store) sharedGone(ctx context.Context, sess *session) bool {
-	all, err := s.opts.SharedLog.Records(ctx, sess.tenant, sess.id, 0)
+func (sj *sessionJournal) sharedGone(ctx context.Context, sess *session) bool {
+	all, err := sj.opts.SharedLog.Records(ctx, sess.tenant, sess.id, 0)
 	return err == nil && len(all) > 0 && isGone(all[len(all)-1])
 }
 
 // applySharedLocked applies records another replica wrote and appends them
 // to the local log.
-func (s *Store) applySharedLocked(sess *session, payloads [][]byte) error {
+func (sj *sessionJournal) applySharedLocked(sess *session, payloads [][]byte) error {
 	var framed []byte
 	for _, p := range payloads {
 		var r record
@@ -174,7 +174,7 @@ func (s *Store) applySharedLocked(sess *session, payloads [][]byte) error {
 		if r.K == "meta" {
 			continue
 		}
-		if err := sess.apply(&r, nil, s.tok); err != nil {
+		if err := sess.apply(&r, nil, sj.tok); err != nil {
 			return err
 		}
 		framed = appendRecord(framed, p)
@@ -190,7 +190,7 @@ func (s *Store) applySharedLocked(sess *session, payloads [][]byte) error {
 
 // rebuildLocked replaces the session's local log and state with payloads
 // (a whole shared log, meta record first).
-func (s *Store) rebuildLocked(sess *session, payloads [][]byte) error {
+func (sj *sessionJournal) rebuildLocked(sess *session, payloads [][]byte) error {
 	var first record
 	if len(payloads) == 0 || json.Unmarshal(payloads[0], &first) != nil || first.K != "meta" ||
 		first.Tenant != sess.tenant || first.Session != sess.id {
@@ -206,14 +206,14 @@ func (s *Store) rebuildLocked(sess *session, payloads [][]byte) error {
 	}
 	if !sess.exists {
 		// New on this machine: its user's list names it (userlist.go).
-		if err := s.listSession(sess.tenant, first.User, sess.id); err != nil {
+		if err := sj.listSession(sess.tenant, first.User, sess.id); err != nil {
 			return err
 		}
 	}
 	if err := durable.WriteFile(sess.path, image); err != nil {
 		return fmt.Errorf("memory: rebuild from the shared log: %w", err)
 	}
-	if err := s.removeIndexFile(sess); err != nil {
+	if err := sj.removeIndexFile(sess); err != nil {
 		return err
 	}
 	sess.reset()
@@ -223,9 +223,9 @@ func (s *Store) rebuildLocked(sess *session, payloads [][]byte) error {
 		if err := json.Unmarshal(p, &r); err != nil {
 			continue // as load does: a record that does not parse is skipped
 		}
-		_ = sess.apply(&r, nil, s.tok)
+		_ = sess.apply(&r, nil, sj.tok)
 	}
-	lf, _, err := s.j.Open(sess.path, func([]byte) {})
+	lf, _, err := sj.j.Open(sess.path, func([]byte) {})
 	if err != nil {
 		return err
 	}
@@ -235,21 +235,21 @@ func (s *Store) rebuildLocked(sess *session, payloads [][]byte) error {
 
 // uploadLocked writes the session's local log (if any) to the empty
 // shared log.
-func (s *Store) uploadLocked(ctx context.Context, sess *session) error {
+func (sj *sessionJournal) uploadLocked(ctx context.Context, sess *session) error {
 	if sess.log == nil {
 		sess.setShared(0, nil)
 		return nil
 	}
-	payloads, err := s.j.Records(sess.path)
+	payloads, err := sj.j.Records(sess.path)
 	if err != nil {
 		return err
 	}
-	n, err := s.opts.SharedLog.Append(ctx, sess.tenant, sess.id, 0, payloads)
+	n, err := sj.opts.SharedLog.Append(ctx, sess.tenant, sess.id, 0, payloads)
 	if err != nil {
 		return fmt.Errorf("memory: upload to the shared log: %w", err)
 	}
 	sess.setShared(n, payloads)
-	s.stats.logUploads.Add(1)
+	sj.stats.logUploads.Add(1)
 	return nil
 }
 
@@ -258,22 +258,22 @@ func (s *Store) uploadLocked(ctx context.Context, sess *session) error {
 // session's position, taking first what other replicas wrote since. Called
 // by writeLocked before the local write, with the session's position known
 // (syncLocked ran).
-func (s *Store) shareLocked(ctx context.Context, sess *session, meta, framed []byte) error {
+func (sj *sessionJournal) shareLocked(ctx context.Context, sess *session, meta, framed []byte) error {
 	var recs [][]byte
-	durable.ScanRecords(framed, s.opts.MaxRecordBytes, func(_ int, p []byte) { recs = append(recs, p) })
+	durable.ScanRecords(framed, sj.opts.MaxRecordBytes, func(_ int, p []byte) { recs = append(recs, p) })
 	for attempt := 0; ; attempt++ {
 		payloads := recs
 		if sess.log == nil {
 			payloads = append([][]byte{meta}, recs...)
 		}
-		n, err := s.opts.SharedLog.Append(ctx, sess.tenant, sess.id, sess.sharedN, payloads)
+		n, err := sj.opts.SharedLog.Append(ctx, sess.tenant, sess.id, sess.sharedN, payloads)
 		if err == nil {
 			sess.setShared(n, payloads)
-			s.stats.logPushed.Add(int64(len(payloads)))
-			if sess.log == nil && !s.private(sess.user) {
+			sj.stats.logPushed.Add(int64(len(payloads)))
+			if sess.log == nil && !sj.private(sess.user) {
 				// A new session: its user's other replicas will look for it.
-				if err := s.registerUserSession(ctx, sess); err != nil {
-					s.opts.Logger.Warn("memory: register the session with its user in the shared log", "err", err)
+				if err := sj.registerUserSession(ctx, sess); err != nil {
+					sj.opts.Logger.Warn("memory: register the session with its user in the shared log", "err", err)
 				}
 			}
 			return nil
@@ -284,8 +284,8 @@ func (s *Store) shareLocked(ctx context.Context, sess *session, meta, framed []b
 		// Another replica wrote meanwhile (its background work, or a turn
 		// this one holds no lease for): take its records, then append
 		// after them.
-		s.stats.logConflicts.Add(1)
-		if err := s.syncLocked(ctx, sess); err != nil {
+		sj.stats.logConflicts.Add(1)
+		if err := sj.syncLocked(ctx, sess); err != nil {
 			return err
 		}
 	}
@@ -302,10 +302,10 @@ const maxSharedUserSessions = 64
 
 // registerUserSession adds a new session to its user's list in the shared
 // log.
-func (s *Store) registerUserSession(ctx context.Context, sess *session) error {
+func (sj *sessionJournal) registerUserSession(ctx context.Context, sess *session) error {
 	id := userLogID(sess.user)
 	for attempt := 0; ; attempt++ {
-		recs, err := s.opts.SharedLog.Records(ctx, sess.tenant, id, 0)
+		recs, err := sj.opts.SharedLog.Records(ctx, sess.tenant, id, 0)
 		if err != nil {
 			return err
 		}
@@ -314,7 +314,7 @@ func (s *Store) registerUserSession(ctx context.Context, sess *session) error {
 				return nil
 			}
 		}
-		_, err = s.opts.SharedLog.Append(ctx, sess.tenant, id, int64(len(recs)), [][]byte{[]byte(sess.id)})
+		_, err = sj.opts.SharedLog.Append(ctx, sess.tenant, id, int64(len(recs)), [][]byte{[]byte(sess.id)})
 		if err == nil || !errors.Is(err, ErrSharedConflict) || attempt == 4 {
 			return err
 		}
@@ -340,7 +340,7 @@ func (s *Store) syncUserShared(um *userMem) {
 		}
 		sess.mu.Lock()
 		before := sess.sharedN
-		err = s.syncLocked(ctx, sess)
+		err = s.jrn.syncLocked(ctx, sess)
 		changed := sess.sharedN != before
 		sess.mu.Unlock()
 		s.unpin(sess) // what follows copes with a session unloaded meanwhile

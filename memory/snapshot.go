@@ -213,7 +213,7 @@ func (s *Store) ExportSession(ctx context.Context, tenant, sessionID, user strin
 	if sess.user != user {
 		return nil, SnapshotInfo{}, ErrUserMismatch
 	}
-	s.persistLocked(sess, s.opts.Clock.Now())
+	s.jrn.persistLocked(sess, s.opts.Clock.Now())
 	if sess.log != nil {
 		if err := sess.log.Sync(); err != nil {
 			return nil, SnapshotInfo{}, err
@@ -412,7 +412,7 @@ func (s *Store) ImportSession(ctx context.Context, tenant, sessionID, user strin
 		var cancel context.CancelFunc
 		sctx, cancel = context.WithTimeout(ctx, s.opts.SharedLogTimeout)
 		defer cancel()
-		if err := s.syncLocked(sctx, sess); err != nil {
+		if err := s.jrn.syncLocked(sctx, sess); err != nil {
 			return SnapshotInfo{}, err
 		}
 	}
@@ -431,13 +431,13 @@ func (s *Store) ImportSession(ctx context.Context, tenant, sessionID, user strin
 		}
 		sharedN = n
 	}
-	if err := s.rebuildLocked(sess, ps.payloads); err != nil {
+	if err := s.jrn.rebuildLocked(sess, ps.payloads); err != nil {
 		return SnapshotInfo{}, err
 	}
 	if s.opts.SharedLog != nil {
 		sess.setShared(sharedN, ps.payloads)
 		if !s.private(sess.user) {
-			if err := s.registerUserSession(sctx, sess); err != nil {
+			if err := s.jrn.registerUserSession(sctx, sess); err != nil {
 				s.opts.Logger.Warn("memory: register an imported session with its user in the shared log", "err", err)
 			}
 		}

@@ -1,12 +1,9 @@
 package memory
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -73,9 +70,10 @@ type Store struct {
 	res   residentSet
 	trimC chan struct{}
 
-	win    *windowBuilder // builds the windows (window.go)
-	recall *retriever     // the indexes and what a turn recalls (recall.go)
-	know   *knowledge     // what is learnt in the background (extract.go)
+	win    *windowBuilder  // builds the windows (window.go)
+	recall *retriever      // the indexes and what a turn recalls (recall.go)
+	know   *knowledge      // what is learnt in the background (extract.go)
+	jrn    *sessionJournal // the sessions' logs (shared.go)
 }
 
 // Open opens (creating if needed) the store rooted at opts.Dir and starts
@@ -117,10 +115,16 @@ func Open(opts Options) (*Store, error) {
 	s.recall = &retriever{env: s.env, ixOpts: opts.Recall.Index, enqueue: s.enqueue}
 	_, s.recall.localEmbedder = opts.Recall.Index.Embedder.(*index.HashEmbedder)
 	s.lists = userlist.New(userlist.Options{Journal: s.j, NoSync: opts.Fsync == FsyncNever, Logger: opts.Logger})
+	s.jrn = &sessionJournal{env: s.env, listSession: s.listSession, loaded: func(sess *session, now time.Time) {
+		s.know.maybeDecayLocked(sess, now)
+		if sess.decayDirty {
+			s.enqueue(sess)
+		}
+	}}
 	s.know = &knowledge{env: s.env, recall: s.recall,
 		revLogs:  reviewlog.New(reviewlog.Options{Dir: opts.Dir, Journal: s.j, Size: opts.Reviewer.LogSize}),
 		extractQ: make(chan *extractJob, max(1, opts.Extraction.Queue)),
-		persist:  s.persistLocked, enqueue: s.enqueue, unpin: s.unpin, userFor: s.userFor}
+		persist:  s.jrn.persistLocked, enqueue: s.enqueue, unpin: s.unpin, userFor: s.userFor}
 	s.workerWG.Add(1)
 	go s.worker()
 	s.sweeper = newSweeper(s)
@@ -178,7 +182,7 @@ func (s *Store) Shutdown(ctx context.Context) error {
 			break
 		}
 		if !sess.gone.Load() && sess.exists {
-			s.persistLocked(sess, s.opts.Clock.Now())
+			s.jrn.persistLocked(sess, s.opts.Clock.Now())
 		}
 		sess.mu.Unlock()
 		s.recall.syncIndex(sess, true)
@@ -324,7 +328,7 @@ func (s *Store) session(tenant, id string, create bool) (*session, error) {
 	sess.refs.Add(1) // under s.mu: never unloaded while looked up (resident.go)
 	s.mu.Unlock()
 	s.closeLogs(idled)
-	sess.loadOnce.Do(func() { sess.loadErr = s.load(sess) })
+	sess.loadOnce.Do(func() { sess.loadErr = s.jrn.load(sess) })
 	if sess.loadErr != nil {
 		s.unpin(sess)
 		s.forget(sess, true)
@@ -382,122 +386,6 @@ func (sess *session) hasUnpersisted() bool {
 	return false
 }
 
-// load replays the session's log, if it has one. Damage never leaves a
-// session stuck: damaged records are skipped (the log is repaired, see
-// openLog); records that decode but cannot apply (their context was in a
-// damaged record) are skipped too; a log whose meta record is damaged keeps
-// its other records and gets a new meta record; a log that belongs to
-// another session (or holds nothing) is moved to quarantine (or removed)
-// with its index, and the session starts afresh. Only I/O errors fail.
-func (s *Store) load(sess *session) error {
-	sess.mu.Lock()
-	defer sess.mu.Unlock()
-	var (
-		rec      record
-		first    = true
-		foreign  bool
-		rejected int
-	)
-	lf, rep, err := s.j.Open(sess.path, func(p []byte) {
-		if foreign {
-			return
-		}
-		isFirst := first
-		first = false
-		rec = record{}
-		if err := json.Unmarshal(p, &rec); err != nil {
-			rejected++
-			return
-		}
-		if rec.K == "meta" && (rec.Tenant != sess.tenant || rec.Session != sess.id) {
-			foreign = isFirst
-			rejected++
-			return
-		}
-		if err := sess.apply(&rec, nil, s.tok); err != nil {
-			rejected++
-		}
-	})
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	s.j.NoteRepair(rep, rejected, sess.path, "session")
-	switch {
-	case foreign:
-		// Not this session's log (a misplaced or forged file): keep it in
-		// quarantine and start afresh.
-		lf.Close()
-		sess.reset()
-		sess.created = time.Time{}
-		dst, err := durable.Quarantine(sess.path, s.j.Quarantine(), s.opts.Clock.Now())
-		if err != nil {
-			return fmt.Errorf("memory: quarantine foreign log: %w", err)
-		}
-		s.j.CountQuarantined()
-		s.opts.Logger.Warn("memory: session log belongs to another session; quarantined", "saved", dst)
-		return s.removeIndexFile(sess)
-	case sess.created.IsZero() && rep.Records == 0:
-		// Nothing but the magic: a creation never acknowledged, or a log
-		// whose every record was damaged.
-		lf.Close()
-		if err := os.Remove(sess.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("memory: remove empty log: %w", err)
-		}
-		sess.reset()
-		return s.removeIndexFile(sess)
-	case sess.created.IsZero():
-		// The meta record was damaged, the rest salvaged: write a new one
-		// first so the next open finds the log whole.
-		lf.Close()
-		if lf, err = s.rewriteMeta(sess); err != nil {
-			return err
-		}
-	}
-	sess.log = lf
-	sess.exists = true
-	now := s.opts.Clock.Now()
-	s.know.maybeDecayLocked(sess, now)
-	if sess.decayDirty {
-		s.enqueue(sess)
-	}
-	return nil
-}
-
-// rewriteMeta rewrites the session's log with a new meta record before its
-// records (atomically) and reopens it. Called with sess.mu held.
-func (s *Store) rewriteMeta(sess *session) (*journal.Log, error) {
-	now := s.opts.Clock.Now()
-	meta, err := json.Marshal(&record{K: "meta", V: logVersion, Tenant: sess.tenant, Session: sess.id, T: now.UnixNano()})
-	if err != nil {
-		return nil, fmt.Errorf("memory: encode meta: %w", err)
-	}
-	data, err := os.ReadFile(sess.path)
-	if err != nil || !bytes.HasPrefix(data, journal.Magic) {
-		return nil, fmt.Errorf("memory: reread repaired log: %w", errors.Join(err, errCorrupt))
-	}
-	image := append(journal.Image(meta), data[len(journal.Magic):]...)
-	if err := durable.WriteFile(sess.path, image); err != nil {
-		return nil, fmt.Errorf("memory: rewrite meta: %w", err)
-	}
-	lf, _, err := s.j.Open(sess.path, func([]byte) {})
-	if err != nil {
-		return nil, err
-	}
-	sess.created = now
-	return lf, nil
-}
-
-// removeIndexFile removes the session's index file, if any.
-func (s *Store) removeIndexFile(sess *session) error {
-	if err := os.Remove(indexPath(sess)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("memory: remove index: %w", err)
-	}
-	return nil
-}
-
 func (sess *session) reset() {
 	sess.nextSeq = 1
 	sess.sys, sess.hist = nil, nil
@@ -514,46 +402,6 @@ func (sess *session) reset() {
 	sess.factSeq, sess.episodeSeq = 0, 0
 	sess.sharedN, sess.sharedLast = -1, 0
 	sess.unitsChanged()
-}
-
-// writeLocked appends framed records to the session's log, creating it with
-// its meta record first. Called with sess.mu held.
-//
-// With a shared log (Options.Shared) the records go there first, at the
-// session's position (see SharedLog); a failure there writes nothing.
-func (s *Store) writeLocked(sess *session, framed []byte, now time.Time) error {
-	var meta []byte
-	if sess.log == nil || s.opts.SharedLog != nil {
-		var err error
-		if meta, err = json.Marshal(&record{K: "meta", V: logVersion, Tenant: sess.tenant, Session: sess.id, User: sess.user, T: now.UnixNano()}); err != nil {
-			return fmt.Errorf("memory: encode meta: %w", err)
-		}
-	}
-	if s.opts.SharedLog != nil {
-		ctx, cancel := context.WithTimeout(s.ctx, s.opts.SharedLogTimeout)
-		defer cancel()
-		if sess.sharedN < 0 {
-			if err := s.syncLocked(ctx, sess); err != nil {
-				return err
-			}
-		}
-		if err := s.shareLocked(ctx, sess, meta, framed); err != nil {
-			return err
-		}
-	}
-	if sess.log == nil {
-		if !sess.exists {
-			if err := s.listSession(sess.tenant, sess.user, sess.id); err != nil {
-				return err
-			}
-		}
-		lf, err := s.j.Create(sess.path, appendRecord(nil, meta))
-		if err != nil {
-			return err
-		}
-		sess.log, sess.exists, sess.created = lf, true, now
-	}
-	return sess.log.Append(framed)
 }
 
 // waitPending waits (bounded by PendingWait and ctx) for the session's open

@@ -241,7 +241,7 @@ func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
 		if s.opts.SharedLog != nil {
 			// What other replicas of a fleet wrote comes first.
 			sctx, cancel := context.WithTimeout(ctx, s.opts.SharedLogTimeout)
-			err := s.syncLocked(sctx, sess)
+			err := s.jrn.syncLocked(sctx, sess)
 			cancel()
 			if err != nil {
 				sess.mu.Unlock()
@@ -408,7 +408,7 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 		if !sess.exists {
 			sess.user = um.user // the meta record names the session's user
 		}
-		if err := s.writeLocked(sess, framed, now); err != nil {
+		if err := s.jrn.writeLocked(sess, framed, now); err != nil {
 			return nil, err
 		}
 		s.stats.appendBytes.Add(int64(len(framed)))
@@ -588,7 +588,7 @@ func (t *Turn) undoLocked() error {
 			return err
 		}
 	}
-	if err := s.writeLocked(sess, framed, now); err != nil {
+	if err := s.jrn.writeLocked(sess, framed, now); err != nil {
 		return fmt.Errorf("memory: undo failed turn: %w", err)
 	}
 	if t.sysChanged {
@@ -674,7 +674,7 @@ func (t *Turn) recordLocked(m *Message, partial bool) error {
 		if err != nil || blk < 0 {
 			return err
 		}
-		if err := s.writeLocked(sess, framed, now); err != nil {
+		if err := s.jrn.writeLocked(sess, framed, now); err != nil {
 			return fmt.Errorf("memory: record recall block: %w", err)
 		}
 		t.attachBlock(blk)
@@ -702,7 +702,7 @@ func (t *Turn) recordLocked(m *Message, partial bool) error {
 	if err != nil {
 		return err
 	}
-	if err := s.writeLocked(sess, framed, now); err != nil {
+	if err := s.jrn.writeLocked(sess, framed, now); err != nil {
 		return fmt.Errorf("memory: record reply: %w", err)
 	}
 	t.attachBlock(blk)

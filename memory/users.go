@@ -151,8 +151,8 @@ func (s *Store) userFor(sess *session, requested string) *userMem {
 // private reports whether sessions of user keep their memory to
 // themselves: the sessions that name no end user, unless the tenant is
 // one user scope (Recall.TenantUserScope).
-func (s *Store) private(user string) bool {
-	return user == "" && !s.opts.Recall.TenantUserScope
+func (e *env) private(user string) bool {
+	return user == "" && !e.opts.Recall.TenantUserScope
 }
 
 func (s *Store) userMem(tenant, user string) *userMem {

@@ -3,7 +3,6 @@ package memory
 import (
 	"context"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
@@ -112,7 +111,7 @@ func (s *Store) sync(sess *session) {
 			u.indexed = false // access count and recency changed
 		}
 	}
-	s.persistLocked(sess, now)
+	s.jrn.persistLocked(sess, now)
 	s.know.maybeCompressLocked(sess, now)
 	s.maybeSummarizeLocked(sess)
 	s.know.maybeExtractLocked(sess)
@@ -173,97 +172,6 @@ func (s *Store) demoteLocked(sess *session, now time.Time) {
 		}
 		sess.unitsChanged()
 	}
-}
-
-// persistLocked writes unpersisted units and access counts as one append.
-func (s *Store) persistLocked(sess *session, now time.Time) {
-	var framed []byte
-	var err error
-	var written []*Unit
-	for _, u := range sess.units {
-		if !u.persisted {
-			written = append(written, u)
-		}
-	}
-	slices.SortFunc(written, func(a, b *Unit) int { return strings.Compare(a.ID, b.ID) })
-	dels := sess.delDirty
-	for _, id := range dels {
-		if framed, err = encodeRecord(framed, &record{K: "del", T: now.UnixNano(), ID: id}); err != nil {
-			s.opts.Logger.Warn("memory: encode deletion", "err", err)
-			return
-		}
-	}
-	drops := sess.drops
-	for _, seq := range drops {
-		if framed, err = encodeRecord(framed, &record{K: "drop", T: now.UnixNano(), Seq: seq}); err != nil {
-			return
-		}
-	}
-	if sess.decayDirty {
-		if framed, err = encodeRecord(framed, &record{K: "decay", T: sess.lastDecay.UnixNano()}); err != nil {
-			return
-		}
-	}
-	l4n := len(sess.l4.dirty)
-	if l4n > 0 {
-		if framed, err = encodeRecord(framed, &record{K: "l4", T: now.UnixNano(), H: slices.Clone(sess.l4.dirty)}); err != nil {
-			return
-		}
-	}
-	if sess.seqDirty {
-		for _, r := range []*record{{K: "xseq", T: now.UnixNano(), Seq: sess.factSeq}, {K: "eseq", T: now.UnixNano(), Seq: sess.episodeSeq}} {
-			if framed, err = encodeRecord(framed, r); err != nil {
-				return
-			}
-		}
-	}
-	for _, u := range written {
-		c := u.clone()
-		if framed, err = encodeRecord(framed, &record{K: "unit", T: now.UnixNano(), Unit: &c}); err != nil {
-			s.opts.Logger.Warn("memory: encode unit", "err", err)
-			return
-		}
-	}
-	kdels := len(sess.kb.dels)
-	if framed, err = sess.kb.appendRecords(framed, now); err != nil {
-		s.opts.Logger.Warn("memory: encode triple", "err", err)
-		return
-	}
-	var acc []accessRecord
-	for id := range sess.accessDirty {
-		if u := sess.units[id]; u != nil && u.persisted {
-			acc = append(acc, accessRecord{ID: id, Count: u.AccessCount, Last: u.LastAccess.UnixNano(), Tier: u.Tier})
-		}
-	}
-	slices.SortFunc(acc, func(a, b accessRecord) int {
-		if a.ID < b.ID {
-			return -1
-		}
-		return 1
-	})
-	if len(acc) > 0 {
-		if framed, err = encodeRecord(framed, &record{K: "acc", T: now.UnixNano(), Acc: acc}); err != nil {
-			acc = nil
-		}
-	}
-	if len(framed) == 0 {
-		clear(sess.accessDirty)
-		return
-	}
-	if err := s.writeLocked(sess, framed, now); err != nil {
-		s.stats.writeErrors.Add(1)
-		s.opts.Logger.Warn("memory: write units", "session", sess.path, "err", err)
-		return
-	}
-	for _, u := range written {
-		u.persisted = true
-	}
-	sess.delDirty = sess.delDirty[len(dels):]
-	sess.drops = sess.drops[len(drops):]
-	sess.seqDirty, sess.decayDirty = false, false
-	sess.l4.dirty = sess.l4.dirty[l4n:]
-	sess.kb.written(kdels)
-	clear(sess.accessDirty)
 }
 
 // maybeSummarizeLocked starts a summary of evicted messages not yet
@@ -341,5 +249,5 @@ func (s *Store) summarize(sess *session, req SummaryRequest, from, to uint64, en
 		sess.units[fu.ID] = fu
 	}
 	s.stats.summaries.Add(1)
-	s.persistLocked(sess, now)
+	s.jrn.persistLocked(sess, now)
 }
