@@ -107,9 +107,9 @@ func (s *Store) Sessions(tenant string, user *string, limit int) ([]SessionInfo,
 	if limit <= 0 {
 		limit = 1000
 	}
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
+	s.reg.mu.Lock()
+	closed := s.reg.closed
+	s.reg.mu.Unlock()
 	if closed {
 		return nil, ErrClosed
 	}
@@ -143,9 +143,9 @@ func (s *Store) Sessions(tenant string, user *string, limit int) ([]SessionInfo,
 // most recently written first. A tenant is named by the newest of its
 // logs whose meta record reads.
 func (s *Store) Tenants() ([]TenantInfo, error) {
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
+	s.reg.mu.Lock()
+	closed := s.reg.closed
+	s.reg.mu.Unlock()
 	if closed {
 		return nil, ErrClosed
 	}
@@ -202,11 +202,11 @@ func (s *Store) UpdateMemory(tenant, sessionID, unitID string, e MemoryEdit) (Un
 			return Unit{}, fmt.Errorf("%w: importance %v (want 0..100)", ErrInvalid, v)
 		}
 	}
-	sess, err := s.session(tenant, sessionID, false)
+	sess, err := s.reg.session(tenant, sessionID, false)
 	if err != nil {
 		return Unit{}, err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	sess.mu.Lock()
 	u := sess.units[unitID]
 	if u == nil || !sess.exists || sess.gone.Load() {

@@ -237,11 +237,11 @@ func (s *Store) AddMemory(tenant, sessionID string, c Category, text string, imp
 	if importance <= 0 {
 		importance = 1
 	}
-	sess, err := s.session(tenant, sessionID, false)
+	sess, err := s.reg.session(tenant, sessionID, false)
 	if err != nil {
 		return Unit{}, err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	sess.mu.Lock()
 	if !sess.exists || sess.gone.Load() {
 		sess.mu.Unlock()
@@ -270,11 +270,11 @@ func (s *Store) AddMemory(tenant, sessionID string, c Category, text string, imp
 // index and its working memory at once, from its log by the worker.
 // Unknown ids are ErrMemoryNotFound (which matches ErrNotFound).
 func (s *Store) DeleteMemory(tenant, sessionID, unitID string) error {
-	sess, err := s.session(tenant, sessionID, false)
+	sess, err := s.reg.session(tenant, sessionID, false)
 	if err != nil {
 		return err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	sess.mu.Lock()
 	if _, ok := sess.units[unitID]; !ok || !sess.exists {
 		sess.mu.Unlock()
@@ -289,11 +289,11 @@ func (s *Store) DeleteMemory(tenant, sessionID, unitID string) error {
 // Boost raises a categorized memory's importance by Options.BoostAmount,
 // within the limits (ErrBoostLimited). It returns the new importance.
 func (s *Store) Boost(tenant, sessionID, unitID string) (float64, error) {
-	sess, err := s.session(tenant, sessionID, false)
+	sess, err := s.reg.session(tenant, sessionID, false)
 	if err != nil {
 		return 0, err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	sess.mu.Lock()
 	u := sess.units[unitID]
 	if u == nil || !sess.exists {

@@ -30,14 +30,14 @@ func (s *Store) Delete(tenant, sessionID string) error {
 			sharedErr = fmt.Errorf("%w: %q", ErrNotFound, sessionID)
 		}
 	}
-	sess, err := s.session(tenant, sessionID, false)
+	sess, err := s.reg.session(tenant, sessionID, false)
 	if errors.Is(err, ErrNotFound) && s.opts.SharedLog != nil && sharedErr == nil {
 		return nil // it lived only in the shared log
 	}
 	if err != nil {
 		return err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	um := s.userFor(sess, "")
 	defer s.recall.dropUserDocs(um, userDocPrefix(sess))
 	sess.mu.Lock()
@@ -50,8 +50,8 @@ func (s *Store) Delete(tenant, sessionID string) error {
 	}
 	err = s.jrn.removeLocked(sess, s.opts.Fsync != FsyncNever)
 	sess.mu.Unlock()
-	s.mu.Lock()
-	s.dropSessionLocked(sess)
-	s.mu.Unlock()
+	s.reg.mu.Lock()
+	s.reg.dropSessionLocked(sess)
+	s.reg.mu.Unlock()
 	return err
 }

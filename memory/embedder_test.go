@@ -87,7 +87,7 @@ func (f *embeddingsServer) set(down bool, dim int) {
 // the embedder's current vector space.
 func waitIndexed(t *testing.T, s *Store, tenant, id string) index.Stats {
 	t.Helper()
-	sess, err := s.session(tenant, id, false)
+	sess, err := s.reg.session(tenant, id, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,11 +74,11 @@ func (s *Store) Recall(ctx context.Context, tenant, sessionID, user, query strin
 		return RecallResult{}, err
 	}
 	for attempt := 0; ; attempt++ {
-		sess, err := s.session(tenant, sessionID, false)
+		sess, err := s.reg.session(tenant, sessionID, false)
 		if err != nil {
 			return RecallResult{}, err
 		}
-		defer s.unpin(sess) // at most one per attempt
+		defer s.reg.unpin(sess) // at most one per attempt
 		sess.mu.Lock()
 		owner, exists := sess.user, sess.exists
 		sess.mu.Unlock()

@@ -15,9 +15,9 @@ import (
 
 // resident reports whether the session is loaded in memory.
 func resident(s *Store, tenant, id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sess := s.sessions[sessionKey(tenant, id)]
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	sess := s.reg.sessions[sessionKey(tenant, id)]
 	return sess != nil && sess.lru != nil && !sess.gone.Load()
 }
 

@@ -32,38 +32,38 @@ func newSweeper(s *Store) *retention.Sweeper {
 	o := &s.opts.Storage
 	return retention.Start(retention.Options{Dir: s.opts.Dir, Quarantine: filepath.Base(s.j.Quarantine()),
 		SessionTTL: o.SessionTTL, MaxDiskBytes: o.MaxDiskBytes, QuarantineTTL: o.QuarantineTTL, Shared: o.Shared,
-		Every: sweepPeriod(o), IndexGrace: o.SweepEvery, Now: s.opts.Clock.Now, Remove: s.removeSessionFile})
+		Every: sweepPeriod(o), IndexGrace: o.SweepEvery, Now: s.opts.Clock.Now, Remove: s.reg.removeSessionFile})
 }
 
 // removeSessionFile deletes the session whose log is at path: directly
-// when it is not loaded (holding s.mu, so nobody loads it meanwhile),
+// when it is not loaded (holding rg.mu, so nobody loads it meanwhile),
 // through its lock when it is. It reports whether the session is gone.
-func (s *Store) removeSessionFile(path string) bool {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+func (rg *registry) removeSessionFile(path string) bool {
+	rg.mu.Lock()
+	if rg.closed {
+		rg.mu.Unlock()
 		return false
 	}
-	if s.byPath == nil || s.byPathGen != s.sessGen {
-		s.byPath = make(map[string]*session, len(s.sessions))
-		for _, sess := range s.sessions {
-			s.byPath[sess.path] = sess
+	if rg.byPath == nil || rg.byPathGen != rg.sessGen {
+		rg.byPath = make(map[string]*session, len(rg.sessions))
+		for _, sess := range rg.sessions {
+			rg.byPath[sess.path] = sess
 		}
-		s.byPathGen = s.sessGen
+		rg.byPathGen = rg.sessGen
 	}
-	sess := s.byPath[path]
-	if sess == nil || s.sessions[sess.key] != sess {
+	sess := rg.byPath[path]
+	if sess == nil || rg.sessions[sess.key] != sess {
 		idx := strings.TrimSuffix(path, ".log") + ".idx"
 		err := os.Remove(path)
-		s.mu.Unlock()
+		rg.mu.Unlock()
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return false
 		}
 		os.Remove(idx)
-		s.forgetSessionDocs(path)
+		rg.forgetSessionDocs(path)
 		return true
 	}
-	s.mu.Unlock()
+	rg.mu.Unlock()
 	if !sess.mu.TryLock() {
 		return false
 	}
@@ -72,13 +72,13 @@ func (s *Store) removeSessionFile(path string) bool {
 		sess.mu.Unlock()
 		return false
 	}
-	if err := s.jrn.removeLocked(sess, false); err != nil {
-		s.opts.Logger.Warn("memory: retention: delete session", "err", err)
+	if err := rg.jrn.removeLocked(sess, false); err != nil {
+		rg.opts.Logger.Warn("memory: retention: delete session", "err", err)
 	}
 	sess.mu.Unlock()
-	s.mu.Lock()
-	s.dropSessionLocked(sess)
-	s.mu.Unlock()
-	s.forgetSessionDocs(path)
+	rg.mu.Lock()
+	rg.dropSessionLocked(sess)
+	rg.mu.Unlock()
+	rg.forgetSessionDocs(path)
 	return true
 }

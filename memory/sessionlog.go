@@ -42,7 +42,7 @@ type sessionJournal struct {
 
 // removeLocked deletes a loaded session's files and state (fsyncing its
 // folder when sync) and marks it gone. Called with sess.mu held; the caller
-// drops it from s.sessions.
+// drops it from the registry.
 func (sj *sessionJournal) removeLocked(sess *session, sync bool) error {
 	sess.gone.Store(true)
 	sess.exists = false

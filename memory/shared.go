@@ -50,11 +50,11 @@ func (s *Store) Sync(ctx context.Context, tenant, sessionID string) error {
 	if s.opts.SharedLog == nil {
 		return nil
 	}
-	sess, err := s.session(tenant, sessionID, true)
+	sess, err := s.reg.session(tenant, sessionID, true)
 	if err != nil {
 		return err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	return s.jrn.syncLocked(ctx, sess)
@@ -334,7 +334,7 @@ func (s *Store) syncUserShared(um *userMem) {
 		return
 	}
 	for _, b := range ids[max(0, len(ids)-maxSharedUserSessions):] {
-		sess, err := s.session(um.tenant, string(b), true)
+		sess, err := s.reg.session(um.tenant, string(b), true)
 		if err != nil {
 			continue
 		}
@@ -343,7 +343,7 @@ func (s *Store) syncUserShared(um *userMem) {
 		err = s.jrn.syncLocked(ctx, sess)
 		changed := sess.sharedN != before
 		sess.mu.Unlock()
-		s.unpin(sess) // what follows copes with a session unloaded meanwhile
+		s.reg.unpin(sess) // what follows copes with a session unloaded meanwhile
 		if err != nil {
 			s.opts.Logger.Warn("memory: a session of the user from the shared log", "err", err)
 			continue

@@ -197,11 +197,11 @@ func (s *Store) ExportSession(ctx context.Context, tenant, sessionID, user strin
 	if err := s.syncView(tenant, sessionID); err != nil {
 		return nil, SnapshotInfo{}, err
 	}
-	sess, err := s.session(tenant, sessionID, false)
+	sess, err := s.reg.session(tenant, sessionID, false)
 	if err != nil {
 		return nil, SnapshotInfo{}, err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	if err := s.waitPending(ctx, sess); err != nil {
 		return nil, SnapshotInfo{}, err
 	}
@@ -400,11 +400,11 @@ func (s *Store) ImportSession(ctx context.Context, tenant, sessionID, user strin
 	if ps.User != user {
 		return ps.SnapshotInfo, ErrUserMismatch
 	}
-	sess, err := s.session(tenant, sessionID, true)
+	sess, err := s.reg.session(tenant, sessionID, true)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	var sctx context.Context

@@ -141,13 +141,13 @@ type Stats struct {
 
 // Stats returns cumulative counters.
 func (s *Store) Stats() Stats {
-	s.mu.Lock()
-	n, users := len(s.sessions), len(s.users)
-	s.mu.Unlock()
+	s.reg.mu.Lock()
+	n, users := len(s.reg.sessions), len(s.reg.users)
+	s.reg.mu.Unlock()
 	st := &s.stats
 	out := Stats{
-		Sessions: n, Users: users, ResidentBytes: s.res.bytes.Load(), MemoryBudget: s.opts.MemoryBudget,
-		SessionsUnloaded: s.res.sessionsUnloaded.Load(), UsersUnloaded: s.res.usersUnloaded.Load(),
+		Sessions: n, Users: users, ResidentBytes: s.reg.res.bytes.Load(), MemoryBudget: s.opts.MemoryBudget,
+		SessionsUnloaded: s.reg.res.sessionsUnloaded.Load(), UsersUnloaded: s.reg.res.usersUnloaded.Load(),
 		Prepares: st.prepares.Load(), Appended: st.appended.Load(),
 		AppendBytes: st.appendBytes.Load(), Evicted: s.win.evicted.Load(), Completes: st.completes.Load(),
 		Orphans: st.orphan.Load(), Summaries: st.summaries.Load(), SummaryErrors: st.summaryErrors.Load(),

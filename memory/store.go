@@ -36,16 +36,6 @@ type Store struct {
 	*env
 	files *durable.Files // bounds the log files held open
 
-	// mu protects the fields below.
-	mu       sync.Mutex
-	sessions map[string]*session
-	sessGen  uint64 // counts sessions added to the map (retention.go)
-	closed   bool
-	// byPath indexes sessions by log path for the retention sweep, rebuilt
-	// when sessGen moved past byPathGen.
-	byPath    map[string]*session
-	byPathGen uint64
-
 	queue    chan *session
 	stop     chan struct{}
 	workerWG sync.WaitGroup
@@ -57,23 +47,13 @@ type Store struct {
 
 	pools *pool.Pools // the tenants' shared pools (memory/internal/pool)
 
-	// users are the loaded user memories, by tenant "\x00" user; s.mu
-	// protects the map.
-	users   map[string]*userMem
-	userGen uint64 // counts the user memories loaded (userMem.gen)
-
 	lists *userlist.Lists // the users' session lists (memory/internal/userlist)
-
-	// res orders the loaded sessions and user indexes by last use and
-	// sums their estimated sizes (resident.go); trimC wakes the worker to
-	// unload idle ones.
-	res   residentSet
-	trimC chan struct{}
 
 	win    *windowBuilder  // builds the windows (window.go)
 	recall *retriever      // the indexes and what a turn recalls (recall.go)
 	know   *knowledge      // what is learnt in the background (extract.go)
-	jrn    *sessionJournal // the sessions' logs (shared.go)
+	jrn    *sessionJournal // the sessions' logs (sessionlog.go)
+	reg    *registry       // what is loaded (resident.go)
 }
 
 // Open opens (creating if needed) the store rooted at opts.Dir and starts
@@ -93,14 +73,11 @@ func Open(opts Options) (*Store, error) {
 			j: journal.New(journal.Options{MaxRecord: opts.MaxRecordBytes, Quarantine: filepath.Join(opts.Dir, "quarantine"),
 				Files: files, SyncAppends: opts.Fsync == FsyncAlways, NoSync: opts.Fsync == FsyncNever,
 				Now: opts.Clock.Now, Logger: opts.Logger})},
-		cancel:   cancel,
-		files:    files,
-		sessions: map[string]*session{},
-		queue:    make(chan *session, opts.QueueSize),
-		trimC:    make(chan struct{}, 1),
-		stop:     make(chan struct{}),
-		sumSem:   make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries)),
-		users:    map[string]*userMem{},
+		cancel: cancel,
+		files:  files,
+		queue:  make(chan *session, opts.QueueSize),
+		stop:   make(chan struct{}),
+		sumSem: make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries)),
 	}
 	enc := CL100K
 	if opts.Window.Encoding != "" {
@@ -110,21 +87,25 @@ func Open(opts Options) (*Store, error) {
 		cancel()
 		return nil, fmt.Errorf("memory: load encoding %s: %w", enc, err)
 	}
+	s.reg = &registry{env: s.env, sessions: map[string]*session{}, users: map[string]*userMem{},
+		trimC: make(chan struct{}, 1), sync: s.sync, ensureUser: s.ensureUser}
 	s.pools = newPools(s)
 	s.win = &windowBuilder{opts: &s.opts, tok: s.tok}
 	s.recall = &retriever{env: s.env, ixOpts: opts.Recall.Index, enqueue: s.enqueue}
 	_, s.recall.localEmbedder = opts.Recall.Index.Embedder.(*index.HashEmbedder)
 	s.lists = userlist.New(userlist.Options{Journal: s.j, NoSync: opts.Fsync == FsyncNever, Logger: opts.Logger})
+	s.reg.recall = s.recall
 	s.jrn = &sessionJournal{env: s.env, listSession: s.listSession, loaded: func(sess *session, now time.Time) {
 		s.know.maybeDecayLocked(sess, now)
 		if sess.decayDirty {
 			s.enqueue(sess)
 		}
 	}}
+	s.reg.jrn = s.jrn
 	s.know = &knowledge{env: s.env, recall: s.recall,
 		revLogs:  reviewlog.New(reviewlog.Options{Dir: opts.Dir, Journal: s.j, Size: opts.Reviewer.LogSize}),
 		extractQ: make(chan *extractJob, max(1, opts.Extraction.Queue)),
-		persist:  s.jrn.persistLocked, enqueue: s.enqueue, unpin: s.unpin, userFor: s.userFor}
+		persist:  s.jrn.persistLocked, enqueue: s.enqueue, unpin: s.reg.unpin, userFor: s.userFor}
 	s.workerWG.Add(1)
 	go s.worker()
 	s.sweeper = newSweeper(s)
@@ -148,13 +129,13 @@ func (s *Store) Close() error { return s.Shutdown(context.Background()) }
 // written). Turns not yet completed can no longer record their reply. Later
 // calls return nil at once.
 func (s *Store) Shutdown(ctx context.Context) error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	s.reg.mu.Lock()
+	if s.reg.closed {
+		s.reg.mu.Unlock()
 		return nil
 	}
-	s.closed = true
-	s.mu.Unlock()
+	s.reg.closed = true
+	s.reg.mu.Unlock()
 	s.cancel()
 	close(s.stop)
 	var errs []error
@@ -167,12 +148,12 @@ func (s *Store) Shutdown(ctx context.Context) error {
 	if !stopped {
 		errs = append(errs, fmt.Errorf("memory: shutdown: background work still running: %w", ctx.Err()))
 	}
-	s.mu.Lock()
-	loaded := make([]*session, 0, len(s.sessions))
-	for _, sess := range s.sessions {
+	s.reg.mu.Lock()
+	loaded := make([]*session, 0, len(s.reg.sessions))
+	for _, sess := range s.reg.sessions {
 		loaded = append(loaded, sess)
 	}
-	s.mu.Unlock()
+	s.reg.mu.Unlock()
 	for _, sess := range loaded {
 		if ctx.Err() != nil {
 			break
@@ -188,12 +169,12 @@ func (s *Store) Shutdown(ctx context.Context) error {
 		s.recall.syncIndex(sess, true)
 		s.syncUser(sess)
 	}
-	s.mu.Lock()
-	users := make([]*userMem, 0, len(s.users))
-	for _, um := range s.users {
+	s.reg.mu.Lock()
+	users := make([]*userMem, 0, len(s.reg.users))
+	for _, um := range s.reg.users {
 		users = append(users, um)
 	}
-	s.mu.Unlock()
+	s.reg.mu.Unlock()
 	for _, um := range users {
 		if ctx.Err() != nil {
 			break
@@ -218,11 +199,11 @@ func (s *Store) Shutdown(ctx context.Context) error {
 	if skipped > 0 {
 		errs = append(errs, fmt.Errorf("memory: shutdown: %d sessions still busy: %w", skipped, ctx.Err()))
 	}
-	s.mu.Lock()
+	s.reg.mu.Lock()
 	for _, sess := range loaded {
-		s.dropSessionLocked(sess)
+		s.reg.dropSessionLocked(sess)
 	}
-	s.mu.Unlock()
+	s.reg.mu.Unlock()
 	return errors.Join(errs...)
 }
 
@@ -303,59 +284,59 @@ func (s *Store) CountTokensContext(ctx context.Context, model, text string) (int
 // session returns the loaded session, loading it from disk on first use,
 // pinned in memory: the caller unpins it (unpin) when done with it. With
 // create false a session without a log is ErrNotFound.
-func (s *Store) session(tenant, id string, create bool) (*session, error) {
+func (rg *registry) session(tenant, id string, create bool) (*session, error) {
 	key := sessionKey(tenant, id)
-	now := s.opts.Clock.Now()
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	now := rg.opts.Clock.Now()
+	rg.mu.Lock()
+	if rg.closed {
+		rg.mu.Unlock()
 		return nil, ErrClosed
 	}
-	sess := s.sessions[key]
+	sess := rg.sessions[key]
 	added := sess == nil || sess.gone.Load()
 	var idled []*journal.Log
 	if added {
 		if sess != nil {
-			s.dropSessionLocked(sess)
+			rg.dropSessionLocked(sess)
 		}
-		sess = newSession(s.opts.Dir, tenant, id)
-		s.addSessionLocked(sess)
-		idled = s.shrinkSessionsLocked(sess)
+		sess = newSession(rg.opts.Dir, tenant, id)
+		rg.addSessionLocked(sess)
+		idled = rg.shrinkSessionsLocked(sess)
 	} else {
-		s.res.sessions.MoveToFront(sess.lru)
+		rg.res.sessions.MoveToFront(sess.lru)
 	}
 	sess.lastUse = now
-	sess.refs.Add(1) // under s.mu: never unloaded while looked up (resident.go)
-	s.mu.Unlock()
-	s.closeLogs(idled)
-	sess.loadOnce.Do(func() { sess.loadErr = s.jrn.load(sess) })
+	sess.refs.Add(1) // under rg.mu: never unloaded while looked up (resident.go)
+	rg.mu.Unlock()
+	rg.closeLogs(idled)
+	sess.loadOnce.Do(func() { sess.loadErr = rg.jrn.load(sess) })
 	if sess.loadErr != nil {
-		s.unpin(sess)
-		s.forget(sess, true)
+		rg.unpin(sess)
+		rg.forget(sess, true)
 		return nil, sess.loadErr
 	}
 	sess.mu.Lock()
 	exists := sess.exists
 	sess.mu.Unlock()
 	if !create && !exists {
-		s.unpin(sess)
-		s.forget(sess, false)
+		rg.unpin(sess)
+		rg.forget(sess, false)
 		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
 	if added {
-		s.noteSession(sess)
-		if s.opts.MemoryBudget > 0 && s.res.bytes.Load() > s.opts.MemoryBudget {
-			s.signalTrim()
+		rg.noteSession(sess)
+		if rg.opts.MemoryBudget > 0 && rg.res.bytes.Load() > rg.opts.MemoryBudget {
+			rg.signalTrim()
 		}
 	}
 	return sess, nil
 }
 
 // unpin ends a session lookup (see session).
-func (s *Store) unpin(sess *session) { sess.refs.Add(-1) }
+func (rg *registry) unpin(sess *session) { sess.refs.Add(-1) }
 
 // forget drops sess from memory if it is idle (always when failed).
-func (s *Store) forget(sess *session, failed bool) {
+func (rg *registry) forget(sess *session, failed bool) {
 	if !failed {
 		if !sess.mu.TryLock() {
 			return
@@ -369,9 +350,9 @@ func (s *Store) forget(sess *session, failed bool) {
 			return
 		}
 	}
-	s.mu.Lock()
-	s.dropSessionLocked(sess)
-	s.mu.Unlock()
+	rg.mu.Lock()
+	rg.dropSessionLocked(sess)
+	rg.mu.Unlock()
 }
 
 func (sess *session) hasUnpersisted() bool {

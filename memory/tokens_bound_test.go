@@ -83,7 +83,7 @@ func testPrepareCountsOutsideTheLockAndStops(t *testing.T) {
 	s := openBubbleStore(t, t.TempDir(), func(o *Options) { o.Window.Limit = 200_000 })
 	prepare(t, s, "t", "s", ModeAppend, text("user", "hello")).Complete(text("assistant", "hi"))
 	synctest.Wait() // the worker is done with that turn: only Prepare can hold the lock below
-	sess, err := s.session("t", "s", false)
+	sess, err := s.reg.session("t", "s", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestCloseStopsCountingInFlight(t *testing.T) {
 func TestShutdownGivesUpAtItsDeadline(t *testing.T) {
 	s := openStore(t, t.TempDir(), nil)
 	prepare(t, s, "t", "s", ModeAppend, text("user", "hello")).Abort()
-	sess, _ := s.session("t", "s", false)
+	sess, _ := s.reg.session("t", "s", false)
 	sess.mu.Lock() // a stuck holder
 	defer func() {
 		// Free the holder, then let the work Shutdown gave up on finish

@@ -436,7 +436,7 @@ func (s *Store) Triples(tenant, user string, limit int) ([]Triple, error) {
 		if si.Tenant != tenant {
 			continue // Sessions("") lists every tenant
 		}
-		sess, err := s.session(tenant, si.ID, false)
+		sess, err := s.reg.session(tenant, si.ID, false)
 		if err != nil {
 			continue // deleted since
 		}
@@ -450,7 +450,7 @@ func (s *Store) Triples(tenant, user string, limit int) ([]Triple, error) {
 			}
 		}
 		sess.mu.Unlock()
-		s.unpin(sess)
+		s.reg.unpin(sess)
 	}
 	slices.SortFunc(out, func(a, b Triple) int {
 		if c := b.At.Compare(a.At); c != 0 {
@@ -480,7 +480,7 @@ func (s *Store) DeleteTriple(tenant, user, id string) error {
 		if err != nil || meta.K != "meta" || meta.Tenant != tenant || meta.User != user || meta.Session == "" {
 			continue
 		}
-		sess, err := s.session(tenant, meta.Session, false)
+		sess, err := s.reg.session(tenant, meta.Session, false)
 		if err != nil {
 			if errors.Is(err, ErrClosed) {
 				return err
@@ -494,11 +494,11 @@ func (s *Store) DeleteTriple(tenant, user, id string) error {
 			sess.kb.dels = append(sess.kb.dels, id)
 			sess.mu.Unlock()
 			s.enqueue(sess)
-			s.unpin(sess)
+			s.reg.unpin(sess)
 			return nil
 		}
 		sess.mu.Unlock()
-		s.unpin(sess)
+		s.reg.unpin(sess)
 	}
 	return notFound
 }

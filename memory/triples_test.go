@@ -285,9 +285,9 @@ func TestTriplesMerge(t *testing.T) {
 			t.Fatalf("merged: %+v", ts)
 		}
 		// Fill the stored support up to its bound, then one more is refused.
-		s.mu.Lock()
-		sess := s.sessions[sessionKey("t", "s")]
-		s.mu.Unlock()
+		s.reg.mu.Lock()
+		sess := s.reg.sessions[sessionKey("t", "s")]
+		s.reg.mu.Unlock()
 		sess.mu.Lock()
 		tr := sess.kb.triples[ts[0].ID]
 		for i := len(tr.Support); i < maxStoredSupport; i++ {
@@ -392,11 +392,11 @@ func TestUserGraphAcrossSessions(t *testing.T) {
 			// the graph keeps the fact while the question asks about Rex's
 			// toy, though it shares no word with the fact.
 			func() {
-				sess, err := s.session("t", "c", false)
+				sess, err := s.reg.session("t", "c", false)
 				if err != nil {
 					t.Fatal(err)
 				}
-				um := s.userMem("t", "ada")
+				um := s.reg.userMem("t", "ada")
 				sess.mu.Lock()
 				defer sess.mu.Unlock()
 				items := s.recall.itemsFor(sess, um, sess.wm.injected, nil)
@@ -447,7 +447,7 @@ func TestUserGraphAcrossSessions(t *testing.T) {
 			if recalled(s, "t", "b", "ada") {
 				t.Fatal("session b still recalls the deleted fact")
 			}
-			um := s.userMem("t", "ada")
+			um := s.reg.userMem("t", "ada")
 			if n := um.graphLen(); n != 0 {
 				t.Fatalf("user graph keeps %d links after the cascade", n)
 			}

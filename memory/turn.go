@@ -211,11 +211,11 @@ func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
 		return nil, err
 	}
 	for attempt := 0; ; attempt++ {
-		sess, err := s.session(req.Tenant, req.SessionID, true)
+		sess, err := s.reg.session(req.Tenant, req.SessionID, true)
 		if err != nil {
 			return nil, err
 		}
-		defer s.unpin(sess) // at most one per attempt
+		defer s.reg.unpin(sess) // at most one per attempt
 		if err := s.waitPending(ctx, sess); err != nil {
 			return nil, err
 		}

@@ -236,20 +236,20 @@ func (rt *retriever) syncUserDocs(sess *session, um *userMem) {
 // forgetSessionDocs drops the documents of the session whose log was at
 // logPath (deleted by retention) from the loaded indexes of its tenant's
 // users. Unloaded ones drop them when next loaded (their log is gone).
-func (s *Store) forgetSessionDocs(logPath string) {
+func (rg *registry) forgetSessionDocs(logPath string) {
 	hash := strings.TrimSuffix(filepath.Base(logPath), ".log")
 	tdir := filepath.Dir(filepath.Dir(logPath))
-	s.mu.Lock()
+	rg.mu.Lock()
 	var ums []*userMem
-	for _, um := range s.users {
+	for _, um := range rg.users {
 		if um.tenantDir == tdir {
 			ums = append(ums, um)
 		}
 	}
-	s.mu.Unlock()
+	rg.mu.Unlock()
 	for _, um := range ums {
 		if um.hasDocsOf(hash) {
-			s.recall.dropUserDocs(um, hash+"|")
+			rg.recall.dropUserDocs(um, hash+"|")
 		}
 	}
 }

@@ -29,9 +29,9 @@ func (s *Store) listSession(tenant, user, id string) error {
 	if err := s.lists.Add(userListPath(userIndexPath(s.opts.Dir, tenant, user)), id); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	um := s.users[tenant+"\x00"+user]
-	s.mu.Unlock()
+	s.reg.mu.Lock()
+	um := s.reg.users[tenant+"\x00"+user]
+	s.reg.mu.Unlock()
 	if um != nil {
 		um.mu.Lock()
 		um.listed = append(um.listed, id) // before listRead: merged by userListed

@@ -144,7 +144,7 @@ func userIndexPath(root, tenant, user string) string {
 // its own memory and nothing of it reaches another session.
 func (s *Store) userFor(sess *session, requested string) *userMem {
 	um := s.holdUserFor(sess, requested)
-	s.releaseUser(um)
+	s.reg.releaseUser(um)
 	return um
 }
 
@@ -155,42 +155,48 @@ func (e *env) private(user string) bool {
 	return user == "" && !e.opts.Recall.TenantUserScope
 }
 
-func (s *Store) userMem(tenant, user string) *userMem {
-	um := s.holdUser(tenant, user, "")
-	s.releaseUser(um)
+func (rg *registry) userMem(tenant, user string) *userMem {
+	um := rg.holdUser(tenant, user, "")
+	rg.releaseUser(um)
 	return um
 }
 
 // holdUser is userMem, keeping the user index resident until releaseUser.
 // asking is the id of the session that asks ("" for none): the index
 // loads only when the user has a session other than it.
-func (s *Store) holdUser(tenant, user, asking string) *userMem {
+func (rg *registry) holdUser(tenant, user, asking string) *userMem {
 	key := tenant + "\x00" + user
-	now := s.opts.Clock.Now()
-	s.mu.Lock()
-	um := s.users[key]
+	now := rg.opts.Clock.Now()
+	rg.mu.Lock()
+	um := rg.users[key]
 	if um == nil {
-		s.userGen++
-		um = &userMem{gen: s.userGen, tenant: tenant, user: user, key: key, path: userIndexPath(s.opts.Dir, tenant, user), tenantDir: tenantDir(s.opts.Dir, tenant)}
-		s.users[key] = um
-		um.lru = s.res.users.PushFront(um)
-		s.shrinkUsersLocked(um)
+		rg.userGen++
+		um = &userMem{gen: rg.userGen, tenant: tenant, user: user, key: key, path: userIndexPath(rg.opts.Dir, tenant, user), tenantDir: tenantDir(rg.opts.Dir, tenant)}
+		rg.users[key] = um
+		um.lru = rg.res.users.PushFront(um)
+		rg.shrinkUsersLocked(um)
 	} else if um.lru != nil {
-		s.res.users.MoveToFront(um.lru)
+		rg.res.users.MoveToFront(um.lru)
 	}
 	um.lastUse = now
 	um.busy++ // not unloaded while it loads or syncs (resident.go)
-	closed := s.closed
-	s.mu.Unlock()
-	if !s.opts.Recall.IndexDisabled && !closed {
-		s.ensureIndex(um, asking)
-		if s.opts.SharedLog != nil {
-			// A fleet: the user's sessions served on other replicas.
-			s.syncUserShared(um)
-			s.ensureIndex(um, asking)
-		}
+	closed := rg.closed
+	rg.mu.Unlock()
+	if !rg.opts.Recall.IndexDisabled && !closed {
+		rg.ensureUser(um, asking)
 	}
 	return um
+}
+
+// ensureUser loads the user's index when it is needed (ensureIndex) and,
+// in a fleet, brings the user's sessions served on other replicas up to
+// date.
+func (s *Store) ensureUser(um *userMem, asking string) {
+	s.ensureIndex(um, asking)
+	if s.opts.SharedLog != nil {
+		s.syncUserShared(um)
+		s.ensureIndex(um, asking)
+	}
 }
 
 // ensureIndex loads the user's index (loadUser) unless it is loaded or
@@ -213,18 +219,18 @@ func (s *Store) ensureIndex(um *userMem, asking string) {
 	}
 	if need {
 		s.loadUser(um)
-		s.noteUser(um)
+		s.reg.noteUser(um)
 	}
 }
 
 // releaseUser ends a holdUser (nil: nothing to release).
-func (s *Store) releaseUser(um *userMem) {
+func (rg *registry) releaseUser(um *userMem) {
 	if um == nil || um.key == "" {
 		return
 	}
-	s.mu.Lock()
+	rg.mu.Lock()
 	um.busy--
-	s.mu.Unlock()
+	rg.mu.Unlock()
 }
 
 // holdUserFor is userFor, keeping a user index resident until releaseUser.
@@ -238,7 +244,7 @@ func (s *Store) holdUserFor(sess *session, requested string) *userMem {
 	if s.private(user) {
 		return &userMem{tenant: sess.tenant, tenantDir: tenantDir(s.opts.Dir, sess.tenant)}
 	}
-	return s.holdUser(sess.tenant, user, sess.id)
+	return s.reg.holdUser(sess.tenant, user, sess.id)
 }
 
 // loadUser loads the user's index and reconciles it with the logs.
@@ -320,7 +326,7 @@ func (s *Store) loadUser(um *userMem) {
 	um.lastSave = s.opts.Clock.Now() // what loaded is on disk: the next save waits IndexSaveInterval
 	um.mu.Unlock()
 	for _, id := range s.listUserSessions(um, since) {
-		sess, err := s.session(um.tenant, id, false)
+		sess, err := s.reg.session(um.tenant, id, false)
 		if err != nil {
 			continue
 		}
@@ -330,7 +336,7 @@ func (s *Store) loadUser(um *userMem) {
 		if mine { // not an id reused by another user after a deletion
 			s.recall.syncUserDocs(sess, um)
 		}
-		s.unpin(sess)
+		s.reg.unpin(sess)
 	}
 }
 

@@ -41,11 +41,11 @@ func talk(t *testing.T, s *Store, tenant, session, user string, lines ...string)
 // settle waits for the worker to index what the last turns left.
 func settle(t *testing.T, s *Store, tenant, session string) {
 	t.Helper()
-	sess, err := s.session(tenant, session, false)
+	sess, err := s.reg.session(tenant, session, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	s.syncUser(sess) // what the worker does after a turn, done now
 }
 
@@ -192,7 +192,7 @@ func TestRetentionForgetsUserMemory(t *testing.T) {
 	if tr := ask(t, s, "t", "probe1", "ada", "What bike do I ride?"); !strings.Contains(string(tr.Block), "Bianchi") {
 		t.Fatalf("not recalled before the sweep: %s", tr.Block)
 	}
-	s.recall.saveUser(s.userMem("t", "ada"), true)
+	s.recall.saveUser(s.reg.userMem("t", "ada"), true)
 	long := time.Now().Add(-2 * time.Hour)
 	for _, f := range []string{sessionPath(dir, "t", "old"), userIndexPath(dir, "t", "ada")} {
 		if err := os.Chtimes(f, long, long); err != nil {

@@ -43,13 +43,13 @@ func (s *Store) worker() {
 			sess.queued.Store(false)
 			s.sync(sess)
 			s.lists.Sync()
-			s.noteSession(sess)
-			if s.overBudget() {
-				s.trim(trimBatch)
+			s.reg.noteSession(sess)
+			if s.reg.overBudget() {
+				s.reg.trim(trimBatch)
 			}
-		case <-s.trimC:
-			if s.trim(trimBatch) == trimBatch {
-				s.signalTrim() // more, after the queue's next session
+		case <-s.reg.trimC:
+			if s.reg.trim(trimBatch) == trimBatch {
+				s.reg.signalTrim() // more, after the queue's next session
 			}
 		case <-tick:
 			s.syncLogs()
@@ -69,9 +69,9 @@ func (s *Store) worker() {
 
 // syncLogs fsyncs every dirty log (FsyncInterval).
 func (s *Store) syncLogs() {
-	s.mu.Lock()
-	logs := make([]*journal.Log, 0, len(s.sessions))
-	for _, sess := range s.sessions {
+	s.reg.mu.Lock()
+	logs := make([]*journal.Log, 0, len(s.reg.sessions))
+	for _, sess := range s.reg.sessions {
 		if sess.mu.TryLock() {
 			if sess.log != nil {
 				logs = append(logs, sess.log)
@@ -79,7 +79,7 @@ func (s *Store) syncLogs() {
 			sess.mu.Unlock()
 		}
 	}
-	s.mu.Unlock()
+	s.reg.mu.Unlock()
 	for _, l := range logs {
 		if err := l.Sync(); err != nil {
 			s.stats.writeErrors.Add(1)
@@ -129,11 +129,11 @@ func (s *Store) syncUser(sess *session) {
 		return
 	}
 	um := s.holdUserFor(sess, "")
-	defer s.releaseUser(um)
+	defer s.reg.releaseUser(um)
 	s.recall.syncUserDocs(sess, um)
 	s.recall.saveUser(um, false)
 	if um.key != "" {
-		s.noteUser(um)
+		s.reg.noteUser(um)
 	}
 }
 
