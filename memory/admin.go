@@ -220,7 +220,7 @@ func (s *Store) UpdateMemory(tenant, sessionID, unitID string, e MemoryEdit) (Un
 	sess.edit(s.tok, u, e, text, s.opts.Clock.Now())
 	out := u.clone()
 	sess.mu.Unlock()
-	s.enqueue(sess)
+	s.wk.enqueue(sess)
 	return out, nil
 }
 

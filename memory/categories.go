@@ -262,7 +262,7 @@ func (s *Store) AddMemory(tenant, sessionID string, c Category, text string, imp
 	sess.unitsChanged()
 	out := u.clone()
 	sess.mu.Unlock()
-	s.enqueue(sess)
+	s.wk.enqueue(sess)
 	return out, nil
 }
 
@@ -282,7 +282,7 @@ func (s *Store) DeleteMemory(tenant, sessionID, unitID string) error {
 	}
 	sess.deleteUnit(unitID)
 	sess.mu.Unlock()
-	s.enqueue(sess)
+	s.wk.enqueue(sess)
 	return nil
 }
 
@@ -308,7 +308,7 @@ func (s *Store) Boost(tenant, sessionID, unitID string) (float64, error) {
 	imp := u.Importance
 	sess.mu.Unlock()
 	if err == nil {
-		s.enqueue(sess)
+		s.wk.enqueue(sess)
 	}
 	return imp, err
 }

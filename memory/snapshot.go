@@ -444,6 +444,6 @@ func (s *Store) ImportSession(ctx context.Context, tenant, sessionID, user strin
 	}
 	sess.lastModel = ps.Model
 	sess.wm.restore(ps.header.WM, sess.units)
-	s.enqueue(sess) // index and user documents, off this call
+	s.wk.enqueue(sess) // index and user documents, off this call
 	return ps.SnapshotInfo, nil
 }

@@ -29,31 +29,25 @@ type env struct {
 	ctx   context.Context
 }
 
-// Store owns the sessions under Options.Dir, the token counter, and the
-// background worker. Open it once; Close it after the last request.
-// Safe for concurrent use.
+// Store is memory's front: Open, Shutdown, Prepare a turn (Turn completes
+// it), the session views, Delete, and thin calls into the subsystems it
+// owns, each with its state, its lock and its goroutines. Open it once;
+// Close it after the last request. Safe for concurrent use.
 type Store struct {
 	*env
-	files *durable.Files // bounds the log files held open
+	cancel context.CancelFunc // ends env.ctx
+	files  *durable.Files     // bounds the log files held open
 
-	queue    chan *session
-	stop     chan struct{}
-	workerWG sync.WaitGroup
-	sumWG    sync.WaitGroup
-	sumSem   chan struct{}
-	cancel   context.CancelFunc
-
-	sweeper *retention.Sweeper // the retention sweep and its goroutine (memory/internal/retention)
-
-	pools *pool.Pools // the tenants' shared pools (memory/internal/pool)
-
-	lists *userlist.Lists // the users' session lists (memory/internal/userlist)
-
-	win    *windowBuilder  // builds the windows (window.go)
+	reg    *registry       // what is loaded, and the closed flag (resident.go)
+	jrn    *sessionJournal // the sessions' logs (sessionlog.go, shared.go)
+	win    *windowBuilder  // builds the windows, no I/O (window.go, block.go)
 	recall *retriever      // the indexes and what a turn recalls (recall.go)
-	know   *knowledge      // what is learnt in the background (extract.go)
-	jrn    *sessionJournal // the sessions' logs (sessionlog.go)
-	reg    *registry       // what is loaded (resident.go)
+	know   *knowledge      // what is learnt in the background; its goroutines (extract.go)
+	wk     *worker         // the background writes; its goroutine (worker.go)
+
+	lists   *userlist.Lists    // the users' session lists (memory/internal/userlist)
+	pools   *pool.Pools        // the tenants' shared pools (memory/internal/pool)
+	sweeper *retention.Sweeper // the retention sweep; its goroutine (memory/internal/retention)
 }
 
 // Open opens (creating if needed) the store rooted at opts.Dir and starts
@@ -75,9 +69,6 @@ func Open(opts Options) (*Store, error) {
 				Now: opts.Clock.Now, Logger: opts.Logger})},
 		cancel: cancel,
 		files:  files,
-		queue:  make(chan *session, opts.QueueSize),
-		stop:   make(chan struct{}),
-		sumSem: make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries)),
 	}
 	enc := CL100K
 	if opts.Window.Encoding != "" {
@@ -87,27 +78,33 @@ func Open(opts Options) (*Store, error) {
 		cancel()
 		return nil, fmt.Errorf("memory: load encoding %s: %w", enc, err)
 	}
-	s.reg = &registry{env: s.env, sessions: map[string]*session{}, users: map[string]*userMem{},
-		trimC: make(chan struct{}, 1), sync: s.sync, ensureUser: s.ensureUser}
-	s.pools = newPools(s)
-	s.win = &windowBuilder{opts: &s.opts, tok: s.tok}
-	s.recall = &retriever{env: s.env, ixOpts: opts.Recall.Index, enqueue: s.enqueue}
-	_, s.recall.localEmbedder = opts.Recall.Index.Embedder.(*index.HashEmbedder)
+	// The subsystems with their own state, then what each needs of the
+	// others, then their goroutines.
 	s.lists = userlist.New(userlist.Options{Journal: s.j, NoSync: opts.Fsync == FsyncNever, Logger: opts.Logger})
-	s.reg.recall = s.recall
-	s.jrn = &sessionJournal{env: s.env, listSession: s.listSession, loaded: func(sess *session, now time.Time) {
+	s.jrn = &sessionJournal{env: s.env}
+	s.recall = &retriever{env: s.env, ixOpts: opts.Recall.Index}
+	_, s.recall.localEmbedder = opts.Recall.Index.Embedder.(*index.HashEmbedder)
+	s.reg = &registry{env: s.env, sessions: map[string]*session{}, users: map[string]*userMem{}, trimC: make(chan struct{}, 1)}
+	s.know = &knowledge{env: s.env, extractQ: make(chan *extractJob, max(1, opts.Extraction.Queue)),
+		revLogs: reviewlog.New(reviewlog.Options{Dir: opts.Dir, Journal: s.j, Size: opts.Reviewer.LogSize})}
+	s.wk = &worker{env: s.env, queue: make(chan *session, opts.QueueSize), stop: make(chan struct{}),
+		sumSem: make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries))}
+	s.win = &windowBuilder{opts: &s.opts, tok: s.tok}
+	s.pools = newPools(s)
+
+	s.jrn.listSession = s.listSession
+	s.jrn.loaded = func(sess *session, now time.Time) {
 		s.know.maybeDecayLocked(sess, now)
 		if sess.decayDirty {
-			s.enqueue(sess)
+			s.wk.enqueue(sess)
 		}
-	}}
-	s.reg.jrn = s.jrn
-	s.know = &knowledge{env: s.env, recall: s.recall,
-		revLogs:  reviewlog.New(reviewlog.Options{Dir: opts.Dir, Journal: s.j, Size: opts.Reviewer.LogSize}),
-		extractQ: make(chan *extractJob, max(1, opts.Extraction.Queue)),
-		persist:  s.jrn.persistLocked, enqueue: s.enqueue, unpin: s.reg.unpin, userFor: s.userFor}
-	s.workerWG.Add(1)
-	go s.worker()
+	}
+	s.recall.enqueue = s.wk.enqueue
+	s.reg.jrn, s.reg.recall, s.reg.sync, s.reg.ensureUser = s.jrn, s.recall, s.wk.sync, s.ensureUser
+	s.know.recall, s.know.persist, s.know.enqueue, s.know.unpin, s.know.userFor = s.recall, s.jrn.persistLocked, s.wk.enqueue, s.reg.unpin, s.userFor
+	s.wk.reg, s.wk.jrn, s.wk.recall, s.wk.know, s.wk.lists, s.wk.holdUserFor = s.reg, s.jrn, s.recall, s.know, s.lists, s.holdUserFor
+
+	s.wk.start()
 	s.sweeper = newSweeper(s)
 	s.know.start()
 	return s, nil
@@ -137,10 +134,10 @@ func (s *Store) Shutdown(ctx context.Context) error {
 	s.reg.closed = true
 	s.reg.mu.Unlock()
 	s.cancel()
-	close(s.stop)
+	close(s.wk.stop)
 	var errs []error
 	stopped := s.sweeper.Stop(ctx)
-	for _, wg := range []*sync.WaitGroup{&s.workerWG, &s.sumWG, &s.know.extractWG} {
+	for _, wg := range []*sync.WaitGroup{&s.wk.wg, &s.wk.sumWG, &s.know.extractWG} {
 		if stopped = stopped && waitGroup(ctx, wg); !stopped {
 			break
 		}
@@ -167,7 +164,7 @@ func (s *Store) Shutdown(ctx context.Context) error {
 		}
 		sess.mu.Unlock()
 		s.recall.syncIndex(sess, true)
-		s.syncUser(sess)
+		s.wk.syncUser(sess)
 	}
 	s.reg.mu.Lock()
 	users := make([]*userMem, 0, len(s.reg.users))

@@ -160,7 +160,7 @@ func TestShutdownGivesUpAtItsDeadline(t *testing.T) {
 		// before the folder is removed.
 		sess.mu.Unlock()
 		s.sweeper.Stop(context.Background())
-		for _, wg := range []*sync.WaitGroup{&s.workerWG, &s.sumWG, &s.know.extractWG} {
+		for _, wg := range []*sync.WaitGroup{&s.wk.wg, &s.wk.sumWG, &s.know.extractWG} {
 			wg.Wait()
 		}
 	}()

@@ -493,7 +493,7 @@ func (s *Store) DeleteTriple(tenant, user, id string) error {
 			sess.kb.remove(id)
 			sess.kb.dels = append(sess.kb.dels, id)
 			sess.mu.Unlock()
-			s.enqueue(sess)
+			s.wk.enqueue(sess)
 			s.reg.unpin(sess)
 			return nil
 		}

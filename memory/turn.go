@@ -632,7 +632,7 @@ func (t *Turn) finish(m *Message, partial bool) error {
 		sess.pending = nil
 	}
 	sess.mu.Unlock()
-	s.enqueue(sess)
+	s.wk.enqueue(sess)
 	return err
 }
 

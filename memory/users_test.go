@@ -46,7 +46,7 @@ func settle(t *testing.T, s *Store, tenant, session string) {
 		t.Fatal(err)
 	}
 	defer s.reg.unpin(sess)
-	s.syncUser(sess) // what the worker does after a turn, done now
+	s.wk.syncUser(sess) // what the worker does after a turn, done now
 }
 
 // TestUserMemoryAcrossSessions: a new session of the same user recalls the
