@@ -83,16 +83,17 @@ func newestFirst(logs []storedLog) {
 	})
 }
 
-// tenantDirs lists the tenant folders under Options.Dir.
-func (s *Store) tenantDirs() []string {
-	ents, err := os.ReadDir(s.opts.Dir)
+// tenantDirs lists the tenant folders under root (memory's folder), the
+// quarantine folder left out.
+func tenantDirs(root, quarantine string) []string {
+	ents, err := os.ReadDir(root)
 	if err != nil {
 		return nil
 	}
 	var out []string
 	for _, e := range ents {
-		if e.IsDir() && e.Name() != filepath.Base(s.j.Quarantine()) {
-			out = append(out, filepath.Join(s.opts.Dir, e.Name()))
+		if e.IsDir() && e.Name() != quarantine {
+			out = append(out, filepath.Join(root, e.Name()))
 		}
 	}
 	return out
@@ -117,7 +118,7 @@ func (s *Store) Sessions(tenant string, user *string, limit int) ([]SessionInfo,
 	if tenant != "" {
 		logs = logsUnder(tenantDir(s.opts.Dir, tenant))
 	} else {
-		for _, d := range s.tenantDirs() {
+		for _, d := range tenantDirs(s.opts.Dir, filepath.Base(s.j.Quarantine())) {
 			logs = append(logs, logsUnder(d)...)
 		}
 	}
@@ -150,7 +151,7 @@ func (s *Store) Tenants() ([]TenantInfo, error) {
 		return nil, ErrClosed
 	}
 	out := []TenantInfo{}
-	for _, d := range s.tenantDirs() {
+	for _, d := range tenantDirs(s.opts.Dir, filepath.Base(s.j.Quarantine())) {
 		logs := logsUnder(d)
 		newestFirst(logs)
 		for _, l := range logs {

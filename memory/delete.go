@@ -38,7 +38,7 @@ func (s *Store) Delete(tenant, sessionID string) error {
 		return err
 	}
 	defer s.reg.unpin(sess)
-	um := s.userFor(sess, "")
+	um := s.users.userFor(sess, "")
 	defer s.recall.dropUserDocs(um, userDocPrefix(sess))
 	sess.mu.Lock()
 	if !sess.exists {

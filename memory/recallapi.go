@@ -86,7 +86,7 @@ func (s *Store) Recall(ctx context.Context, tenant, sessionID, user, query strin
 			return RecallResult{}, fmt.Errorf("%w: %q", ErrNotFound, sessionID)
 		}
 		// The user's index loads before the session is locked (userFor).
-		um := s.userFor(sess, user)
+		um := s.users.userFor(sess, user)
 		sess.mu.Lock()
 		if sess.gone.Load() {
 			sess.mu.Unlock()

@@ -325,31 +325,31 @@ func (sj *sessionJournal) registerUserSession(ctx context.Context, sess *session
 // served, up to date on this replica and, when the user's index is loaded,
 // their new documents into it. Call it holding no session's lock. Errors
 // only cost recall; they are logged.
-func (s *Store) syncUserShared(um *userMem) {
-	ctx, cancel := context.WithTimeout(s.ctx, s.opts.SharedLogTimeout)
+func (us *userScope) syncUserShared(um *userMem) {
+	ctx, cancel := context.WithTimeout(us.ctx, us.opts.SharedLogTimeout)
 	defer cancel()
-	ids, err := s.opts.SharedLog.Records(ctx, um.tenant, userLogID(um.user), 0)
+	ids, err := us.opts.SharedLog.Records(ctx, um.tenant, userLogID(um.user), 0)
 	if err != nil {
-		s.opts.Logger.Warn("memory: the user's sessions in the shared log", "err", err)
+		us.opts.Logger.Warn("memory: the user's sessions in the shared log", "err", err)
 		return
 	}
 	for _, b := range ids[max(0, len(ids)-maxSharedUserSessions):] {
-		sess, err := s.reg.session(um.tenant, string(b), true)
+		sess, err := us.reg.session(um.tenant, string(b), true)
 		if err != nil {
 			continue
 		}
 		sess.mu.Lock()
 		before := sess.sharedN
-		err = s.jrn.syncLocked(ctx, sess)
+		err = us.jrn.syncLocked(ctx, sess)
 		changed := sess.sharedN != before
 		sess.mu.Unlock()
-		s.reg.unpin(sess) // what follows copes with a session unloaded meanwhile
+		us.reg.unpin(sess) // what follows copes with a session unloaded meanwhile
 		if err != nil {
-			s.opts.Logger.Warn("memory: a session of the user from the shared log", "err", err)
+			us.opts.Logger.Warn("memory: a session of the user from the shared log", "err", err)
 			continue
 		}
 		if changed && um.index() != nil {
-			s.recall.syncUserDocs(sess, um)
+			us.recall.syncUserDocs(sess, um)
 		}
 	}
 }

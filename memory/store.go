@@ -44,6 +44,7 @@ type Store struct {
 	recall *retriever      // the indexes and what a turn recalls (recall.go)
 	know   *knowledge      // what is learnt in the background; its goroutines (extract.go)
 	wk     *worker         // the background writes; its goroutine (worker.go)
+	users  *userScope      // which user a session recalls with (users.go)
 
 	lists   *userlist.Lists    // the users' session lists (memory/internal/userlist)
 	pools   *pool.Pools        // the tenants' shared pools (memory/internal/pool)
@@ -89,10 +90,11 @@ func Open(opts Options) (*Store, error) {
 		revLogs: reviewlog.New(reviewlog.Options{Dir: opts.Dir, Journal: s.j, Size: opts.Reviewer.LogSize})}
 	s.wk = &worker{env: s.env, queue: make(chan *session, opts.QueueSize), stop: make(chan struct{}),
 		sumSem: make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries))}
+	s.users = &userScope{env: s.env, lists: s.lists}
 	s.win = &windowBuilder{opts: &s.opts, tok: s.tok}
 	s.pools = newPools(s)
 
-	s.jrn.listSession = s.listSession
+	s.jrn.listSession = s.users.listSession
 	s.jrn.loaded = func(sess *session, now time.Time) {
 		s.know.maybeDecayLocked(sess, now)
 		if sess.decayDirty {
@@ -100,9 +102,10 @@ func Open(opts Options) (*Store, error) {
 		}
 	}
 	s.recall.enqueue = s.wk.enqueue
-	s.reg.jrn, s.reg.recall, s.reg.sync, s.reg.ensureUser = s.jrn, s.recall, s.wk.sync, s.ensureUser
-	s.know.recall, s.know.persist, s.know.enqueue, s.know.unpin, s.know.userFor = s.recall, s.jrn.persistLocked, s.wk.enqueue, s.reg.unpin, s.userFor
-	s.wk.reg, s.wk.jrn, s.wk.recall, s.wk.know, s.wk.lists, s.wk.holdUserFor = s.reg, s.jrn, s.recall, s.know, s.lists, s.holdUserFor
+	s.reg.jrn, s.reg.recall, s.reg.sync, s.reg.ensureUser = s.jrn, s.recall, s.wk.sync, s.users.ensureUser
+	s.know.recall, s.know.persist, s.know.enqueue, s.know.unpin, s.know.userFor = s.recall, s.jrn.persistLocked, s.wk.enqueue, s.reg.unpin, s.users.userFor
+	s.wk.reg, s.wk.jrn, s.wk.recall, s.wk.know, s.wk.lists, s.wk.holdUserFor = s.reg, s.jrn, s.recall, s.know, s.lists, s.users.holdUserFor
+	s.users.reg, s.users.recall, s.users.jrn = s.reg, s.recall, s.jrn
 
 	s.wk.start()
 	s.sweeper = newSweeper(s)

@@ -228,7 +228,7 @@ func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
 		}
 		// The user's cross-session index loads (and may load other
 		// sessions of the user) before this session is locked.
-		um := s.userFor(sess, req.UserID)
+		um := s.users.userFor(sess, req.UserID)
 		sess.mu.Lock()
 		if sess.gone.Load() {
 			// Deleted or dropped from memory meanwhile: look it up again.
@@ -288,8 +288,9 @@ func retryOfPartial(hist []*entry, tail []Message) bool {
 	return true
 }
 
-// planLocked relates the request to the stored history.
-func (s *Store) planLocked(sess *session, req *TurnRequest, now time.Time) plan {
+// plan relates the request to the stored history. Called with sess.mu
+// held.
+func (sess *session) plan(req *TurnRequest, now time.Time) plan {
 	msgs := req.Messages
 	nsys := 0
 	for nsys < len(msgs) && isSystem(msgs[nsys].Role) {
@@ -363,7 +364,7 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 		s.stats.userMismatch.Add(1)
 		return nil, fmt.Errorf("%w: session %q", ErrUserMismatch, req.SessionID)
 	}
-	p := s.planLocked(sess, req, now)
+	p := sess.plan(req, now)
 	st := TurnStats{Model: req.Model, Encoding: enc.String(), Mode: p.mode.String(), ModeDetected: req.Mode == ModeAuto,
 		Match: p.match, Limit: limit, ToolsTokens: req.ToolsTokens}
 

@@ -22,16 +22,16 @@ func userListPath(indexPath string) string { return userlist.Path(indexPath) }
 // created: the write is not fsynced there (a crash of the process keeps
 // it); the worker fsyncs it right after the turn (lists.Sync), unless
 // FsyncNever.
-func (s *Store) listSession(tenant, user, id string) error {
-	if s.private(user) {
+func (us *userScope) listSession(tenant, user, id string) error {
+	if us.private(user) {
 		return nil
 	}
-	if err := s.lists.Add(userListPath(userIndexPath(s.opts.Dir, tenant, user)), id); err != nil {
+	if err := us.lists.Add(userListPath(userIndexPath(us.opts.Dir, tenant, user)), id); err != nil {
 		return err
 	}
-	s.reg.mu.Lock()
-	um := s.reg.users[tenant+"\x00"+user]
-	s.reg.mu.Unlock()
+	us.reg.mu.Lock()
+	um := us.reg.users[tenant+"\x00"+user]
+	us.reg.mu.Unlock()
 	if um != nil {
 		um.mu.Lock()
 		um.listed = append(um.listed, id) // before listRead: merged by userListed
@@ -42,23 +42,23 @@ func (s *Store) listSession(tenant, user, id string) error {
 
 // userListed returns the ids of the user's session list, reading it on
 // first use (after listing the tenant's sessions once, ListTenant).
-func (s *Store) userListed(um *userMem) []string {
+func (us *userScope) userListed(um *userMem) []string {
 	um.mu.Lock()
 	ids, ok := um.listed, um.listRead
 	um.mu.Unlock()
 	if ok {
 		return ids
 	}
-	s.lists.ListTenant(um.tenantDir, um.tenant, func(user string) string {
-		return userListPath(userIndexPath(s.opts.Dir, um.tenant, user))
+	us.lists.ListTenant(um.tenantDir, um.tenant, func(user string) string {
+		return userListPath(userIndexPath(us.opts.Dir, um.tenant, user))
 	})
 	path := userListPath(um.path)
-	ids, err := s.lists.Read(path)
+	ids, err := us.lists.Read(path)
 	if err != nil {
-		s.opts.Logger.Warn("memory: user session list unreadable, listing the tenant's logs", "err", err)
-		ids = s.lists.Scan(um.tenantDir, um.tenant, um.user)
-		if err := s.lists.Replace(path, ids); err != nil {
-			s.opts.Logger.Warn("memory: rewrite user session list", "err", err)
+		us.opts.Logger.Warn("memory: user session list unreadable, listing the tenant's logs", "err", err)
+		ids = us.lists.Scan(um.tenantDir, um.tenant, um.user)
+		if err := us.lists.Replace(path, ids); err != nil {
+			us.opts.Logger.Warn("memory: rewrite user session list", "err", err)
 		}
 	}
 	um.mu.Lock()
@@ -84,11 +84,11 @@ func (s *Store) userListed(um *userMem) []string {
 // changed after since (all of them when since is zero), from the user's
 // list; it rewrites a list that names more deleted sessions than live
 // ones.
-func (s *Store) listUserSessions(um *userMem, since time.Time) []string {
-	ids := s.userListed(um)
+func (us *userScope) listUserSessions(um *userMem, since time.Time) []string {
+	ids := us.userListed(um)
 	var live, changed []string
 	for _, id := range ids {
-		fi, err := os.Stat(sessionPath(s.opts.Dir, um.tenant, id))
+		fi, err := os.Stat(sessionPath(us.opts.Dir, um.tenant, id))
 		if err != nil {
 			continue
 		}
@@ -105,8 +105,8 @@ func (s *Store) listUserSessions(um *userMem, since time.Time) []string {
 		for _, id := range live {
 			delete(drop, id)
 		}
-		if err := s.lists.Drop(userListPath(um.path), drop); err != nil {
-			s.opts.Logger.Warn("memory: rewrite user session list", "err", err)
+		if err := us.lists.Drop(userListPath(um.path), drop); err != nil {
+			us.opts.Logger.Warn("memory: rewrite user session list", "err", err)
 		} else {
 			um.mu.Lock()
 			um.listed = slices.DeleteFunc(um.listed, func(id string) bool { return drop[id] })

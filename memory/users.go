@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
+	"github.com/kvsidecar/kvsidecar/memory/internal/userlist"
 )
 
 // User memory. A user is a scope inside a tenant (TurnRequest.UserID; the
@@ -142,9 +143,9 @@ func userIndexPath(root, tenant, user string) string {
 // A session without an end user (user "") is private unless
 // Recall.TenantUserScope: its userMem holds no index, so it recalls only
 // its own memory and nothing of it reaches another session.
-func (s *Store) userFor(sess *session, requested string) *userMem {
-	um := s.holdUserFor(sess, requested)
-	s.reg.releaseUser(um)
+func (us *userScope) userFor(sess *session, requested string) *userMem {
+	um := us.holdUserFor(sess, requested)
+	us.reg.releaseUser(um)
 	return um
 }
 
@@ -191,17 +192,17 @@ func (rg *registry) holdUser(tenant, user, asking string) *userMem {
 // ensureUser loads the user's index when it is needed (ensureIndex) and,
 // in a fleet, brings the user's sessions served on other replicas up to
 // date.
-func (s *Store) ensureUser(um *userMem, asking string) {
-	s.ensureIndex(um, asking)
-	if s.opts.SharedLog != nil {
-		s.syncUserShared(um)
-		s.ensureIndex(um, asking)
+func (us *userScope) ensureUser(um *userMem, asking string) {
+	us.ensureIndex(um, asking)
+	if us.opts.SharedLog != nil {
+		us.syncUserShared(um)
+		us.ensureIndex(um, asking)
 	}
 }
 
 // ensureIndex loads the user's index (loadUser) unless it is loaded or
 // the user has no session but asking.
-func (s *Store) ensureIndex(um *userMem, asking string) {
+func (us *userScope) ensureIndex(um *userMem, asking string) {
 	if um.index() != nil {
 		return
 	}
@@ -211,15 +212,15 @@ func (s *Store) ensureIndex(um *userMem, asking string) {
 		return
 	}
 	need := false
-	for _, id := range s.userListed(um) {
+	for _, id := range us.userListed(um) {
 		if id != asking {
 			need = true
 			break
 		}
 	}
 	if need {
-		s.loadUser(um)
-		s.reg.noteUser(um)
+		us.loadUser(um)
+		us.reg.noteUser(um)
 	}
 }
 
@@ -234,23 +235,23 @@ func (rg *registry) releaseUser(um *userMem) {
 }
 
 // holdUserFor is userFor, keeping a user index resident until releaseUser.
-func (s *Store) holdUserFor(sess *session, requested string) *userMem {
+func (us *userScope) holdUserFor(sess *session, requested string) *userMem {
 	sess.mu.Lock()
 	user := requested
 	if sess.exists {
 		user = sess.user
 	}
 	sess.mu.Unlock()
-	if s.private(user) {
-		return &userMem{tenant: sess.tenant, tenantDir: tenantDir(s.opts.Dir, sess.tenant)}
+	if us.private(user) {
+		return &userMem{tenant: sess.tenant, tenantDir: tenantDir(us.opts.Dir, sess.tenant)}
 	}
-	return s.reg.holdUser(sess.tenant, user, sess.id)
+	return us.reg.holdUser(sess.tenant, user, sess.id)
 }
 
 // loadUser loads the user's index and reconciles it with the logs.
-func (s *Store) loadUser(um *userMem) {
+func (us *userScope) loadUser(um *userMem) {
 	var since time.Time // logs changed after this are reconciled; zero: all
-	x, err := index.Load(um.path, s.recall.ixOpts)
+	x, err := index.Load(um.path, us.recall.ixOpts)
 	if err == nil {
 		if fi, err := os.Stat(um.path); err == nil {
 			since = fi.ModTime()
@@ -259,7 +260,7 @@ func (s *Store) loadUser(um *userMem) {
 		switch gt, err := um.loadLinks(); {
 		case err != nil:
 			if !errors.Is(err, fs.ErrNotExist) {
-				s.opts.Logger.Warn("memory: user graph unusable, rebuilding from the logs", "err", err)
+				us.opts.Logger.Warn("memory: user graph unusable, rebuilding from the logs", "err", err)
 			}
 			since = time.Time{}
 		case gt.Before(since):
@@ -272,11 +273,11 @@ func (s *Store) loadUser(um *userMem) {
 		}
 	} else {
 		if !errors.Is(err, fs.ErrNotExist) {
-			s.opts.Logger.Warn("memory: user index unusable, rebuilding from the logs", "file", um.path, "err", err)
-			s.stats.indexRebuilds.Add(1)
+			us.opts.Logger.Warn("memory: user index unusable, rebuilding from the logs", "file", um.path, "err", err)
+			us.stats.indexRebuilds.Add(1)
 		}
-		if x, err = index.New(s.recall.ixOpts); err != nil {
-			s.opts.Logger.Error("memory: new user index", "err", err) // options were validated at Open
+		if x, err = index.New(us.recall.ixOpts); err != nil {
+			us.opts.Logger.Error("memory: new user index", "err", err) // options were validated at Open
 			return
 		}
 	}
@@ -323,10 +324,10 @@ func (s *Store) loadUser(um *userMem) {
 	})
 	um.x.Store(x)
 	um.mu.Lock()
-	um.lastSave = s.opts.Clock.Now() // what loaded is on disk: the next save waits IndexSaveInterval
+	um.lastSave = us.opts.Clock.Now() // what loaded is on disk: the next save waits IndexSaveInterval
 	um.mu.Unlock()
-	for _, id := range s.listUserSessions(um, since) {
-		sess, err := s.reg.session(um.tenant, id, false)
+	for _, id := range us.listUserSessions(um, since) {
+		sess, err := us.reg.session(um.tenant, id, false)
 		if err != nil {
 			continue
 		}
@@ -334,9 +335,9 @@ func (s *Store) loadUser(um *userMem) {
 		mine := sess.user == um.user
 		sess.mu.Unlock()
 		if mine { // not an id reused by another user after a deletion
-			s.recall.syncUserDocs(sess, um)
+			us.recall.syncUserDocs(sess, um)
 		}
-		s.reg.unpin(sess)
+		us.reg.unpin(sess)
 	}
 }
 
@@ -406,4 +407,22 @@ func (rt *retriever) saveUser(um *userMem, force bool) {
 	um.mu.Lock()
 	um.saved = max(um.saved, ver)
 	um.mu.Unlock()
+}
+
+// userScope owns the user scope of recall (users.go, userlist.go,
+// shared.go syncUserShared): which user memory a session belongs to, the
+// users' session lists, and loading a user's cross-session index from
+// the logs of the user's sessions (and, in a fleet, the sessions other
+// replicas served). The registry holds the loaded user memories; the
+// retriever keeps their documents.
+//
+// Invariants: a session that names no end user is private (unless
+// Recall.TenantUserScope): its userMem holds no index; a user's index
+// loads only once the user has a second session; nothing crosses tenants.
+type userScope struct {
+	*env
+	reg    *registry
+	recall *retriever
+	jrn    *sessionJournal
+	lists  *userlist.Lists
 }
