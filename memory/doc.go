@@ -3,6 +3,38 @@
 // units that hold what left the window, summaries, user memory across
 // sessions, and the blocks that bring memory back into the window.
 //
+// # Rooms
+//
+// Store is a thin front (store.go, turn.go, views.go, admin.go): Open,
+// Shutdown, Prepare (a Turn then completes or fails), the session views,
+// Delete, and one-line calls into the subsystems it owns. Each subsystem
+// owns its state, its lock and its goroutines, and states its invariants
+// in its doc comment; what it needs of the others it is given at Open
+// (Open builds them, wires them, then starts their goroutines):
+//
+//   - registry (resident.go): what is loaded — sessions and user memories,
+//     their sizes, unloading — and the closed flag.
+//   - sessionJournal (sessionlog.go, shared.go): the sessions' logs —
+//     replay, appends, deletion, a fleet's shared log.
+//   - windowBuilder (window.go, block.go): the window; no I/O.
+//   - retriever (recall.go, ragindex.go, userdocs.go): the indexes and
+//     what a turn recalls through working memory.
+//   - userScope (users.go, userlist.go): which user a session recalls
+//     with, and loading a user's index.
+//   - knowledge (extract.go, factops.go, triples.go, review.go, l4.go,
+//     toolctx.go, categories.go): what is learnt in the background; its
+//     extraction queue and goroutines.
+//   - worker (worker.go): the background writes and summaries; its
+//     goroutine.
+//
+// and, as packages under memory/internal (importing nothing of memory):
+// journal (the log files and their format), pool (the shared pool),
+// reviewlog (the reviewer's decisions), userlist (the users' session
+// lists), retention (the disk sweep and its goroutine), memerr (the
+// sentinels memory re-exports), sanitize (text safety). The shared types
+// (Message, Unit, Triple, Review, PoolEntry, …) are memory's, or aliases of
+// the package that owns them.
+//
 // # What it owns
 //
 //   - A Store (Open … Close) rooted at Options.Dir, normally
@@ -16,7 +48,7 @@
 //     Dir/quarantine/. A log of another session is quarantined whole and the
 //     session starts afresh. Version 1 logs ("KVSMLOG1") are converted.
 //     Loading fails only on I/O errors (package memory/internal/journal,
-//     store.go load).
+//     sessionlog.go load).
 //   - Token counting (Tokenizer) with tiktoken-go and its embedded offline BPE
 //     files: o200k_base for gpt-4o / gpt-4.1 / gpt-4.5 / gpt-5 / o1 / o3 / o4
 //     style names, cl100k_base otherwise, both overridable. Counts are cached
@@ -40,7 +72,7 @@
 //     in least-recently-used lists with estimated sizes; idle ones leave
 //     beyond Options.MemoryBudget (256 MiB) or MaxLoadedSessions (4096),
 //     after their index is saved, and load again on their next turn. A
-//     session looked up (Store.session pins it until unpin), with a turn
+//     session looked up (registry.session pins it until unpin), with a turn
 //     in flight, background work queued or unwritten units never leaves.
 //     No per-turn work depends on how many sessions are held.
 //   - The window builder (Store.Prepare, window.go): the client's system
