@@ -457,6 +457,10 @@ type knowledge struct {
 	userFor func(sess *session, requested string) *userMem
 }
 
+// wait waits for the extraction goroutines, which end with the store's
+// ctx, until ctx ends; it reports whether they ended.
+func (kn *knowledge) wait(ctx context.Context) bool { return waitGroup(ctx, &kn.extractWG) }
+
 // start starts the extraction goroutines (none without an Extractor).
 func (kn *knowledge) start() {
 	if kn.opts.Extraction.Extractor == nil {

@@ -60,7 +60,7 @@ type ReviewStats struct {
 	ReviewsDropped   int64 // reviews not queued: the extraction queue was full
 }
 
-// reviewer is the Store's reviewer state.
+// reviewer is knowledge's reviewer state.
 type reviewer struct {
 	// mu protects the fields below.
 	mu       sync.Mutex

@@ -153,13 +153,13 @@ type session struct {
 	queued   atomic.Bool // in the worker queue
 	gone     atomic.Bool // deleted or dropped from memory: look it up again
 
-	// lru is the session's place in the Store's list of loaded sessions
-	// and lastUse its last lookup (protected by the Store's mu; lru nil:
+	// lru is the session's place in the registry's list of loaded sessions
+	// and lastUse its last lookup (protected by the registry's mu; lru nil:
 	// not resident); size is its estimated resident bytes (resident.go).
 	lru     *list.Element
 	lastUse time.Time
 	size    atomic.Int64
-	refs    atomic.Int32 // lookups not yet unpinned (Store.session)
+	refs    atomic.Int32 // lookups not yet unpinned (registry.session)
 
 	// mu protects the fields below.
 	mu          sync.Mutex

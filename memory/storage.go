@@ -28,7 +28,7 @@ type StorageOptions struct {
 	// Nil: none.
 	Shared DiskUser
 	// SweepEvery is the period of the retention sweep (a walk of
-	// Options.Dir in the Store's own goroutine, never on the request path,
+	// Options.Dir in a goroutine the Store owns, never on the request path,
 	// linear in the sessions stored). Zero: one minute. Without SessionTTL
 	// and MaxDiskBytes it runs hourly at most (temporary files, orphaned
 	// indexes, old quarantine, the disk figure of Stats).

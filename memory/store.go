@@ -136,16 +136,10 @@ func (s *Store) Shutdown(ctx context.Context) error {
 	}
 	s.reg.closed = true
 	s.reg.mu.Unlock()
-	s.cancel()
-	close(s.wk.stop)
+	s.cancel() // ends the extraction goroutines and what computes or waits
+	s.wk.requestStop()
 	var errs []error
-	stopped := s.sweeper.Stop(ctx)
-	for _, wg := range []*sync.WaitGroup{&s.wk.wg, &s.wk.sumWG, &s.know.extractWG} {
-		if stopped = stopped && waitGroup(ctx, wg); !stopped {
-			break
-		}
-	}
-	if !stopped {
+	if !(s.sweeper.Stop(ctx) && s.wk.wait(ctx) && s.know.wait(ctx)) {
 		errs = append(errs, fmt.Errorf("memory: shutdown: background work still running: %w", ctx.Err()))
 	}
 	s.reg.mu.Lock()

@@ -159,10 +159,10 @@ func TestShutdownGivesUpAtItsDeadline(t *testing.T) {
 		// Free the holder, then let the work Shutdown gave up on finish
 		// before the folder is removed.
 		sess.mu.Unlock()
-		s.sweeper.Stop(context.Background())
-		for _, wg := range []*sync.WaitGroup{&s.wk.wg, &s.wk.sumWG, &s.know.extractWG} {
-			wg.Wait()
-		}
+		bg := context.Background()
+		s.sweeper.Stop(bg)
+		s.wk.wait(bg)
+		s.know.wait(bg)
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()

@@ -33,7 +33,7 @@ type ToolContextStats struct {
 	ToolContextDropped  int64 // condensing jobs not queued: the extraction queue was full
 }
 
-// toolCtxStat are the Store's counters.
+// toolCtxStat are knowledge's tool-context counters.
 type toolCtxStat struct {
 	calls, ready, rejected, late, dropped atomic.Int64
 }

@@ -49,7 +49,7 @@ type userMem struct {
 	path         string
 	tenantDir    string
 
-	// Protected by the Store's mu: lru is the index's place in the list
+	// Protected by the registry's mu: lru is the index's place in the list
 	// of loaded user indexes (nil: not resident), lastUse its last
 	// lookup, busy the lookups still loading or syncing it. size is its
 	// estimated resident bytes (resident.go).

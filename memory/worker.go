@@ -40,11 +40,12 @@ func (wk *worker) enqueue(sess *session) {
 // session; on stop the queue is drained before the goroutine ends.
 type worker struct {
 	*env
-	queue  chan *session
-	stop   chan struct{}
-	wg     sync.WaitGroup // the goroutine
-	sumWG  sync.WaitGroup // summaries
-	sumSem chan struct{}
+	queue    chan *session
+	stop     chan struct{} // closed by requestStop
+	stopOnce sync.Once
+	wg       sync.WaitGroup // the goroutine
+	sumWG    sync.WaitGroup // summaries
+	sumSem   chan struct{}
 
 	reg    *registry
 	jrn    *sessionJournal
@@ -59,6 +60,15 @@ type worker struct {
 func (wk *worker) start() {
 	wk.wg.Add(1)
 	go wk.run()
+}
+
+// requestStop asks the goroutine to drain its queue and end (once).
+func (wk *worker) requestStop() { wk.stopOnce.Do(func() { close(wk.stop) }) }
+
+// wait waits for the goroutine and the summaries until ctx ends; it
+// reports whether they ended.
+func (wk *worker) wait(ctx context.Context) bool {
+	return waitGroup(ctx, &wk.wg) && waitGroup(ctx, &wk.sumWG)
 }
 
 // trimBatch bounds the sessions and user indexes one trim unloads, so the
