@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // Accessors for the operator's console (proxy's admin API): listing what
@@ -81,16 +83,17 @@ func newestFirst(logs []storedLog) {
 	})
 }
 
-// tenantDirs lists the tenant folders under Options.Dir.
-func (s *Store) tenantDirs() []string {
-	ents, err := os.ReadDir(s.opts.Dir)
+// tenantDirs lists the tenant folders under root (memory's folder), the
+// quarantine folder left out.
+func tenantDirs(root, quarantine string) []string {
+	ents, err := os.ReadDir(root)
 	if err != nil {
 		return nil
 	}
 	var out []string
 	for _, e := range ents {
-		if e.IsDir() && e.Name() != filepath.Base(s.quarantine) {
-			out = append(out, filepath.Join(s.opts.Dir, e.Name()))
+		if e.IsDir() && e.Name() != quarantine {
+			out = append(out, filepath.Join(root, e.Name()))
 		}
 	}
 	return out
@@ -105,9 +108,9 @@ func (s *Store) Sessions(tenant string, user *string, limit int) ([]SessionInfo,
 	if limit <= 0 {
 		limit = 1000
 	}
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
+	s.reg.mu.Lock()
+	closed := s.reg.closed
+	s.reg.mu.Unlock()
 	if closed {
 		return nil, ErrClosed
 	}
@@ -115,7 +118,7 @@ func (s *Store) Sessions(tenant string, user *string, limit int) ([]SessionInfo,
 	if tenant != "" {
 		logs = logsUnder(tenantDir(s.opts.Dir, tenant))
 	} else {
-		for _, d := range s.tenantDirs() {
+		for _, d := range tenantDirs(s.opts.Dir, filepath.Base(s.j.Quarantine())) {
 			logs = append(logs, logsUnder(d)...)
 		}
 	}
@@ -125,7 +128,7 @@ func (s *Store) Sessions(tenant string, user *string, limit int) ([]SessionInfo,
 		if len(out) >= limit {
 			break
 		}
-		meta, err := readLogMeta(l.path, s.opts.MaxRecordBytes)
+		meta, err := readLogMeta(s.j, l.path)
 		if err != nil || meta.K != "meta" || meta.Session == "" {
 			continue
 		}
@@ -141,18 +144,18 @@ func (s *Store) Sessions(tenant string, user *string, limit int) ([]SessionInfo,
 // most recently written first. A tenant is named by the newest of its
 // logs whose meta record reads.
 func (s *Store) Tenants() ([]TenantInfo, error) {
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
+	s.reg.mu.Lock()
+	closed := s.reg.closed
+	s.reg.mu.Unlock()
 	if closed {
 		return nil, ErrClosed
 	}
 	out := []TenantInfo{}
-	for _, d := range s.tenantDirs() {
+	for _, d := range tenantDirs(s.opts.Dir, filepath.Base(s.j.Quarantine())) {
 		logs := logsUnder(d)
 		newestFirst(logs)
 		for _, l := range logs {
-			meta, err := readLogMeta(l.path, s.opts.MaxRecordBytes)
+			meta, err := readLogMeta(s.j, l.path)
 			if err == nil && meta.K == "meta" && meta.Tenant != "" && tenantDir(s.opts.Dir, meta.Tenant) == d {
 				out = append(out, TenantInfo{Tenant: meta.Tenant, Sessions: len(logs), UpdatedAt: logs[0].mtime})
 				break
@@ -184,7 +187,7 @@ type MemoryEdit struct {
 func (s *Store) UpdateMemory(tenant, sessionID, unitID string, e MemoryEdit) (Unit, error) {
 	var text string
 	if e.Text != nil {
-		if text = sanitizeText(*e.Text, maxMemoryBytes); text == "" {
+		if text = sanitize.Text(*e.Text, maxMemoryBytes); text == "" {
 			return Unit{}, fmt.Errorf("%w: empty memory text", ErrInvalid)
 		}
 	}
@@ -200,11 +203,11 @@ func (s *Store) UpdateMemory(tenant, sessionID, unitID string, e MemoryEdit) (Un
 			return Unit{}, fmt.Errorf("%w: importance %v (want 0..100)", ErrInvalid, v)
 		}
 	}
-	sess, err := s.session(tenant, sessionID, false)
+	sess, err := s.reg.session(tenant, sessionID, false)
 	if err != nil {
 		return Unit{}, err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	sess.mu.Lock()
 	u := sess.units[unitID]
 	if u == nil || !sess.exists || sess.gone.Load() {
@@ -215,16 +218,16 @@ func (s *Store) UpdateMemory(tenant, sessionID, unitID string, e MemoryEdit) (Un
 		sess.mu.Unlock()
 		return Unit{}, fmt.Errorf("%w: %q is part of the conversation record, not a memory", ErrInvalid, unitID)
 	}
-	s.editLocked(sess, u, e, text, s.opts.Clock.Now())
+	sess.edit(s.tok, u, e, text, s.opts.Clock.Now())
 	out := u.clone()
 	sess.mu.Unlock()
-	s.enqueue(sess)
+	s.wk.enqueue(sess)
 	return out, nil
 }
 
-// editLocked applies a checked edit (text already sanitized, category
+// edit applies a checked edit (text already sanitized, category
 // canonical) to u, a categorized memory of sess. Called with sess.mu held.
-func (s *Store) editLocked(sess *session, u *Unit, e MemoryEdit, text string, now time.Time) {
+func (sess *session) edit(tk *Tokenizer, u *Unit, e MemoryEdit, text string, now time.Time) {
 	if e.Category != nil && *e.Category != u.Category {
 		c := *e.Category
 		// The user's index names documents by category: drop the old one.
@@ -239,7 +242,7 @@ func (s *Store) editLocked(sess *session, u *Unit, e MemoryEdit, text string, no
 		}
 	}
 	if e.Text != nil && text != u.Content {
-		u.Content, u.Tokens, u.bow = text, s.tok.Count(sess.lastEnc, text), nil
+		u.Content, u.Tokens, u.bow = text, tk.Count(sess.lastEnc, text), nil
 		touch(u, now)
 	}
 	if e.Importance != nil {

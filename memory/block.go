@@ -3,13 +3,15 @@ package memory
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"encoding/json"
 	"hash/maphash"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // Block layout. A block's text is assembled from stored strings in a fixed
@@ -56,26 +58,26 @@ func summarySegment(u *Unit) string { return "- " + strings.TrimSpace(u.Content)
 // (system and core) memories by id, then the newest summaries that fit
 // Window.StableMaxTokens, oldest first, then, for a request that named a
 // pool prefix, the pool's entries under it, newest first, within
-// Pool.ContextTokens (poolevents.go). Unless refresh, the session's block
+// Pool.ContextTokens (package pool's views). Unless refresh, the session's block
 // of the previous window is kept while everything it was made of is
 // unchanged, so the prompt's start stays byte-identical until history next
 // leaves the window (new summaries wait for that) or the pool under the
 // prefix changes; a changed or deleted memory it shows is never kept.
-func (s *Store) stableBlock(sess *session, p windowParams, refresh bool) cachedBlock {
+func (wb *windowBuilder) stableBlock(sess *session, p windowParams, refresh bool) cachedBlock {
 	sess.refreshIndex()
 	if st := &sess.sticky; !refresh && st.set && st.enc == p.enc && st.fp == stableFingerprint(sess, st.sums, p.pool) {
 		return *st
 	}
 	b := cachedBlock{set: true, enc: p.enc}
-	limit := s.opts.Window.StableMaxTokens
-	tk := s.tok
+	limit := wb.opts.Window.StableMaxTokens
+	tk := wb.tok
 	var pool []string
-	if p.pool != nil && s.opts.Pool.ContextTokens > 0 {
-		left := s.opts.Pool.ContextTokens - tk.Count(p.enc, poolBlockHeader)
-		for _, it := range p.pool.items {
-			if c := tk.Count(p.enc, it.seg); c <= left {
+	if p.pool != nil && wb.opts.Pool.ContextTokens > 0 {
+		left := wb.opts.Pool.ContextTokens - tk.Count(p.enc, poolBlockHeader)
+		for _, it := range p.pool.Items {
+			if c := tk.Count(p.enc, it.Seg); c <= left {
 				left -= c
-				pool = append(pool, it.seg)
+				pool = append(pool, it.Seg)
 			}
 		}
 	}
@@ -133,14 +135,14 @@ func (s *Store) stableBlock(sess *session, p windowParams, refresh bool) cachedB
 		segs = append(segs, poolBlockHeader)
 		segs = append(segs, pool...)
 	}
-	b.raw, b.cost = s.assembleBlock(p.enc, segs)
+	b.raw, b.cost = wb.assembleBlock(p.enc, segs)
 	return b
 }
 
 // stableFingerprint hashes every pinned memory of the session and the
 // summaries shown, ids and current text ("" once deleted), and the pool
 // view (its entries' keys and versions).
-func stableFingerprint(sess *session, sums []*Unit, pool *poolView) uint64 {
+func stableFingerprint(sess *session, sums []*Unit, pv *pool.View) uint64 {
 	var h maphash.Hash
 	h.SetSeed(keySeed)
 	for _, u := range sess.pinned {
@@ -159,8 +161,8 @@ func stableFingerprint(sess *session, sums []*Unit, pool *poolView) uint64 {
 		h.WriteByte(0)
 	}
 	h.WriteByte(2)
-	if pool != nil {
-		h.WriteString(strconv.FormatUint(pool.fp, 16))
+	if pv != nil {
+		h.WriteString(strconv.FormatUint(pv.FP, 16))
 	}
 	return h.Sum64()
 }
@@ -196,7 +198,7 @@ func (it *recallItem) segment() string {
 	if it.role != "" || it.cross {
 		b.WriteString(": ")
 	}
-	b.WriteString(strings.TrimSpace(truncateRunes(it.text, maxRecalledText)))
+	b.WriteString(strings.TrimSpace(sanitize.Truncate(it.text, maxRecalledText)))
 	b.WriteByte('\n')
 	return b.String()
 }
@@ -214,13 +216,13 @@ func dateSegment(t time.Time) string {
 // first while they fit, without those whose text is already in the window
 // or repeated, shown oldest first with their dates. Recalled units of the
 // session are touched (access count, recency).
-func (s *Store) recallBlock(ctx context.Context, sess *session, um *userMem, p windowParams, cur int, groups []group, stable cachedBlock, budget int, w *window) {
-	q := query(sess, cur, max(s.opts.Recall.QueryContextBytes, 0))
+func (wb *windowBuilder) recallBlock(sess *session, p windowParams, cur int, groups []group, stable cachedBlock, budget int, w *window) {
+	q := query(sess, cur, max(wb.opts.Recall.QueryContextBytes, 0))
 	skip := make(map[string]bool, len(stable.sums))
 	for _, u := range stable.sums {
 		skip[u.ID] = true
 	}
-	items, mode := s.recallLocked(ctx, sess, um, recallQuery{text: q, focus: sess.hist[cur].text()}, p.now, skip)
+	items, mode := p.recall(recallQuery{text: q, focus: sess.hist[cur].text()}, skip)
 	w.recallMode = mode
 	if len(items) == 0 && p.toolCtx == "" {
 		return
@@ -239,7 +241,7 @@ func (s *Store) recallBlock(ctx context.Context, sess *session, um *userMem, p w
 	for _, e := range sess.hist[cur:] {
 		seen[e.contentHash()] = true
 	}
-	tk := s.tok
+	tk := wb.tok
 	left := budget - MessageFraming - tk.Count(p.enc, recallHeader)
 	toolSeg := ""
 	if p.toolCtx != "" {
@@ -313,9 +315,9 @@ func (s *Store) recallBlock(ctx context.Context, sess *session, um *userMem, p w
 	if toolSeg != "" {
 		parts = append(parts, toolSeg)
 		w.toolCtx = true
-		s.tcs.injected.Add(1)
+		wb.toolShown.Add(1)
 	}
-	w.recall, w.recallTokens = s.assembleBlock(p.enc, parts)
+	w.recall, w.recallTokens = wb.assembleBlock(p.enc, parts)
 	w.recalled = len(kept)
 	w.recallHashes = make([]uint64, 0, len(kept))
 	for _, it := range kept {
@@ -325,11 +327,11 @@ func (s *Store) recallBlock(ctx context.Context, sess *session, um *userMem, p w
 
 // assembleBlock makes a system message of segs; its cost is the sum of the
 // segments' cached counts plus the message framing.
-func (s *Store) assembleBlock(enc Encoding, segs []string) (json.RawMessage, int) {
+func (wb *windowBuilder) assembleBlock(enc Encoding, segs []string) (json.RawMessage, int) {
 	content := strings.Join(segs, "")
 	cost := MessageFraming
 	for _, sg := range segs {
-		cost += s.tok.Count(enc, sg)
+		cost += wb.tok.Count(enc, sg)
 	}
 	var buf bytes.Buffer
 	je := json.NewEncoder(&buf)

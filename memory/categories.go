@@ -6,6 +6,9 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/memerr"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // Category is the decay class of a memory unit.
@@ -64,14 +67,7 @@ var ErrBoostLimited = errors.New("memory: boost limited")
 
 // ErrMemoryNotFound: no memory unit with that id in the session. It also
 // matches ErrNotFound.
-var ErrMemoryNotFound error = &notFoundError{"memory: memory unit not found"}
-
-// notFoundError is a sentinel that also matches ErrNotFound, so callers
-// mapping ErrNotFound to 404 need no new case.
-type notFoundError struct{ msg string }
-
-func (e *notFoundError) Error() string        { return e.msg }
-func (e *notFoundError) Is(target error) bool { return target == ErrNotFound }
+var ErrMemoryNotFound = memerr.NotFound("memory: memory unit not found")
 
 // decays reports whether the category decays.
 func (c Category) decays() bool { return c == CategoryFact || c == CategoryEpisode }
@@ -129,19 +125,19 @@ func normalizeUnit(u *Unit) {
 // while the process runs, and when a session is loaded, which is how decay
 // catches up after a restart. It changes memory only; the worker persists.
 // Called with sess.mu held.
-func (s *Store) maybeDecayLocked(sess *session, now time.Time) {
-	if !sess.lastDecay.IsZero() && now.Sub(sess.lastDecay) < s.opts.Decay.Every {
+func (kn *knowledge) maybeDecayLocked(sess *session, now time.Time) {
+	if !sess.lastDecay.IsZero() && now.Sub(sess.lastDecay) < kn.opts.Decay.Every {
 		return
 	}
 	sess.lastDecay = now
-	if s.decayLocked(sess, now) {
+	if kn.decayLocked(sess, now) {
 		sess.decayDirty = true
 	}
 }
 
 // decayLocked applies the decay of every categorized unit up to now and
 // deletes expired episodes.
-func (s *Store) decayLocked(sess *session, now time.Time) (changed bool) {
+func (kn *knowledge) decayLocked(sess *session, now time.Time) (changed bool) {
 	for _, u := range sess.sortedUnits() {
 		var f float64
 		var period time.Duration
@@ -150,8 +146,8 @@ func (s *Store) decayLocked(sess *session, now time.Time) (changed bool) {
 			f, period = FactDecay, FactDecayPeriod
 		case CategoryEpisode:
 			if now.Sub(u.TouchedAt) >= EpisodeTTL {
-				s.deleteUnitLocked(sess, u.ID)
-				s.stats.expired.Add(1)
+				sess.deleteUnit(u.ID)
+				kn.stats.expired.Add(1)
 				changed = true
 				continue
 			}
@@ -168,7 +164,7 @@ func (s *Store) decayLocked(sess *session, now time.Time) (changed bool) {
 		u.UpdatedAt = now
 		setReview(u)
 		u.persisted, u.indexed = false, false
-		s.stats.decayed.Add(n)
+		kn.stats.decayed.Add(n)
 		changed = true
 	}
 	return changed
@@ -176,17 +172,17 @@ func (s *Store) decayLocked(sess *session, now time.Time) (changed bool) {
 
 // boostLocked raises u's importance by Options.BoostAmount within the
 // limits: one boost per BoostCooldown, MaxBoostPerDay per 24 h window.
-func (s *Store) boostLocked(u *Unit, now time.Time) error {
+func (kn *knowledge) boostLocked(u *Unit, now time.Time) error {
 	if !u.LastBoost.IsZero() && now.Sub(u.LastBoost) < BoostCooldown {
-		s.stats.boostsLimited.Add(1)
+		kn.stats.boostsLimited.Add(1)
 		return fmt.Errorf("%w: %s boosted %s ago (cooldown %s)", ErrBoostLimited, u.ID, now.Sub(u.LastBoost), BoostCooldown)
 	}
 	if u.BoostDay.IsZero() || now.Sub(u.BoostDay) >= 24*time.Hour {
 		u.BoostDay, u.Boosted = now, 0
 	}
-	add := min(s.opts.Decay.BoostAmount, MaxBoostPerDay-u.Boosted)
+	add := min(kn.opts.Decay.BoostAmount, MaxBoostPerDay-u.Boosted)
 	if add <= 1e-9 {
-		s.stats.boostsLimited.Add(1)
+		kn.stats.boostsLimited.Add(1)
 		return fmt.Errorf("%w: %s gained %.2f today (max %.1f)", ErrBoostLimited, u.ID, u.Boosted, MaxBoostPerDay)
 	}
 	u.Boosted += add
@@ -196,13 +192,13 @@ func (s *Store) boostLocked(u *Unit, now time.Time) error {
 	touch(u, now)
 	setReview(u)
 	u.persisted, u.indexed = false, false
-	s.stats.boosts.Add(1)
+	kn.stats.boosts.Add(1)
 	return nil
 }
 
-// deleteUnitLocked removes a unit from the session, its index and its
-// working memory; the worker writes the deletion. Called with sess.mu held.
-func (s *Store) deleteUnitLocked(sess *session, id string) {
+// deleteUnit removes a unit from the session, its index and its working
+// memory; the worker writes the deletion. Called with sess.mu held.
+func (sess *session) deleteUnit(id string) {
 	u, ok := sess.units[id]
 	if !ok {
 		return
@@ -231,7 +227,7 @@ func (s *Store) AddMemory(tenant, sessionID string, c Category, text string, imp
 	if _, err := ParseCategory(string(c)); err != nil {
 		return Unit{}, err
 	}
-	text = sanitizeText(text, maxMemoryBytes)
+	text = sanitize.Text(text, maxMemoryBytes)
 	if text == "" {
 		return Unit{}, fmt.Errorf("%w: empty memory text", ErrInvalid)
 	}
@@ -241,11 +237,11 @@ func (s *Store) AddMemory(tenant, sessionID string, c Category, text string, imp
 	if importance <= 0 {
 		importance = 1
 	}
-	sess, err := s.session(tenant, sessionID, false)
+	sess, err := s.reg.session(tenant, sessionID, false)
 	if err != nil {
 		return Unit{}, err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	sess.mu.Lock()
 	if !sess.exists || sess.gone.Load() {
 		sess.mu.Unlock()
@@ -266,7 +262,7 @@ func (s *Store) AddMemory(tenant, sessionID string, c Category, text string, imp
 	sess.unitsChanged()
 	out := u.clone()
 	sess.mu.Unlock()
-	s.enqueue(sess)
+	s.wk.enqueue(sess)
 	return out, nil
 }
 
@@ -274,30 +270,30 @@ func (s *Store) AddMemory(tenant, sessionID string, c Category, text string, imp
 // index and its working memory at once, from its log by the worker.
 // Unknown ids are ErrMemoryNotFound (which matches ErrNotFound).
 func (s *Store) DeleteMemory(tenant, sessionID, unitID string) error {
-	sess, err := s.session(tenant, sessionID, false)
+	sess, err := s.reg.session(tenant, sessionID, false)
 	if err != nil {
 		return err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	sess.mu.Lock()
 	if _, ok := sess.units[unitID]; !ok || !sess.exists {
 		sess.mu.Unlock()
 		return fmt.Errorf("%w: %q", ErrMemoryNotFound, unitID)
 	}
-	s.deleteUnitLocked(sess, unitID)
+	sess.deleteUnit(unitID)
 	sess.mu.Unlock()
-	s.enqueue(sess)
+	s.wk.enqueue(sess)
 	return nil
 }
 
 // Boost raises a categorized memory's importance by Options.BoostAmount,
 // within the limits (ErrBoostLimited). It returns the new importance.
 func (s *Store) Boost(tenant, sessionID, unitID string) (float64, error) {
-	sess, err := s.session(tenant, sessionID, false)
+	sess, err := s.reg.session(tenant, sessionID, false)
 	if err != nil {
 		return 0, err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	sess.mu.Lock()
 	u := sess.units[unitID]
 	if u == nil || !sess.exists {
@@ -308,11 +304,11 @@ func (s *Store) Boost(tenant, sessionID, unitID string) (float64, error) {
 		sess.mu.Unlock()
 		return 0, fmt.Errorf("%w: %q is not a categorized memory", ErrInvalid, unitID)
 	}
-	err = s.boostLocked(u, s.opts.Clock.Now())
+	err = s.know.boostLocked(u, s.opts.Clock.Now())
 	imp := u.Importance
 	sess.mu.Unlock()
 	if err == nil {
-		s.enqueue(sess)
+		s.wk.enqueue(sess)
 	}
 	return imp, err
 }

@@ -4,11 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
-
-	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
 // Delete removes a session: its log (messages and units) and its state.
@@ -35,16 +30,16 @@ func (s *Store) Delete(tenant, sessionID string) error {
 			sharedErr = fmt.Errorf("%w: %q", ErrNotFound, sessionID)
 		}
 	}
-	sess, err := s.session(tenant, sessionID, false)
+	sess, err := s.reg.session(tenant, sessionID, false)
 	if errors.Is(err, ErrNotFound) && s.opts.SharedLog != nil && sharedErr == nil {
 		return nil // it lived only in the shared log
 	}
 	if err != nil {
 		return err
 	}
-	defer s.unpin(sess)
-	um := s.userFor(sess, "")
-	defer s.dropUserDocs(um, userDocPrefix(sess))
+	defer s.reg.unpin(sess)
+	um := s.users.userFor(sess, "")
+	defer s.recall.dropUserDocs(um, userDocPrefix(sess))
 	sess.mu.Lock()
 	if !sess.exists {
 		sess.mu.Unlock()
@@ -53,37 +48,10 @@ func (s *Store) Delete(tenant, sessionID string) error {
 		}
 		return fmt.Errorf("%w: %q", ErrNotFound, sessionID)
 	}
-	err = s.removeLocked(sess, s.opts.Fsync != FsyncNever)
+	err = s.jrn.removeLocked(sess, s.opts.Fsync != FsyncNever)
 	sess.mu.Unlock()
-	s.mu.Lock()
-	s.dropSessionLocked(sess)
-	s.mu.Unlock()
+	s.reg.mu.Lock()
+	s.reg.dropSessionLocked(sess)
+	s.reg.mu.Unlock()
 	return err
-}
-
-// removeLocked deletes a loaded session's files and state (fsyncing its
-// folder when sync) and marks it gone. Called with sess.mu held; the caller
-// drops it from s.sessions.
-func (s *Store) removeLocked(sess *session, sync bool) error {
-	sess.gone.Store(true)
-	sess.exists = false
-	var errs []error
-	if sess.log != nil {
-		errs = append(errs, sess.log.close())
-		sess.log = nil
-	}
-	if err := os.Remove(indexPath(sess)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("memory: remove index: %w", err))
-	}
-	if err := os.Remove(sess.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("memory: remove log: %w", err))
-	} else if sync {
-		errs = append(errs, durable.SyncDir(filepath.Dir(sess.path)))
-	}
-	if sess.pending != nil {
-		close(sess.pending)
-		sess.pending = nil
-	}
-	sess.reset()
-	return errors.Join(errs...)
 }

@@ -3,6 +3,38 @@
 // units that hold what left the window, summaries, user memory across
 // sessions, and the blocks that bring memory back into the window.
 //
+// # Rooms
+//
+// Store is a thin front (store.go, turn.go, views.go, admin.go): Open,
+// Shutdown, Prepare (a Turn then completes or fails), the session views,
+// Delete, and one-line calls into the subsystems it owns. Each subsystem
+// owns its state, its lock and its goroutines, and states its invariants
+// in its doc comment; what it needs of the others it is given at Open
+// (Open builds them, wires them, then starts their goroutines):
+//
+//   - registry (resident.go): what is loaded — sessions and user memories,
+//     their sizes, unloading — and the closed flag.
+//   - sessionJournal (sessionlog.go, shared.go): the sessions' logs —
+//     replay, appends, deletion, a fleet's shared log.
+//   - windowBuilder (window.go, block.go): the window; no I/O.
+//   - retriever (recall.go, ragindex.go, userdocs.go): the indexes and
+//     what a turn recalls through working memory.
+//   - userScope (users.go, userlist.go): which user a session recalls
+//     with, and loading a user's index.
+//   - knowledge (extract.go, factops.go, triples.go, review.go, l4.go,
+//     toolctx.go, categories.go): what is learnt in the background; its
+//     extraction queue and goroutines.
+//   - worker (worker.go): the background writes and summaries; its
+//     goroutine.
+//
+// and, as packages under memory/internal (importing nothing of memory):
+// journal (the log files and their format), pool (the shared pool),
+// reviewlog (the reviewer's decisions), userlist (the users' session
+// lists), retention (the disk sweep and its goroutine), memerr (the
+// sentinels memory re-exports), sanitize (text safety). The shared types
+// (Message, Unit, Triple, Review, PoolEntry, …) are memory's, or aliases of
+// the package that owns them.
+//
 // # What it owns
 //
 //   - A Store (Open … Close) rooted at Options.Dir, normally
@@ -15,7 +47,8 @@
 //     a damaged magic or meta record is rewritten; the damaged bytes go to
 //     Dir/quarantine/. A log of another session is quarantined whole and the
 //     session starts afresh. Version 1 logs ("KVSMLOG1") are converted.
-//     Loading fails only on I/O errors (log.go, store.go load).
+//     Loading fails only on I/O errors (package memory/internal/journal,
+//     sessionlog.go load).
 //   - Token counting (Tokenizer) with tiktoken-go and its embedded offline BPE
 //     files: o200k_base for gpt-4o / gpt-4.1 / gpt-4.5 / gpt-5 / o1 / o3 / o4
 //     style names, cl100k_base otherwise, both overridable. Counts are cached
@@ -31,14 +64,15 @@
 //     the prompt prefix shared by consecutive windows (prefix.go).
 //   - Open files and disk (storage.go, retention.go): log descriptors are
 //     bounded (durable.Files, a quarter of RLIMIT_NOFILE by default); a
-//     retention goroutine deletes sessions past Storage.SessionTTL and keeps
+//     retention goroutine (package memory/internal/retention's Sweeper,
+//     stopped by Shutdown) deletes sessions past Storage.SessionTTL and keeps
 //     Dir plus the KV archive under Storage.MaxDiskBytes; a recorded reply
 //     is capped at Storage.MaxReplyBytes.
 //   - What stays in memory (resident.go): loaded sessions and user indexes
 //     in least-recently-used lists with estimated sizes; idle ones leave
 //     beyond Options.MemoryBudget (256 MiB) or MaxLoadedSessions (4096),
 //     after their index is saved, and load again on their next turn. A
-//     session looked up (Store.session pins it until unpin), with a turn
+//     session looked up (registry.session pins it until unpin), with a turn
 //     in flight, background work queued or unwritten units never leaves.
 //     No per-turn work depends on how many sessions are held.
 //   - The window builder (Store.Prepare, window.go): the client's system
@@ -122,7 +156,8 @@
 //     links), so a new session reaches earlier sessions' facts through
 //     the entities its question names. Store.Triples and
 //     Store.DeleteTriple serve the console per tenant and user.
-//   - The memory reviewer (review.go, its decisions log review_log.go,
+//   - The memory reviewer (review.go, its decisions logs package
+//     memory/internal/reviewlog,
 //     Options.Reviewer): a fact whose
 //     importance reaches PromoteAt (2.5) or decays below DemoteBelow (0.5)
 //     is reviewed by the Extractor in the background (an extraction job of
@@ -152,11 +187,12 @@
 //     (Unit.Merged); refused clusters are remembered ("l4" records).
 //     Without embeddings (Recall.IndexDisabled) the most important facts
 //     are kept.
-//   - The shared pool (pool.go): per-tenant keyed entries with versions,
+//   - The shared pool (package memory/internal/pool, served through
+//     pool.go): per-tenant keyed entries with versions,
 //     creator and updater sessions, metadata, conditional writes
 //     (ErrConflict), prefix listing, in one framed and checksummed log per
 //     tenant, compacted on open. Its writes and deletes are published to
-//     bounded subscribers (PoolSubscribe, poolevents.go; a slow one is
+//     bounded subscribers (PoolSubscribe; a slow one is
 //     ended as lagged, a reconnecting one replayed from the newest
 //     events), and a request that names a prefix
 //     (TurnRequest.PoolPrefix) gets the entries under it, newest first,

@@ -87,7 +87,7 @@ func (f *embeddingsServer) set(down bool, dim int) {
 // the embedder's current vector space.
 func waitIndexed(t *testing.T, s *Store, tenant, id string) index.Stats {
 	t.Helper()
-	sess, err := s.session(tenant, id, false)
+	sess, err := s.reg.session(tenant, id, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +206,7 @@ func TestRemoteEmbedderOutageAndNewSpace(t *testing.T) {
 // only when its cosine stands out of the query's similarities.
 func TestGateCosineWithModelEmbeddings(t *testing.T) {
 	s := openStore(t, t.TempDir(), func(o *Options) { o.Recall.Index.Embedder = index.NewHashEmbedder(index.HashOptions{}) })
-	if got := s.gateCosine(index.Hit{Cosine: 0.05}); got != 0.05 {
+	if got := s.recall.gateCosine(index.Hit{Cosine: 0.05}); got != 0.05 {
 		t.Errorf("offline: %v", got)
 	}
 	_, e := newEmbeddingsServer(t)
@@ -219,7 +219,7 @@ func TestGateCosineWithModelEmbeddings(t *testing.T) {
 		{index.Hit{Cosine: 0.8, CosineZ: 3.5}, 0.8},
 		{index.Hit{Cosine: 0.1, CosineZ: 4}, 0.15},
 	} {
-		if got := m.gateCosine(c.h); got != c.want {
+		if got := m.recall.gateCosine(c.h); got != c.want {
 			t.Errorf("%+v: %v, want %v", c.h, got, c.want)
 		}
 	}

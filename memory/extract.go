@@ -6,7 +6,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/reviewlog"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // ExtractRequest is one extraction call: its prompt and the session it is
@@ -102,25 +106,25 @@ const (
 // of thousands of messages costs one call, not one per Every messages. A
 // full queue drops the job (counted) and the session's next turn tries
 // again. Called with sess.mu held, from the worker.
-func (s *Store) maybeExtractLocked(sess *session) {
-	if s.opts.Extraction.Extractor == nil || sess.extracting || s.ctx.Err() != nil || sess.turns == sess.extractTurn {
+func (kn *knowledge) maybeExtractLocked(sess *session) {
+	if kn.opts.Extraction.Extractor == nil || sess.extracting || kn.ctx.Err() != nil || sess.turns == sess.extractTurn {
 		return
 	}
-	job := s.episodeJobLocked(sess)
+	job := kn.episodeJobLocked(sess)
 	if job == nil {
-		job = s.factJobLocked(sess)
+		job = kn.factJobLocked(sess)
 	}
 	if job == nil {
 		return
 	}
 	job.model = sess.lastModel
 	select {
-	case s.extractQ <- job:
+	case kn.extractQ <- job:
 		sess.refs.Add(1) // resident until the job ran (runExtract)
 		sess.extracting = true
 		sess.extractTurn = sess.turns
 	default:
-		s.stats.extractDropped.Add(1)
+		kn.stats.extractDropped.Add(1)
 	}
 }
 
@@ -143,7 +147,7 @@ func newestThatFit(es []*entry, budget int) []*entry {
 // waitingLocked returns the history after seq, newest that fit one
 // extraction prompt, and the last seq waiting, once at least every (> 0)
 // messages wait; else nil.
-func (s *Store) waitingLocked(sess *session, seq uint64, every int) ([]*entry, uint64) {
+func (kn *knowledge) waitingLocked(sess *session, seq uint64, every int) ([]*entry, uint64) {
 	if every <= 0 {
 		return nil, 0
 	}
@@ -156,13 +160,13 @@ func (s *Store) waitingLocked(sess *session, seq uint64, every int) ([]*entry, u
 	if len(es) < every {
 		return nil, 0
 	}
-	return newestThatFit(es, s.opts.Extraction.PromptBytes), es[len(es)-1].seq
+	return newestThatFit(es, kn.opts.Extraction.PromptBytes), es[len(es)-1].seq
 }
 
-func (s *Store) episodeJobLocked(sess *session) *extractJob {
+func (kn *knowledge) episodeJobLocked(sess *session) *extractJob {
 	// One episode for everything that waited; the part that does not fit
 	// one prompt is covered by it (it stays in the log and the indexes).
-	es, to := s.waitingLocked(sess, sess.episodeSeq, s.opts.Extraction.EpisodeEvery)
+	es, to := kn.waitingLocked(sess, sess.episodeSeq, kn.opts.Extraction.EpisodeEvery)
 	if es == nil {
 		return nil
 	}
@@ -174,8 +178,8 @@ func (s *Store) episodeJobLocked(sess *session) *extractJob {
 	return &extractJob{sess: sess, kind: jobEpisode, from: es[0].seq, to: to, prompt: b.String(), enc: sess.lastEnc}
 }
 
-func (s *Store) factJobLocked(sess *session) *extractJob {
-	es, to := s.waitingLocked(sess, sess.factSeq, s.opts.Extraction.Every)
+func (kn *knowledge) factJobLocked(sess *session) *extractJob {
+	es, to := kn.waitingLocked(sess, sess.factSeq, kn.opts.Extraction.Every)
 	if es == nil {
 		return nil
 	}
@@ -201,7 +205,7 @@ func (s *Store) factJobLocked(sess *session) *extractJob {
 	}
 	for _, u := range facts {
 		known[u.ID] = true
-		fmt.Fprintf(&b, "[%s] %s", u.ID, sanitizeText(u.Content, maxFactBytes))
+		fmt.Fprintf(&b, "[%s] %s", u.ID, sanitize.Text(u.Content, maxFactBytes))
 		if u.Review != "" {
 			fmt.Fprintf(&b, " (review: %s)", u.Review)
 		}
@@ -224,45 +228,45 @@ func writeMessages(b *strings.Builder, es []*entry) {
 	for _, e := range es {
 		b.WriteString(e.msg.Role)
 		b.WriteString(": ")
-		b.WriteString(sanitizeText(e.text(), maxPromptMsgBytes))
+		b.WriteString(sanitize.Text(e.text(), maxPromptMsgBytes))
 		b.WriteByte('\n')
 	}
 }
 
 // extractWorker runs extraction jobs until Close.
-func (s *Store) extractWorker() {
-	defer s.extractWG.Done()
+func (kn *knowledge) extractWorker() {
+	defer kn.extractWG.Done()
 	for {
 		select {
-		case job := <-s.extractQ:
-			s.runExtract(job)
-		case <-s.ctx.Done():
+		case job := <-kn.extractQ:
+			kn.runExtract(job)
+		case <-kn.ctx.Done():
 			return
 		}
 	}
 }
 
-func (s *Store) runExtract(job *extractJob) {
-	defer s.unpin(job.sess)
+func (kn *knowledge) runExtract(job *extractJob) {
+	defer kn.unpin(job.sess)
 	switch job.kind {
 	case jobReview:
-		s.runReview(job)
+		kn.runReview(job)
 		return
 	case jobToolCtx:
-		s.runToolCtx(job)
+		kn.runToolCtx(job)
 		return
 	case jobL4:
-		s.runL4(job)
+		kn.runL4(job)
 		return
 	}
-	s.stats.extractJobs.Add(1)
+	kn.stats.extractJobs.Add(1)
 	if job.kind == jobEpisode {
-		s.stats.calls[callEpisode].Add(1)
+		kn.stats.calls[callEpisode].Add(1)
 	} else {
-		s.stats.calls[callFacts].Add(1)
+		kn.stats.calls[callFacts].Add(1)
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, s.opts.Extraction.Timeout)
-	out, err := s.opts.Extraction.Extractor.Extract(ctx, ExtractRequest{Tenant: job.sess.tenant, SessionID: job.sess.id,
+	ctx, cancel := context.WithTimeout(kn.ctx, kn.opts.Extraction.Timeout)
+	out, err := kn.opts.Extraction.Extractor.Extract(ctx, ExtractRequest{Tenant: job.sess.tenant, SessionID: job.sess.id,
 		Model: job.model, Kind: job.kind.String(), Prompt: job.prompt})
 	cancel()
 	sess := job.sess
@@ -274,24 +278,24 @@ func (s *Store) runExtract(job *extractJob) {
 	}
 	if err != nil {
 		sess.mu.Unlock()
-		s.stats.extractErrs.Add(1)
-		s.logBackground(err, "memory: extraction", "err", err)
+		kn.stats.extractErrs.Add(1)
+		kn.logBackground(err, "memory: extraction", "err", err)
 		return
 	}
-	now := s.opts.Clock.Now()
+	now := kn.opts.Clock.Now()
 	if job.kind == jobEpisode {
-		s.applyEpisodeLocked(job, out, now)
+		kn.applyEpisodeLocked(job, out, now)
 	} else {
-		s.applyFactOpsLocked(job, out, now)
+		kn.applyFactOpsLocked(job, out, now)
 	}
-	s.persistLocked(sess, now)
+	kn.persist(sess, now)
 	sess.mu.Unlock()
-	s.enqueue(sess) // index the new memories (a next job waits for the next turn)
+	kn.enqueue(sess) // index the new memories (a next job waits for the next turn)
 }
 
-func (s *Store) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
+func (kn *knowledge) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
 	sess := job.sess
-	text := sanitizeText(out, maxEpisodeBytes)
+	text := sanitize.Text(out, maxEpisodeBytes)
 	if strings.EqualFold(strings.TrimSpace(text), "[SKIP]") {
 		// The model found nothing worth keeping: the messages are covered.
 		sess.episodeSeq = max(sess.episodeSeq, job.to)
@@ -299,20 +303,20 @@ func (s *Store) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
 		return
 	}
 	if text == "" {
-		s.stats.extractErrs.Add(1)
-		s.opts.Logger.Warn("memory: extraction: empty episode")
+		kn.stats.extractErrs.Add(1)
+		kn.opts.Logger.Warn("memory: extraction: empty episode")
 		return
 	}
 	id := episodeUnitID(job.to)
 	if sess.units[id] == nil && !sess.deleted[id] {
 		u := &Unit{ID: id, Type: UnitEpisode, Tier: PlaceWorking, Role: "episode", Content: text,
-			Importance: 1, Tokens: s.tok.Count(job.enc, text), CreatedAt: now, UpdatedAt: now, LastAccess: now,
+			Importance: 1, Tokens: kn.tok.Count(job.enc, text), CreatedAt: now, UpdatedAt: now, LastAccess: now,
 			FromSeq: job.from, ToSeq: job.to, Category: CategoryEpisode}
 		touch(u, now)
 		setReview(u)
 		sess.units[id] = u
 		sess.unitsChanged()
-		s.stats.episodes.Add(1)
+		kn.stats.episodes.Add(1)
 	}
 	sess.episodeSeq = max(sess.episodeSeq, job.to)
 	sess.seqDirty = true
@@ -320,31 +324,31 @@ func (s *Store) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
 
 // applyFactOpsLocked parses the reply and applies the valid operations;
 // every rejection is logged and counted, and changes nothing.
-func (s *Store) applyFactOpsLocked(job *extractJob, out string, now time.Time) {
+func (kn *knowledge) applyFactOpsLocked(job *extractJob, out string, now time.Time) {
 	sess := job.sess
 	out, triples := cutTripleLines(out)
 	ops, addN, rejected := parseFactOpsNumbered(out)
 	for _, err := range rejected {
-		s.stats.factOpsRejected.Add(1)
-		s.opts.Logger.Warn("memory: rejected fact operation", "session", sess.id, "err", err)
+		kn.stats.factOpsRejected.Add(1)
+		kn.opts.Logger.Warn("memory: rejected fact operation", "session", sess.id, "err", err)
 	}
 	next := 0
 	added := map[int]string{} // the reply's n-th [ADD] → the unit holding its text
 	for i, op := range ops {
-		id, err := s.applyFactOpLocked(job, op, now, &next)
+		id, err := kn.applyFactOpLocked(job, op, now, &next)
 		if err != nil {
-			s.stats.factOpsRejected.Add(1)
-			s.opts.Logger.Warn("memory: rejected fact operation", "session", sess.id, "op", op.Kind.String(), "err", err)
+			kn.stats.factOpsRejected.Add(1)
+			kn.opts.Logger.Warn("memory: rejected fact operation", "session", sess.id, "op", op.Kind.String(), "err", err)
 			continue
 		}
 		if addN[i] > 0 {
 			added[addN[i]] = id
 		}
 		if op.Kind != FactSkip {
-			s.stats.factOps.Add(1)
+			kn.stats.factOps.Add(1)
 		}
 	}
-	s.applyTriplesLocked(job, triples, added, now)
+	kn.applyTriplesLocked(job, triples, added, now)
 	sess.factSeq = max(sess.factSeq, job.to)
 	sess.seqDirty = true
 }
@@ -352,7 +356,7 @@ func (s *Store) applyFactOpsLocked(job *extractJob, out string, now time.Time) {
 // applyFactOpLocked applies one operation; for an ADD it returns the id of
 // the unit that holds the text: the new one, or the known one (the lowest
 // id) it deduplicated to.
-func (s *Store) applyFactOpLocked(job *extractJob, op factOp, now time.Time, next *int) (string, error) {
+func (kn *knowledge) applyFactOpLocked(job *extractJob, op factOp, now time.Time, next *int) (string, error) {
 	sess := job.sess
 	var u *Unit
 	if op.ID != "" {
@@ -379,7 +383,7 @@ func (s *Store) applyFactOpLocked(job *extractJob, op factOp, now time.Time, nex
 		if known != "" {
 			return known, nil
 		}
-		if n >= s.opts.Extraction.MaxFacts {
+		if n >= kn.opts.Extraction.MaxFacts {
 			return "", fmt.Errorf("%w: %d memories, the most a session keeps", ErrInvalid, n)
 		}
 		id := factUnitID(job.to, *next)
@@ -389,7 +393,7 @@ func (s *Store) applyFactOpLocked(job *extractJob, op factOp, now time.Time, nex
 		}
 		*next++
 		nu := &Unit{ID: id, Type: UnitFact, Tier: PlaceWorking, Role: "fact", Content: op.Text, Importance: 1,
-			Tokens: s.tok.Count(job.enc, op.Text), CreatedAt: now, UpdatedAt: now, LastAccess: now,
+			Tokens: kn.tok.Count(job.enc, op.Text), CreatedAt: now, UpdatedAt: now, LastAccess: now,
 			FromSeq: job.from, ToSeq: job.to, Category: CategoryFact}
 		touch(nu, now)
 		setReview(nu)
@@ -400,7 +404,7 @@ func (s *Store) applyFactOpLocked(job *extractJob, op factOp, now time.Time, nex
 		if u.Category != CategoryFact && u.Category != CategoryCore {
 			return "", fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
 		}
-		u.Content, u.Tokens, u.bow = op.Text, s.tok.Count(job.enc, op.Text), nil
+		u.Content, u.Tokens, u.bow = op.Text, kn.tok.Count(job.enc, op.Text), nil
 		u.UpdatedAt = now
 		touch(u, now)
 		u.persisted, u.indexed = false, false
@@ -409,12 +413,61 @@ func (s *Store) applyFactOpLocked(job *extractJob, op factOp, now time.Time, nex
 		if !u.Category.decays() && u.Category != CategoryCore {
 			return "", fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
 		}
-		return "", s.boostLocked(u, now)
+		return "", kn.boostLocked(u, now)
 	case FactDelete:
 		if !u.Category.decays() {
 			return "", fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
 		}
-		s.deleteUnitLocked(sess, op.ID)
+		sess.deleteUnit(op.ID)
 	}
 	return "", nil
+}
+
+// knowledge owns what the sidecar learns in the background from a
+// session's turns (extract.go, factops.go, triples.go, review.go, l4.go,
+// toolctx.go, categories.go): fact extraction and episodes, fact
+// operations and triples, the memory reviewer and its decisions logs, L4
+// compression, tool-result context, decay and boosts. Its extraction
+// queue and the goroutines that drain it are its own (start, wait).
+//
+// Invariants: never on the request path (Prepare only reads a condensed
+// tool context, toolTurnLocked); a full queue drops a job (counted), never
+// blocks; one job in flight per session, at most one started per
+// completed client turn; a model's reply is parsed strictly and a bad line
+// is rejected alone; a session stays resident while a job of it is queued
+// or running (its refs, unpinned when the job ran); every change it makes
+// to a session is made under the session's lock and written by persist.
+type knowledge struct {
+	*env
+	recall  *retriever
+	revLogs *reviewlog.Logs // the reviewer's decisions logs
+
+	extractQ  chan *extractJob
+	extractWG sync.WaitGroup
+
+	rev reviewer    // the reviewer's in-flight scopes and counters (review.go)
+	tcs toolCtxStat // tool-result context counters (toolctx.go)
+	l4c l4Counters  // L4 compression counters (l4.go)
+
+	// What knowledge asks of the store: write what a session left
+	// unwritten, queue it for the worker, end a lookup, find its user.
+	persist func(sess *session, now time.Time)
+	enqueue func(sess *session)
+	unpin   func(sess *session)
+	userFor func(sess *session, requested string) *userMem
+}
+
+// wait waits for the extraction goroutines, which end with the store's
+// ctx, until ctx ends; it reports whether they ended.
+func (kn *knowledge) wait(ctx context.Context) bool { return waitGroup(ctx, &kn.extractWG) }
+
+// start starts the extraction goroutines (none without an Extractor).
+func (kn *knowledge) start() {
+	if kn.opts.Extraction.Extractor == nil {
+		return
+	}
+	for range max(1, kn.opts.Extraction.Workers) {
+		kn.extractWG.Add(1)
+		go kn.extractWorker()
+	}
 }

@@ -11,6 +11,8 @@ import (
 	"testing/synctest"
 	"time"
 	"unicode/utf8"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 func TestParseFactOps(t *testing.T) {
@@ -85,7 +87,7 @@ func FuzzParseFactOps(f *testing.F) {
 					t.Fatalf("bad text %q", op.Text)
 				}
 				for _, r := range op.Text {
-					if unsafeRune(r) {
+					if sanitize.Unsafe(r) {
 						t.Fatalf("unsafe rune %U in %q", r, op.Text)
 					}
 				}

@@ -3,8 +3,9 @@ package memory
 import (
 	"fmt"
 	"strings"
-	"unicode"
 	"unicode/utf8"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // factOpKind is the kind of a memory operation produced by the Extractor.
@@ -126,7 +127,7 @@ func parseLines[T any](out, what, items string, limit int, parse func(string) (T
 			err = fmt.Errorf("more than %d %s", limit, items)
 		}
 		if err != nil {
-			rejected = append(rejected, fmt.Errorf("%w: %s: line %d: %v: %q", ErrInvalid, what, n, err, truncateRunes(line, 80)))
+			rejected = append(rejected, fmt.Errorf("%w: %s: line %d: %v: %q", ErrInvalid, what, n, err, sanitize.Truncate(line, 80)))
 			continue
 		}
 		got = append(got, v)
@@ -222,7 +223,7 @@ func validFactTextMax(t string, maxBytes int) error {
 		return fmt.Errorf("invalid UTF-8")
 	}
 	for _, r := range t {
-		if unsafeRune(r) {
+		if sanitize.Unsafe(r) {
 			return fmt.Errorf("control or format character %U", r)
 		}
 	}
@@ -233,24 +234,4 @@ func validFactTextMax(t string, maxBytes int) error {
 		}
 	}
 	return nil
-}
-
-// unsafeRune reports control, format (zero-width, bidi override) and line
-// or paragraph separator characters.
-func unsafeRune(r rune) bool {
-	return r == utf8.RuneError || unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
-}
-
-// sanitizeText makes model or operator text safe to store and inject: valid
-// UTF-8, unsafe characters and runs of white space folded into one space,
-// at most maxBytes.
-func sanitizeText(s string, maxBytes int) string {
-	s = strings.ToValidUTF8(s, " ")
-	s = strings.Map(func(r rune) rune {
-		if unsafeRune(r) {
-			return ' '
-		}
-		return r
-	}, s)
-	return truncateRunes(strings.Join(strings.Fields(s), " "), maxBytes)
 }

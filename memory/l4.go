@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/viterin/vek/vek32"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // L4 compression (the Loom memory design's L4Compressor, with its fidelity
@@ -34,7 +36,7 @@ import (
 //     reaches L4.Fidelity. A kept merge is a new fact ("merged-…") carrying
 //     those figures and the keywords it lost (Unit.Merged); it takes over the
 //     originals' triples, then the originals are deleted through
-//     deleteUnitLocked like every deletion. A merge that falls short, a
+//     deleteUnit like every deletion. A merge that falls short, a
 //     [SKIP] or a malformed answer leaves the originals as they are, and
 //     that cluster (the same facts in the same state) is not tried again,
 //     across restarts too ("l4" log records).
@@ -204,9 +206,9 @@ func l4ClusterFP(fs []*l4Fact) uint64 {
 // than L4.Threshold facts and its fact set changed since the last run:
 // without embeddings it prunes at once, else it queues a run. Called with
 // sess.mu held, from the worker.
-func (s *Store) maybeCompressLocked(sess *session, now time.Time) {
-	o := &s.opts.L4
-	if !o.Enabled || s.ctx.Err() != nil || sess.l4.running {
+func (kn *knowledge) maybeCompressLocked(sess *session, now time.Time) {
+	o := &kn.opts.L4
+	if !o.Enabled || kn.ctx.Err() != nil || sess.l4.running {
 		return
 	}
 	n := 0
@@ -223,12 +225,12 @@ func (s *Store) maybeCompressLocked(sess *session, now time.Time) {
 	if fp == sess.l4.lastFP {
 		return
 	}
-	if s.opts.Recall.IndexDisabled {
+	if kn.opts.Recall.IndexDisabled {
 		sess.l4.lastFP = fp
-		s.pruneFactsLocked(sess, fs, now)
+		kn.pruneFactsLocked(sess, fs, now)
 		return
 	}
-	if s.opts.Extraction.Extractor == nil {
+	if kn.opts.Extraction.Extractor == nil {
 		return // nothing can merge
 	}
 	task := &l4Task{facts: make([]l4Fact, len(fs))}
@@ -236,21 +238,21 @@ func (s *Store) maybeCompressLocked(sess *session, now time.Time) {
 		task.facts[i] = l4Fact{id: u.ID, content: u.Content, importance: u.Importance, updated: u.UpdatedAt}
 	}
 	select {
-	case s.extractQ <- &extractJob{sess: sess, kind: jobL4, l4: task, model: sess.lastModel, enc: sess.lastEnc}:
+	case kn.extractQ <- &extractJob{sess: sess, kind: jobL4, l4: task, model: sess.lastModel, enc: sess.lastEnc}:
 		sess.refs.Add(1) // resident until the job ran (runExtract)
 		sess.l4.running = true
 		sess.l4.lastFP = fp
 	default:
-		s.l4c.dropped.Add(1) // the next sync tries again
+		kn.l4c.dropped.Add(1) // the next sync tries again
 	}
 }
 
 // pruneFactsLocked is the fallback without embeddings: it keeps the
 // L4.Threshold most important facts and deletes the others, least
 // important first (ties: the older change, then the lower id).
-func (s *Store) pruneFactsLocked(sess *session, fs []*Unit, now time.Time) {
-	s.l4c.runs.Add(1)
-	over := len(fs) - s.opts.L4.Threshold
+func (kn *knowledge) pruneFactsLocked(sess *session, fs []*Unit, now time.Time) {
+	kn.l4c.runs.Add(1)
+	over := len(fs) - kn.opts.L4.Threshold
 	fs = slices.Clone(fs)
 	slices.SortStableFunc(fs, func(a, b *Unit) int {
 		if c := cmp.Compare(a.Importance, b.Importance); c != 0 {
@@ -261,33 +263,33 @@ func (s *Store) pruneFactsLocked(sess *session, fs []*Unit, now time.Time) {
 	ids := make([]string, 0, over)
 	for _, u := range fs[:over] {
 		ids = append(ids, u.ID)
-		s.deleteUnitLocked(sess, u.ID)
+		sess.deleteUnit(u.ID)
 	}
-	s.l4c.pruned.Add(int64(over))
-	s.persistLocked(sess, now)
-	s.opts.Logger.Info("memory: l4 pruned facts by importance (no embeddings)", "session", sess.id, "kept", s.opts.L4.Threshold, "deleted", ids)
+	kn.l4c.pruned.Add(int64(over))
+	kn.persist(sess, now)
+	kn.opts.Logger.Info("memory: l4 pruned facts by importance (no embeddings)", "session", sess.id, "kept", kn.opts.L4.Threshold, "deleted", ids)
 }
 
 // runL4 runs one compression: clusters, merges, fidelity checks.
-func (s *Store) runL4(job *extractJob) {
+func (kn *knowledge) runL4(job *extractJob) {
 	sess := job.sess
 	defer func() {
 		sess.mu.Lock()
 		sess.l4.running = false
 		sess.mu.Unlock()
-		s.enqueue(sess) // index what changed; another pass if the facts moved
+		kn.enqueue(sess) // index what changed; another pass if the facts moved
 	}()
-	s.l4c.runs.Add(1)
-	o := &s.opts.L4
+	kn.l4c.runs.Add(1)
+	o := &kn.opts.L4
 	facts := job.l4.facts
 	texts := make([]string, len(facts))
 	for i := range facts {
 		texts[i] = facts[i].content
 	}
-	vecs, err := s.embed(texts)
+	vecs, err := kn.embed(texts)
 	if err != nil {
-		s.l4c.errs.Add(1)
-		s.opts.Logger.Warn("memory: l4 compression: embed facts", "session", sess.id, "err", err)
+		kn.l4c.errs.Add(1)
+		kn.opts.Logger.Warn("memory: l4 compression: embed facts", "session", sess.id, "err", err)
 		return
 	}
 	for i := range facts {
@@ -299,7 +301,7 @@ func (s *Store) runL4(job *extractJob) {
 	merges := 0
 	for _, cl := range l4Clusters(facts, o.Similarity, o.MinCluster) {
 		for _, part := range splitCluster(cl, o.MaxClusterFacts, o.MinCluster) {
-			if merges >= o.MaxMerges || s.ctx.Err() != nil {
+			if merges >= o.MaxMerges || kn.ctx.Err() != nil {
 				return
 			}
 			fp := l4ClusterFP(part)
@@ -307,17 +309,17 @@ func (s *Store) runL4(job *extractJob) {
 				continue
 			}
 			merges++
-			s.mergeCluster(job, part, fp)
+			kn.mergeCluster(job, part, fp)
 		}
 	}
 }
 
 // embed embeds texts with the index's Embedder, each vector at unit length
 // (nil for a zero vector), within Extraction.Timeout.
-func (s *Store) embed(texts []string) ([][]float32, error) {
-	ctx, cancel := context.WithTimeout(s.ctx, s.opts.Extraction.Timeout)
+func (kn *knowledge) embed(texts []string) ([][]float32, error) {
+	ctx, cancel := context.WithTimeout(kn.ctx, kn.opts.Extraction.Timeout)
 	defer cancel()
-	vecs, err := s.opts.Recall.Index.Embedder.Embed(ctx, texts)
+	vecs, err := kn.opts.Recall.Index.Embedder.Embed(ctx, texts)
 	if err != nil {
 		return nil, err
 	}
@@ -452,74 +454,74 @@ const (
 
 // mergeCluster asks the memory model to merge one cluster, checks the
 // merge's fidelity and applies it, or remembers the refusal.
-func (s *Store) mergeCluster(job *extractJob, part []*l4Fact, fp uint64) {
+func (kn *knowledge) mergeCluster(job *extractJob, part []*l4Fact, fp uint64) {
 	sess := job.sess
 	ids := make([]string, len(part))
 	for i, f := range part {
 		ids[i] = f.id
 	}
-	s.l4c.calls.Add(1)
-	ctx, cancel := context.WithTimeout(s.ctx, s.opts.Extraction.Timeout)
-	out, err := s.opts.Extraction.Extractor.Extract(ctx, ExtractRequest{Tenant: sess.tenant, SessionID: sess.id, Model: job.model,
+	kn.l4c.calls.Add(1)
+	ctx, cancel := context.WithTimeout(kn.ctx, kn.opts.Extraction.Timeout)
+	out, err := kn.opts.Extraction.Extractor.Extract(ctx, ExtractRequest{Tenant: sess.tenant, SessionID: sess.id, Model: job.model,
 		Kind: jobL4.String(), Prompt: l4Prompt(part)})
 	cancel()
 	if err != nil {
-		s.l4c.errs.Add(1)
-		s.opts.Logger.Warn("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Error, "err", err)
+		kn.l4c.errs.Add(1)
+		kn.opts.Logger.Warn("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Error, "err", err)
 		return // not remembered: tried again on the next run
 	}
 	text, skip, err := parseL4Merge(out)
 	switch {
 	case err != nil:
-		s.l4c.malformed.Add(1)
-		s.refuseCluster(sess, fp)
-		s.opts.Logger.Warn("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Malformed, "err", err)
+		kn.l4c.malformed.Add(1)
+		kn.refuseCluster(sess, fp)
+		kn.opts.Logger.Warn("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Malformed, "err", err)
 		return
 	case skip:
-		s.l4c.skipped.Add(1)
-		s.refuseCluster(sess, fp)
-		s.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Skip)
+		kn.l4c.skipped.Add(1)
+		kn.refuseCluster(sess, fp)
+		kn.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Skip)
 		return
 	}
-	vecs, err := s.embed([]string{text})
+	vecs, err := kn.embed([]string{text})
 	if err != nil {
-		s.l4c.errs.Add(1)
-		s.opts.Logger.Warn("memory: l4 merge: embed the merged fact", "session", sess.id, "facts", ids, "outcome", l4Error, "err", err)
+		kn.l4c.errs.Add(1)
+		kn.opts.Logger.Warn("memory: l4 merge: embed the merged fact", "session", sess.id, "facts", ids, "outcome", l4Error, "err", err)
 		return
 	}
 	info := fidelity(vecs[0], text, part)
 	info.From = ids
-	if info.Fidelity < s.opts.L4.Fidelity {
-		s.l4c.rejected.Add(1)
-		s.refuseCluster(sess, fp)
-		s.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Refused,
+	if info.Fidelity < kn.opts.L4.Fidelity {
+		kn.l4c.rejected.Add(1)
+		kn.refuseCluster(sess, fp)
+		kn.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Refused,
 			"fidelity", info.Fidelity, "similarity", info.Similarity, "keyword_retention", info.KeywordRetention,
-			"lost_keywords", info.LostKeywords, "threshold", s.opts.L4.Fidelity)
+			"lost_keywords", info.LostKeywords, "threshold", kn.opts.L4.Fidelity)
 		return
 	}
-	id, ok := s.applyMerge(job, part, text, info)
+	id, ok := kn.applyMerge(job, part, text, info)
 	if !ok {
-		s.l4c.stale.Add(1)
-		s.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Stale)
+		kn.l4c.stale.Add(1)
+		kn.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Stale)
 		return
 	}
-	s.l4c.merged.Add(1)
-	s.l4c.factsMerged.Add(int64(len(part)))
-	s.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Kept, "merged", id,
+	kn.l4c.merged.Add(1)
+	kn.l4c.factsMerged.Add(int64(len(part)))
+	kn.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Kept, "merged", id,
 		"fidelity", info.Fidelity, "similarity", info.Similarity, "keyword_retention", info.KeywordRetention,
 		"lost_keywords", info.LostKeywords)
 }
 
 // refuseCluster remembers a refused cluster (written with the session's
 // next background write).
-func (s *Store) refuseCluster(sess *session, fp uint64) {
+func (kn *knowledge) refuseCluster(sess *session, fp uint64) {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	if sess.gone.Load() || !sess.exists {
 		return
 	}
 	sess.l4.refuse(fp, true)
-	s.persistLocked(sess, s.opts.Clock.Now())
+	kn.persist(sess, kn.opts.Clock.Now())
 }
 
 // fidelity computes a merge's figures: 0.6 × the mean cosine similarity of
@@ -558,7 +560,7 @@ func fidelity(merged []float32, text string, part []*l4Fact) MergeInfo {
 
 // applyMerge adds the merged fact and deletes the originals, unless one of
 // them changed or left since the run saw it. It returns the new fact's id.
-func (s *Store) applyMerge(job *extractJob, part []*l4Fact, text string, info MergeInfo) (string, bool) {
+func (kn *knowledge) applyMerge(job *extractJob, part []*l4Fact, text string, info MergeInfo) (string, bool) {
 	sess := job.sess
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
@@ -579,7 +581,7 @@ func (s *Store) applyMerge(job *extractJob, part []*l4Fact, text string, info Me
 			last = u.LastAccess
 		}
 	}
-	now := s.opts.Clock.Now()
+	now := kn.opts.Clock.Now()
 	if last.IsZero() {
 		last = now
 	}
@@ -591,7 +593,7 @@ func (s *Store) applyMerge(job *extractJob, part []*l4Fact, text string, info Me
 	}
 	enc := job.enc
 	u := &Unit{ID: id, Type: UnitFact, Tier: PlaceWorking, Role: "fact", Content: text, Importance: imp,
-		Tokens: s.tok.Count(enc, text), CreatedAt: now, UpdatedAt: now, LastAccess: last, AccessCount: acc,
+		Tokens: kn.tok.Count(enc, text), CreatedAt: now, UpdatedAt: now, LastAccess: last, AccessCount: acc,
 		FromSeq: from, ToSeq: to, Category: CategoryFact, Merged: &info}
 	touch(u, now)
 	setReview(u)
@@ -600,11 +602,11 @@ func (s *Store) applyMerge(job *extractJob, part []*l4Fact, text string, info Me
 	sess.kb.moveSupport(info.From, id)
 	// The merged fact first, then the deletions: a crash between the two
 	// appends keeps both, never neither.
-	s.persistLocked(sess, now)
+	kn.persist(sess, now)
 	for _, f := range part {
-		s.deleteUnitLocked(sess, f.id)
+		sess.deleteUnit(f.id)
 	}
-	s.persistLocked(sess, now)
+	kn.persist(sess, now)
 	return id, true
 }
 
@@ -612,7 +614,7 @@ func mergedUnitID(seq uint64, i int) string { return fmt.Sprintf("merged-%012d-%
 
 // moveSupport adds to every triple resting on one of from the unit to, so
 // the triples survive the deletion of from (written as "triple" records).
-func (k *knowledge) moveSupport(from []string, to string) {
+func (k *sessTriples) moveSupport(from []string, to string) {
 	for tid, t := range k.triples {
 		if !slices.ContainsFunc(t.Support, func(id string) bool { return slices.Contains(from, id) }) || slices.Contains(t.Support, to) {
 			continue
@@ -631,7 +633,7 @@ func l4Prompt(part []*l4Fact) string {
 	var b strings.Builder
 	b.WriteString("You keep an assistant's long-term memory about a user compact. These facts overlap:\n\n")
 	for _, f := range part {
-		fmt.Fprintf(&b, "[%s] %s\n", f.id, sanitizeText(f.content, maxFactBytes))
+		fmt.Fprintf(&b, "[%s] %s\n", f.id, sanitize.Text(f.content, maxFactBytes))
 	}
 	fmt.Fprintf(&b, "\nMerge them into ONE standalone fact, in the language they are written in, that keeps every name, "+
 		"number, identifier, date and detail they state (at most %d bytes). Answer with exactly one line, nothing else:\n"+
@@ -669,7 +671,7 @@ func parseL4Merge(out string) (text string, skip bool, err error) {
 	}
 	rest, ok := strings.CutPrefix(line, "[MERGE]")
 	if !ok {
-		return bad("does not start with [MERGE] or [SKIP]: %q", truncateRunes(line, 80))
+		return bad("does not start with [MERGE] or [SKIP]: %q", sanitize.Truncate(line, 80))
 	}
 	if rest == "" || rest[0] != ' ' {
 		return bad("[MERGE] needs a space and a text")

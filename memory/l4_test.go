@@ -412,12 +412,12 @@ func TestL4MalformedStaleAndTriples(t *testing.T) {
 		}
 
 		// Triples move to the merged fact. The edit started another run.
-		sess, _ := s.session("t", "s", false)
+		sess, _ := s.reg.session("t", "s", false)
 		sess.mu.Lock()
 		sess.kb.put(&Triple{ID: "tri-1", Subject: "user", Predicate: "deploys", Object: "api_server", Support: []string{ids[3]}})
 		sess.kb.markDirty("tri-1")
 		sess.mu.Unlock()
-		s.unpin(sess)
+		s.reg.unpin(sess)
 		gate <- struct{}{}
 		synctest.Wait()
 		if st := s.Stats(); st.L4Merged != 1 {

@@ -11,16 +11,17 @@ import (
 	"testing"
 
 	"github.com/kvsidecar/kvsidecar/internal/durable"
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 )
 
 // recordOffsets returns where each record of a log file starts.
 func recordOffsets(t *testing.T, data []byte) []int {
 	t.Helper()
-	if !bytes.HasPrefix(data, logMagic) {
+	if !bytes.HasPrefix(data, journal.Magic) {
 		t.Fatalf("not a log: %q", data[:min(8, len(data))])
 	}
 	var offs []int
-	durable.ScanRecords(data[len(logMagic):], 1<<24, func(off int, _ []byte) { offs = append(offs, len(logMagic)+off) })
+	durable.ScanRecords(data[len(journal.Magic):], 1<<24, func(off int, _ []byte) { offs = append(offs, len(journal.Magic)+off) })
 	return offs
 }
 
@@ -142,8 +143,8 @@ func TestForeignOrEmptyLogStartsAfresh(t *testing.T) {
 	other := writeTurns(t, t.TempDir(), 1)
 	data, _ := os.ReadFile(other)
 	// Re-framed so the checksums hold: a well-formed log of another session.
-	img := append([]byte(nil), logMagic...)
-	durable.ScanRecords(data[len(logMagic):], 1<<20, func(_ int, p []byte) {
+	img := append([]byte(nil), journal.Magic...)
+	durable.ScanRecords(data[len(journal.Magic):], 1<<20, func(_ int, p []byte) {
 		p = bytes.Replace(p, []byte(`"session":"s"`), []byte(`"session":"x"`), 1)
 		img = appendRecord(img, p)
 	})
@@ -168,7 +169,7 @@ func TestForeignOrEmptyLogStartsAfresh(t *testing.T) {
 
 	// Only the magic (a creation torn by a crash): removed with its index.
 	s.Close()
-	os.WriteFile(path, logMagic, 0o600)
+	os.WriteFile(path, journal.Magic, 0o600)
 	os.WriteFile(idx, []byte("stale index"), 0o600)
 	s = openStore(t, dir, nil)
 	if _, err := s.Session("t", "s"); !errors.Is(err, ErrNotFound) {
@@ -192,7 +193,7 @@ func TestVersion1LogIsConverted(t *testing.T) {
 		h[4], h[5], h[6], h[7] = byte(c), byte(c>>8), byte(c>>16), byte(c>>24)
 		return append(append(dst, h...), p...)
 	}
-	img := append([]byte(nil), legacyMagic...)
+	img := append([]byte(nil), journal.LegacyMagic...)
 	img = v1(img, []byte(`{"k":"meta","v":1,"tenant":"t","session":"s","t":1}`))
 	img = v1(img, []byte(`{"k":"msg","t":2,"seq":1,"msg":{"role":"user","content":"old"}}`))
 	img = append(img, 1, 2, 3) // torn tail
@@ -201,7 +202,7 @@ func TestVersion1LogIsConverted(t *testing.T) {
 	prepare(t, s, "t", "s", ModeAppend, text("user", "new")).Abort()
 	s.Close()
 	data, _ := os.ReadFile(path)
-	if !bytes.HasPrefix(data, logMagic) {
+	if !bytes.HasPrefix(data, journal.Magic) {
 		t.Fatal("not converted")
 	}
 	s = openStore(t, dir, nil)
@@ -254,7 +255,7 @@ func FuzzSessionLog(f *testing.F) {
 		dir := t.TempDir()
 		path := sessionPath(dir, "t", "s")
 		os.MkdirAll(filepath.Dir(path), 0o755)
-		os.WriteFile(path, append(bytes.Clone(logMagic), data...), 0o600)
+		os.WriteFile(path, append(bytes.Clone(journal.Magic), data...), 0o600)
 		s := openStore(t, dir, nil)
 		if _, err := s.Session("t", "s"); err != nil && !errors.Is(err, ErrNotFound) {
 			t.Fatalf("load: %v", err)

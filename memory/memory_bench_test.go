@@ -148,15 +148,15 @@ func BenchmarkLogAppend(b *testing.B) {
 	for _, p := range []FsyncPolicy{FsyncAlways, FsyncInterval, FsyncNever} {
 		b.Run(p.String(), func(b *testing.B) {
 			s := openStore(b, b.TempDir(), func(o *Options) { o.Fsync = p })
-			l, err := s.createLog(b.TempDir()+"/bench.log", appendRecord(nil, []byte("meta")))
+			l, err := s.j.Create(b.TempDir()+"/bench.log", appendRecord(nil, []byte("meta")))
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer l.close()
+			defer l.Close()
 			b.ReportAllocs()
 			b.SetBytes(int64(len(payload)))
 			for b.Loop() {
-				if err := l.append(payload); err != nil {
+				if err := l.Append(payload); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -10,17 +10,19 @@ import (
 	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/internal/clock"
 	"github.com/kvsidecar/kvsidecar/internal/durable"
+	"github.com/kvsidecar/kvsidecar/memory/internal/memerr"
 )
 
 // Sentinel errors. Classify with errors.Is; returned errors wrap them with
-// context and the "memory:" prefix.
+// context and the "memory:" prefix. Those the subsystems share are package
+// memerr's, re-exported here.
 var (
 	// ErrNotFound: the session does not exist for this tenant (it may exist
 	// for another tenant; callers cannot tell, by design).
-	ErrNotFound = errors.New("memory: session not found")
+	ErrNotFound = memerr.ErrNotFound
 	// ErrInvalid: the caller passed something unusable (empty session id,
 	// malformed message). The proxy answers 400.
-	ErrInvalid = errors.New("memory: invalid request")
+	ErrInvalid = memerr.ErrInvalid
 	// ErrContextTooLarge: the client's system messages, the newest user
 	// message and what follows it, and the tools do not fit the hard limit
 	// even with nothing else. The proxy answers 400 (context_length_exceeded).
@@ -34,7 +36,7 @@ var (
 	// later turn. Logged at debug level, not as a failure.
 	ErrDeferred = errors.New("memory: background call deferred: clients needed the engine")
 	// ErrClosed: the Store was closed.
-	ErrClosed = errors.New("memory: store closed")
+	ErrClosed = memerr.ErrClosed
 )
 
 // errCorrupt marks a log record that failed its checks; callers match
@@ -512,7 +514,7 @@ func (o *DecayOptions) validate() error {
 }
 
 // PoolOptions bound the tenants' shared pools, their events and what a
-// request that opts in sees of them (poolevents.go).
+// request that opts in sees of them (package memory/internal/pool).
 type PoolOptions struct {
 	// MaxValueBytes bounds a pool entry's value (JSON). Zero: 1 MiB.
 	MaxValueBytes int

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // The RAG index is per session: memory units belong to sessions, so a
@@ -40,7 +41,7 @@ func (sess *session) docText(u *Unit) string {
 			text += "\n" + prev
 		}
 	}
-	return truncateRunes(text, maxDocBytes)
+	return sanitize.Truncate(text, maxDocBytes)
 }
 
 // prevMessageText is the text of the history message before seq.
@@ -71,15 +72,15 @@ func metaEqual(a, b index.Meta) bool {
 // every unit indexed when the embedder is local (offline: microseconds per
 // unit); with a remote embedder the worker indexes new units. nil when the
 // index is off. Called with sess.mu held.
-func (s *Store) indexLocked(ctx context.Context, sess *session) *index.Index {
-	if s.opts.Recall.IndexDisabled {
+func (rt *retriever) indexLocked(ctx context.Context, sess *session) *index.Index {
+	if rt.opts.Recall.IndexDisabled {
 		return nil
 	}
 	if sess.ix == nil {
-		s.loadIndexLocked(ctx, sess)
+		rt.loadIndexLocked(ctx, sess)
 	}
-	if s.localEmbedder {
-		s.indexPendingLocked(ctx, sess)
+	if rt.localEmbedder {
+		rt.indexPendingLocked(ctx, sess)
 	}
 	return sess.ix
 }
@@ -87,19 +88,19 @@ func (s *Store) indexLocked(ctx context.Context, sess *session) *index.Index {
 // loadIndexLocked loads the session's index file and reconciles it with the
 // units; a missing or corrupt file gives an empty index that the pending
 // units then fill.
-func (s *Store) loadIndexLocked(ctx context.Context, sess *session) {
+func (rt *retriever) loadIndexLocked(ctx context.Context, sess *session) {
 	path := indexPath(sess)
-	x, err := index.Load(path, s.ixOpts)
+	x, err := index.Load(path, rt.ixOpts)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
-			s.opts.Logger.Warn("memory: session index unusable, rebuilding from units", "file", path, "err", err)
-			s.stats.indexRebuilds.Add(1)
+			rt.opts.Logger.Warn("memory: session index unusable, rebuilding from units", "file", path, "err", err)
+			rt.stats.indexRebuilds.Add(1)
 		} else if len(sess.units) > 0 {
-			s.stats.indexRebuilds.Add(1)
+			rt.stats.indexRebuilds.Add(1)
 		}
-		if x, err = index.New(s.ixOpts); err != nil {
+		if x, err = index.New(rt.ixOpts); err != nil {
 			// Options were validated at Open; unreachable.
-			s.opts.Logger.Error("memory: new index", "err", err)
+			rt.opts.Logger.Error("memory: new index", "err", err)
 			return
 		}
 		sess.ix = x
@@ -132,11 +133,11 @@ func (s *Store) loadIndexLocked(ctx context.Context, sess *session) {
 		// Documents of deleted or changed units: rebuild from the rest,
 		// reusing their vectors (no embedding).
 		if err := x.Rebuild(ctx, keep); err != nil {
-			s.opts.Logger.Warn("memory: reconcile session index", "err", err)
+			rt.opts.Logger.Warn("memory: reconcile session index", "err", err)
 			for _, u := range sess.units {
 				u.indexed = false
 			}
-			x, _ = index.New(s.ixOpts)
+			x, _ = index.New(rt.ixOpts)
 		}
 		sess.ixVer, sess.ixSaved = 1, 0
 	}
@@ -145,7 +146,7 @@ func (s *Store) loadIndexLocked(ctx context.Context, sess *session) {
 
 // pendingDocsLocked returns the documents of units whose latest state is
 // not indexed, reusing stored vectors when the text is unchanged.
-func (s *Store) pendingDocsLocked(sess *session) []index.Doc {
+func (rt *retriever) pendingDocsLocked(sess *session) []index.Doc {
 	if sess.ix == nil {
 		return nil
 	}
@@ -166,7 +167,7 @@ func (s *Store) pendingDocsLocked(sess *session) []index.Doc {
 
 // markIndexedLocked records that docs were upserted: units still in that
 // state are indexed; documents of units deleted meanwhile are removed.
-func (s *Store) markIndexedLocked(sess *session, x *index.Index, docs []index.Doc) {
+func (rt *retriever) markIndexedLocked(sess *session, x *index.Index, docs []index.Doc) {
 	for _, d := range docs {
 		u := sess.units[d.ID]
 		if u == nil {
@@ -194,43 +195,43 @@ func updateMetaOnly(x *index.Index, docs []index.Doc) []index.Doc {
 }
 
 // indexPendingLocked indexes pending units under the session's lock.
-func (s *Store) indexPendingLocked(ctx context.Context, sess *session) {
-	docs := s.pendingDocsLocked(sess)
+func (rt *retriever) indexPendingLocked(ctx context.Context, sess *session) {
+	docs := rt.pendingDocsLocked(sess)
 	if len(docs) == 0 {
 		return
 	}
 	all := slices.Clone(docs)
 	if docs = updateMetaOnly(sess.ix, docs); len(docs) == 0 {
-		s.markIndexedLocked(sess, sess.ix, all)
+		rt.markIndexedLocked(sess, sess.ix, all)
 		return
 	}
 	if err := sess.ix.Upsert(ctx, docs...); err != nil {
-		s.indexFailed("memory: index units", len(docs), err)
+		rt.indexFailed("memory: index units", len(docs), err)
 		return
 	}
-	s.markIndexedLocked(sess, sess.ix, all)
+	rt.markIndexedLocked(sess, sess.ix, all)
 }
 
 // syncIndex is the worker's part: it indexes pending units with the
 // session unlocked while embedding, then saves the index if it changed and
 // the last save is IndexSaveInterval old (always when force).
-func (s *Store) syncIndex(sess *session, force bool) {
+func (rt *retriever) syncIndex(sess *session, force bool) {
 	sess.mu.Lock()
-	if s.opts.Recall.IndexDisabled || sess.gone.Load() || !sess.exists {
+	if rt.opts.Recall.IndexDisabled || sess.gone.Load() || !sess.exists {
 		sess.mu.Unlock()
 		return
 	}
 	if sess.ix == nil {
-		s.loadIndexLocked(s.ctx, sess)
+		rt.loadIndexLocked(rt.ctx, sess)
 	}
 	x := sess.ix
-	docs := s.pendingDocsLocked(sess)
+	docs := rt.pendingDocsLocked(sess)
 	sess.mu.Unlock()
 	if x == nil {
 		return
 	}
-	ctx := s.ctx
-	if s.localEmbedder {
+	ctx := rt.ctx
+	if rt.localEmbedder {
 		ctx = context.Background() // offline: also indexes on Close
 	}
 	if len(docs) > 0 && ctx.Err() == nil {
@@ -240,31 +241,31 @@ func (s *Store) syncIndex(sess *session, force bool) {
 		}
 		sess.mu.Lock()
 		if err != nil {
-			s.indexFailed("memory: index units", len(docs), err)
+			rt.indexFailed("memory: index units", len(docs), err)
 		} else if sess.ix == x {
-			s.markIndexedLocked(sess, x, docs)
+			rt.markIndexedLocked(sess, x, docs)
 		}
 		sess.mu.Unlock()
 	}
-	if s.reembed(ctx, x) {
+	if rt.reembed(ctx, x) {
 		sess.mu.Lock()
 		if sess.ix == x {
 			sess.ixVer++
 		}
 		sess.mu.Unlock()
 	}
-	s.saveIndex(sess, x, force)
+	rt.saveIndex(sess, x, force)
 }
 
 // reembed embeds an index's documents again when its embedder moved to
 // another vector space (a remote model changed) and no update did it; it
 // reports whether it did.
-func (s *Store) reembed(ctx context.Context, x *index.Index) bool {
+func (rt *retriever) reembed(ctx context.Context, x *index.Index) bool {
 	if ctx.Err() != nil || !x.Stale() {
 		return false
 	}
 	if err := x.Reembed(ctx); err != nil {
-		s.indexFailed("memory: re-embed an index for a new vector space", x.Len(), err)
+		rt.indexFailed("memory: re-embed an index for a new vector space", x.Len(), err)
 		return false
 	}
 	return true
@@ -273,21 +274,21 @@ func (s *Store) reembed(ctx context.Context, x *index.Index) bool {
 // indexFailed counts an index update that failed; the units stay pending
 // and the next sync tries again. One whose embedding failed is logged at
 // debug level: the embedder logs its outages once.
-func (s *Store) indexFailed(msg string, n int, err error) {
-	s.stats.indexErrors.Add(1)
+func (rt *retriever) indexFailed(msg string, n int, err error) {
+	rt.stats.indexErrors.Add(1)
 	if errors.Is(err, index.ErrEmbed) {
-		s.opts.Logger.Debug(msg, "n", n, "err", err)
+		rt.opts.Logger.Debug(msg, "n", n, "err", err)
 		return
 	}
-	s.opts.Logger.Warn(msg, "n", n, "err", err)
+	rt.opts.Logger.Warn(msg, "n", n, "err", err)
 }
 
 // saveIndex writes the index file if it changed since the last save.
-func (s *Store) saveIndex(sess *session, x *index.Index, force bool) {
+func (rt *retriever) saveIndex(sess *session, x *index.Index, force bool) {
 	sess.mu.Lock()
-	now := s.opts.Clock.Now()
+	now := rt.opts.Clock.Now()
 	due := sess.ix == x && sess.exists && !sess.gone.Load() && sess.ixVer != sess.ixSaved &&
-		(force || now.Sub(sess.ixLastSave) >= s.opts.Recall.IndexSaveInterval)
+		(force || now.Sub(sess.ixLastSave) >= rt.opts.Recall.IndexSaveInterval)
 	ver := sess.ixVer
 	path := indexPath(sess)
 	if due {
@@ -298,11 +299,11 @@ func (s *Store) saveIndex(sess *session, x *index.Index, force bool) {
 		return
 	}
 	if err := x.Save(path); err != nil {
-		s.stats.indexErrors.Add(1)
-		s.opts.Logger.Warn("memory: save session index", "err", err)
+		rt.stats.indexErrors.Add(1)
+		rt.opts.Logger.Warn("memory: save session index", "err", err)
 		return
 	}
-	s.stats.indexSaves.Add(1)
+	rt.stats.indexSaves.Add(1)
 	sess.mu.Lock()
 	if sess.ix == x && ver > sess.ixSaved {
 		sess.ixSaved = ver

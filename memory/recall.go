@@ -39,8 +39,8 @@ import (
 // of it, see Recall.MinCoverage).
 type recallQuery struct{ text, focus string }
 
-func (s *Store) recallLocked(ctx context.Context, sess *session, um *userMem, query recallQuery, now time.Time, skip map[string]bool) ([]recallItem, string) {
-	o := &s.opts.Recall
+func (rt *retriever) recallLocked(ctx context.Context, sess *session, um *userMem, query recallQuery, now time.Time, skip map[string]bool) ([]recallItem, string) {
+	o := &rt.opts.Recall
 	if strings.TrimSpace(query.text) == "" || o.K <= 0 {
 		return nil, ""
 	}
@@ -49,11 +49,11 @@ func (s *Store) recallLocked(ctx context.Context, sess *session, um *userMem, qu
 	if len(wm.active) > 0 && o.ProbeK > 0 {
 		// The probe tells the topic: every lexical hit counts there, the
 		// weak ones included; only those passing the gate are shown.
-		probe := s.searchAll(ctx, sess, um, query, o.ProbeK, index.ModeBM25, skip)
+		probe := rt.searchAll(ctx, sess, um, query, o.ProbeK, index.ModeBM25, skip)
 		hood := wm.neighbourhood(now, o.LinkHalfLife)
 		if len(probe) > 0 && overlap(itemIDs(probe), hood) >= o.ReuseOverlap {
-			s.stats.probeReuses.Add(1)
-			items := append(strong(probe), strong(s.gated(ctx, sess, um, query, s.itemsFor(sess, um, wm.injected, skip)))...)
+			rt.stats.probeReuses.Add(1)
+			items := append(strong(probe), strong(rt.gated(ctx, sess, um, query, rt.itemsFor(sess, um, wm.injected, skip)))...)
 			items = uniqueItems(items, o.K+len(probe))
 			var active []string
 			for _, it := range probe {
@@ -69,13 +69,13 @@ func (s *Store) recallLocked(ctx context.Context, sess *session, um *userMem, qu
 	}
 	// Every hit joins the working memory (the topic), as before the gate;
 	// only those passing it are shown.
-	all := s.searchAll(ctx, sess, um, query, o.K, index.ModeHybrid, skip)
+	all := rt.searchAll(ctx, sess, um, query, o.K, index.ModeHybrid, skip)
 	full := strong(all)
 	if len(all) == 0 {
 		wm.injected = nil
 		return nil, ""
 	}
-	s.stats.fullRecalls.Add(1)
+	rt.stats.fullRecalls.Add(1)
 	wm.injected = slices.Sorted(slices.Values(itemIDs(full)))
 	ids := itemIDs(all)
 	top := ids[:min(len(ids), o.ActiveSetSize)]
@@ -86,8 +86,8 @@ func (s *Store) recallLocked(ctx context.Context, sess *session, um *userMem, qu
 
 // gated marks the items of an earlier recall that do not pass the gate for
 // this query: the same topic, but not what this question is about.
-func (s *Store) gated(ctx context.Context, sess *session, um *userMem, q recallQuery, items []recallItem) []recallItem {
-	own, user := s.indexLocked(ctx, sess), um.index()
+func (rt *retriever) gated(ctx context.Context, sess *session, um *userMem, q recallQuery, items []recallItem) []recallItem {
+	own, user := rt.indexLocked(ctx, sess), um.index()
 	// What the entities of the question reach through the graph stays
 	// relevant, as it was when a full recall found it.
 	var reach [2]map[string]bool
@@ -100,11 +100,11 @@ func (s *Store) gated(ctx context.Context, sess *session, um *userMem, q recallQ
 		var cov float64
 		if x != nil {
 			cov, _ = x.Coverage(q.gate(), items[i].id)
-			if !s.relevant(cov, 0) && !reached[k] {
-				reach[k], reached[k] = x.GraphReach(q.gate(), s.opts.Recall.K), true
+			if !rt.relevant(cov, 0) && !reached[k] {
+				reach[k], reached[k] = x.GraphReach(q.gate(), rt.opts.Recall.K), true
 			}
 		}
-		items[i].weak = !s.relevant(cov, 0) && !reach[k][items[i].id]
+		items[i].weak = !rt.relevant(cov, 0) && !reach[k][items[i].id]
 	}
 	return items
 }
@@ -145,9 +145,9 @@ func uniqueItems(items []recallItem, n int) []recallItem {
 // own (its index, or the Recaller when the index is off or fails) and the
 // user's other sessions' (the user's cross-session index), interleaved by
 // rank since the two indexes' scores are not comparable.
-func (s *Store) searchAll(ctx context.Context, sess *session, um *userMem, query recallQuery, k int, mode index.Mode, skip map[string]bool) []recallItem {
-	own := s.searchSession(ctx, sess, query, k, mode, skip)
-	cross := s.searchUser(ctx, sess, um, query, k, mode)
+func (rt *retriever) searchAll(ctx context.Context, sess *session, um *userMem, query recallQuery, k int, mode index.Mode, skip map[string]bool) []recallItem {
+	own := rt.searchSession(ctx, sess, query, k, mode, skip)
+	cross := rt.searchUser(ctx, sess, um, query, k, mode)
 	if len(cross) == 0 {
 		return own
 	}
@@ -172,8 +172,8 @@ func (s *Store) searchAll(ctx context.Context, sess *session, um *userMem, query
 // with the question stays out: each recalled token is reprocessed by the
 // engine on the turn it appears, so only what is about the question is
 // worth it.
-func (s *Store) relevant(coverage, cos float64) bool {
-	o := &s.opts.Recall
+func (rt *retriever) relevant(coverage, cos float64) bool {
+	o := &rt.opts.Recall
 	return o.MinCoverage < 0 || coverage >= o.MinCoverage || cos >= o.MinScore
 }
 
@@ -181,10 +181,10 @@ func (s *Store) relevant(coverage, cos float64) bool {
 // (a keyword, the graph, or an embedding close enough), weak when found
 // but not passing the recall gate. What the graph reached through an
 // entity of the query and a link holding more of the query is relevant.
-func (s *Store) gateHit(h index.Hit) (found, weak bool) {
-	cos := s.gateCosine(h)
-	found = h.BM25 > 0 || h.Graph > 0 || cos >= s.opts.Recall.MinScore
-	return found, h.Graph == 0 && !s.relevant(h.Coverage, cos)
+func (rt *retriever) gateHit(h index.Hit) (found, weak bool) {
+	cos := rt.gateCosine(h)
+	found = h.BM25 > 0 || h.Graph > 0 || cos >= rt.opts.Recall.MinScore
+	return found, h.Graph == 0 && !rt.relevant(h.Coverage, cos)
 }
 
 // gateCosine is the similarity the gate compares with Recall.MinScore: the
@@ -192,9 +192,9 @@ func (s *Store) gateHit(h index.Hit) (found, weak bool) {
 // shared words and spellings; for a model's embeddings, the cosine when it
 // stands Recall.MinCosineZ standard deviations above the query's similarity
 // with the memories searched, else 0.
-func (s *Store) gateCosine(h index.Hit) float64 {
-	o := &s.opts.Recall
-	if s.localEmbedder || o.MinCosineZ < 0 {
+func (rt *retriever) gateCosine(h index.Hit) float64 {
+	o := &rt.opts.Recall
+	if rt.localEmbedder || o.MinCosineZ < 0 {
 		return h.Cosine
 	}
 	if h.CosineZ >= o.MinCosineZ {
@@ -226,18 +226,18 @@ func unitItem(u *Unit) recallItem {
 }
 
 // searchSession searches the session's own memory units.
-func (s *Store) searchSession(ctx context.Context, sess *session, query recallQuery, k int, mode index.Mode, skip map[string]bool) []recallItem {
+func (rt *retriever) searchSession(ctx context.Context, sess *session, query recallQuery, k int, mode index.Mode, skip map[string]bool) []recallItem {
 	usable := func(id string) bool {
 		u := sess.units[id]
 		return u != nil && !skip[id] && !u.Category.pinned()
 	}
 	var out []recallItem
-	if x := s.indexLocked(ctx, sess); x != nil && x.Len() > 0 {
-		s.attachGraphLocked(sess, x)
+	if x := rt.indexLocked(ctx, sess); x != nil && x.Len() > 0 {
+		rt.attachGraphLocked(sess, x)
 		hits, err := x.SearchFocus(ctx, query.text, query.gate(), k, mode, usable)
 		if err == nil {
 			for _, h := range hits {
-				if found, weak := s.gateHit(h); found {
+				if found, weak := rt.gateHit(h); found {
 					it := unitItem(sess.units[h.ID])
 					it.weak = weak
 					out = append(out, it)
@@ -245,18 +245,18 @@ func (s *Store) searchSession(ctx context.Context, sess *session, query recallQu
 			}
 			return out
 		}
-		s.searchFailed(sess, x, "memory: index search failed, using the Recaller", err)
+		rt.searchFailed(sess, x, "memory: index search failed, using the Recaller", err)
 	}
 	sess.refreshIndex()
 	if len(sess.cands) == 0 {
 		return nil
 	}
-	hits, err := s.opts.Recall.Recaller.Recall(ctx, query.text, sess.cands, k+recallExtra)
+	hits, err := rt.opts.Recall.Recaller.Recall(ctx, query.text, sess.cands, k+recallExtra)
 	if err != nil {
-		s.opts.Logger.Warn("memory: recall failed", "err", err)
+		rt.opts.Logger.Warn("memory: recall failed", "err", err)
 	}
 	for _, h := range hits {
-		if usable(h.ID) && h.Score >= s.opts.Recall.MinScore && len(out) < k {
+		if usable(h.ID) && h.Score >= rt.opts.Recall.MinScore && len(out) < k {
 			out = append(out, unitItem(sess.units[h.ID]))
 		}
 	}
@@ -265,7 +265,7 @@ func (s *Store) searchSession(ctx context.Context, sess *session, query recallQu
 
 // searchUser searches the user's cross-session index, leaving out the
 // current session's documents (its own memory comes from its index).
-func (s *Store) searchUser(ctx context.Context, sess *session, um *userMem, query recallQuery, k int, mode index.Mode) []recallItem {
+func (rt *retriever) searchUser(ctx context.Context, sess *session, um *userMem, query recallQuery, k int, mode index.Mode) []recallItem {
 	x := um.index()
 	if x == nil || !um.hasOthers(sess.hash) {
 		return nil // nothing but this session's own documents
@@ -274,12 +274,12 @@ func (s *Store) searchUser(ctx context.Context, sess *session, um *userMem, quer
 	own := userDocPrefix(sess)
 	hits, err := x.SearchFocus(ctx, query.text, query.gate(), k, mode, func(id string) bool { return !strings.HasPrefix(id, own) })
 	if err != nil {
-		s.searchFailed(sess, x, "memory: user index search failed", err)
+		rt.searchFailed(sess, x, "memory: user index search failed", err)
 		return nil
 	}
 	out := make([]recallItem, 0, len(hits))
 	for _, h := range hits {
-		if found, weak := s.gateHit(h); found {
+		if found, weak := rt.gateHit(h); found {
 			it := userItem(h.ID, h.Text, h.Meta)
 			it.weak = weak
 			out = append(out, it)
@@ -293,22 +293,22 @@ func (s *Store) searchUser(ctx context.Context, sess *session, um *userMem, quer
 // logs its outages once; the turn recalls by words); when x's vectors are
 // of an older vector space than its embedder's, the session is queued so
 // the worker embeds them again.
-func (s *Store) searchFailed(sess *session, x *index.Index, msg string, err error) {
-	s.stats.indexErrors.Add(1)
+func (rt *retriever) searchFailed(sess *session, x *index.Index, msg string, err error) {
+	rt.stats.indexErrors.Add(1)
 	if errors.Is(err, index.ErrEmbed) {
-		s.stats.recallByWords.Add(1)
-		s.opts.Logger.Debug(msg, "err", err)
+		rt.stats.recallByWords.Add(1)
+		rt.opts.Logger.Debug(msg, "err", err)
 		if x.Stale() {
-			s.enqueue(sess)
+			rt.enqueue(sess)
 		}
 		return
 	}
-	s.opts.Logger.Warn(msg, "err", err)
+	rt.opts.Logger.Warn(msg, "err", err)
 }
 
 // itemsFor returns the items of ids (a previous recalled set) that still
 // exist, with their current text.
-func (s *Store) itemsFor(sess *session, um *userMem, ids []string, skip map[string]bool) []recallItem {
+func (rt *retriever) itemsFor(sess *session, um *userMem, ids []string, skip map[string]bool) []recallItem {
 	out := make([]recallItem, 0, len(ids))
 	x := um.index()
 	for _, id := range ids {
@@ -326,4 +326,26 @@ func (s *Store) itemsFor(sess *session, um *userMem, ids []string, skip map[stri
 		}
 	}
 	return out
+}
+
+// retriever owns recall (recall.go, ragindex.go, userdocs.go): the
+// sessions' indexes (loaded, reconciled with the units, kept up to date,
+// saved), the users' cross-session indexes' documents, and the choice of
+// the memories a turn shows through the session's working memory. It
+// holds no lock of its own: it works on sessions their caller locked
+// (…Locked) or locks them itself, and on user indexes (userMem.mu).
+//
+// Invariants: an index is derived data, rebuilt from the units when
+// missing, corrupt or stale; what it shows is never stale (a reused set is
+// rebuilt from current memory); a deleted unit leaves the indexes at once;
+// a user's index holds only that user's sessions, never another tenant's;
+// with a remote embedder nothing is embedded under a session's lock.
+type retriever struct {
+	*env
+	ixOpts index.Options
+	// localEmbedder: the index embeds offline, so units are indexed on
+	// the request path.
+	localEmbedder bool
+	// enqueue asks the worker to sync a session (an index to embed again).
+	enqueue func(*session)
 }

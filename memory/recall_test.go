@@ -185,7 +185,7 @@ func TestWorkingMemoryExpiryAndLinks(t *testing.T) {
 		if st := ask(topics[0].questions[0]); st.Recall != "full" {
 			t.Fatalf("first recall %q, want full", st.Recall)
 		}
-		sess, _ := s.session("t", "s", false)
+		sess, _ := s.reg.session("t", "s", false)
 		// links snapshots the weights between the active memories.
 		links := func() map[linkKey]float64 {
 			sess.mu.Lock()
@@ -361,9 +361,9 @@ func TestDeleteMemoryRemovesItEverywhere(t *testing.T) {
 	if err := s.DeleteMemory("t", "s", id); !errors.Is(err, ErrMemoryNotFound) || !errors.Is(err, ErrNotFound) {
 		t.Fatalf("second delete: %v", err)
 	}
-	sess, _ := s.session("t", "s", false)
+	sess, _ := s.reg.session("t", "s", false)
 	sess.mu.Lock()
-	_, inIndex := s.indexLocked(context.Background(), sess).Get(id)
+	_, inIndex := s.recall.indexLocked(context.Background(), sess).Get(id)
 	active := sess.wm.isActive(id)
 	sess.mu.Unlock()
 	if inIndex || active {

@@ -74,11 +74,11 @@ func (s *Store) Recall(ctx context.Context, tenant, sessionID, user, query strin
 		return RecallResult{}, err
 	}
 	for attempt := 0; ; attempt++ {
-		sess, err := s.session(tenant, sessionID, false)
+		sess, err := s.reg.session(tenant, sessionID, false)
 		if err != nil {
 			return RecallResult{}, err
 		}
-		defer s.unpin(sess) // at most one per attempt
+		defer s.reg.unpin(sess) // at most one per attempt
 		sess.mu.Lock()
 		owner, exists := sess.user, sess.exists
 		sess.mu.Unlock()
@@ -86,7 +86,7 @@ func (s *Store) Recall(ctx context.Context, tenant, sessionID, user, query strin
 			return RecallResult{}, fmt.Errorf("%w: %q", ErrNotFound, sessionID)
 		}
 		// The user's index loads before the session is locked (userFor).
-		um := s.userFor(sess, user)
+		um := s.users.userFor(sess, user)
 		sess.mu.Lock()
 		if sess.gone.Load() {
 			sess.mu.Unlock()
@@ -95,7 +95,7 @@ func (s *Store) Recall(ctx context.Context, tenant, sessionID, user, query strin
 			}
 			return RecallResult{}, fmt.Errorf("memory: session %q keeps vanishing: %w", sessionID, ErrNotFound)
 		}
-		items, mode := s.recallLocked(ctx, sess, um, recallQuery{text: query, focus: query}, s.opts.Clock.Now(), nil)
+		items, mode := s.recall.recallLocked(ctx, sess, um, recallQuery{text: query, focus: query}, s.opts.Clock.Now(), nil)
 		res := RecallResult{Mode: mode, Memories: make([]RecalledMemory, 0, len(items))}
 		for _, it := range items {
 			res.Memories = append(res.Memories, RecalledMemory{ID: it.id, Role: it.role, Text: it.text, At: it.at, OtherSession: it.cross})

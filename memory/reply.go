@@ -15,8 +15,8 @@ func (s *Store) MaxReplyBytes() int { return s.opts.Storage.MaxReplyBytes }
 // its text (or, without text, of its tool calls), and marks it partial.
 // A reply's cost in memory, on disk and in tokenizing is thereby bounded
 // whatever the upstream sends.
-func (s *Store) capReply(m *Message, partial *bool) *Message {
-	maxBytes := s.opts.Storage.MaxReplyBytes
+func (e *env) capReply(m *Message, partial *bool) *Message {
+	maxBytes := e.opts.Storage.MaxReplyBytes
 	if len(m.Content)+len(m.toolText)+len(m.Name) <= maxBytes && len(m.Raw) <= 2*maxBytes+4096 {
 		return m
 	}
@@ -30,7 +30,7 @@ func (s *Store) capReply(m *Message, partial *bool) *Message {
 	}
 	c := NewMessage(role, CutText(text, maxBytes))
 	*partial = true
-	s.stats.repliesCut.Add(1)
+	e.stats.repliesCut.Add(1)
 	return &c
 }
 
@@ -48,8 +48,8 @@ func CutText(s string, n int) string {
 
 // withStore returns ctx, also cancelled when the store closes, and the
 // function that releases it.
-func (s *Store) withStore(ctx context.Context) (context.Context, context.CancelFunc) {
+func (e *env) withStore(ctx context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(s.ctx, cancel)
+	stop := context.AfterFunc(e.ctx, cancel)
 	return ctx, func() { stop(); cancel() }
 }

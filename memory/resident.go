@@ -2,8 +2,11 @@ package memory
 
 import (
 	"container/list"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 )
 
 // What the Store keeps in memory (issue 22). Sessions and user indexes
@@ -15,7 +18,8 @@ import (
 // one read of its log and of its index files, whatever the number of
 // sessions held.
 //
-// Both kinds are kept in least-recently-used lists under s.mu: a lookup
+// Both kinds are kept in least-recently-used lists under the registry's
+// mu: a lookup
 // moves its entry to the front (O(1)), and unloading walks from the back,
 // so no work per turn depends on how many sessions are held. Sizes are
 // estimates (resident bytes of messages, memory units and index documents,
@@ -34,10 +38,53 @@ import (
 // working memory's active set (recall gating), the cached stable block
 // (rebuilt from the same units), a condensed tool context not yet shown.
 
+// registry owns what is loaded (this file, store.go session): the
+// sessions and user memories by key, in least-recently-used lists with
+// their estimated sizes, and the store's closed flag, under its mu; it
+// unloads idle entries (trim, in the worker) and deletes the sessions the
+// retention sweep names (retention.go). Lock order: a session's mu, then
+// registry.mu (listSession looks its user up under the session's lock);
+// under registry.mu a session's mu is only ever tried (TryLock).
+//
+// Invariants: a session looked up (session) stays loaded until unpin; one
+// with a turn in flight, background work queued or running, or unwritten
+// units is never unloaded; a key maps to at most one live session (a gone
+// one is replaced on its next lookup); nothing is loaded after Shutdown.
+type registry struct {
+	*env
+	// mu protects the fields below.
+	mu       sync.Mutex
+	sessions map[string]*session
+	sessGen  uint64 // counts sessions added to the map (retention.go)
+	closed   bool
+	// byPath indexes sessions by log path for the retention sweep, rebuilt
+	// when sessGen moved past byPathGen.
+	byPath    map[string]*session
+	byPathGen uint64
+	// users are the loaded user memories, by tenant "\x00" user.
+	users   map[string]*userMem
+	userGen uint64 // counts the user memories loaded (userMem.gen)
+	// res orders the loaded sessions and user indexes by last use and
+	// sums their estimated sizes.
+	res residentSet
+
+	// trimC wakes the worker to unload idle entries (trim).
+	trimC chan struct{}
+
+	// What the registry asks of the others: the sessions' logs (load,
+	// delete), the indexes (save before unloading, sizes, a deleted
+	// session's user documents), the worker's sync of a session before it
+	// leaves, and loading a user's index (users.go ensureUser).
+	jrn        *sessionJournal
+	recall     *retriever
+	sync       func(sess *session)
+	ensureUser func(um *userMem, asking string)
+}
+
 // residentSet orders the loaded sessions and user indexes by last use.
 type residentSet struct {
-	// sessions and users are protected by s.mu; front is the most
-	// recently used.
+	// sessions and users are protected by the registry's mu; front is the
+	// most recently used.
 	sessions list.List // of *session
 	users    list.List // of *userMem
 
@@ -59,9 +106,9 @@ const (
 )
 
 // docSize is the estimated resident size of one index document.
-func (s *Store) docSize() int64 {
+func (rg *registry) docSize() int64 {
 	dim := 0
-	if e := s.ixOpts.Embedder; e != nil {
+	if e := rg.recall.ixOpts.Embedder; e != nil {
 		dim = e.Dim()
 	}
 	if dim <= 0 {
@@ -72,7 +119,7 @@ func (s *Store) docSize() int64 {
 
 // sessionBytesLocked estimates what sess holds in memory. Called with
 // sess.mu held.
-func (s *Store) sessionBytesLocked(sess *session) int64 {
+func (rg *registry) sessionBytesLocked(sess *session) int64 {
 	n := int64(sessionBaseBytes)
 	for _, es := range [][]*entry{sess.sys, sess.hist} {
 		for _, e := range es {
@@ -83,17 +130,17 @@ func (s *Store) sessionBytesLocked(sess *session) int64 {
 		n += unitBytes + int64(len(u.Content))
 	}
 	if sess.ix != nil {
-		n += int64(sess.ix.Len()) * s.docSize()
+		n += int64(sess.ix.Len()) * rg.docSize()
 	}
 	n += int64(len(sess.uidx)) * 64
 	return n
 }
 
 // userBytes estimates what a user index holds in memory.
-func (s *Store) userBytes(um *userMem) int64 {
+func (rg *registry) userBytes(um *userMem) int64 {
 	n := int64(userBaseBytes)
 	if x := um.index(); x != nil {
-		n += int64(x.Len()) * (s.docSize() + 256) // the texts: a message and its context
+		n += int64(x.Len()) * (rg.docSize() + 256) // the texts: a message and its context
 	}
 	um.mu.Lock()
 	n += int64(um.nLinks)*256 + int64(len(um.docs))*64 + int64(len(um.listed))*48
@@ -102,91 +149,91 @@ func (s *Store) userBytes(um *userMem) int64 {
 }
 
 // setSize records an entry's new estimate in the total.
-func (s *Store) setSize(size *atomic.Int64, n int64) {
-	s.res.bytes.Add(n - size.Swap(n))
+func (rg *registry) setSize(size *atomic.Int64, n int64) {
+	rg.res.bytes.Add(n - size.Swap(n))
 }
 
 // noteSession refreshes the session's estimate (worker).
-func (s *Store) noteSession(sess *session) {
+func (rg *registry) noteSession(sess *session) {
 	sess.mu.Lock()
 	n := int64(0)
 	if !sess.gone.Load() {
-		n = s.sessionBytesLocked(sess)
+		n = rg.sessionBytesLocked(sess)
 	}
 	sess.mu.Unlock()
-	s.mu.Lock()
+	rg.mu.Lock()
 	if sess.lru != nil { // still resident
-		s.setSize(&sess.size, n)
+		rg.setSize(&sess.size, n)
 	}
-	s.mu.Unlock()
+	rg.mu.Unlock()
 }
 
 // noteUser refreshes the user index's estimate.
-func (s *Store) noteUser(um *userMem) {
-	n := s.userBytes(um)
-	s.mu.Lock()
+func (rg *registry) noteUser(um *userMem) {
+	n := rg.userBytes(um)
+	rg.mu.Lock()
 	if um.lru != nil {
-		s.setSize(&um.size, n)
+		rg.setSize(&um.size, n)
 	}
-	s.mu.Unlock()
+	rg.mu.Unlock()
 }
 
 // overBudget reports whether the store holds more than it may.
-func (s *Store) overBudget() bool {
-	if b := s.opts.MemoryBudget; b > 0 && s.res.bytes.Load() > b {
+func (rg *registry) overBudget() bool {
+	if b := rg.opts.MemoryBudget; b > 0 && rg.res.bytes.Load() > b {
 		return true
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.res.sessions.Len() > s.opts.MaxLoadedSessions || s.res.users.Len() > s.opts.MaxLoadedSessions
+	rg.mu.Lock()
+	defer rg.mu.Unlock()
+	return rg.res.sessions.Len() > rg.opts.MaxLoadedSessions || rg.res.users.Len() > rg.opts.MaxLoadedSessions
 }
 
 // signalTrim asks the worker to trim, without waiting.
-func (s *Store) signalTrim() {
+func (rg *registry) signalTrim() {
 	select {
-	case s.trimC <- struct{}{}:
+	case rg.trimC <- struct{}{}:
 	default:
 	}
 }
 
 // addSessionLocked makes sess resident (front of the list). Called with
-// s.mu held.
-func (s *Store) addSessionLocked(sess *session) {
-	sess.lru = s.res.sessions.PushFront(sess)
-	s.sessions[sess.key] = sess
-	s.sessGen++
+// rg.mu held.
+func (rg *registry) addSessionLocked(sess *session) {
+	sess.lru = rg.res.sessions.PushFront(sess)
+	rg.sessions[sess.key] = sess
+	rg.sessGen++
 }
 
 // dropSessionLocked takes sess out of memory's lists and map (when it is
-// still there) and marks it gone. Called with s.mu held.
-func (s *Store) dropSessionLocked(sess *session) {
+// still there) and marks it gone. Called with rg.mu held.
+func (rg *registry) dropSessionLocked(sess *session) {
 	sess.gone.Store(true)
-	if s.sessions[sess.key] == sess {
-		delete(s.sessions, sess.key)
+	if rg.sessions[sess.key] == sess {
+		delete(rg.sessions, sess.key)
 	}
 	if sess.lru != nil {
-		s.res.sessions.Remove(sess.lru)
+		rg.res.sessions.Remove(sess.lru)
 		sess.lru = nil
-		s.res.bytes.Add(-sess.size.Swap(0))
+		rg.res.bytes.Add(-sess.size.Swap(0))
 	}
 }
 
-// dropUserLocked takes um out of the map and list. Called with s.mu held.
-func (s *Store) dropUserLocked(um *userMem) {
-	if s.users[um.key] == um {
-		delete(s.users, um.key)
+// dropUserLocked takes um out of the map and list. Called with rg.mu held.
+func (rg *registry) dropUserLocked(um *userMem) {
+	if rg.users[um.key] == um {
+		delete(rg.users, um.key)
 	}
 	if um.lru != nil {
-		s.res.users.Remove(um.lru)
+		rg.res.users.Remove(um.lru)
 		um.lru = nil
-		s.res.bytes.Add(-um.size.Swap(0))
+		rg.res.bytes.Add(-um.size.Swap(0))
 	}
 }
 
 // idleLocked reports whether the session can leave memory now: no turn in
 // flight, no background work queued or running, nothing unwritten, its
 // index saved (unless saved is false). Called with sess.mu held.
-func (s *Store) idleLocked(sess *session, saved bool) bool {
+func (rg *registry) idleLocked(sess *session, saved bool) bool {
 	if sess.refs.Load() > 0 || sess.pending != nil || sess.summarizing || sess.queued.Load() || sess.syncing || sess.hasUnpersisted() {
 		return false
 	}
@@ -196,27 +243,27 @@ func (s *Store) idleLocked(sess *session, saved bool) bool {
 // shrinkSessionsLocked enforces MaxLoadedSessions on the request path:
 // idle sessions whose index is saved leave from the back of the list,
 // down to 7/8 of the bound, without waiting for any lock (a busy one is
-// skipped; the worker's trim finishes the job). Called with s.mu held; the
-// caller closes the logs it returns once it let go of s.mu.
-func (s *Store) shrinkSessionsLocked(keep *session) []*logFile {
-	over := s.res.sessions.Len() - s.opts.MaxLoadedSessions
+// skipped; the worker's trim finishes the job). Called with rg.mu held; the
+// caller closes the logs it returns once it let go of rg.mu.
+func (rg *registry) shrinkSessionsLocked(keep *session) []*journal.Log {
+	over := rg.res.sessions.Len() - rg.opts.MaxLoadedSessions
 	if over <= 0 {
 		return nil
 	}
-	over += s.opts.MaxLoadedSessions / 8
-	var logs []*logFile
+	over += rg.opts.MaxLoadedSessions / 8
+	var logs []*journal.Log
 	tries := 0
-	for e := s.res.sessions.Back(); e != nil && over > 0 && tries < 4*over+64; tries++ {
+	for e := rg.res.sessions.Back(); e != nil && over > 0 && tries < 4*over+64; tries++ {
 		prev := e.Prev()
 		sess := e.Value.(*session)
 		if sess != keep && sess.mu.TryLock() {
-			if s.idleLocked(sess, true) {
+			if rg.idleLocked(sess, true) {
 				if sess.log != nil {
 					logs = append(logs, sess.log)
 					sess.log = nil
 				}
-				s.dropSessionLocked(sess)
-				s.res.sessionsUnloaded.Add(1)
+				rg.dropSessionLocked(sess)
+				rg.res.sessionsUnloaded.Add(1)
 				over--
 			}
 			sess.mu.Unlock()
@@ -224,48 +271,48 @@ func (s *Store) shrinkSessionsLocked(keep *session) []*logFile {
 		e = prev
 	}
 	if over > 0 {
-		s.signalTrim()
+		rg.signalTrim()
 	}
 	return logs
 }
 
 // closeLogs closes the logs of sessions that left memory.
-func (s *Store) closeLogs(logs []*logFile) {
+func (rg *registry) closeLogs(logs []*journal.Log) {
 	for _, l := range logs {
-		if err := l.close(); err != nil {
-			s.opts.Logger.Warn("memory: close idle session log", "err", err)
+		if err := l.Close(); err != nil {
+			rg.opts.Logger.Warn("memory: close idle session log", "err", err)
 		}
 	}
 }
 
 // shrinkUsersLocked enforces MaxLoadedSessions on user indexes on the
 // request path: saved, unused ones leave from the back of the list. Called
-// with s.mu held.
-func (s *Store) shrinkUsersLocked(keep *userMem) {
-	over := s.res.users.Len() - s.opts.MaxLoadedSessions
+// with rg.mu held.
+func (rg *registry) shrinkUsersLocked(keep *userMem) {
+	over := rg.res.users.Len() - rg.opts.MaxLoadedSessions
 	if over <= 0 {
 		return
 	}
-	over += s.opts.MaxLoadedSessions / 8
+	over += rg.opts.MaxLoadedSessions / 8
 	tries := 0
-	for e := s.res.users.Back(); e != nil && over > 0 && tries < 4*over+64; tries++ {
+	for e := rg.res.users.Back(); e != nil && over > 0 && tries < 4*over+64; tries++ {
 		prev := e.Prev()
 		um := e.Value.(*userMem)
-		if um != keep && s.userIdleLocked(um) {
-			s.dropUserLocked(um)
-			s.res.usersUnloaded.Add(1)
+		if um != keep && rg.userIdleLocked(um) {
+			rg.dropUserLocked(um)
+			rg.res.usersUnloaded.Add(1)
 			over--
 		}
 		e = prev
 	}
 	if over > 0 {
-		s.signalTrim()
+		rg.signalTrim()
 	}
 }
 
 // userIdleLocked reports whether the user index can leave memory: nobody
-// is loading or using it, and it is saved. Called with s.mu held.
-func (s *Store) userIdleLocked(um *userMem) bool {
+// is loading or using it, and it is saved. Called with rg.mu held.
+func (rg *registry) userIdleLocked(um *userMem) bool {
 	if um.busy > 0 || !um.mu.TryLock() {
 		return false
 	}
@@ -277,12 +324,12 @@ func (s *Store) userIdleLocked(um *userMem) bool {
 // while the store holds more than it may (overBudget), at most max of
 // them, and returns how many left. A dirty index is saved before its
 // owner leaves. Called by the worker only.
-func (s *Store) trim(max int) (done int) {
+func (rg *registry) trim(max int) (done int) {
 	skipS, skipU := 0, 0 // busy entries at the back, walked past
-	for done < max && skipS+skipU < 256 && s.overBudget() {
-		s.mu.Lock()
-		sess := nthFromBack[*session](&s.res.sessions, skipS)
-		um := nthFromBack[*userMem](&s.res.users, skipU)
+	for done < max && skipS+skipU < 256 && rg.overBudget() {
+		rg.mu.Lock()
+		sess := nthFromBack[*session](&rg.res.sessions, skipS)
+		um := nthFromBack[*userMem](&rg.res.users, skipU)
 		var sessUsed, userUsed time.Time
 		if sess != nil {
 			sessUsed = sess.lastUse
@@ -290,18 +337,18 @@ func (s *Store) trim(max int) (done int) {
 		if um != nil {
 			userUsed = um.lastUse
 		}
-		s.mu.Unlock()
+		rg.mu.Unlock()
 		switch {
 		case sess == nil && um == nil:
 			return done
 		case um == nil || sess != nil && !sessUsed.After(userUsed):
-			if s.unloadSession(sess) {
+			if rg.unloadSession(sess) {
 				done++
 			} else {
 				skipS++
 			}
 		default:
-			if s.unloadUser(um) {
+			if rg.unloadUser(um) {
 				done++
 			} else {
 				skipU++
@@ -328,52 +375,52 @@ func nthFromBack[T any](l *list.List, n int) T {
 // unloadSession writes what the session left unwritten and saves its
 // index if it changed, then drops the session from memory if it is still
 // idle and unused. Worker only.
-func (s *Store) unloadSession(sess *session) bool {
+func (rg *registry) unloadSession(sess *session) bool {
 	sess.mu.Lock()
 	// Left unwritten when its sync did not fit in a full queue: write it.
 	unwritten := sess.pending == nil && !sess.queued.Load() && !sess.extracting && sess.hasUnpersisted()
 	sess.mu.Unlock()
 	if unwritten {
-		s.sync(sess)
+		rg.sync(sess)
 	}
 	sess.mu.Lock()
 	dirty := sess.ix != nil && sess.ixVer != sess.ixSaved
 	sess.mu.Unlock()
 	if dirty {
-		s.syncIndex(sess, true)
+		rg.recall.syncIndex(sess, true)
 	}
-	s.mu.Lock()
+	rg.mu.Lock()
 	if sess.lru == nil || !sess.mu.TryLock() {
-		s.mu.Unlock()
+		rg.mu.Unlock()
 		return false
 	}
-	if !s.idleLocked(sess, true) {
+	if !rg.idleLocked(sess, true) {
 		sess.mu.Unlock()
-		s.mu.Unlock()
+		rg.mu.Unlock()
 		return false
 	}
 	l := sess.log
 	sess.log = nil
-	s.dropSessionLocked(sess)
-	s.mu.Unlock()
+	rg.dropSessionLocked(sess)
+	rg.mu.Unlock()
 	sess.mu.Unlock()
-	s.res.sessionsUnloaded.Add(1)
+	rg.res.sessionsUnloaded.Add(1)
 	if l != nil {
-		s.closeLogs([]*logFile{l})
+		rg.closeLogs([]*journal.Log{l})
 	}
 	return true
 }
 
 // unloadUser saves the user index if it changed, then drops it from
 // memory if nobody uses it. Worker only.
-func (s *Store) unloadUser(um *userMem) bool {
-	s.saveUser(um, true)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if um.lru == nil || !s.userIdleLocked(um) {
+func (rg *registry) unloadUser(um *userMem) bool {
+	rg.recall.saveUser(um, true)
+	rg.mu.Lock()
+	defer rg.mu.Unlock()
+	if um.lru == nil || !rg.userIdleLocked(um) {
 		return false
 	}
-	s.dropUserLocked(um)
-	s.res.usersUnloaded.Add(1)
+	rg.dropUserLocked(um)
+	rg.res.usersUnloaded.Add(1)
 	return true
 }

@@ -9,13 +9,15 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/userlist"
 )
 
 // resident reports whether the session is loaded in memory.
 func resident(s *Store, tenant, id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sess := s.sessions[sessionKey(tenant, id)]
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	sess := s.reg.sessions[sessionKey(tenant, id)]
 	return sess != nil && sess.lru != nil && !sess.gone.Load()
 }
 
@@ -177,13 +179,13 @@ func TestUserSessionLists(t *testing.T) {
 	if len(lists) != 2 {
 		t.Fatalf("%d session lists, want 2 (ada and bob; the private session has none)", len(lists))
 	}
-	ids, err := readUserList(userListPath(userIndexPath(dir, "t", "ada")), 1<<20)
+	ids, err := s.lists.Read(userListPath(userIndexPath(dir, "t", "ada")))
 	if err != nil || !slices.Equal(ids, []string{"a1", "a2"}) {
 		t.Fatalf("ada's list: %q, %v", ids, err)
 	}
 
 	// Data from before the lists: the first user loaded lists the tenant.
-	for _, f := range append(lists, filepath.Join(tenantDir(dir, "t"), "users", listedMarker)) {
+	for _, f := range append(lists, userlist.MarkerPath(tenantDir(dir, "t"))) {
 		if err := os.Remove(f); err != nil {
 			t.Fatal(err)
 		}
@@ -196,10 +198,10 @@ func TestUserSessionLists(t *testing.T) {
 	if !strings.Contains(string(tr.Block), "Bianchi") || !strings.Contains(string(tr.Block), "Ghent") || strings.Contains(string(tr.Block), "Wanda") {
 		t.Fatalf("ada's sessions from before the lists: %s", tr.Block)
 	}
-	if _, err := os.Stat(filepath.Join(tenantDir(dir, "t"), "users", listedMarker)); err != nil {
+	if _, err := os.Stat(userlist.MarkerPath(tenantDir(dir, "t"))); err != nil {
 		t.Fatalf("no listed marker after listing the tenant: %v", err)
 	}
-	if ids, _ := readUserList(userListPath(userIndexPath(dir, "t", "bob")), 1<<20); !slices.Equal(ids, []string{"b1"}) {
+	if ids, _ := s.lists.Read(userListPath(userIndexPath(dir, "t", "bob"))); !slices.Equal(ids, []string{"b1"}) {
 		t.Fatalf("bob's list after listing the tenant: %q", ids)
 	}
 

@@ -61,7 +61,7 @@ func TestSessionTTL(t *testing.T) {
 	idx := strings.TrimSuffix(sessionPath(dir, "t", "old-unloaded"), ".log") + ".idx"
 	os.WriteFile(idx, []byte("index"), 0o600) // as if it had units
 
-	s.sweep(time.Now())
+	s.sweeper.Sweep(time.Now())
 	if exists(s, "old-loaded") || exists(s, "old-unloaded") || !exists(s, "fresh") {
 		t.Fatalf("after the sweep: old-loaded %v, old-unloaded %v, fresh %v",
 			exists(s, "old-loaded"), exists(s, "old-unloaded"), exists(s, "fresh"))
@@ -88,29 +88,37 @@ func TestSessionTTL(t *testing.T) {
 func TestMaxDiskBytes(t *testing.T) {
 	dir := t.TempDir()
 	shared := &fakeShared{bytes: 1 << 20}
-	var budget int64
-	s := openStore(t, dir, func(o *Options) {
-		o.Clock = clock.System
-		o.Storage.Shared = shared
-		o.Storage.MaxDiskBytes = 1 << 40 // set below once sizes are known
-	})
+	var budget int64 = 1 << 40 // set below once sizes are known
+	open := func() *Store {
+		return openStore(t, dir, func(o *Options) {
+			o.Clock = clock.System
+			o.Storage.Shared = shared
+			o.Storage.MaxDiskBytes = budget
+		})
+	}
+	s := open()
 	const n = 20
 	for i := range n {
 		id := fmt.Sprintf("s%02d", i)
 		prepare(t, s, "t", id, ModeAppend, text("user", strings.Repeat("word ", 200)+id)).Complete(text("assistant", "ok"))
 	}
+	// Closed before the logs are aged: nothing writes them afterwards.
+	s.Close()
+	s = open()
 	for i := range n {
 		age(t, s, fmt.Sprintf("s%02d", i), time.Duration(n-i)*time.Minute) // s00 oldest
 	}
 	os.MkdirAll(filepath.Join(dir, "quarantine"), 0o755)
 	os.WriteFile(filepath.Join(dir, "quarantine", "damaged"), make([]byte, 4096), 0o600)
-	s.sweep(time.Now())
+	s.sweeper.Sweep(time.Now())
 	st := s.Stats()
 	perSession := (st.DiskBytes - 4096) / n
 	// Room for the sessions but half of them: everything else goes first.
+	// The budget is an option of the sweep: the store opens again with it.
 	budget = st.DiskBytes - 4096 - perSession*n/2 + perSession/2
-	s.opts.Storage.MaxDiskBytes = budget
-	s.sweep(time.Now())
+	s.Close()
+	s = open()
+	s.sweeper.Sweep(time.Now())
 
 	st = s.Stats()
 	if shared.trims == 0 || shared.DiskBytes() != 0 {
@@ -160,7 +168,7 @@ func TestSweepCleansTempsOrphansAndOldQuarantine(t *testing.T) {
 		}
 	}
 	os.Chtimes(log, old, old) // old but no TTL set: kept
-	s.sweep(time.Now())
+	s.sweeper.Sweep(time.Now())
 	for p, keep := range files {
 		_, err := os.Stat(p)
 		if keep != (err == nil) {

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // The memory reviewer. A fact whose importance reaches Reviewer.PromoteAt
@@ -20,7 +21,7 @@ import (
 // [SEARCH:keywords] (the reviewer searches the scope's memory, lexically,
 // and shows the hits in the next round), or a verdict — [PROMOTE] (the
 // fact becomes core), [KEEP] (its importance is reset to DemoteBelow) or
-// [DELETE] (deleted through deleteUnitLocked, like every deletion). Anything
+// [DELETE] (deleted through deleteUnit, like every deletion). Anything
 // else ends the review as "malformed", a search in the last round as
 // "undecided", and a verdict about a fact that changed (or was deleted)
 // since the review was queued as "stale": none of them changes anything.
@@ -45,22 +46,6 @@ const (
 	ReviewStale     = "stale"     // the fact changed meanwhile: the verdict was not applied
 )
 
-// Review is one outcome of the memory reviewer, as its decisions log keeps
-// it. Only promote, keep and delete changed the fact.
-type Review struct {
-	FactID  string `json:"fact_id"`
-	Session string `json:"session"`
-	// Decision is one of the Review… constants.
-	Decision string `json:"decision"`
-	// Trigger is "promote" (importance reached PromoteAt) or "demote"
-	// (importance fell below DemoteBelow).
-	Trigger string    `json:"trigger"`
-	Rounds  int       `json:"rounds"`
-	At      time.Time `json:"at"`
-	// Reason is the model's reason, or why nothing was applied.
-	Reason string `json:"reason"`
-}
-
 // ReviewStats count the reviewer's work (Stats embeds them).
 type ReviewStats struct {
 	Reviews          int64 // reviews finished
@@ -75,12 +60,11 @@ type ReviewStats struct {
 	ReviewsDropped   int64 // reviews not queued: the extraction queue was full
 }
 
-// reviewer is the Store's reviewer state.
+// reviewer is knowledge's reviewer state.
 type reviewer struct {
 	// mu protects the fields below.
 	mu       sync.Mutex
-	inflight map[string]bool       // scopes (tenant "\x00" user) with a review queued or running
-	logs     map[string]*reviewLog // loaded decisions logs by scope
+	inflight map[string]bool // scopes (tenant "\x00" user) with a review queued or running
 	closed   bool
 
 	reviews, calls, errs, dropped atomic.Int64
@@ -108,24 +92,19 @@ type sessReview struct {
 // seenFromLogLocked marks the session's facts that the scope's decisions
 // log shows reviewed at or after their last change. Called once per loaded
 // session, with sess.mu held, from the worker.
-func (s *Store) seenFromLogLocked(sess *session) {
+func (kn *knowledge) seenFromLogLocked(sess *session) {
 	sess.rv.fromLog = true
-	l, err := s.reviewLogFor(sess.tenant, sess.user)
-	if err != nil {
-		return // a log that cannot be read: facts past a threshold are reviewed again
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, r := range l.entries {
+	// A log that cannot be read: facts past a threshold are reviewed again.
+	_ = kn.revLogs.Each(sess.tenant, sess.user, func(r *Review) {
 		u := sess.units[r.FactID]
 		if r.Session != sess.id || u == nil || r.At.Before(u.UpdatedAt) {
-			continue
+			return
 		}
 		if sess.rv.seen == nil {
 			sess.rv.seen = map[string]time.Time{}
 		}
 		sess.rv.seen[u.ID] = u.UpdatedAt
-	}
+	})
 }
 
 // reviewTask is the fact a review is about, as it was when queued.
@@ -141,8 +120,8 @@ type reviewTask struct {
 func reviewScope(tenant, user string) string { return tenant + "\x00" + user }
 
 // reviewTrigger reports why u is due for review ("" if it is not).
-func (s *Store) reviewTrigger(u *Unit) string {
-	o := &s.opts.Reviewer
+func (kn *knowledge) reviewTrigger(u *Unit) string {
+	o := &kn.opts.Reviewer
 	switch {
 	case u.Category != CategoryFact:
 	case u.Importance >= o.PromoteAt:
@@ -156,10 +135,10 @@ func (s *Store) reviewTrigger(u *Unit) string {
 // dueLocked returns the session's fact with the lowest id that is past a
 // threshold and not yet reviewed in its current state (nil if none): one
 // pass, no sort.
-func (s *Store) dueLocked(sess *session) *Unit {
+func (kn *knowledge) dueLocked(sess *session) *Unit {
 	var due *Unit
 	for _, u := range sess.units {
-		if (due != nil && u.ID > due.ID) || s.reviewTrigger(u) == "" {
+		if (due != nil && u.ID > due.ID) || kn.reviewTrigger(u) == "" {
 			continue
 		}
 		if at, ok := sess.rv.seen[u.ID]; ok && at.Equal(u.UpdatedAt) {
@@ -173,8 +152,8 @@ func (s *Store) dueLocked(sess *session) *Unit {
 // maybeReviewLocked queues a review of the session's first fact (by id)
 // past a threshold and not yet reviewed in its current state, unless the scope has one in flight. Called with
 // sess.mu held, from the worker.
-func (s *Store) maybeReviewLocked(sess *session) {
-	if !s.opts.Reviewer.Enabled || s.opts.Extraction.Extractor == nil || s.ctx.Err() != nil {
+func (kn *knowledge) maybeReviewLocked(sess *session) {
+	if !kn.opts.Reviewer.Enabled || kn.opts.Extraction.Extractor == nil || kn.ctx.Err() != nil {
 		return
 	}
 	if len(sess.rv.seen) > 2*len(sess.units)+64 {
@@ -184,26 +163,26 @@ func (s *Store) maybeReviewLocked(sess *session) {
 			}
 		}
 	}
-	due := s.dueLocked(sess)
+	due := kn.dueLocked(sess)
 	if due != nil && !sess.rv.fromLog {
 		// Only a session with a fact due reads the decisions log, once.
-		s.seenFromLogLocked(sess)
-		due = s.dueLocked(sess)
+		kn.seenFromLogLocked(sess)
+		due = kn.dueLocked(sess)
 	}
 	if due == nil {
 		return
 	}
-	task := &reviewTask{id: due.ID, trigger: s.reviewTrigger(due), content: due.Content, category: due.Category,
+	task := &reviewTask{id: due.ID, trigger: kn.reviewTrigger(due), content: due.Content, category: due.Category,
 		importance: due.Importance, updated: due.UpdatedAt, created: due.CreatedAt}
 	scope := reviewScope(sess.tenant, sess.user)
-	r := &s.rev
+	r := &kn.rev
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.inflight[scope] || r.closed {
 		return
 	}
 	select {
-	case s.extractQ <- &extractJob{sess: sess, kind: jobReview, review: task, model: sess.lastModel, enc: sess.lastEnc}:
+	case kn.extractQ <- &extractJob{sess: sess, kind: jobReview, review: task, model: sess.lastModel, enc: sess.lastEnc}:
 		sess.refs.Add(1) // resident until the job ran (runExtract)
 		if r.inflight == nil {
 			r.inflight = map[string]bool{}
@@ -219,28 +198,28 @@ func (s *Store) maybeReviewLocked(sess *session) {
 }
 
 // runReview runs one review to its outcome and logs it.
-func (s *Store) runReview(job *extractJob) {
+func (kn *knowledge) runReview(job *extractJob) {
 	sess, task := job.sess, job.review
 	scope := reviewScope(sess.tenant, sess.user)
 	defer func() {
-		s.rev.mu.Lock()
-		delete(s.rev.inflight, scope)
-		s.rev.mu.Unlock()
-		s.enqueue(sess) // the next fact due, if any
+		kn.rev.mu.Lock()
+		delete(kn.rev.inflight, scope)
+		kn.rev.mu.Unlock()
+		kn.enqueue(sess) // the next fact due, if any
 	}()
 	rev := Review{FactID: task.id, Session: sess.id, Trigger: task.trigger}
 	var searches strings.Builder
 	var step reviewStep
 	for round := 1; ; round++ {
 		rev.Rounds = round
-		s.rev.calls.Add(1)
-		ctx, cancel := context.WithTimeout(s.ctx, s.opts.Extraction.Timeout)
-		out, err := s.opts.Extraction.Extractor.Extract(ctx, ExtractRequest{Tenant: sess.tenant, SessionID: sess.id, Model: job.model,
-			Kind: jobReview.String(), Prompt: s.reviewPrompt(task, round, searches.String())})
+		kn.rev.calls.Add(1)
+		ctx, cancel := context.WithTimeout(kn.ctx, kn.opts.Extraction.Timeout)
+		out, err := kn.opts.Extraction.Extractor.Extract(ctx, ExtractRequest{Tenant: sess.tenant, SessionID: sess.id, Model: job.model,
+			Kind: jobReview.String(), Prompt: kn.reviewPrompt(task, round, searches.String())})
 		cancel()
 		if err != nil {
-			s.rev.errs.Add(1)
-			s.logBackground(err, "memory: review", "session", sess.id, "fact", task.id, "err", err)
+			kn.rev.errs.Add(1)
+			kn.logBackground(err, "memory: review", "session", sess.id, "fact", task.id, "err", err)
 			return // nothing decided; the fact is reviewed again once it changes
 		}
 		if step, err = parseReview(out); err != nil {
@@ -250,35 +229,35 @@ func (s *Store) runReview(job *extractJob) {
 		if step.Kind != ReviewSearch {
 			break
 		}
-		if round >= s.opts.Reviewer.MaxRounds {
+		if round >= kn.opts.Reviewer.MaxRounds {
 			rev.Decision, rev.Reason = ReviewUndecided, fmt.Sprintf("still searching after %d rounds", round)
 			break
 		}
-		fmt.Fprintf(&searches, "[SEARCH:%s] found:\n%s", step.Keywords, s.reviewSearch(sess, task.id, step.Keywords))
+		fmt.Fprintf(&searches, "[SEARCH:%s] found:\n%s", step.Keywords, kn.reviewSearch(sess, task.id, step.Keywords))
 	}
 	if rev.Decision == "" {
-		rev.Decision, rev.Reason = s.applyReview(sess, task, step)
+		rev.Decision, rev.Reason = kn.applyReview(sess, task, step)
 	}
-	s.logReview(sess, rev)
+	kn.logReview(sess, rev)
 }
 
 // reviewSearch searches the session's and its user's memory for keywords
 // (lexically: the keywords are words, and no embedding call is made).
-func (s *Store) reviewSearch(sess *session, self, keywords string) string {
-	um := s.userFor(sess, "")
+func (kn *knowledge) reviewSearch(sess *session, self, keywords string) string {
+	um := kn.userFor(sess, "")
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	if sess.gone.Load() || !sess.exists {
 		return "(nothing)\n"
 	}
-	items := s.searchAll(s.ctx, sess, um, recallQuery{text: keywords, focus: keywords}, s.opts.Reviewer.SearchK, index.ModeBM25, map[string]bool{self: true})
+	items := kn.recall.searchAll(kn.ctx, sess, um, recallQuery{text: keywords, focus: keywords}, kn.opts.Reviewer.SearchK, index.ModeBM25, map[string]bool{self: true})
 	var b strings.Builder
 	for _, it := range items {
 		role := it.role
 		if role == "" {
 			role = "memory"
 		}
-		fmt.Fprintf(&b, "- %s: %s\n", role, sanitizeText(it.text, maxReviewShownBytes))
+		fmt.Fprintf(&b, "- %s: %s\n", role, sanitize.Text(it.text, maxReviewShownBytes))
 	}
 	if b.Len() == 0 {
 		return "(nothing)\n"
@@ -288,35 +267,35 @@ func (s *Store) reviewSearch(sess *session, self, keywords string) string {
 
 // applyReview applies a verdict unless the fact changed since the review
 // was queued; it returns the decision and its reason.
-func (s *Store) applyReview(sess *session, task *reviewTask, step reviewStep) (string, string) {
+func (kn *knowledge) applyReview(sess *session, task *reviewTask, step reviewStep) (string, string) {
 	sess.mu.Lock()
 	u := sess.units[task.id]
 	if sess.gone.Load() || !sess.exists || u == nil || !u.UpdatedAt.Equal(task.updated) || u.Content != task.content || u.Category != task.category {
 		sess.mu.Unlock()
 		return ReviewStale, fmt.Sprintf("%s not applied: the fact changed or was deleted since the review was queued", step.Kind)
 	}
-	now := s.opts.Clock.Now()
+	now := kn.opts.Clock.Now()
 	switch step.Kind {
 	case ReviewPromote:
 		c := CategoryCore
-		s.editLocked(sess, u, MemoryEdit{Category: &c}, "", now)
+		sess.edit(kn.tok, u, MemoryEdit{Category: &c}, "", now)
 	case ReviewKeep:
-		imp := s.opts.Reviewer.DemoteBelow
-		s.editLocked(sess, u, MemoryEdit{Importance: &imp}, "", now)
+		imp := kn.opts.Reviewer.DemoteBelow
+		sess.edit(kn.tok, u, MemoryEdit{Importance: &imp}, "", now)
 	case ReviewDelete:
-		s.deleteUnitLocked(sess, task.id)
+		sess.deleteUnit(task.id)
 	}
-	s.persistLocked(sess, now)
+	kn.persist(sess, now)
 	sess.mu.Unlock()
 	return step.Kind, step.Reason
 }
 
 // reviewPrompt is the prompt of one round.
-func (s *Store) reviewPrompt(task *reviewTask, round int, searches string) string {
+func (kn *knowledge) reviewPrompt(task *reviewTask, round int, searches string) string {
 	var b strings.Builder
 	b.WriteString("You review one memory in an assistant's long-term memory about a user.\n\n")
 	fmt.Fprintf(&b, "Memory [%s], importance %.2f, created %s:\n%s\n\n", task.id, task.importance,
-		task.created.UTC().Format(blockTimeLayout), sanitizeText(task.content, maxFactBytes))
+		task.created.UTC().Format(blockTimeLayout), sanitize.Text(task.content, maxFactBytes))
 	if task.trigger == "promote" {
 		b.WriteString("It was confirmed often: decide whether it becomes a core memory, shown to the assistant in every conversation.\n")
 	} else {
@@ -326,7 +305,7 @@ func (s *Store) reviewPrompt(task *reviewTask, round int, searches string) strin
 		b.WriteString("\nYour searches so far:\n")
 		b.WriteString(searches)
 	}
-	left := s.opts.Reviewer.MaxRounds - round
+	left := kn.opts.Reviewer.MaxRounds - round
 	fmt.Fprintf(&b, "\nAnswer with exactly one line, nothing else:\n"+
 		"[PROMOTE] <short reason>   make it a core memory (a lasting, important fact about the user)\n"+
 		"[KEEP] <short reason>      keep it as an ordinary memory\n"+
@@ -388,7 +367,7 @@ func parseReview(out string) (reviewStep, error) {
 		return bad("more than one line")
 	}
 	if line[0] != '[' {
-		return bad("does not start with a tag: %q", truncateRunes(line, 80))
+		return bad("does not start with a tag: %q", sanitize.Truncate(line, 80))
 	}
 	end := strings.IndexByte(line, ']')
 	if end < 0 {
@@ -414,7 +393,7 @@ func parseReview(out string) (reviewStep, error) {
 	case "DELETE":
 		st.Kind = ReviewDelete
 	default:
-		return bad("unknown tag %q", truncateRunes(tag, 40))
+		return bad("unknown tag %q", sanitize.Truncate(tag, 40))
 	}
 	if rest != "" {
 		if rest[0] != ' ' {
@@ -440,7 +419,7 @@ func reviewText(t string, maxBytes int) error {
 		return errors.New("contains a bracket (a second tag?)")
 	}
 	for _, r := range t {
-		if unsafeRune(r) {
+		if sanitize.Unsafe(r) {
 			return fmt.Errorf("control or format character %U", r)
 		}
 	}

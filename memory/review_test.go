@@ -3,14 +3,14 @@ package memory
 import (
 	"context"
 	"errors"
-	"io/fs"
-	"os"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 func TestParseReview(t *testing.T) {
@@ -85,7 +85,7 @@ func FuzzParseReview(f *testing.F) {
 				t.Fatalf("unsafe text %q", txt)
 			}
 			for _, r := range txt {
-				if unsafeRune(r) {
+				if sanitize.Unsafe(r) {
 					t.Fatalf("unsafe rune %U in %q", r, txt)
 				}
 			}
@@ -133,7 +133,7 @@ func FuzzParseToolContext(f *testing.F) {
 			t.Fatalf("unsafe context %q", got)
 		}
 		for _, r := range got {
-			if unsafeRune(r) {
+			if sanitize.Unsafe(r) {
 				t.Fatalf("unsafe rune %U in %q", r, got)
 			}
 		}
@@ -511,66 +511,6 @@ func TestToolContextRejected(t *testing.T) {
 				}
 			})
 		})
-	}
-}
-
-// TestReviewLogBoundedAndRepaired: the decisions log keeps the newest
-// LogSize decisions (compacted on disk), survives a torn tail, and a log
-// copied from another scope is set aside.
-func TestReviewLogBoundedAndRepaired(t *testing.T) {
-	dir := t.TempDir()
-	mod := func(o *Options) { o.Reviewer.LogSize = 3 }
-	s := openStore(t, dir, mod)
-	l, err := s.reviewLogFor("t", "u")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 8 {
-		if err := s.writeReview(l, Review{FactID: "fact-" + string(rune('a'+i)), Decision: ReviewKeep, At: time.Unix(int64(i), 0).UTC()}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ids := func(s *Store, user string) string {
-		t.Helper()
-		rs, err := s.Reviews("t", user, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, r := range rs {
-			out = append(out, r.FactID)
-		}
-		return strings.Join(out, " ")
-	}
-	if got := ids(s, "u"); got != "fact-h fact-g fact-f" {
-		t.Fatalf("kept %q", got)
-	}
-	if l.records > 2*3 {
-		t.Fatalf("%d records on disk, want at most 6", l.records)
-	}
-	s.Close()
-	path := reviewLogPath(dir, "t", "u")
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Write([]byte{0x20, 0, 0, 0, 1, 2}) // a torn record
-	f.Close()
-	s = openStore(t, dir, mod)
-	if got := ids(s, "u"); got != "fact-h fact-g fact-f" {
-		t.Fatalf("after a torn tail: %q", got)
-	}
-	s.Close()
-	b, _ := os.ReadFile(path)
-	if err := os.WriteFile(reviewLogPath(dir, "t", "v"), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	s = openStore(t, dir, mod)
-	if got := ids(s, "v"); got != "" {
-		t.Fatalf("another user's log served: %q", got)
-	}
-	if _, err := os.Stat(reviewLogPath(dir, "t", "v")); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("the foreign log was not set aside: %v", err)
 	}
 }
 

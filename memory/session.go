@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 )
 
 // entry is one stored message.
@@ -127,7 +128,7 @@ type record struct {
 	Unit    *Unit             `json:"unit,omitempty"`
 	Acc     []accessRecord    `json:"acc,omitempty"`
 	ID      string            `json:"id,omitempty"`
-	Triple  *Triple           `json:"triple,omitempty"`
+	Triple  *tripleRecord     `json:"triple,omitempty"`
 	H       []uint64          `json:"h,omitempty"`
 }
 
@@ -152,19 +153,19 @@ type session struct {
 	queued   atomic.Bool // in the worker queue
 	gone     atomic.Bool // deleted or dropped from memory: look it up again
 
-	// lru is the session's place in the Store's list of loaded sessions
-	// and lastUse its last lookup (protected by the Store's mu; lru nil:
+	// lru is the session's place in the registry's list of loaded sessions
+	// and lastUse its last lookup (protected by the registry's mu; lru nil:
 	// not resident); size is its estimated resident bytes (resident.go).
 	lru     *list.Element
 	lastUse time.Time
 	size    atomic.Int64
-	refs    atomic.Int32 // lookups not yet unpinned (Store.session)
+	refs    atomic.Int32 // lookups not yet unpinned (registry.session)
 
 	// mu protects the fields below.
 	mu          sync.Mutex
-	log         *logFile // nil until the first append
-	exists      bool     // has a log on disk
-	user        string   // the user scope (the meta record's; "" is the tenant's default user)
+	log         *journal.Log // nil until the first append
+	exists      bool         // has a log on disk
+	user        string       // the user scope (the meta record's; "" is the tenant's default user)
 	nextSeq     uint64
 	sys         []*entry
 	hist        []*entry
@@ -240,8 +241,8 @@ type session struct {
 	sharedN    int64
 	sharedLast uint64
 
-	kb knowledge // triples (triples.go)
-	l4 sessL4    // L4 compression (l4.go)
+	kb sessTriples // triples (triples.go)
+	l4 sessL4      // L4 compression (l4.go)
 }
 
 // unitsChanged invalidates the unit indexes and the cached block.

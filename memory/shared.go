@@ -11,30 +11,19 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/internal/durable"
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
+	"github.com/kvsidecar/kvsidecar/memory/internal/memerr"
 )
 
 // SharedLog is a record store the replicas of a fleet share (package fleet
-// implements it over a Redis/Valkey store). With one, a session's log is
-// kept twice: every record is written to the shared list first, at its
-// position, then to the local log; a replica brings its copy of a session
-// up to date from the shared list (Store.Sync) before a turn, so any
-// replica can serve any session and none forks its history. Units, facts,
-// episodes and access counts are log records too, so they follow.
-type SharedLog interface {
-	// Append writes payloads at positions at, at+1, … of the session's
-	// list and returns the list's length. Records already there with the
-	// same bytes are skipped (a retry is harmless); a position taken by
-	// other bytes, or past the end, fails with an error wrapping
-	// ErrSharedConflict.
-	Append(ctx context.Context, tenant, session string, at int64, payloads [][]byte) (int64, error)
-	// Records returns the session's records from position from on.
-	Records(ctx context.Context, tenant, session string, from int64) ([][]byte, error)
-	// Len returns the length of the session's list (0: none).
-	Len(ctx context.Context, tenant, session string) (int64, error)
-	// Replace replaces the session's list with payloads, atomically (a
-	// deleted session's list becomes one tombstone record).
-	Replace(ctx context.Context, tenant, session string, payloads [][]byte) error
-}
+// implements it over a Redis/Valkey store; package journal defines it).
+// With one, a session's log is kept twice: every record is written to the
+// shared list first, at its position, then to the local log; a replica
+// brings its copy of a session up to date from the shared list (Store.Sync)
+// before a turn, so any replica can serve any session and none forks its
+// history. Units, facts, episodes and access counts are log records too, so
+// they follow; so do the tenants' pools (package pool).
+type SharedLog = journal.Shared
 
 // goneRecord is the tombstone a deleted session's shared log is replaced
 // with: a replica that still holds the session deletes its copy, and a
@@ -48,7 +37,7 @@ func isGone(p []byte) bool {
 
 // ErrSharedConflict: the shared log moved on (another replica wrote the
 // position this one meant to).
-var ErrSharedConflict = errors.New("memory: shared log moved on")
+var ErrSharedConflict = memerr.ErrSharedConflict
 
 // Sync brings the session's local state up to date with the shared log,
 // when the Store has one (Options.SharedLog) (else it does nothing). A fleet calls it while it
@@ -61,19 +50,19 @@ func (s *Store) Sync(ctx context.Context, tenant, sessionID string) error {
 	if s.opts.SharedLog == nil {
 		return nil
 	}
-	sess, err := s.session(tenant, sessionID, true)
+	sess, err := s.reg.session(tenant, sessionID, true)
 	if err != nil {
 		return err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
-	return s.syncLocked(ctx, sess)
+	return s.jrn.syncLocked(ctx, sess)
 }
 
 // syncLocked is Sync with sess.mu held.
-func (s *Store) syncLocked(ctx context.Context, sess *session) error {
-	sh := s.opts.SharedLog
+func (sj *sessionJournal) syncLocked(ctx context.Context, sess *session) error {
+	sh := sj.opts.SharedLog
 	n, err := sh.Len(ctx, sess.tenant, sess.id)
 	if err != nil {
 		return fmt.Errorf("memory: shared log: %w", err)
@@ -99,18 +88,18 @@ func (s *Store) syncLocked(ctx context.Context, sess *session) error {
 			tail = tail[1:]
 		}
 		if same && !slices.ContainsFunc(tail, isGone) {
-			if err := s.applySharedLocked(sess, tail); err != nil {
+			if err := sj.applySharedLocked(sess, tail); err != nil {
 				return err
 			}
 			sess.setShared(sess.sharedN+int64(len(tail)), tail)
-			s.stats.logPulled.Add(int64(len(tail)))
+			sj.stats.logPulled.Add(int64(len(tail)))
 			return nil
 		}
 		// Deleted elsewhere (and maybe created again): start over below.
-	case n == 0 || sess.sharedN > n && !s.sharedGone(ctx, sess):
+	case n == 0 || sess.sharedN > n && !sj.sharedGone(ctx, sess):
 		// The shared log has nothing (a session from before the fleet, or
 		// a store that lost it): upload the local log.
-		return s.uploadLocked(ctx, sess)
+		return sj.uploadLocked(ctx, sess)
 	}
 	// Unknown position (loaded from disk, or new here), or deleted
 	// elsewhere: the shared log is the truth.
@@ -128,7 +117,7 @@ func (s *Store) syncLocked(ctx context.Context, sess *session) error {
 	if len(live) == 0 {
 		// Deleted: this replica's copy goes too.
 		if sess.exists || sess.log != nil {
-			if err := s.removeLocked(sess, s.opts.Fsync != FsyncNever); err != nil {
+			if err := sj.removeLocked(sess, sj.opts.Fsync != FsyncNever); err != nil {
 				return err
 			}
 			sess.gone.Store(false) // the entry stays usable: the id may be created again
@@ -137,11 +126,11 @@ func (s *Store) syncLocked(ctx context.Context, sess *session) error {
 		sess.setShared(int64(len(all)), all)
 		return nil
 	}
-	if err := s.rebuildLocked(sess, live); err != nil {
+	if err := sj.rebuildLocked(sess, live); err != nil {
 		return err
 	}
 	sess.setShared(int64(len(all)), all)
-	s.stats.logRebuilds.Add(1)
+	sj.stats.logRebuilds.Add(1)
 	return nil
 }
 
@@ -168,14 +157,14 @@ func recordHash(p []byte) uint64 {
 // sharedGone reports whether the session's shared log ends deleted (its
 // last tombstone has nothing after it): then a longer local copy is not
 // uploaded back.
-func (s *Store) sharedGone(ctx context.Context, sess *session) bool {
-	all, err := s.opts.SharedLog.Records(ctx, sess.tenant, sess.id, 0)
+func (sj *sessionJournal) sharedGone(ctx context.Context, sess *session) bool {
+	all, err := sj.opts.SharedLog.Records(ctx, sess.tenant, sess.id, 0)
 	return err == nil && len(all) > 0 && isGone(all[len(all)-1])
 }
 
 // applySharedLocked applies records another replica wrote and appends them
 // to the local log.
-func (s *Store) applySharedLocked(sess *session, payloads [][]byte) error {
+func (sj *sessionJournal) applySharedLocked(sess *session, payloads [][]byte) error {
 	var framed []byte
 	for _, p := range payloads {
 		var r record
@@ -185,7 +174,7 @@ func (s *Store) applySharedLocked(sess *session, payloads [][]byte) error {
 		if r.K == "meta" {
 			continue
 		}
-		if err := sess.apply(&r, nil, s.tok); err != nil {
+		if err := sess.apply(&r, nil, sj.tok); err != nil {
 			return err
 		}
 		framed = appendRecord(framed, p)
@@ -196,38 +185,35 @@ func (s *Store) applySharedLocked(sess *session, payloads [][]byte) error {
 	if len(framed) == 0 {
 		return nil
 	}
-	return sess.log.append(framed)
+	return sess.log.Append(framed)
 }
 
 // rebuildLocked replaces the session's local log and state with payloads
 // (a whole shared log, meta record first).
-func (s *Store) rebuildLocked(sess *session, payloads [][]byte) error {
+func (sj *sessionJournal) rebuildLocked(sess *session, payloads [][]byte) error {
 	var first record
 	if len(payloads) == 0 || json.Unmarshal(payloads[0], &first) != nil || first.K != "meta" ||
 		first.Tenant != sess.tenant || first.Session != sess.id {
 		return fmt.Errorf("memory: shared log of %q does not start with its meta record: %w", sess.id, errCorrupt)
 	}
 	if sess.log != nil {
-		sess.log.close()
+		sess.log.Close()
 		sess.log = nil
 	}
-	image := append([]byte(nil), logMagic...)
-	for _, p := range payloads {
-		image = appendRecord(image, p)
-	}
+	image := journal.Image(payloads...)
 	if err := durable.MkdirAll(filepath.Dir(sess.path), 0o755); err != nil {
 		return err
 	}
 	if !sess.exists {
 		// New on this machine: its user's list names it (userlist.go).
-		if err := s.listSession(sess.tenant, first.User, sess.id); err != nil {
+		if err := sj.listSession(sess.tenant, first.User, sess.id); err != nil {
 			return err
 		}
 	}
 	if err := durable.WriteFile(sess.path, image); err != nil {
 		return fmt.Errorf("memory: rebuild from the shared log: %w", err)
 	}
-	if err := s.removeIndexFile(sess); err != nil {
+	if err := sj.removeIndexFile(sess); err != nil {
 		return err
 	}
 	sess.reset()
@@ -237,9 +223,9 @@ func (s *Store) rebuildLocked(sess *session, payloads [][]byte) error {
 		if err := json.Unmarshal(p, &r); err != nil {
 			continue // as load does: a record that does not parse is skipped
 		}
-		_ = sess.apply(&r, nil, s.tok)
+		_ = sess.apply(&r, nil, sj.tok)
 	}
-	lf, _, err := s.openLog(sess.path, func([]byte) {})
+	lf, _, err := sj.j.Open(sess.path, func([]byte) {})
 	if err != nil {
 		return err
 	}
@@ -249,23 +235,21 @@ func (s *Store) rebuildLocked(sess *session, payloads [][]byte) error {
 
 // uploadLocked writes the session's local log (if any) to the empty
 // shared log.
-func (s *Store) uploadLocked(ctx context.Context, sess *session) error {
+func (sj *sessionJournal) uploadLocked(ctx context.Context, sess *session) error {
 	if sess.log == nil {
 		sess.setShared(0, nil)
 		return nil
 	}
-	var payloads [][]byte
-	lf, _, err := s.openLog(sess.path, func(p []byte) { payloads = append(payloads, append([]byte(nil), p...)) })
+	payloads, err := sj.j.Records(sess.path)
 	if err != nil {
 		return err
 	}
-	lf.Close(false)
-	n, err := s.opts.SharedLog.Append(ctx, sess.tenant, sess.id, 0, payloads)
+	n, err := sj.opts.SharedLog.Append(ctx, sess.tenant, sess.id, 0, payloads)
 	if err != nil {
 		return fmt.Errorf("memory: upload to the shared log: %w", err)
 	}
 	sess.setShared(n, payloads)
-	s.stats.logUploads.Add(1)
+	sj.stats.logUploads.Add(1)
 	return nil
 }
 
@@ -274,22 +258,22 @@ func (s *Store) uploadLocked(ctx context.Context, sess *session) error {
 // session's position, taking first what other replicas wrote since. Called
 // by writeLocked before the local write, with the session's position known
 // (syncLocked ran).
-func (s *Store) shareLocked(ctx context.Context, sess *session, meta, framed []byte) error {
+func (sj *sessionJournal) shareLocked(ctx context.Context, sess *session, meta, framed []byte) error {
 	var recs [][]byte
-	durable.ScanRecords(framed, s.opts.MaxRecordBytes, func(_ int, p []byte) { recs = append(recs, p) })
+	durable.ScanRecords(framed, sj.opts.MaxRecordBytes, func(_ int, p []byte) { recs = append(recs, p) })
 	for attempt := 0; ; attempt++ {
 		payloads := recs
 		if sess.log == nil {
 			payloads = append([][]byte{meta}, recs...)
 		}
-		n, err := s.opts.SharedLog.Append(ctx, sess.tenant, sess.id, sess.sharedN, payloads)
+		n, err := sj.opts.SharedLog.Append(ctx, sess.tenant, sess.id, sess.sharedN, payloads)
 		if err == nil {
 			sess.setShared(n, payloads)
-			s.stats.logPushed.Add(int64(len(payloads)))
-			if sess.log == nil && !s.private(sess.user) {
+			sj.stats.logPushed.Add(int64(len(payloads)))
+			if sess.log == nil && !sj.private(sess.user) {
 				// A new session: its user's other replicas will look for it.
-				if err := s.registerUserSession(ctx, sess); err != nil {
-					s.opts.Logger.Warn("memory: register the session with its user in the shared log", "err", err)
+				if err := sj.registerUserSession(ctx, sess); err != nil {
+					sj.opts.Logger.Warn("memory: register the session with its user in the shared log", "err", err)
 				}
 			}
 			return nil
@@ -300,134 +284,11 @@ func (s *Store) shareLocked(ctx context.Context, sess *session, meta, framed []b
 		// Another replica wrote meanwhile (its background work, or a turn
 		// this one holds no lease for): take its records, then append
 		// after them.
-		s.stats.logConflicts.Add(1)
-		if err := s.syncLocked(ctx, sess); err != nil {
+		sj.stats.logConflicts.Add(1)
+		if err := sj.syncLocked(ctx, sess); err != nil {
 			return err
 		}
 	}
-}
-
-// poolLogID names a tenant's pool in the shared log: a session id no client
-// can send (session ids are printable).
-const poolLogID = "\x00pool"
-
-// syncPoolLocked brings the pool up to date with the shared log (as
-// syncLocked does for a session). Called with p.mu held.
-func (s *Store) syncPoolLocked(ctx context.Context, p *pool) error {
-	sh := s.opts.SharedLog
-	n, err := sh.Len(ctx, p.tenant, poolLogID)
-	if err != nil {
-		return fmt.Errorf("memory: shared pool log: %w", err)
-	}
-	switch {
-	case p.sharedN == n:
-		return nil
-	case p.sharedN >= 0 && p.sharedN < n && p.log != nil:
-		tail, err := sh.Records(ctx, p.tenant, poolLogID, p.sharedN)
-		if err != nil {
-			return fmt.Errorf("memory: shared pool log: %w", err)
-		}
-		var framed []byte
-		for _, b := range tail {
-			var r poolRecord
-			if json.Unmarshal(b, &r) != nil || r.K == "meta" {
-				continue
-			}
-			applyPoolRecord(p, &r)
-			s.publishRecordLocked(p, &r) // another replica's write
-			framed = appendRecord(framed, b)
-		}
-		if len(framed) > 0 {
-			if err := p.log.append(framed); err != nil {
-				return err
-			}
-		}
-		p.sharedN += int64(len(tail))
-		s.stats.logPulled.Add(int64(len(tail)))
-		return nil
-	case n == 0 || p.sharedN > n:
-		var payloads [][]byte
-		if p.log != nil {
-			lf, _, err := s.openLog(p.path, func(b []byte) { payloads = append(payloads, append([]byte(nil), b...)) })
-			if err != nil {
-				return err
-			}
-			lf.Close(false)
-		}
-		if len(payloads) == 0 {
-			p.sharedN = 0
-			return nil
-		}
-		got, err := sh.Append(ctx, p.tenant, poolLogID, 0, payloads)
-		if err != nil {
-			return fmt.Errorf("memory: upload the pool to the shared log: %w", err)
-		}
-		p.sharedN = got
-		s.stats.logUploads.Add(1)
-		return nil
-	default:
-		all, err := sh.Records(ctx, p.tenant, poolLogID, 0)
-		if err != nil {
-			return fmt.Errorf("memory: shared pool log: %w", err)
-		}
-		clear(p.entries)
-		p.rev, p.records = 0, 0
-		clear(p.views)
-		p.resetSubsLocked() // what changed is not known event by event
-		image := append([]byte(nil), logMagic...)
-		for _, b := range all {
-			var r poolRecord
-			if json.Unmarshal(b, &r) != nil {
-				continue
-			}
-			if r.K == "meta" && r.Tenant != p.tenant {
-				return fmt.Errorf("memory: shared pool log of another tenant: %w", errCorrupt)
-			}
-			applyPoolRecord(p, &r)
-			image = appendRecord(image, b)
-		}
-		if p.log != nil {
-			p.log.close()
-			p.log = nil
-		}
-		if err := durable.MkdirAll(filepath.Dir(p.path), 0o755); err != nil {
-			return err
-		}
-		if err := durable.WriteFile(p.path, image); err != nil {
-			return fmt.Errorf("memory: rebuild the pool from the shared log: %w", err)
-		}
-		lf, _, err := s.openLog(p.path, func([]byte) {})
-		if err != nil {
-			return err
-		}
-		p.log, p.sharedN = lf, int64(len(all))
-		s.stats.logRebuilds.Add(1)
-		return nil
-	}
-}
-
-// sharePoolLocked writes framed pool records (with the meta record when the
-// pool has no log yet) to the shared log at the pool's position. A
-// conflict (another replica wrote the pool meanwhile) is returned wrapping
-// ErrSharedConflict: the caller syncs and decides again.
-func (s *Store) sharePoolLocked(ctx context.Context, p *pool, meta, framed []byte) error {
-	var payloads [][]byte
-	if p.log == nil {
-		payloads = append(payloads, meta)
-	}
-	durable.ScanRecords(framed, s.opts.MaxRecordBytes, func(_ int, b []byte) { payloads = append(payloads, b) })
-	n, err := s.opts.SharedLog.Append(ctx, p.tenant, poolLogID, p.sharedN, payloads)
-	if err != nil {
-		if errors.Is(err, ErrSharedConflict) {
-			// The shared log only grew: the next sync takes its tail, as
-			// for a session (shareLocked), without rebuilding the file.
-			s.stats.logConflicts.Add(1)
-		}
-		return fmt.Errorf("memory: shared pool log: %w", err)
-	}
-	p.sharedN = n
-	s.stats.logPushed.Add(int64(len(payloads)))
-	return nil
 }
 
 // A user's sessions are listed in the shared log under userLogID (one
@@ -441,10 +302,10 @@ const maxSharedUserSessions = 64
 
 // registerUserSession adds a new session to its user's list in the shared
 // log.
-func (s *Store) registerUserSession(ctx context.Context, sess *session) error {
+func (sj *sessionJournal) registerUserSession(ctx context.Context, sess *session) error {
 	id := userLogID(sess.user)
 	for attempt := 0; ; attempt++ {
-		recs, err := s.opts.SharedLog.Records(ctx, sess.tenant, id, 0)
+		recs, err := sj.opts.SharedLog.Records(ctx, sess.tenant, id, 0)
 		if err != nil {
 			return err
 		}
@@ -453,7 +314,7 @@ func (s *Store) registerUserSession(ctx context.Context, sess *session) error {
 				return nil
 			}
 		}
-		_, err = s.opts.SharedLog.Append(ctx, sess.tenant, id, int64(len(recs)), [][]byte{[]byte(sess.id)})
+		_, err = sj.opts.SharedLog.Append(ctx, sess.tenant, id, int64(len(recs)), [][]byte{[]byte(sess.id)})
 		if err == nil || !errors.Is(err, ErrSharedConflict) || attempt == 4 {
 			return err
 		}
@@ -464,31 +325,31 @@ func (s *Store) registerUserSession(ctx context.Context, sess *session) error {
 // served, up to date on this replica and, when the user's index is loaded,
 // their new documents into it. Call it holding no session's lock. Errors
 // only cost recall; they are logged.
-func (s *Store) syncUserShared(um *userMem) {
-	ctx, cancel := context.WithTimeout(s.ctx, s.opts.SharedLogTimeout)
+func (us *userScope) syncUserShared(um *userMem) {
+	ctx, cancel := context.WithTimeout(us.ctx, us.opts.SharedLogTimeout)
 	defer cancel()
-	ids, err := s.opts.SharedLog.Records(ctx, um.tenant, userLogID(um.user), 0)
+	ids, err := us.opts.SharedLog.Records(ctx, um.tenant, userLogID(um.user), 0)
 	if err != nil {
-		s.opts.Logger.Warn("memory: the user's sessions in the shared log", "err", err)
+		us.opts.Logger.Warn("memory: the user's sessions in the shared log", "err", err)
 		return
 	}
 	for _, b := range ids[max(0, len(ids)-maxSharedUserSessions):] {
-		sess, err := s.session(um.tenant, string(b), true)
+		sess, err := us.reg.session(um.tenant, string(b), true)
 		if err != nil {
 			continue
 		}
 		sess.mu.Lock()
 		before := sess.sharedN
-		err = s.syncLocked(ctx, sess)
+		err = us.jrn.syncLocked(ctx, sess)
 		changed := sess.sharedN != before
 		sess.mu.Unlock()
-		s.unpin(sess) // what follows copes with a session unloaded meanwhile
+		us.reg.unpin(sess) // what follows copes with a session unloaded meanwhile
 		if err != nil {
-			s.opts.Logger.Warn("memory: a session of the user from the shared log", "err", err)
+			us.opts.Logger.Warn("memory: a session of the user from the shared log", "err", err)
 			continue
 		}
 		if changed && um.index() != nil {
-			s.syncUserDocs(sess, um)
+			us.recall.syncUserDocs(sess, um)
 		}
 	}
 }

@@ -308,7 +308,7 @@ func TestSharedLogUserScope(t *testing.T) {
 	}
 	prep(a, "first", "my cat is called marmalade")
 	prep(b, "second", "what is my cat called")
-	um := b.userMem("t1", "u1")
+	um := b.reg.userMem("t1", "u1")
 	if !um.hasDocsOf(sessionHash("t1", "first")) {
 		t.Fatal("the user's session served on the other replica is not in this replica's user index")
 	}

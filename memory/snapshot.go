@@ -21,6 +21,7 @@ package memory
 // anything, so a section that does not replay cleanly is refused whole.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,6 +32,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/internal/durable"
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 )
 
 // ErrExists: an import names a session that already exists. Nothing was
@@ -195,11 +197,11 @@ func (s *Store) ExportSession(ctx context.Context, tenant, sessionID, user strin
 	if err := s.syncView(tenant, sessionID); err != nil {
 		return nil, SnapshotInfo{}, err
 	}
-	sess, err := s.session(tenant, sessionID, false)
+	sess, err := s.reg.session(tenant, sessionID, false)
 	if err != nil {
 		return nil, SnapshotInfo{}, err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	if err := s.waitPending(ctx, sess); err != nil {
 		return nil, SnapshotInfo{}, err
 	}
@@ -211,9 +213,9 @@ func (s *Store) ExportSession(ctx context.Context, tenant, sessionID, user strin
 	if sess.user != user {
 		return nil, SnapshotInfo{}, ErrUserMismatch
 	}
-	s.persistLocked(sess, s.opts.Clock.Now())
+	s.jrn.persistLocked(sess, s.opts.Clock.Now())
 	if sess.log != nil {
-		if err := sess.log.sync(); err != nil {
+		if err := sess.log.Sync(); err != nil {
 			return nil, SnapshotInfo{}, err
 		}
 	}
@@ -221,7 +223,7 @@ func (s *Store) ExportSession(ctx context.Context, tenant, sessionID, user strin
 	if err != nil {
 		return nil, SnapshotInfo{}, fmt.Errorf("memory: export: read log: %w", err)
 	}
-	if len(data) < len(logMagic) || string(data[:len(logMagic)]) != string(logMagic) {
+	if !bytes.HasPrefix(data, journal.Magic) {
 		return nil, SnapshotInfo{}, fmt.Errorf("memory: export: log of %q: %w", sessionID, errCorrupt)
 	}
 	hdr, err := json.Marshal(&snapHeader{K: "hctx", V: snapshotVersion, Session: sess.id, User: sess.user, Model: sess.lastModel, WM: sess.wm.snapshot()})
@@ -233,7 +235,7 @@ func (s *Store) ExportSession(ctx context.Context, tenant, sessionID, user strin
 	// records that apply: the importer refuses any that does not.
 	scratch := newSession(s.opts.Dir, sess.tenant, sess.id)
 	first, n := true, 1
-	durable.ScanRecords(data[len(logMagic):], s.opts.MaxRecordBytes, func(_ int, p []byte) {
+	durable.ScanRecords(data[len(journal.Magic):], s.opts.MaxRecordBytes, func(_ int, p []byte) {
 		var r record
 		if json.Unmarshal(p, &r) != nil || (r.K == "meta") != first {
 			return // only the first record is the meta record (load's rule)
@@ -398,11 +400,11 @@ func (s *Store) ImportSession(ctx context.Context, tenant, sessionID, user strin
 	if ps.User != user {
 		return ps.SnapshotInfo, ErrUserMismatch
 	}
-	sess, err := s.session(tenant, sessionID, true)
+	sess, err := s.reg.session(tenant, sessionID, true)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	var sctx context.Context
@@ -410,7 +412,7 @@ func (s *Store) ImportSession(ctx context.Context, tenant, sessionID, user strin
 		var cancel context.CancelFunc
 		sctx, cancel = context.WithTimeout(ctx, s.opts.SharedLogTimeout)
 		defer cancel()
-		if err := s.syncLocked(sctx, sess); err != nil {
+		if err := s.jrn.syncLocked(sctx, sess); err != nil {
 			return SnapshotInfo{}, err
 		}
 	}
@@ -429,19 +431,19 @@ func (s *Store) ImportSession(ctx context.Context, tenant, sessionID, user strin
 		}
 		sharedN = n
 	}
-	if err := s.rebuildLocked(sess, ps.payloads); err != nil {
+	if err := s.jrn.rebuildLocked(sess, ps.payloads); err != nil {
 		return SnapshotInfo{}, err
 	}
 	if s.opts.SharedLog != nil {
 		sess.setShared(sharedN, ps.payloads)
 		if !s.private(sess.user) {
-			if err := s.registerUserSession(sctx, sess); err != nil {
+			if err := s.jrn.registerUserSession(sctx, sess); err != nil {
 				s.opts.Logger.Warn("memory: register an imported session with its user in the shared log", "err", err)
 			}
 		}
 	}
 	sess.lastModel = ps.Model
 	sess.wm.restore(ps.header.WM, sess.units)
-	s.enqueue(sess) // index and user documents, off this call
+	s.wk.enqueue(sess) // index and user documents, off this call
 	return ps.SnapshotInfo, nil
 }

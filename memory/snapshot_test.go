@@ -84,11 +84,11 @@ func sessionState(t *testing.T, s *Store, tenant, id string) (SessionView, Memor
 	for i := range ts {
 		ts[i].Session = ""
 	}
-	sess, err := s.session(tenant, id, false)
+	sess, err := s.reg.session(tenant, id, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	sess.mu.Lock()
 	wm := sess.wm.snapshot()
 	sess.mu.Unlock()

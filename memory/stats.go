@@ -6,14 +6,11 @@ import (
 )
 
 type storeStats struct {
-	prepares, appended, appendBytes, evicted    atomic.Int64
-	summaries, summaryErrors, queueFull         atomic.Int64
-	quarantined, writeErrors, completes, orphan atomic.Int64
-	recordsLost, repliesCut, undone             atomic.Int64
-	userMismatch, asSent                        atomic.Int64
-	sessionsExpired, sessionsEvicted            atomic.Int64
-	quarantineRemoved, sharedTrims              atomic.Int64
-	diskBytes, sharedBytes                      atomic.Int64
+	prepares, appended, appendBytes     atomic.Int64
+	summaries, summaryErrors, queueFull atomic.Int64
+	writeErrors, completes, orphan      atomic.Int64
+	repliesCut, undone                  atomic.Int64
+	userMismatch, asSent                atomic.Int64
 
 	fullRecalls, probeReuses, recallByWords  atomic.Int64
 	indexRebuilds, indexErrors, indexSaves   atomic.Int64
@@ -21,7 +18,7 @@ type storeStats struct {
 	extractJobs, extractDropped, extractErrs atomic.Int64
 	factOps, factOpsRejected, episodes       atomic.Int64
 	triples, triplesRejected                 atomic.Int64
-	poolWrites, poolConflicts                atomic.Int64
+	poolCtxTurns, poolCtxErrors              atomic.Int64
 	logPushed, logPulled, logRebuilds        atomic.Int64
 	logUploads, logConflicts                 atomic.Int64
 
@@ -139,27 +136,29 @@ type Stats struct {
 	ReviewStats      // the memory reviewer (review.go)
 	ToolContextStats // tool-result context (toolctx.go)
 	L4Stats          // L4 compression (l4.go)
-	PoolEventStats   // the pool's events and context (poolevents.go)
+	PoolEventStats   // the pool's events and context (package pool)
 }
 
 // Stats returns cumulative counters.
 func (s *Store) Stats() Stats {
-	s.mu.Lock()
-	n, users := len(s.sessions), len(s.users)
-	s.mu.Unlock()
+	s.reg.mu.Lock()
+	n, users := len(s.reg.sessions), len(s.reg.users)
+	s.reg.mu.Unlock()
 	st := &s.stats
 	out := Stats{
-		Sessions: n, Users: users, ResidentBytes: s.res.bytes.Load(), MemoryBudget: s.opts.MemoryBudget,
-		SessionsUnloaded: s.res.sessionsUnloaded.Load(), UsersUnloaded: s.res.usersUnloaded.Load(),
+		Sessions: n, Users: users, ResidentBytes: s.reg.res.bytes.Load(), MemoryBudget: s.opts.MemoryBudget,
+		SessionsUnloaded: s.reg.res.sessionsUnloaded.Load(), UsersUnloaded: s.reg.res.usersUnloaded.Load(),
 		Prepares: st.prepares.Load(), Appended: st.appended.Load(),
-		AppendBytes: st.appendBytes.Load(), Evicted: st.evicted.Load(), Completes: st.completes.Load(),
+		AppendBytes: st.appendBytes.Load(), Evicted: s.win.evicted.Load(), Completes: st.completes.Load(),
 		Orphans: st.orphan.Load(), Summaries: st.summaries.Load(), SummaryErrors: st.summaryErrors.Load(),
-		QueueFull: st.queueFull.Load(), Quarantined: st.quarantined.Load(), WriteErrors: st.writeErrors.Load(),
-		RecordsLost: st.recordsLost.Load(), RepliesCut: st.repliesCut.Load(), Undone: st.undone.Load(), UserMismatch: st.userMismatch.Load(), AsSent: st.asSent.Load(),
-		DiskBytes: st.diskBytes.Load(), SharedDiskBytes: st.sharedBytes.Load(), MaxDiskBytes: s.opts.Storage.MaxDiskBytes,
-		SessionsExpired: st.sessionsExpired.Load(), SessionsEvicted: st.sessionsEvicted.Load(),
-		QuarantineRemoved: st.quarantineRemoved.Load(), SharedTrims: st.sharedTrims.Load(),
+		QueueFull: st.queueFull.Load(), Quarantined: s.j.Stats().Quarantined, WriteErrors: st.writeErrors.Load(),
+		RecordsLost: s.j.Stats().RecordsLost, RepliesCut: st.repliesCut.Load(), Undone: st.undone.Load(), UserMismatch: st.userMismatch.Load(), AsSent: st.asSent.Load(),
+		MaxDiskBytes: s.opts.Storage.MaxDiskBytes,
 	}
+	rst := s.sweeper.Stats()
+	out.DiskBytes, out.SharedDiskBytes = rst.DiskBytes, rst.SharedDiskBytes
+	out.SessionsExpired, out.SessionsEvicted = rst.SessionsExpired, rst.SessionsEvicted
+	out.QuarantineRemoved, out.SharedTrims = rst.QuarantineRemoved, rst.SharedTrims
 	fst := s.files.Stats()
 	out.OpenFiles, out.MaxOpenFiles, out.FileReopens = fst.Open, fst.Max, fst.Reopens
 	out.FullRecalls, out.ProbeReuses = st.fullRecalls.Load(), st.probeReuses.Load()
@@ -172,23 +171,27 @@ func (s *Store) Stats() Stats {
 	out.ExtractJobs, out.ExtractDropped, out.ExtractErrors = st.extractJobs.Load(), st.extractDropped.Load(), st.extractErrs.Load()
 	out.FactOps, out.FactOpsRejected, out.Episodes = st.factOps.Load(), st.factOpsRejected.Load(), st.episodes.Load()
 	out.Triples, out.TriplesRejected = st.triples.Load(), st.triplesRejected.Load()
-	out.PoolWrites, out.PoolConflicts = st.poolWrites.Load(), st.poolConflicts.Load()
-	out.SharedLogPushed, out.SharedLogPulled, out.SharedLogRebuilds = st.logPushed.Load(), st.logPulled.Load(), st.logRebuilds.Load()
-	out.SharedLogUploads, out.SharedLogConflicts = st.logUploads.Load(), st.logConflicts.Load()
+	ps := s.pools.Stats()
+	out.PoolWrites, out.PoolConflicts = ps.Writes, ps.Conflicts
+	out.SharedLogPushed, out.SharedLogPulled = st.logPushed.Load()+ps.SharedPushed, st.logPulled.Load()+ps.SharedPulled
+	out.SharedLogRebuilds, out.SharedLogUploads = st.logRebuilds.Load()+ps.SharedRebuilds, st.logUploads.Load()+ps.SharedUploads
+	out.SharedLogConflicts = st.logConflicts.Load() + ps.SharedConflicts
 	out.FullNamed, out.FullDetected = st.modes[0][0].Load(), st.modes[0][1].Load()
 	out.AppendNamed, out.AppendDetected = st.modes[1][0].Load(), st.modes[1][1].Load()
 	out.FactCalls, out.EpisodeCalls, out.SummaryCalls = st.calls[callFacts].Load(), st.calls[callEpisode].Load(), st.calls[callSummary].Load()
-	out.ReviewStats, out.ToolContextStats, out.L4Stats = s.rev.stats(), s.tcs.stats(), s.l4c.stats()
-	out.PoolEventStats = s.poolEv.stats()
+	out.ReviewStats, out.ToolContextStats, out.L4Stats = s.know.rev.stats(), s.know.tcs.stats(s.win.toolShown.Load()), s.know.l4c.stats()
+	out.PoolEventStats = PoolEventStats{PoolSubscribers: ps.Subscribers, PoolEventsPublished: ps.EventsPublished,
+		PoolSubscribersLagged: ps.SubscribersLagged, PoolSubscribeRefused: ps.SubscribeRefused,
+		PoolContextTurns: st.poolCtxTurns.Load(), PoolContextErrors: st.poolCtxErrors.Load()}
 	return out
 }
 
 // logBackground logs a failed background call: at debug level when it was
 // deferred for clients (ErrDeferred, by design), else as a warning.
-func (s *Store) logBackground(err error, msg string, args ...any) {
+func (e *env) logBackground(err error, msg string, args ...any) {
 	if errors.Is(err, ErrDeferred) {
-		s.opts.Logger.Debug(msg, args...)
+		e.opts.Logger.Debug(msg, args...)
 		return
 	}
-	s.opts.Logger.Warn(msg, args...)
+	e.opts.Logger.Warn(msg, args...)
 }

@@ -3,6 +3,8 @@ package memory
 import (
 	"errors"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/retention"
 )
 
 // StorageOptions bound what a Store keeps on disk and in open files. The
@@ -26,7 +28,7 @@ type StorageOptions struct {
 	// Nil: none.
 	Shared DiskUser
 	// SweepEvery is the period of the retention sweep (a walk of
-	// Options.Dir in the Store's own goroutine, never on the request path,
+	// Options.Dir in a goroutine the Store owns, never on the request path,
 	// linear in the sessions stored). Zero: one minute. Without SessionTTL
 	// and MaxDiskBytes it runs hourly at most (temporary files, orphaned
 	// indexes, old quarantine, the disk figure of Stats).
@@ -42,14 +44,9 @@ type StorageOptions struct {
 	MaxReplyBytes int
 }
 
-// DiskUser is a store sharing the disk budget.
-type DiskUser interface {
-	// DiskBytes is what it holds on disk now.
-	DiskBytes() int64
-	// TrimDisk deletes what it holds (least valuable first) until it holds
-	// at most max bytes, or nothing.
-	TrimDisk(max int64)
-}
+// DiskUser is a store sharing the disk budget (DiskBytes, TrimDisk; see
+// package memory/internal/retention).
+type DiskUser = retention.DiskUser
 
 func (o *StorageOptions) setDefaults() {
 	if o.SweepEvery == 0 {

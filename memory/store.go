@@ -1,86 +1,54 @@
 package memory
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/internal/durable"
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
+	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
+	"github.com/kvsidecar/kvsidecar/memory/internal/retention"
+	"github.com/kvsidecar/kvsidecar/memory/internal/reviewlog"
+	"github.com/kvsidecar/kvsidecar/memory/internal/userlist"
 )
 
-// Store owns the sessions under Options.Dir, the token counter, and the
-// background worker. Open it once; Close it after the last request.
-// Safe for concurrent use.
-type Store struct {
-	opts       Options
-	tok        *Tokenizer
-	quarantine string
-	files      *durable.Files // bounds the log files held open
-
-	// mu protects the fields below.
-	mu       sync.Mutex
-	sessions map[string]*session
-	sessGen  uint64 // counts sessions added to the map (retention.go)
-	closed   bool
-	// byPath indexes sessions by log path for the retention sweep, rebuilt
-	// when sessGen moved past byPathGen.
-	byPath    map[string]*session
-	byPathGen uint64
-
-	queue    chan *session
-	stop     chan struct{}
-	workerWG sync.WaitGroup
-	sumWG    sync.WaitGroup
-	sumSem   chan struct{}
-	ctx      context.Context
-	cancel   context.CancelFunc
-
-	ixOpts        index.Options
-	localEmbedder bool // the index embeds offline: units are indexed on the request path
-
-	// writer (fixed at Open) and writes name this store's pool writes
-	// (see poolRecord.W).
-	writer string
-	writes atomic.Uint64
-
-	extractQ  chan *extractJob
-	extractWG sync.WaitGroup
-
-	retentionWG sync.WaitGroup // the retention goroutine (retention.go)
-
-	// poolMu protects pools.
-	poolMu sync.Mutex
-	pools  map[string]*pool
-
-	// users are the loaded user memories, by tenant "\x00" user; s.mu
-	// protects the map.
-	users   map[string]*userMem
-	userGen uint64 // counts the user memories loaded (userMem.gen)
-
-	lists userLists // the users' session lists (userlist.go)
-
-	// res orders the loaded sessions and user indexes by last use and
-	// sums their estimated sizes (resident.go); trimC wakes the worker to
-	// unload idle ones.
-	res   residentSet
-	trimC chan struct{}
-
-	rev reviewer    // the memory reviewer's decisions logs and counters (review.go)
-	tcs toolCtxStat // tool-result context counters (toolctx.go)
-	l4c l4Counters  // L4 compression counters (l4.go)
-	// poolEv counts the pools' event subscriptions and context (poolevents.go).
-	poolEv poolEvents
-
+// env is what the Store's subsystems share, fixed at Open: the options,
+// the token counter, the logs' journal, the counters (atomics) and the
+// store's lifetime (ctx, cancelled when Shutdown starts). Read-only.
+type env struct {
+	opts  Options
+	tok   *Tokenizer
+	j     *journal.Journal // the logs' files and format (memory/internal/journal)
 	stats storeStats
+	ctx   context.Context
+}
+
+// Store is memory's front: Open, Shutdown, Prepare a turn (Turn completes
+// it), the session views, Delete, and thin calls into the subsystems it
+// owns, each with its state, its lock and its goroutines. Open it once;
+// Close it after the last request. Safe for concurrent use.
+type Store struct {
+	*env
+	cancel context.CancelFunc // ends env.ctx
+	files  *durable.Files     // bounds the log files held open
+
+	reg    *registry       // what is loaded, and the closed flag (resident.go)
+	jrn    *sessionJournal // the sessions' logs (sessionlog.go, shared.go)
+	win    *windowBuilder  // builds the windows, no I/O (window.go, block.go)
+	recall *retriever      // the indexes and what a turn recalls (recall.go)
+	know   *knowledge      // what is learnt in the background; its goroutines (extract.go)
+	wk     *worker         // the background writes; its goroutine (worker.go)
+	users  *userScope      // which user a session recalls with (users.go)
+
+	lists   *userlist.Lists    // the users' session lists (memory/internal/userlist)
+	pools   *pool.Pools        // the tenants' shared pools (memory/internal/pool)
+	sweeper *retention.Sweeper // the retention sweep; its goroutine (memory/internal/retention)
 }
 
 // Open opens (creating if needed) the store rooted at opts.Dir and starts
@@ -93,41 +61,55 @@ func Open(opts Options) (*Store, error) {
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("memory: create %s: %w", opts.Dir, err)
 	}
+	files := durable.NewFiles(opts.Storage.MaxOpenFiles)
+	ctx, cancel := context.WithCancel(context.Background())
 	s := &Store{
-		opts:       opts,
-		tok:        NewTokenizer(opts.Window.TokenCacheEntries),
-		quarantine: filepath.Join(opts.Dir, "quarantine"),
-		files:      durable.NewFiles(opts.Storage.MaxOpenFiles),
-		sessions:   map[string]*session{},
-		queue:      make(chan *session, opts.QueueSize),
-		trimC:      make(chan struct{}, 1),
-		stop:       make(chan struct{}),
-		sumSem:     make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries)),
-		ixOpts:     opts.Recall.Index,
-		extractQ:   make(chan *extractJob, max(1, opts.Extraction.Queue)),
-		pools:      map[string]*pool{},
-		users:      map[string]*userMem{},
-		writer:     newWriterID(),
+		env: &env{opts: opts, tok: NewTokenizer(opts.Window.TokenCacheEntries), ctx: ctx,
+			j: journal.New(journal.Options{MaxRecord: opts.MaxRecordBytes, Quarantine: filepath.Join(opts.Dir, "quarantine"),
+				Files: files, SyncAppends: opts.Fsync == FsyncAlways, NoSync: opts.Fsync == FsyncNever,
+				Now: opts.Clock.Now, Logger: opts.Logger})},
+		cancel: cancel,
+		files:  files,
 	}
-	_, s.localEmbedder = opts.Recall.Index.Embedder.(*index.HashEmbedder)
 	enc := CL100K
 	if opts.Window.Encoding != "" {
 		enc, _ = encodingByName(opts.Window.Encoding)
 	}
 	if err := s.tok.Load(enc); err != nil {
+		cancel()
 		return nil, fmt.Errorf("memory: load encoding %s: %w", enc, err)
 	}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.workerWG.Add(1)
-	go s.worker()
-	s.retentionWG.Add(1)
-	go s.retention(sweepPeriod(&opts.Storage))
-	if opts.Extraction.Extractor != nil {
-		for range max(1, opts.Extraction.Workers) {
-			s.extractWG.Add(1)
-			go s.extractWorker()
+	// The subsystems with their own state, then what each needs of the
+	// others, then their goroutines.
+	s.lists = userlist.New(userlist.Options{Journal: s.j, NoSync: opts.Fsync == FsyncNever, Logger: opts.Logger})
+	s.jrn = &sessionJournal{env: s.env}
+	s.recall = &retriever{env: s.env, ixOpts: opts.Recall.Index}
+	_, s.recall.localEmbedder = opts.Recall.Index.Embedder.(*index.HashEmbedder)
+	s.reg = &registry{env: s.env, sessions: map[string]*session{}, users: map[string]*userMem{}, trimC: make(chan struct{}, 1)}
+	s.know = &knowledge{env: s.env, extractQ: make(chan *extractJob, max(1, opts.Extraction.Queue)),
+		revLogs: reviewlog.New(reviewlog.Options{Dir: opts.Dir, Journal: s.j, Size: opts.Reviewer.LogSize})}
+	s.wk = &worker{env: s.env, queue: make(chan *session, opts.QueueSize), stop: make(chan struct{}),
+		sumSem: make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries))}
+	s.users = &userScope{env: s.env, lists: s.lists}
+	s.win = &windowBuilder{opts: &s.opts, tok: s.tok}
+	s.pools = newPools(s)
+
+	s.jrn.listSession = s.users.listSession
+	s.jrn.loaded = func(sess *session, now time.Time) {
+		s.know.maybeDecayLocked(sess, now)
+		if sess.decayDirty {
+			s.wk.enqueue(sess)
 		}
 	}
+	s.recall.enqueue = s.wk.enqueue
+	s.reg.jrn, s.reg.recall, s.reg.sync, s.reg.ensureUser = s.jrn, s.recall, s.wk.sync, s.users.ensureUser
+	s.know.recall, s.know.persist, s.know.enqueue, s.know.unpin, s.know.userFor = s.recall, s.jrn.persistLocked, s.wk.enqueue, s.reg.unpin, s.users.userFor
+	s.wk.reg, s.wk.jrn, s.wk.recall, s.wk.know, s.wk.lists, s.wk.holdUserFor = s.reg, s.jrn, s.recall, s.know, s.lists, s.users.holdUserFor
+	s.users.reg, s.users.recall, s.users.jrn = s.reg, s.recall, s.jrn
+
+	s.wk.start()
+	s.sweeper = newSweeper(s)
+	s.know.start()
 	return s, nil
 }
 
@@ -147,28 +129,25 @@ func (s *Store) Close() error { return s.Shutdown(context.Background()) }
 // written). Turns not yet completed can no longer record their reply. Later
 // calls return nil at once.
 func (s *Store) Shutdown(ctx context.Context) error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	s.reg.mu.Lock()
+	if s.reg.closed {
+		s.reg.mu.Unlock()
 		return nil
 	}
-	s.closed = true
-	s.mu.Unlock()
-	s.cancel()
-	close(s.stop)
+	s.reg.closed = true
+	s.reg.mu.Unlock()
+	s.cancel() // ends the extraction goroutines and what computes or waits
+	s.wk.requestStop()
 	var errs []error
-	for _, wg := range []*sync.WaitGroup{&s.retentionWG, &s.workerWG, &s.sumWG, &s.extractWG} {
-		if !waitGroup(ctx, wg) {
-			errs = append(errs, fmt.Errorf("memory: shutdown: background work still running: %w", ctx.Err()))
-			break
-		}
+	if !(s.sweeper.Stop(ctx) && s.wk.wait(ctx) && s.know.wait(ctx)) {
+		errs = append(errs, fmt.Errorf("memory: shutdown: background work still running: %w", ctx.Err()))
 	}
-	s.mu.Lock()
-	loaded := make([]*session, 0, len(s.sessions))
-	for _, sess := range s.sessions {
+	s.reg.mu.Lock()
+	loaded := make([]*session, 0, len(s.reg.sessions))
+	for _, sess := range s.reg.sessions {
 		loaded = append(loaded, sess)
 	}
-	s.mu.Unlock()
+	s.reg.mu.Unlock()
 	for _, sess := range loaded {
 		if ctx.Err() != nil {
 			break
@@ -178,26 +157,26 @@ func (s *Store) Shutdown(ctx context.Context) error {
 			break
 		}
 		if !sess.gone.Load() && sess.exists {
-			s.persistLocked(sess, s.opts.Clock.Now())
+			s.jrn.persistLocked(sess, s.opts.Clock.Now())
 		}
 		sess.mu.Unlock()
-		s.syncIndex(sess, true)
-		s.syncUser(sess)
+		s.recall.syncIndex(sess, true)
+		s.wk.syncUser(sess)
 	}
-	s.mu.Lock()
-	users := make([]*userMem, 0, len(s.users))
-	for _, um := range s.users {
+	s.reg.mu.Lock()
+	users := make([]*userMem, 0, len(s.reg.users))
+	for _, um := range s.reg.users {
 		users = append(users, um)
 	}
-	s.mu.Unlock()
+	s.reg.mu.Unlock()
 	for _, um := range users {
 		if ctx.Err() != nil {
 			break
 		}
-		s.saveUser(um, true)
+		s.recall.saveUser(um, true)
 	}
-	s.syncLists()
-	errs = append(errs, s.closePools(), s.closeReviewLogs())
+	s.lists.Sync()
+	errs = append(errs, s.pools.Close(), s.know.closeReviewLogs())
 	skipped := 0
 	for _, sess := range loaded {
 		if !lockCtx(ctx, &sess.mu) {
@@ -205,7 +184,7 @@ func (s *Store) Shutdown(ctx context.Context) error {
 			continue
 		}
 		if sess.log != nil {
-			errs = append(errs, sess.log.close())
+			errs = append(errs, sess.log.Close())
 			sess.log = nil
 		}
 		sess.gone.Store(true)
@@ -214,11 +193,11 @@ func (s *Store) Shutdown(ctx context.Context) error {
 	if skipped > 0 {
 		errs = append(errs, fmt.Errorf("memory: shutdown: %d sessions still busy: %w", skipped, ctx.Err()))
 	}
-	s.mu.Lock()
+	s.reg.mu.Lock()
 	for _, sess := range loaded {
-		s.dropSessionLocked(sess)
+		s.reg.dropSessionLocked(sess)
 	}
-	s.mu.Unlock()
+	s.reg.mu.Unlock()
 	return errors.Join(errs...)
 }
 
@@ -299,59 +278,59 @@ func (s *Store) CountTokensContext(ctx context.Context, model, text string) (int
 // session returns the loaded session, loading it from disk on first use,
 // pinned in memory: the caller unpins it (unpin) when done with it. With
 // create false a session without a log is ErrNotFound.
-func (s *Store) session(tenant, id string, create bool) (*session, error) {
+func (rg *registry) session(tenant, id string, create bool) (*session, error) {
 	key := sessionKey(tenant, id)
-	now := s.opts.Clock.Now()
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	now := rg.opts.Clock.Now()
+	rg.mu.Lock()
+	if rg.closed {
+		rg.mu.Unlock()
 		return nil, ErrClosed
 	}
-	sess := s.sessions[key]
+	sess := rg.sessions[key]
 	added := sess == nil || sess.gone.Load()
-	var idled []*logFile
+	var idled []*journal.Log
 	if added {
 		if sess != nil {
-			s.dropSessionLocked(sess)
+			rg.dropSessionLocked(sess)
 		}
-		sess = newSession(s.opts.Dir, tenant, id)
-		s.addSessionLocked(sess)
-		idled = s.shrinkSessionsLocked(sess)
+		sess = newSession(rg.opts.Dir, tenant, id)
+		rg.addSessionLocked(sess)
+		idled = rg.shrinkSessionsLocked(sess)
 	} else {
-		s.res.sessions.MoveToFront(sess.lru)
+		rg.res.sessions.MoveToFront(sess.lru)
 	}
 	sess.lastUse = now
-	sess.refs.Add(1) // under s.mu: never unloaded while looked up (resident.go)
-	s.mu.Unlock()
-	s.closeLogs(idled)
-	sess.loadOnce.Do(func() { sess.loadErr = s.load(sess) })
+	sess.refs.Add(1) // under rg.mu: never unloaded while looked up (resident.go)
+	rg.mu.Unlock()
+	rg.closeLogs(idled)
+	sess.loadOnce.Do(func() { sess.loadErr = rg.jrn.load(sess) })
 	if sess.loadErr != nil {
-		s.unpin(sess)
-		s.forget(sess, true)
+		rg.unpin(sess)
+		rg.forget(sess, true)
 		return nil, sess.loadErr
 	}
 	sess.mu.Lock()
 	exists := sess.exists
 	sess.mu.Unlock()
 	if !create && !exists {
-		s.unpin(sess)
-		s.forget(sess, false)
+		rg.unpin(sess)
+		rg.forget(sess, false)
 		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
 	if added {
-		s.noteSession(sess)
-		if s.opts.MemoryBudget > 0 && s.res.bytes.Load() > s.opts.MemoryBudget {
-			s.signalTrim()
+		rg.noteSession(sess)
+		if rg.opts.MemoryBudget > 0 && rg.res.bytes.Load() > rg.opts.MemoryBudget {
+			rg.signalTrim()
 		}
 	}
 	return sess, nil
 }
 
 // unpin ends a session lookup (see session).
-func (s *Store) unpin(sess *session) { sess.refs.Add(-1) }
+func (rg *registry) unpin(sess *session) { sess.refs.Add(-1) }
 
 // forget drops sess from memory if it is idle (always when failed).
-func (s *Store) forget(sess *session, failed bool) {
+func (rg *registry) forget(sess *session, failed bool) {
 	if !failed {
 		if !sess.mu.TryLock() {
 			return
@@ -365,9 +344,9 @@ func (s *Store) forget(sess *session, failed bool) {
 			return
 		}
 	}
-	s.mu.Lock()
-	s.dropSessionLocked(sess)
-	s.mu.Unlock()
+	rg.mu.Lock()
+	rg.dropSessionLocked(sess)
+	rg.mu.Unlock()
 }
 
 func (sess *session) hasUnpersisted() bool {
@@ -382,129 +361,6 @@ func (sess *session) hasUnpersisted() bool {
 	return false
 }
 
-// load replays the session's log, if it has one. Damage never leaves a
-// session stuck: damaged records are skipped (the log is repaired, see
-// openLog); records that decode but cannot apply (their context was in a
-// damaged record) are skipped too; a log whose meta record is damaged keeps
-// its other records and gets a new meta record; a log that belongs to
-// another session (or holds nothing) is moved to quarantine (or removed)
-// with its index, and the session starts afresh. Only I/O errors fail.
-func (s *Store) load(sess *session) error {
-	sess.mu.Lock()
-	defer sess.mu.Unlock()
-	var (
-		rec      record
-		first    = true
-		foreign  bool
-		rejected int
-	)
-	lf, rep, err := s.openLog(sess.path, func(p []byte) {
-		if foreign {
-			return
-		}
-		isFirst := first
-		first = false
-		rec = record{}
-		if err := json.Unmarshal(p, &rec); err != nil {
-			rejected++
-			return
-		}
-		if rec.K == "meta" && (rec.Tenant != sess.tenant || rec.Session != sess.id) {
-			foreign = isFirst
-			rejected++
-			return
-		}
-		if err := sess.apply(&rec, nil, s.tok); err != nil {
-			rejected++
-		}
-	})
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if rep.Repaired() || rejected > 0 {
-		s.stats.quarantined.Add(1)
-		s.stats.recordsLost.Add(int64(rep.Damaged + rejected))
-		s.opts.Logger.Warn("memory: repaired a damaged session log", "file", filepath.Base(sess.path),
-			"records", rep.Records, "damaged", rep.Damaged, "damaged_bytes", rep.DamagedBytes, "rejected", rejected,
-			"tail_bytes", rep.TailBytes, "bad_magic", rep.BadMagic, "saved", rep.Quarantined)
-	}
-	switch {
-	case foreign:
-		// Not this session's log (a misplaced or forged file): keep it in
-		// quarantine and start afresh.
-		lf.close()
-		sess.reset()
-		sess.created = time.Time{}
-		dst, err := durable.Quarantine(sess.path, s.quarantine, s.opts.Clock.Now())
-		if err != nil {
-			return fmt.Errorf("memory: quarantine foreign log: %w", err)
-		}
-		s.stats.quarantined.Add(1)
-		s.opts.Logger.Warn("memory: session log belongs to another session; quarantined", "saved", dst)
-		return s.removeIndexFile(sess)
-	case sess.created.IsZero() && rep.Records == 0:
-		// Nothing but the magic: a creation never acknowledged, or a log
-		// whose every record was damaged.
-		lf.close()
-		if err := os.Remove(sess.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("memory: remove empty log: %w", err)
-		}
-		sess.reset()
-		return s.removeIndexFile(sess)
-	case sess.created.IsZero():
-		// The meta record was damaged, the rest salvaged: write a new one
-		// first so the next open finds the log whole.
-		lf.close()
-		if lf, err = s.rewriteMeta(sess); err != nil {
-			return err
-		}
-	}
-	sess.log = lf
-	sess.exists = true
-	now := s.opts.Clock.Now()
-	s.maybeDecayLocked(sess, now)
-	if sess.decayDirty {
-		s.enqueue(sess)
-	}
-	return nil
-}
-
-// rewriteMeta rewrites the session's log with a new meta record before its
-// records (atomically) and reopens it. Called with sess.mu held.
-func (s *Store) rewriteMeta(sess *session) (*logFile, error) {
-	now := s.opts.Clock.Now()
-	meta, err := json.Marshal(&record{K: "meta", V: logVersion, Tenant: sess.tenant, Session: sess.id, T: now.UnixNano()})
-	if err != nil {
-		return nil, fmt.Errorf("memory: encode meta: %w", err)
-	}
-	data, err := os.ReadFile(sess.path)
-	if err != nil || !bytes.HasPrefix(data, logMagic) {
-		return nil, fmt.Errorf("memory: reread repaired log: %w", errors.Join(err, errCorrupt))
-	}
-	image := appendRecord(append([]byte(nil), logMagic...), meta)
-	image = append(image, data[len(logMagic):]...)
-	if err := durable.WriteFile(sess.path, image); err != nil {
-		return nil, fmt.Errorf("memory: rewrite meta: %w", err)
-	}
-	lf, _, err := s.openLog(sess.path, func([]byte) {})
-	if err != nil {
-		return nil, err
-	}
-	sess.created = now
-	return lf, nil
-}
-
-// removeIndexFile removes the session's index file, if any.
-func (s *Store) removeIndexFile(sess *session) error {
-	if err := os.Remove(indexPath(sess)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("memory: remove index: %w", err)
-	}
-	return nil
-}
-
 func (sess *session) reset() {
 	sess.nextSeq = 1
 	sess.sys, sess.hist = nil, nil
@@ -517,50 +373,10 @@ func (sess *session) reset() {
 	sess.uidx, sess.uSeq, sess.uUnitsVer, sess.uKbVer, sess.uGen = nil, 0, 0, 0, 0
 	sess.sticky = cachedBlock{}
 	sess.wm.reset()
-	sess.kb = knowledge{}
+	sess.kb = sessTriples{}
 	sess.factSeq, sess.episodeSeq = 0, 0
 	sess.sharedN, sess.sharedLast = -1, 0
 	sess.unitsChanged()
-}
-
-// writeLocked appends framed records to the session's log, creating it with
-// its meta record first. Called with sess.mu held.
-//
-// With a shared log (Options.Shared) the records go there first, at the
-// session's position (see SharedLog); a failure there writes nothing.
-func (s *Store) writeLocked(sess *session, framed []byte, now time.Time) error {
-	var meta []byte
-	if sess.log == nil || s.opts.SharedLog != nil {
-		var err error
-		if meta, err = json.Marshal(&record{K: "meta", V: logVersion, Tenant: sess.tenant, Session: sess.id, User: sess.user, T: now.UnixNano()}); err != nil {
-			return fmt.Errorf("memory: encode meta: %w", err)
-		}
-	}
-	if s.opts.SharedLog != nil {
-		ctx, cancel := context.WithTimeout(s.ctx, s.opts.SharedLogTimeout)
-		defer cancel()
-		if sess.sharedN < 0 {
-			if err := s.syncLocked(ctx, sess); err != nil {
-				return err
-			}
-		}
-		if err := s.shareLocked(ctx, sess, meta, framed); err != nil {
-			return err
-		}
-	}
-	if sess.log == nil {
-		if !sess.exists {
-			if err := s.listSession(sess.tenant, sess.user, sess.id); err != nil {
-				return err
-			}
-		}
-		lf, err := s.createLog(sess.path, appendRecord(nil, meta))
-		if err != nil {
-			return err
-		}
-		sess.log, sess.exists, sess.created = lf, true, now
-	}
-	return sess.log.append(framed)
 }
 
 // waitPending waits (bounded by PendingWait and ctx) for the session's open

@@ -5,7 +5,6 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/kvsidecar/kvsidecar/index"
 )
@@ -133,15 +132,4 @@ func structure(m *Message) float64 {
 		s += 0.25
 	}
 	return min(s, 1)
-}
-
-// truncateRunes cuts s to at most n bytes on a rune boundary, adding "…".
-func truncateRunes(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
 }

@@ -341,7 +341,7 @@ func (t *Tokenizer) messageUpTo(ctx context.Context, e Encoding, m *Message, max
 // of what Prepare checks under the session's lock (stored system messages
 // or history may add to it), so it refuses nothing Prepare would accept.
 // Finished counts are kept on the messages.
-func (s *Store) checkFixedPart(ctx context.Context, enc Encoding, limit int, msgs []Message, tools int) error {
+func (t *Tokenizer) checkFixedPart(ctx context.Context, enc Encoding, limit int, msgs []Message, tools int) error {
 	nsys := 0
 	for nsys < len(msgs) && isSystem(msgs[nsys].Role) {
 		nsys++
@@ -358,7 +358,7 @@ func (s *Store) checkFixedPart(ctx context.Context, enc Encoding, limit int, msg
 		if i >= nsys && i < last {
 			continue
 		}
-		n, over, err := s.tok.messageUpTo(ctx, enc, &msgs[i], limit-tools-sys-turn)
+		n, over, err := t.messageUpTo(ctx, enc, &msgs[i], limit-tools-sys-turn)
 		if err != nil {
 			return fmt.Errorf("memory: count tokens: %w", err)
 		}

@@ -83,7 +83,7 @@ func testPrepareCountsOutsideTheLockAndStops(t *testing.T) {
 	s := openBubbleStore(t, t.TempDir(), func(o *Options) { o.Window.Limit = 200_000 })
 	prepare(t, s, "t", "s", ModeAppend, text("user", "hello")).Complete(text("assistant", "hi"))
 	synctest.Wait() // the worker is done with that turn: only Prepare can hold the lock below
-	sess, err := s.session("t", "s", false)
+	sess, err := s.reg.session("t", "s", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,15 +153,16 @@ func TestCloseStopsCountingInFlight(t *testing.T) {
 func TestShutdownGivesUpAtItsDeadline(t *testing.T) {
 	s := openStore(t, t.TempDir(), nil)
 	prepare(t, s, "t", "s", ModeAppend, text("user", "hello")).Abort()
-	sess, _ := s.session("t", "s", false)
+	sess, _ := s.reg.session("t", "s", false)
 	sess.mu.Lock() // a stuck holder
 	defer func() {
 		// Free the holder, then let the work Shutdown gave up on finish
 		// before the folder is removed.
 		sess.mu.Unlock()
-		for _, wg := range []*sync.WaitGroup{&s.retentionWG, &s.workerWG, &s.sumWG, &s.extractWG} {
-			wg.Wait()
-		}
+		bg := context.Background()
+		s.sweeper.Stop(bg)
+		s.wk.wait(bg)
+		s.know.wait(bg)
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()

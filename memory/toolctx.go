@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // Tool-result context. When a request brings tool results (OpenAI "tool"
@@ -31,13 +33,15 @@ type ToolContextStats struct {
 	ToolContextDropped  int64 // condensing jobs not queued: the extraction queue was full
 }
 
-// toolCtxStat are the Store's counters.
+// toolCtxStat are knowledge's tool-context counters.
 type toolCtxStat struct {
-	calls, ready, injected, rejected, late, dropped atomic.Int64
+	calls, ready, rejected, late, dropped atomic.Int64
 }
 
-func (t *toolCtxStat) stats() ToolContextStats {
-	return ToolContextStats{ToolContextCalls: t.calls.Load(), ToolContextReady: t.ready.Load(), ToolContextInjected: t.injected.Load(),
+// stats returns the counters; injected is the window builder's count of
+// contexts shown.
+func (t *toolCtxStat) stats(injected int64) ToolContextStats {
+	return ToolContextStats{ToolContextCalls: t.calls.Load(), ToolContextReady: t.ready.Load(), ToolContextInjected: injected,
 		ToolContextRejected: t.rejected.Load(), ToolContextLate: t.late.Load(), ToolContextDropped: t.dropped.Load()}
 }
 
@@ -55,7 +59,7 @@ type sessToolCtx struct {
 // when the request brings tool results keeps the turn's tool calls and
 // results for condensing. Called with sess.mu held, after add joined
 // sess.hist.
-func (s *Store) toolTurnLocked(sess *session, add []*entry) string {
+func (kn *knowledge) toolTurnLocked(sess *session, add []*entry) string {
 	tc := &sess.tc
 	show := ""
 	if tc.text != "" && tc.forPrepare == tc.prepares {
@@ -64,7 +68,7 @@ func (s *Store) toolTurnLocked(sess *session, add []*entry) string {
 	tc.text = ""
 	tc.prepares++
 	tc.src = nil
-	if !s.opts.ToolContext.Enabled || s.opts.Extraction.Extractor == nil {
+	if !kn.opts.ToolContext.Enabled || kn.opts.Extraction.Extractor == nil {
 		return show
 	}
 	results := false
@@ -94,9 +98,9 @@ func isToolResult(e *entry) bool { return e.msg.Role == "tool" || e.msg.Role == 
 // maybeToolCtxLocked queues the condensing of the last request's tool
 // calls and results once its turn finished (and no later one started).
 // Called with sess.mu held, from the worker.
-func (s *Store) maybeToolCtxLocked(sess *session) {
+func (kn *knowledge) maybeToolCtxLocked(sess *session) {
 	tc := &sess.tc
-	if tc.src == nil || sess.pending != nil || s.ctx.Err() != nil {
+	if tc.src == nil || sess.pending != nil || kn.ctx.Err() != nil {
 		return
 	}
 	src := tc.src
@@ -104,19 +108,19 @@ func (s *Store) maybeToolCtxLocked(sess *session) {
 	if tc.srcPrepare != tc.prepares {
 		return // a later turn already started
 	}
-	job := &extractJob{sess: sess, kind: jobToolCtx, prompt: s.toolCtxPrompt(src), model: sess.lastModel, enc: sess.lastEnc, forPrepare: tc.prepares}
+	job := &extractJob{sess: sess, kind: jobToolCtx, prompt: kn.toolCtxPrompt(src), model: sess.lastModel, enc: sess.lastEnc, forPrepare: tc.prepares}
 	select {
-	case s.extractQ <- job:
+	case kn.extractQ <- job:
 		sess.refs.Add(1) // resident until the job ran (runExtract)
 	default:
-		s.tcs.dropped.Add(1)
+		kn.tcs.dropped.Add(1)
 	}
 }
 
 // toolCtxPrompt is the condensing prompt; each message gets an equal share
 // of ToolContext.PromptBytes.
-func (s *Store) toolCtxPrompt(src []*entry) string {
-	per := max(s.opts.ToolContext.PromptBytes/max(len(src), 1), 64)
+func (kn *knowledge) toolCtxPrompt(src []*entry) string {
+	per := max(kn.opts.ToolContext.PromptBytes/max(len(src), 1), 64)
 	var b strings.Builder
 	b.WriteString("An assistant called tools for a user. Condense the tool calls and their results below into one or two " +
 		"short sentences of context for the assistant's next reply: which tools were used and what they returned that " +
@@ -124,14 +128,14 @@ func (s *Store) toolCtxPrompt(src []*entry) string {
 	for _, e := range src {
 		if e.msg.Role == "assistant" {
 			b.WriteString("assistant called: ")
-			b.WriteString(sanitizeText(e.msg.toolText, per))
+			b.WriteString(sanitize.Text(e.msg.toolText, per))
 		} else {
 			b.WriteString("tool result")
-			if n := sanitizeText(e.msg.Name, 64); n != "" {
+			if n := sanitize.Text(e.msg.Name, 64); n != "" {
 				b.WriteString(" (" + n + ")")
 			}
 			b.WriteString(": ")
-			b.WriteString(sanitizeText(e.msg.Content, per))
+			b.WriteString(sanitize.Text(e.msg.Content, per))
 		}
 		b.WriteByte('\n')
 	}
@@ -140,20 +144,20 @@ func (s *Store) toolCtxPrompt(src []*entry) string {
 
 // runToolCtx makes one condensing call and keeps its answer for the
 // session's next Prepare.
-func (s *Store) runToolCtx(job *extractJob) {
-	s.tcs.calls.Add(1)
+func (kn *knowledge) runToolCtx(job *extractJob) {
+	kn.tcs.calls.Add(1)
 	sess := job.sess
-	ctx, cancel := context.WithTimeout(s.ctx, s.opts.Extraction.Timeout)
-	out, err := s.opts.Extraction.Extractor.Extract(ctx, ExtractRequest{Tenant: sess.tenant, SessionID: sess.id, Model: job.model,
+	ctx, cancel := context.WithTimeout(kn.ctx, kn.opts.Extraction.Timeout)
+	out, err := kn.opts.Extraction.Extractor.Extract(ctx, ExtractRequest{Tenant: sess.tenant, SessionID: sess.id, Model: job.model,
 		Kind: jobToolCtx.String(), Prompt: job.prompt})
 	cancel()
 	text := ""
 	if err == nil {
-		text, err = parseToolContext(out, s.opts.ToolContext.MaxBytes)
+		text, err = parseToolContext(out, kn.opts.ToolContext.MaxBytes)
 	}
 	if err != nil {
-		s.tcs.rejected.Add(1)
-		s.logBackground(err, "memory: tool context", "session", sess.id, "err", err)
+		kn.tcs.rejected.Add(1)
+		kn.logBackground(err, "memory: tool context", "session", sess.id, "err", err)
 		return
 	}
 	if text == "" {
@@ -162,11 +166,11 @@ func (s *Store) runToolCtx(job *extractJob) {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	if sess.gone.Load() || sess.tc.prepares != job.forPrepare {
-		s.tcs.late.Add(1)
+		kn.tcs.late.Add(1)
 		return
 	}
 	sess.tc.text, sess.tc.forPrepare = text, job.forPrepare
-	s.tcs.ready.Add(1)
+	kn.tcs.ready.Add(1)
 }
 
 // toolCtxMarkers are the tags a condensed context may not contain.
@@ -184,7 +188,7 @@ func parseToolContext(out string, maxBytes int) (string, error) {
 	if len(out) > 4*maxBytes {
 		return "", fmt.Errorf("%w: tool context: answer of %d bytes (max %d)", ErrInvalid, len(out), maxBytes)
 	}
-	t := sanitizeText(out, 4*maxBytes)
+	t := sanitize.Text(out, 4*maxBytes)
 	if t == "[SKIP]" {
 		return "", nil
 	}

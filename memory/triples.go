@@ -12,6 +12,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/memory/internal/memerr"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // The knowledge base beside the log: (subject, predicate, object) triples
@@ -36,18 +38,40 @@ import (
 // and fused in hybrid recall; the user's graph (usergraph.go) holds the
 // triples of all the user's sessions for recall across them.
 
-// Triple is one (subject, predicate, object) of the knowledge base.
+// Triple is one (subject, predicate, object) of the knowledge base, the
+// one type for it on both sides of the seam: the console (package proxy)
+// serves it as this JSON. The session log keeps triples in its own,
+// shorter form (tripleRecord).
 type Triple struct {
 	ID        string `json:"id"`
-	Subject   string `json:"s"`
-	Predicate string `json:"p"`
-	Object    string `json:"o"`
+	Subject   string `json:"subject"`
+	Predicate string `json:"predicate"`
+	Object    string `json:"object"`
 	// Support lists the ids of the session's memory units (facts) the
 	// triple rests on, sorted; never empty.
-	Support []string  `json:"sup"`
+	Support []string  `json:"support"`
 	At      time.Time `json:"at"`
 	// Session is the session holding the triple; set by Store.Triples only.
 	Session string `json:"session,omitempty"`
+}
+
+// tripleRecord is a triple as a "triple" log record holds it (the log's
+// format: short keys, no session).
+type tripleRecord struct {
+	ID        string    `json:"id"`
+	Subject   string    `json:"s"`
+	Predicate string    `json:"p"`
+	Object    string    `json:"o"`
+	Support   []string  `json:"sup"`
+	At        time.Time `json:"at"`
+}
+
+func (t *Triple) record() *tripleRecord {
+	return &tripleRecord{ID: t.ID, Subject: t.Subject, Predicate: t.Predicate, Object: t.Object, Support: t.Support, At: t.At}
+}
+
+func (r *tripleRecord) triple() Triple {
+	return Triple{ID: r.ID, Subject: r.Subject, Predicate: r.Predicate, Object: r.Object, Support: r.Support, At: r.At}
 }
 
 // tripleOp is one parsed triple line: Support holds fact ids and "+n"
@@ -76,7 +100,7 @@ const (
 
 // ErrTripleNotFound: no triple with that id for the tenant and user. It
 // also matches ErrNotFound.
-var ErrTripleNotFound error = &notFoundError{"memory: triple not found"}
+var ErrTripleNotFound = memerr.NotFound("memory: triple not found")
 
 // tripleInstructions is appended to the fact prompt.
 const tripleInstructions = "\nThen state what the new messages say as knowledge triples, one per line, exactly:\n" +
@@ -139,7 +163,7 @@ func parseTriple(line string) (tripleOp, error) {
 		if ref, isRef := strings.CutPrefix(sup, "+"); isRef {
 			n, err := strconv.Atoi(ref)
 			if err != nil || n < 1 || n > maxTripleRef || ref != strconv.Itoa(n) {
-				return tripleOp{}, fmt.Errorf("bad reference %q", truncateRunes(sup, 16))
+				return tripleOp{}, fmt.Errorf("bad reference %q", sanitize.Truncate(sup, 16))
 			}
 		} else if err := validFactID(sup); err != nil {
 			return tripleOp{}, fmt.Errorf("support: %v", err)
@@ -155,8 +179,8 @@ func parseTriple(line string) (tripleOp, error) {
 	return op, nil
 }
 
-// knowledge is a session's triples. The session's mu protects it.
-type knowledge struct {
+// sessTriples is a session's triples. The session's mu protects it.
+type sessTriples struct {
 	triples map[string]*Triple
 	deleted map[string]bool // ids an operator deleted: never recreated
 	dirty   map[string]bool // triples to write
@@ -168,7 +192,7 @@ type knowledge struct {
 	graphVer uint64
 }
 
-func (k *knowledge) put(t *Triple) {
+func (k *sessTriples) put(t *Triple) {
 	if k.triples == nil {
 		k.triples = map[string]*Triple{}
 	}
@@ -176,7 +200,7 @@ func (k *knowledge) put(t *Triple) {
 	k.ver++
 }
 
-func (k *knowledge) markDirty(id string) {
+func (k *sessTriples) markDirty(id string) {
 	if k.dirty == nil {
 		k.dirty = map[string]bool{}
 	}
@@ -185,7 +209,7 @@ func (k *knowledge) markDirty(id string) {
 
 // remove deletes a triple (an operator's delete: it is written and never
 // recreated).
-func (k *knowledge) remove(id string) {
+func (k *sessTriples) remove(id string) {
 	delete(k.triples, id)
 	delete(k.dirty, id)
 	if k.deleted == nil {
@@ -198,7 +222,7 @@ func (k *knowledge) remove(id string) {
 // unitDeleted is the cascade: unit id leaves every triple's supports, and
 // triples left with none are deleted. Nothing is written: replay derives
 // the same from the unit's "del" record.
-func (k *knowledge) unitDeleted(id string) {
+func (k *sessTriples) unitDeleted(id string) {
 	for tid, t := range k.triples {
 		i := slices.Index(t.Support, id)
 		if i < 0 {
@@ -228,8 +252,7 @@ func (s *session) applyTripleRecord(r *record) error {
 	if s.kb.deleted[r.Triple.ID] {
 		return nil
 	}
-	t := *r.Triple
-	t.Session = ""
+	t := r.Triple.triple()
 	// Supports deleted since (or before, in a shared log) do not count.
 	t.Support = slices.DeleteFunc(slices.Clone(t.Support), func(id string) bool { return s.deleted[id] })
 	if len(t.Support) == 0 {
@@ -244,7 +267,7 @@ func (s *session) applyTripleRecord(r *record) error {
 }
 
 // appendTripleRecords frames the triples and deletions not yet written.
-func (k *knowledge) appendRecords(framed []byte, now time.Time) ([]byte, error) {
+func (k *sessTriples) appendRecords(framed []byte, now time.Time) ([]byte, error) {
 	var err error
 	for _, id := range k.dels {
 		if framed, err = encodeRecord(framed, &record{K: "tdel", T: now.UnixNano(), ID: id}); err != nil {
@@ -258,7 +281,7 @@ func (k *knowledge) appendRecords(framed []byte, now time.Time) ([]byte, error) 
 	slices.Sort(ids)
 	for _, id := range ids {
 		if t := k.triples[id]; t != nil {
-			if framed, err = encodeRecord(framed, &record{K: "triple", T: now.UnixNano(), Triple: t}); err != nil {
+			if framed, err = encodeRecord(framed, &record{K: "triple", T: now.UnixNano(), Triple: t.record()}); err != nil {
 				return framed, err
 			}
 		}
@@ -267,7 +290,7 @@ func (k *knowledge) appendRecords(framed []byte, now time.Time) ([]byte, error) 
 }
 
 // written marks what appendRecords framed as written.
-func (k *knowledge) written(dels int) {
+func (k *sessTriples) written(dels int) {
 	k.dels = k.dels[dels:]
 	clear(k.dirty)
 }
@@ -281,15 +304,15 @@ func tripleID(sess *session, seq uint64, i int) string {
 // applyTriplesLocked applies a fact job's triple lines after its fact
 // operations: adds are the job's [ADD] operations in reply order, for "+n"
 // supports. Every rejection is logged and counted, and changes nothing.
-func (s *Store) applyTriplesLocked(job *extractJob, lines string, added map[int]string, now time.Time) {
+func (kn *knowledge) applyTriplesLocked(job *extractJob, lines string, added map[int]string, now time.Time) {
 	if lines == "" {
 		return
 	}
 	sess := job.sess
 	ops, rejected := parseTriples(lines)
 	reject := func(err error) {
-		s.stats.triplesRejected.Add(1)
-		s.opts.Logger.Warn("memory: rejected triple", "session", sess.id, "err", err)
+		kn.stats.triplesRejected.Add(1)
+		kn.opts.Logger.Warn("memory: rejected triple", "session", sess.id, "err", err)
 	}
 	for _, err := range rejected {
 		reject(err)
@@ -334,7 +357,7 @@ func (s *Store) applyTriplesLocked(job *extractJob, lines string, added map[int]
 		next++
 		sess.kb.put(&Triple{ID: id, Subject: op.Subject, Predicate: op.Predicate, Object: op.Object, Support: sup, At: now})
 		sess.kb.markDirty(id)
-		s.stats.triples.Add(1)
+		kn.stats.triples.Add(1)
 	}
 }
 
@@ -368,7 +391,7 @@ func resolveSupport(sess *session, job *extractJob, sups []string, added map[int
 // attachGraphLocked gives the session's index the graph of its triples
 // when they changed since (or the index was rebuilt). Called with sess.mu
 // held, before a search.
-func (s *Store) attachGraphLocked(sess *session, x *index.Index) {
+func (rt *retriever) attachGraphLocked(sess *session, x *index.Index) {
 	kb := &sess.kb
 	if x == nil || kb.graphIx == x && kb.graphVer == kb.ver {
 		return
@@ -413,7 +436,7 @@ func (s *Store) Triples(tenant, user string, limit int) ([]Triple, error) {
 		if si.Tenant != tenant {
 			continue // Sessions("") lists every tenant
 		}
-		sess, err := s.session(tenant, si.ID, false)
+		sess, err := s.reg.session(tenant, si.ID, false)
 		if err != nil {
 			continue // deleted since
 		}
@@ -427,7 +450,7 @@ func (s *Store) Triples(tenant, user string, limit int) ([]Triple, error) {
 			}
 		}
 		sess.mu.Unlock()
-		s.unpin(sess)
+		s.reg.unpin(sess)
 	}
 	slices.SortFunc(out, func(a, b Triple) int {
 		if c := b.At.Compare(a.At); c != 0 {
@@ -453,11 +476,11 @@ func (s *Store) DeleteTriple(tenant, user, id string) error {
 	h8 = h8[:8]
 	paths, _ := filepath.Glob(filepath.Join(tenantDir(s.opts.Dir, tenant), h8[:2], h8+"*.log"))
 	for _, p := range paths {
-		meta, err := readLogMeta(p, s.opts.MaxRecordBytes)
+		meta, err := readLogMeta(s.j, p)
 		if err != nil || meta.K != "meta" || meta.Tenant != tenant || meta.User != user || meta.Session == "" {
 			continue
 		}
-		sess, err := s.session(tenant, meta.Session, false)
+		sess, err := s.reg.session(tenant, meta.Session, false)
 		if err != nil {
 			if errors.Is(err, ErrClosed) {
 				return err
@@ -470,12 +493,12 @@ func (s *Store) DeleteTriple(tenant, user, id string) error {
 			sess.kb.remove(id)
 			sess.kb.dels = append(sess.kb.dels, id)
 			sess.mu.Unlock()
-			s.enqueue(sess)
-			s.unpin(sess)
+			s.wk.enqueue(sess)
+			s.reg.unpin(sess)
 			return nil
 		}
 		sess.mu.Unlock()
-		s.unpin(sess)
+		s.reg.unpin(sess)
 	}
 	return notFound
 }

@@ -11,6 +11,8 @@ import (
 	"testing/synctest"
 	"time"
 	"unicode/utf8"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 func TestParseTriples(t *testing.T) {
@@ -87,7 +89,7 @@ func FuzzParseTriples(f *testing.F) {
 					t.Fatalf("bad text %q", s)
 				}
 				for _, r := range s {
-					if unsafeRune(r) {
+					if sanitize.Unsafe(r) {
 						t.Fatalf("unsafe rune %U in %q", r, s)
 					}
 				}
@@ -283,9 +285,9 @@ func TestTriplesMerge(t *testing.T) {
 			t.Fatalf("merged: %+v", ts)
 		}
 		// Fill the stored support up to its bound, then one more is refused.
-		s.mu.Lock()
-		sess := s.sessions[sessionKey("t", "s")]
-		s.mu.Unlock()
+		s.reg.mu.Lock()
+		sess := s.reg.sessions[sessionKey("t", "s")]
+		s.reg.mu.Unlock()
 		sess.mu.Lock()
 		tr := sess.kb.triples[ts[0].ID]
 		for i := len(tr.Support); i < maxStoredSupport; i++ {
@@ -390,16 +392,16 @@ func TestUserGraphAcrossSessions(t *testing.T) {
 			// the graph keeps the fact while the question asks about Rex's
 			// toy, though it shares no word with the fact.
 			func() {
-				sess, err := s.session("t", "c", false)
+				sess, err := s.reg.session("t", "c", false)
 				if err != nil {
 					t.Fatal(err)
 				}
-				um := s.userMem("t", "ada")
+				um := s.reg.userMem("t", "ada")
 				sess.mu.Lock()
 				defer sess.mu.Unlock()
-				items := s.itemsFor(sess, um, sess.wm.injected, nil)
+				items := s.recall.itemsFor(sess, um, sess.wm.injected, nil)
 				shown := func(q string) bool {
-					for _, it := range s.gated(context.Background(), sess, um, recallQuery{text: q}, slices.Clone(items)) {
+					for _, it := range s.recall.gated(context.Background(), sess, um, recallQuery{text: q}, slices.Clone(items)) {
 						if strings.Contains(it.text, fact) {
 							return !it.weak
 						}
@@ -445,7 +447,7 @@ func TestUserGraphAcrossSessions(t *testing.T) {
 			if recalled(s, "t", "b", "ada") {
 				t.Fatal("session b still recalls the deleted fact")
 			}
-			um := s.userMem("t", "ada")
+			um := s.reg.userMem("t", "ada")
 			if n := um.graphLen(); n != 0 {
 				t.Fatalf("user graph keeps %d links after the cascade", n)
 			}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
 )
 
 // Turn is one request's view of its session: the window to send upstream,
@@ -131,7 +133,7 @@ type TurnRequest struct {
 	// the window is then the request as sent (see Prepare).
 	asSent bool
 	// pool is the view of PoolPrefix, read before the session is locked.
-	pool *poolView
+	pool *pool.View
 }
 
 // limitFor is the window limit of req: Store.Limit(req.Model), lowered to
@@ -195,25 +197,25 @@ func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
 		// The pool is read (and, in a fleet, brought up to date) before
 		// the session is locked. A pool that fails leaves it out: the
 		// turn goes on without it.
-		pv, err := s.poolContext(req.Tenant, req.PoolPrefix)
+		pv, err := s.poolView(req.Tenant, req.PoolPrefix)
 		if err != nil {
-			s.poolEv.ctxErrors.Add(1)
+			s.stats.poolCtxErrors.Add(1)
 			s.opts.Logger.Warn("memory: shared pool for the context", "session", req.SessionID, "err", err)
 		}
 		req.pool = pv
 	}
 	enc := s.Encoding(req.Model)
-	if err := s.checkFixedPart(ctx, enc, s.limitFor(&req), msgs, req.ToolsTokens); errors.Is(err, ErrContextTooLarge) {
+	if err := s.tok.checkFixedPart(ctx, enc, s.limitFor(&req), msgs, req.ToolsTokens); errors.Is(err, ErrContextTooLarge) {
 		req.asSent = true
 	} else if err != nil {
 		return nil, err
 	}
 	for attempt := 0; ; attempt++ {
-		sess, err := s.session(req.Tenant, req.SessionID, true)
+		sess, err := s.reg.session(req.Tenant, req.SessionID, true)
 		if err != nil {
 			return nil, err
 		}
-		defer s.unpin(sess) // at most one per attempt
+		defer s.reg.unpin(sess) // at most one per attempt
 		if err := s.waitPending(ctx, sess); err != nil {
 			return nil, err
 		}
@@ -226,7 +228,7 @@ func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
 		}
 		// The user's cross-session index loads (and may load other
 		// sessions of the user) before this session is locked.
-		um := s.userFor(sess, req.UserID)
+		um := s.users.userFor(sess, req.UserID)
 		sess.mu.Lock()
 		if sess.gone.Load() {
 			// Deleted or dropped from memory meanwhile: look it up again.
@@ -239,7 +241,7 @@ func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
 		if s.opts.SharedLog != nil {
 			// What other replicas of a fleet wrote comes first.
 			sctx, cancel := context.WithTimeout(ctx, s.opts.SharedLogTimeout)
-			err := s.syncLocked(sctx, sess)
+			err := s.jrn.syncLocked(sctx, sess)
 			cancel()
 			if err != nil {
 				sess.mu.Unlock()
@@ -286,8 +288,9 @@ func retryOfPartial(hist []*entry, tail []Message) bool {
 	return true
 }
 
-// planLocked relates the request to the stored history.
-func (s *Store) planLocked(sess *session, req *TurnRequest, now time.Time) plan {
+// plan relates the request to the stored history. Called with sess.mu
+// held.
+func (sess *session) plan(req *TurnRequest, now time.Time) plan {
 	msgs := req.Messages
 	nsys := 0
 	for nsys < len(msgs) && isSystem(msgs[nsys].Role) {
@@ -361,7 +364,7 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 		s.stats.userMismatch.Add(1)
 		return nil, fmt.Errorf("%w: session %q", ErrUserMismatch, req.SessionID)
 	}
-	p := s.planLocked(sess, req, now)
+	p := sess.plan(req, now)
 	st := TurnStats{Model: req.Model, Encoding: enc.String(), Mode: p.mode.String(), ModeDetected: req.Mode == ModeAuto,
 		Match: p.match, Limit: limit, ToolsTokens: req.ToolsTokens}
 
@@ -406,7 +409,7 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 		if !sess.exists {
 			sess.user = um.user // the meta record names the session's user
 		}
-		if err := s.writeLocked(sess, framed, now); err != nil {
+		if err := s.jrn.writeLocked(sess, framed, now); err != nil {
 			return nil, err
 		}
 		s.stats.appendBytes.Add(int64(len(framed)))
@@ -448,9 +451,13 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 		t.added, t.sysChanged, t.prevSys = len(p.add), p.sysChanged, prevSys
 		return t, nil
 	}
-	s.maybeDecayLocked(sess, now)
-	toolCtx := s.toolTurnLocked(sess, p.add)
-	w, err := s.buildWindow(ctx, sess, um, windowParams{enc: enc, limit: limit, tools: req.ToolsTokens, strategy: s.opts.Window.Strategy, now: now, toolCtx: toolCtx, pool: req.pool})
+	s.know.maybeDecayLocked(sess, now)
+	toolCtx := s.know.toolTurnLocked(sess, p.add)
+	recall := func(q recallQuery, skip map[string]bool) ([]recallItem, string) {
+		return s.recall.recallLocked(ctx, sess, um, q, now, skip)
+	}
+	w, err := s.win.build(sess, windowParams{enc: enc, limit: limit, tools: req.ToolsTokens, strategy: s.opts.Window.Strategy,
+		now: now, toolCtx: toolCtx, pool: req.pool, recall: recall})
 	if err != nil {
 		return nil, err
 	}
@@ -460,7 +467,7 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	st.WindowMessages, st.StoredMessages = len(w.msgs), len(sess.hist)
 	st.Evicted, st.Recalled, st.CrossSession, st.Summaries, st.Pooled = w.evicted, w.recalled, w.crossSession, w.summaries, w.pooled
 	if w.pooled > 0 {
-		s.poolEv.ctxTurns.Add(1)
+		s.stats.poolCtxTurns.Add(1)
 	}
 	st.Recall = w.recallMode
 	st.Prefix = prefixStats(sess.prevPrompt, w.msgs, w.costs)
@@ -582,7 +589,7 @@ func (t *Turn) undoLocked() error {
 			return err
 		}
 	}
-	if err := s.writeLocked(sess, framed, now); err != nil {
+	if err := s.jrn.writeLocked(sess, framed, now); err != nil {
 		return fmt.Errorf("memory: undo failed turn: %w", err)
 	}
 	if t.sysChanged {
@@ -626,7 +633,7 @@ func (t *Turn) finish(m *Message, partial bool) error {
 		sess.pending = nil
 	}
 	sess.mu.Unlock()
-	s.enqueue(sess)
+	s.wk.enqueue(sess)
 	return err
 }
 
@@ -668,7 +675,7 @@ func (t *Turn) recordLocked(m *Message, partial bool) error {
 		if err != nil || blk < 0 {
 			return err
 		}
-		if err := s.writeLocked(sess, framed, now); err != nil {
+		if err := s.jrn.writeLocked(sess, framed, now); err != nil {
 			return fmt.Errorf("memory: record recall block: %w", err)
 		}
 		t.attachBlock(blk)
@@ -696,7 +703,7 @@ func (t *Turn) recordLocked(m *Message, partial bool) error {
 	if err != nil {
 		return err
 	}
-	if err := s.writeLocked(sess, framed, now); err != nil {
+	if err := s.jrn.writeLocked(sess, framed, now); err != nil {
 		return fmt.Errorf("memory: record reply: %w", err)
 	}
 	t.attachBlock(blk)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // userDocPrefix is the prefix of the session's documents in its user's
@@ -35,11 +36,11 @@ func userDocID(sess *session, role, unitID string) string {
 // userDocText is what the user's index holds of a memory: its text, then the
 // message before it as context after a record separator.
 func userDocText(text, context string) string {
-	text = truncateRunes(text, maxDocBytes)
+	text = sanitize.Truncate(text, maxDocBytes)
 	if context == "" {
 		return text
 	}
-	return text + "\x1e" + truncateRunes(context, maxDocBytes/4)
+	return text + "\x1e" + sanitize.Truncate(context, maxDocBytes/4)
 }
 
 // userItem makes the recall item of a document of the user's index.
@@ -72,7 +73,7 @@ func (sess *session) unitDocID(u *Unit) string {
 // once, by seq); units when they are not a message of the history (facts,
 // episodes, added memories, orphan replies, messages cut from the history)
 // and not summaries, visited when the units changed. Deleted units were
-// queued by deleteUnitLocked. Called with sess.mu held.
+// queued by deleteUnit. Called with sess.mu held.
 func (sess *session) userDocsLocked() (docs []index.Doc, stale []string, marks map[string]uint64) {
 	marks = map[string]uint64{}
 	want := func(id, text string, m index.Meta) {
@@ -143,7 +144,7 @@ func (sess *session) setUserMarksLocked(marks map[string]uint64, stale []string,
 // deleted ones removed. The first sync after the session loaded also
 // removes documents of the session the index holds but the session no
 // longer has, and skips those already there in the same text.
-func (s *Store) syncUserDocs(sess *session, um *userMem) {
+func (rt *retriever) syncUserDocs(sess *session, um *userMem) {
 	x := um.index()
 	if x == nil {
 		return
@@ -184,11 +185,11 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 			return ok && old.Text == d.Text
 		})
 	}
-	ctx := s.ctx
-	if s.localEmbedder {
+	ctx := rt.ctx
+	if rt.localEmbedder {
 		ctx = context.Background() // offline: also on Close
 	}
-	if s.reembed(ctx, x) {
+	if rt.reembed(ctx, x) {
 		um.changed()
 	}
 	if len(docs) == 0 && len(stale) == 0 {
@@ -197,7 +198,7 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 		sess.mu.Unlock()
 		return
 	}
-	if !s.localEmbedder && ctx.Err() != nil {
+	if !rt.localEmbedder && ctx.Err() != nil {
 		return // closing: a remote embedder is not called any more
 	}
 	added := 0
@@ -208,7 +209,7 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 	}
 	if len(docs) > 0 {
 		if err := x.Upsert(ctx, docs...); err != nil {
-			s.indexFailed("memory: user index", len(docs), err)
+			rt.indexFailed("memory: user index", len(docs), err)
 			return
 		}
 	}
@@ -221,7 +222,7 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 	sess.mu.Lock()
 	if sess.gone.Load() && !sess.exists {
 		sess.mu.Unlock()
-		s.dropUserDocs(um, prefix) // deleted meanwhile
+		rt.dropUserDocs(um, prefix) // deleted meanwhile
 		return
 	}
 	// Marks describe what was sent; a change made meanwhile is caught by
@@ -229,26 +230,26 @@ func (s *Store) syncUserDocs(sess *session, um *userMem) {
 	sess.setUserMarksLocked(marks, stale, seq, ver)
 	sess.mu.Unlock()
 	um.changed()
-	s.capUser(um)
+	rt.capUser(um)
 }
 
 // forgetSessionDocs drops the documents of the session whose log was at
 // logPath (deleted by retention) from the loaded indexes of its tenant's
 // users. Unloaded ones drop them when next loaded (their log is gone).
-func (s *Store) forgetSessionDocs(logPath string) {
+func (rg *registry) forgetSessionDocs(logPath string) {
 	hash := strings.TrimSuffix(filepath.Base(logPath), ".log")
 	tdir := filepath.Dir(filepath.Dir(logPath))
-	s.mu.Lock()
+	rg.mu.Lock()
 	var ums []*userMem
-	for _, um := range s.users {
+	for _, um := range rg.users {
 		if um.tenantDir == tdir {
 			ums = append(ums, um)
 		}
 	}
-	s.mu.Unlock()
+	rg.mu.Unlock()
 	for _, um := range ums {
 		if um.hasDocsOf(hash) {
-			s.dropUserDocs(um, hash+"|")
+			rg.recall.dropUserDocs(um, hash+"|")
 		}
 	}
 }
@@ -263,7 +264,7 @@ func (um *userMem) hasDocsOf(h string) bool {
 
 // dropUserDocs removes every document with prefix (a session's: its hash
 // and "|") from the user's index, and the session's links from its graph.
-func (s *Store) dropUserDocs(um *userMem, prefix string) {
+func (rt *retriever) dropUserDocs(um *userMem, prefix string) {
 	x := um.index()
 	if x == nil {
 		return
@@ -288,8 +289,8 @@ func (s *Store) dropUserDocs(um *userMem, prefix string) {
 
 // capUser keeps the user's index within Recall.UserMaxDocs: past 110% of
 // it, the oldest documents leave until 90% remain.
-func (s *Store) capUser(um *userMem) {
-	x, limit := um.index(), s.opts.Recall.UserMaxDocs
+func (rt *retriever) capUser(um *userMem) {
+	x, limit := um.index(), rt.opts.Recall.UserMaxDocs
 	if x == nil || x.Len() <= limit+limit/10 {
 		return
 	}

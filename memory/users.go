@@ -1,13 +1,11 @@
 package memory
 
 import (
-	"bytes"
 	"container/list"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -17,7 +15,8 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
-	"github.com/kvsidecar/kvsidecar/internal/durable"
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
+	"github.com/kvsidecar/kvsidecar/memory/internal/userlist"
 )
 
 // User memory. A user is a scope inside a tenant (TurnRequest.UserID; the
@@ -50,7 +49,7 @@ type userMem struct {
 	path         string
 	tenantDir    string
 
-	// Protected by the Store's mu: lru is the index's place in the list
+	// Protected by the registry's mu: lru is the index's place in the list
 	// of loaded user indexes (nil: not resident), lastUse its last
 	// lookup, busy the lookups still loading or syncing it. size is its
 	// estimated resident bytes (resident.go).
@@ -128,10 +127,7 @@ func (um *userMem) changed() {
 	um.mu.Unlock()
 }
 
-func tenantDir(root, tenant string) string {
-	th := sha256.Sum256([]byte("tenant\x00" + tenant))
-	return filepath.Join(root, hex.EncodeToString(th[:12]))
-}
+func tenantDir(root, tenant string) string { return journal.TenantDir(root, tenant) }
 
 func userIndexPath(root, tenant, user string) string {
 	uh := sha256.Sum256([]byte("user\x00" + tenant + "\x00" + user))
@@ -147,60 +143,66 @@ func userIndexPath(root, tenant, user string) string {
 // A session without an end user (user "") is private unless
 // Recall.TenantUserScope: its userMem holds no index, so it recalls only
 // its own memory and nothing of it reaches another session.
-func (s *Store) userFor(sess *session, requested string) *userMem {
-	um := s.holdUserFor(sess, requested)
-	s.releaseUser(um)
+func (us *userScope) userFor(sess *session, requested string) *userMem {
+	um := us.holdUserFor(sess, requested)
+	us.reg.releaseUser(um)
 	return um
 }
 
 // private reports whether sessions of user keep their memory to
 // themselves: the sessions that name no end user, unless the tenant is
 // one user scope (Recall.TenantUserScope).
-func (s *Store) private(user string) bool {
-	return user == "" && !s.opts.Recall.TenantUserScope
+func (e *env) private(user string) bool {
+	return user == "" && !e.opts.Recall.TenantUserScope
 }
 
-func (s *Store) userMem(tenant, user string) *userMem {
-	um := s.holdUser(tenant, user, "")
-	s.releaseUser(um)
+func (rg *registry) userMem(tenant, user string) *userMem {
+	um := rg.holdUser(tenant, user, "")
+	rg.releaseUser(um)
 	return um
 }
 
 // holdUser is userMem, keeping the user index resident until releaseUser.
 // asking is the id of the session that asks ("" for none): the index
 // loads only when the user has a session other than it.
-func (s *Store) holdUser(tenant, user, asking string) *userMem {
+func (rg *registry) holdUser(tenant, user, asking string) *userMem {
 	key := tenant + "\x00" + user
-	now := s.opts.Clock.Now()
-	s.mu.Lock()
-	um := s.users[key]
+	now := rg.opts.Clock.Now()
+	rg.mu.Lock()
+	um := rg.users[key]
 	if um == nil {
-		s.userGen++
-		um = &userMem{gen: s.userGen, tenant: tenant, user: user, key: key, path: userIndexPath(s.opts.Dir, tenant, user), tenantDir: tenantDir(s.opts.Dir, tenant)}
-		s.users[key] = um
-		um.lru = s.res.users.PushFront(um)
-		s.shrinkUsersLocked(um)
+		rg.userGen++
+		um = &userMem{gen: rg.userGen, tenant: tenant, user: user, key: key, path: userIndexPath(rg.opts.Dir, tenant, user), tenantDir: tenantDir(rg.opts.Dir, tenant)}
+		rg.users[key] = um
+		um.lru = rg.res.users.PushFront(um)
+		rg.shrinkUsersLocked(um)
 	} else if um.lru != nil {
-		s.res.users.MoveToFront(um.lru)
+		rg.res.users.MoveToFront(um.lru)
 	}
 	um.lastUse = now
 	um.busy++ // not unloaded while it loads or syncs (resident.go)
-	closed := s.closed
-	s.mu.Unlock()
-	if !s.opts.Recall.IndexDisabled && !closed {
-		s.ensureIndex(um, asking)
-		if s.opts.SharedLog != nil {
-			// A fleet: the user's sessions served on other replicas.
-			s.syncUserShared(um)
-			s.ensureIndex(um, asking)
-		}
+	closed := rg.closed
+	rg.mu.Unlock()
+	if !rg.opts.Recall.IndexDisabled && !closed {
+		rg.ensureUser(um, asking)
 	}
 	return um
 }
 
+// ensureUser loads the user's index when it is needed (ensureIndex) and,
+// in a fleet, brings the user's sessions served on other replicas up to
+// date.
+func (us *userScope) ensureUser(um *userMem, asking string) {
+	us.ensureIndex(um, asking)
+	if us.opts.SharedLog != nil {
+		us.syncUserShared(um)
+		us.ensureIndex(um, asking)
+	}
+}
+
 // ensureIndex loads the user's index (loadUser) unless it is loaded or
 // the user has no session but asking.
-func (s *Store) ensureIndex(um *userMem, asking string) {
+func (us *userScope) ensureIndex(um *userMem, asking string) {
 	if um.index() != nil {
 		return
 	}
@@ -210,46 +212,46 @@ func (s *Store) ensureIndex(um *userMem, asking string) {
 		return
 	}
 	need := false
-	for _, id := range s.userListed(um) {
+	for _, id := range us.userListed(um) {
 		if id != asking {
 			need = true
 			break
 		}
 	}
 	if need {
-		s.loadUser(um)
-		s.noteUser(um)
+		us.loadUser(um)
+		us.reg.noteUser(um)
 	}
 }
 
 // releaseUser ends a holdUser (nil: nothing to release).
-func (s *Store) releaseUser(um *userMem) {
+func (rg *registry) releaseUser(um *userMem) {
 	if um == nil || um.key == "" {
 		return
 	}
-	s.mu.Lock()
+	rg.mu.Lock()
 	um.busy--
-	s.mu.Unlock()
+	rg.mu.Unlock()
 }
 
 // holdUserFor is userFor, keeping a user index resident until releaseUser.
-func (s *Store) holdUserFor(sess *session, requested string) *userMem {
+func (us *userScope) holdUserFor(sess *session, requested string) *userMem {
 	sess.mu.Lock()
 	user := requested
 	if sess.exists {
 		user = sess.user
 	}
 	sess.mu.Unlock()
-	if s.private(user) {
-		return &userMem{tenant: sess.tenant, tenantDir: tenantDir(s.opts.Dir, sess.tenant)}
+	if us.private(user) {
+		return &userMem{tenant: sess.tenant, tenantDir: tenantDir(us.opts.Dir, sess.tenant)}
 	}
-	return s.holdUser(sess.tenant, user, sess.id)
+	return us.reg.holdUser(sess.tenant, user, sess.id)
 }
 
 // loadUser loads the user's index and reconciles it with the logs.
-func (s *Store) loadUser(um *userMem) {
+func (us *userScope) loadUser(um *userMem) {
 	var since time.Time // logs changed after this are reconciled; zero: all
-	x, err := index.Load(um.path, s.ixOpts)
+	x, err := index.Load(um.path, us.recall.ixOpts)
 	if err == nil {
 		if fi, err := os.Stat(um.path); err == nil {
 			since = fi.ModTime()
@@ -258,7 +260,7 @@ func (s *Store) loadUser(um *userMem) {
 		switch gt, err := um.loadLinks(); {
 		case err != nil:
 			if !errors.Is(err, fs.ErrNotExist) {
-				s.opts.Logger.Warn("memory: user graph unusable, rebuilding from the logs", "err", err)
+				us.opts.Logger.Warn("memory: user graph unusable, rebuilding from the logs", "err", err)
 			}
 			since = time.Time{}
 		case gt.Before(since):
@@ -271,11 +273,11 @@ func (s *Store) loadUser(um *userMem) {
 		}
 	} else {
 		if !errors.Is(err, fs.ErrNotExist) {
-			s.opts.Logger.Warn("memory: user index unusable, rebuilding from the logs", "file", um.path, "err", err)
-			s.stats.indexRebuilds.Add(1)
+			us.opts.Logger.Warn("memory: user index unusable, rebuilding from the logs", "file", um.path, "err", err)
+			us.stats.indexRebuilds.Add(1)
 		}
-		if x, err = index.New(s.ixOpts); err != nil {
-			s.opts.Logger.Error("memory: new user index", "err", err) // options were validated at Open
+		if x, err = index.New(us.recall.ixOpts); err != nil {
+			us.opts.Logger.Error("memory: new user index", "err", err) // options were validated at Open
 			return
 		}
 	}
@@ -322,10 +324,10 @@ func (s *Store) loadUser(um *userMem) {
 	})
 	um.x.Store(x)
 	um.mu.Lock()
-	um.lastSave = s.opts.Clock.Now() // what loaded is on disk: the next save waits IndexSaveInterval
+	um.lastSave = us.opts.Clock.Now() // what loaded is on disk: the next save waits IndexSaveInterval
 	um.mu.Unlock()
-	for _, id := range s.listUserSessions(um, since) {
-		sess, err := s.session(um.tenant, id, false)
+	for _, id := range us.listUserSessions(um, since) {
+		sess, err := us.reg.session(um.tenant, id, false)
 		if err != nil {
 			continue
 		}
@@ -333,43 +335,19 @@ func (s *Store) loadUser(um *userMem) {
 		mine := sess.user == um.user
 		sess.mu.Unlock()
 		if mine { // not an id reused by another user after a deletion
-			s.syncUserDocs(sess, um)
+			us.recall.syncUserDocs(sess, um)
 		}
-		s.unpin(sess)
+		us.reg.unpin(sess)
 	}
 }
 
-// readLogMeta reads a log's first record (its meta record) without opening
-// the log for writing: the first intact record of the file's head.
-func readLogMeta(path string, maxPayload int) (record, error) {
+// readLogMeta reads a log's meta record (its first) without opening the
+// log for writing (journal.ReadFirst).
+func readLogMeta(j *journal.Journal, path string) (record, error) {
 	var rec record
-	f, err := os.Open(path)
+	first, err := j.ReadFirst(path)
 	if err != nil {
 		return rec, err
-	}
-	defer f.Close()
-	head, err := io.ReadAll(io.LimitReader(f, int64(len(logMagic)+min(maxPayload, 1<<16)+durable.RecordHeaderSize)))
-	if err != nil {
-		return rec, err
-	}
-	if len(head) < len(logMagic) {
-		return rec, errCorrupt
-	}
-	var first []byte
-	switch magic, body := head[:len(logMagic)], head[len(logMagic):]; {
-	case bytes.Equal(magic, logMagic):
-		durable.ScanRecords(body, maxPayload, func(_ int, p []byte) {
-			if first == nil {
-				first = p
-			}
-		})
-	case bytes.Equal(magic, legacyMagic):
-		if ps, _ := legacyRecords(body, maxPayload); len(ps) > 0 {
-			first = ps[0]
-		}
-	}
-	if first == nil {
-		return rec, errCorrupt
 	}
 	err = json.Unmarshal(first, &rec)
 	return rec, err
@@ -377,14 +355,14 @@ func readLogMeta(path string, maxPayload int) (record, error) {
 
 // saveUser writes the user's index if it changed and the last save is
 // Recall.IndexSaveInterval old (always when force).
-func (s *Store) saveUser(um *userMem, force bool) {
+func (rt *retriever) saveUser(um *userMem, force bool) {
 	x := um.index()
 	if x == nil {
 		return
 	}
-	now := s.opts.Clock.Now()
+	now := rt.opts.Clock.Now()
 	um.mu.Lock()
-	due := um.ver != um.saved && (force || now.Sub(um.lastSave) >= s.opts.Recall.IndexSaveInterval)
+	due := um.ver != um.saved && (force || now.Sub(um.lastSave) >= rt.opts.Recall.IndexSaveInterval)
 	ver := um.ver
 	if due {
 		um.lastSave = now
@@ -421,12 +399,30 @@ func (s *Store) saveUser(um *userMem, force bool) {
 		}
 	}
 	if err != nil {
-		s.stats.indexErrors.Add(1)
-		s.opts.Logger.Warn("memory: save user index", "err", err)
+		rt.stats.indexErrors.Add(1)
+		rt.opts.Logger.Warn("memory: save user index", "err", err)
 		return
 	}
-	s.stats.indexSaves.Add(1)
+	rt.stats.indexSaves.Add(1)
 	um.mu.Lock()
 	um.saved = max(um.saved, ver)
 	um.mu.Unlock()
+}
+
+// userScope owns the user scope of recall (users.go, userlist.go,
+// shared.go syncUserShared): which user memory a session belongs to, the
+// users' session lists, and loading a user's cross-session index from
+// the logs of the user's sessions (and, in a fleet, the sessions other
+// replicas served). The registry holds the loaded user memories; the
+// retriever keeps their documents.
+//
+// Invariants: a session that names no end user is private (unless
+// Recall.TenantUserScope): its userMem holds no index; a user's index
+// loads only once the user has a second session; nothing crosses tenants.
+type userScope struct {
+	*env
+	reg    *registry
+	recall *retriever
+	jrn    *sessionJournal
+	lists  *userlist.Lists
 }

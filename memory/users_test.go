@@ -41,12 +41,12 @@ func talk(t *testing.T, s *Store, tenant, session, user string, lines ...string)
 // settle waits for the worker to index what the last turns left.
 func settle(t *testing.T, s *Store, tenant, session string) {
 	t.Helper()
-	sess, err := s.session(tenant, session, false)
+	sess, err := s.reg.session(tenant, session, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.unpin(sess)
-	s.syncUser(sess) // what the worker does after a turn, done now
+	defer s.reg.unpin(sess)
+	s.wk.syncUser(sess) // what the worker does after a turn, done now
 }
 
 // TestUserMemoryAcrossSessions: a new session of the same user recalls the
@@ -192,14 +192,14 @@ func TestRetentionForgetsUserMemory(t *testing.T) {
 	if tr := ask(t, s, "t", "probe1", "ada", "What bike do I ride?"); !strings.Contains(string(tr.Block), "Bianchi") {
 		t.Fatalf("not recalled before the sweep: %s", tr.Block)
 	}
-	s.saveUser(s.userMem("t", "ada"), true)
+	s.recall.saveUser(s.reg.userMem("t", "ada"), true)
 	long := time.Now().Add(-2 * time.Hour)
 	for _, f := range []string{sessionPath(dir, "t", "old"), userIndexPath(dir, "t", "ada")} {
 		if err := os.Chtimes(f, long, long); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s.sweep(time.Now())
+	s.sweeper.Sweep(time.Now())
 	if _, err := os.Stat(userIndexPath(dir, "t", "ada")); err != nil {
 		t.Fatalf("the sweep removed the user index: %v", err)
 	}

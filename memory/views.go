@@ -57,11 +57,11 @@ func (s *Store) Session(tenant, sessionID string) (SessionView, error) {
 	if err := s.syncView(tenant, sessionID); err != nil {
 		return SessionView{}, err
 	}
-	sess, err := s.session(tenant, sessionID, false)
+	sess, err := s.reg.session(tenant, sessionID, false)
 	if err != nil {
 		return SessionView{}, err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	if !sess.exists {
@@ -105,11 +105,11 @@ func (s *Store) Memory(tenant, sessionID string) (MemoryView, error) {
 	if err := s.syncView(tenant, sessionID); err != nil {
 		return MemoryView{}, err
 	}
-	sess, err := s.session(tenant, sessionID, false)
+	sess, err := s.reg.session(tenant, sessionID, false)
 	if err != nil {
 		return MemoryView{}, err
 	}
-	defer s.unpin(sess)
+	defer s.reg.unpin(sess)
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	if !sess.exists {

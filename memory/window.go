@@ -1,13 +1,15 @@
 package memory
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
+	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // The window sent upstream is, in order:
@@ -68,7 +70,10 @@ type windowParams struct {
 	toolCtx string
 	// pool is the view of the shared pool the request named
 	// (TurnRequest.PoolPrefix), shown in the stable block; nil for none.
-	pool *poolView
+	pool *pool.View
+	// recall chooses the memories for the recall block: the caller's
+	// recall through the session's working memory (recallLocked).
+	recall func(q recallQuery, skip map[string]bool) ([]recallItem, string)
 }
 
 // budget is how the limit is shared out for one window.
@@ -78,32 +83,32 @@ type budget struct {
 	stable  bool
 }
 
-// buildWindow builds the window from the session's stored state: it marks
+// build builds the window from the session's stored state: it marks
 // newly evicted history as dropped and gives it units (in memory; the
 // worker persists them), then recalls for the newest user message. The
 // caller checked with checkFits that the system messages, the current turn
 // and the tools fit. Call with sess.mu held.
-func (s *Store) buildWindow(ctx context.Context, sess *session, um *userMem, p windowParams) (*window, error) {
+func (wb *windowBuilder) build(sess *session, p windowParams) (*window, error) {
 	w := &window{}
-	tk := s.tok
+	tk := wb.tok
 	for _, e := range sess.sys {
 		w.sysTokens += e.cost(tk, p.enc)
 	}
 	cur, turnCost := currentTurn(sess.hist, nil, tk, p.enc)
-	groups, total := s.historyGroups(sess, cur, p, w)
+	groups, total := wb.historyGroups(sess, cur, p, w)
 
-	stable := s.stableBlock(sess, p, false)
-	b := s.shareLimit(p, w.sysTokens, turnCost, stable.cost)
+	stable := wb.stableBlock(sess, p, false)
+	b := wb.shareLimit(p, w.sysTokens, turnCost, stable.cost)
 	if total > b.history {
 		// History overflows: it leaves in one large step, after which the
 		// stable block may show what changed meanwhile (new summaries).
-		fresh := s.stableBlock(sess, p, true)
+		fresh := wb.stableBlock(sess, p, true)
 		if fresh.cost > stable.cost {
-			b = s.shareLimit(p, w.sysTokens, turnCost, fresh.cost)
+			b = wb.shareLimit(p, w.sysTokens, turnCost, fresh.cost)
 		}
-		w.evicted += s.evictOverflow(sess, groups, total, b.history, query(sess, cur, 0), p)
-		stable = s.stableBlock(sess, p, true)
-		b = s.shareLimit(p, w.sysTokens, turnCost, stable.cost)
+		w.evicted += wb.evictOverflow(sess, groups, total, b.history, query(sess, cur, 0), p)
+		stable = wb.stableBlock(sess, p, true)
+		b = wb.shareLimit(p, w.sysTokens, turnCost, stable.cost)
 	}
 	if !b.stable {
 		stable = cachedBlock{}
@@ -149,7 +154,7 @@ func (s *Store) buildWindow(ctx context.Context, sess *session, um *userMem, p w
 			add(w.recall, w.recallTokens)
 		}
 	case b.recall > 0 && cur < len(sess.hist):
-		s.recallBlock(ctx, sess, um, p, cur, groups, stable, b.recall, w)
+		wb.recallBlock(sess, p, cur, groups, stable, b.recall, w)
 		if w.recall != nil {
 			add(w.recall, w.recallTokens)
 			w.recallSeq = sess.hist[cur].seq
@@ -173,7 +178,7 @@ func (s *Store) buildWindow(ctx context.Context, sess *session, um *userMem, p w
 // cur) into turns. A turn that was partly evicted (its messages arrived over
 // several requests) goes whole: its remaining messages are evicted now.
 // It returns the groups still in the window and their total cost.
-func (s *Store) historyGroups(sess *session, cur int, p windowParams, w *window) ([]group, int) {
+func (wb *windowBuilder) historyGroups(sess *session, cur int, p windowParams, w *window) ([]group, int) {
 	hist := sess.hist
 	var groups []group
 	total := 0
@@ -185,13 +190,13 @@ func (s *Store) historyGroups(sess *session, cur int, p windowParams, w *window)
 		g := group{lo: lo, hi: hi}
 		anyDropped := false
 		for _, e := range hist[lo:hi] {
-			g.cost += e.costWithBlock(s.tok, p.enc)
+			g.cost += e.costWithBlock(wb.tok, p.enc)
 			anyDropped = anyDropped || e.dropped
 		}
 		if anyDropped {
 			for _, e := range hist[lo:hi] {
 				if !e.dropped {
-					s.evict(sess, e, 0, p)
+					wb.evict(sess, e, 0, p)
 					w.evicted++
 				}
 			}
@@ -211,10 +216,10 @@ func (s *Store) historyGroups(sess *session, cur int, p windowParams, w *window)
 // not move with it), the current turn its cost; history gets the rest.
 // When that is negative the recall block shrinks first, then the stable
 // block goes, then the reserves' padding.
-func (s *Store) shareLimit(p windowParams, sysTokens, turnCost, stableCost int) budget {
-	b := budget{recall: int(s.opts.Recall.share() * float64(p.limit)), stable: true}
-	sysPad := max(sysTokens, s.opts.Window.SystemReserve)
-	toolsPad := max(p.tools, s.opts.Window.ToolsReserve)
+func (wb *windowBuilder) shareLimit(p windowParams, sysTokens, turnCost, stableCost int) budget {
+	b := budget{recall: int(wb.opts.Recall.share() * float64(p.limit)), stable: true}
+	sysPad := max(sysTokens, wb.opts.Window.SystemReserve)
+	toolsPad := max(p.tools, wb.opts.Window.ToolsReserve)
 	rest := p.limit - sysPad - toolsPad - stableCost - turnCost
 	if rest-b.recall < 0 {
 		b.recall = max(rest, 0)
@@ -233,8 +238,8 @@ func (s *Store) shareLimit(p windowParams, sysTokens, turnCost, stableCost int) 
 // evictOverflow drops whole turns until the history is at most
 // Window.EvictTo × its budget, by the strategy's order. It returns how many
 // messages left.
-func (s *Store) evictOverflow(sess *session, groups []group, total, histBudget int, query string, p windowParams) int {
-	target := int(float64(max(histBudget, 0)) * s.opts.Window.EvictTo)
+func (wb *windowBuilder) evictOverflow(sess *session, groups []group, total, histBudget int, query string, p windowParams) int {
+	target := int(float64(max(histBudget, 0)) * wb.opts.Window.EvictTo)
 	strategy := p.strategy
 	if strategy == StrategySummary {
 		strategy = StrategyImportance
@@ -267,7 +272,7 @@ func (s *Store) evictOverflow(sess *session, groups []group, total, histBudget i
 		g.drop = true
 		total -= g.cost
 		for _, e := range sess.hist[g.lo:g.hi] {
-			s.evict(sess, e, g.score, p)
+			wb.evict(sess, e, g.score, p)
 			n++
 		}
 	}
@@ -291,7 +296,7 @@ func query(sess *session, cur, ctxBytes int) string {
 	q := sess.hist[cur].text()
 	if ctxBytes > 0 && cur > 0 && len(index.Tokenize(q)) < shortQueryTerms {
 		if prev := sess.hist[cur-1].text(); prev != "" {
-			q += "\n" + truncateRunes(prev, ctxBytes)
+			q += "\n" + sanitize.Truncate(prev, ctxBytes)
 		}
 	}
 	return q
@@ -327,9 +332,9 @@ func (e *entry) costWithBlock(t *Tokenizer, enc Encoding) int {
 }
 
 // evict marks e as left the window and gives it a working unit.
-func (s *Store) evict(sess *session, e *entry, importance float64, p windowParams) {
+func (wb *windowBuilder) evict(sess *session, e *entry, importance float64, p windowParams) {
 	e.dropped = true
-	s.stats.evicted.Add(1)
+	wb.evicted.Add(1)
 	id := msgUnitID(e.seq)
 	if sess.units[id] != nil || sess.deleted[id] {
 		return
@@ -342,5 +347,23 @@ func (s *Store) evict(sess *session, e *entry, importance float64, p windowParam
 		e.features()
 		importance = 0.2*e.emph + 0.1*e.strct
 	}
-	sess.putUnit(unitFromEntry(e, s.tok, p.enc, importance, p.now))
+	sess.putUnit(unitFromEntry(e, wb.tok, p.enc, importance, p.now))
+}
+
+// windowBuilder builds windows (window.go, block.go): the token budget
+// shared out, the history that fits, eviction in large steps, the stable
+// and recall blocks. It does no I/O and holds no lock: it works on a
+// session its caller locked, and the memories a recall block shows come
+// from windowParams.recall. It owns its counters.
+//
+// Invariants: a window never exceeds its limit (MEM-001, with checkFits);
+// it starts with the client's system messages and ends with the current
+// turn; between evictions the previous prompt without its recall block is
+// a prefix of the next (block.go).
+type windowBuilder struct {
+	opts *Options
+	tok  *Tokenizer
+
+	evicted   atomic.Int64 // messages that left the window
+	toolShown atomic.Int64 // recall blocks that showed a tool context
 }

@@ -3,61 +3,110 @@ package memory
 import (
 	"context"
 	"slices"
-	"strings"
+	"sync"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
+	"github.com/kvsidecar/kvsidecar/memory/internal/userlist"
 )
 
 // enqueue asks the worker to sync the session. It never blocks: a session
 // already queued is not queued twice, and when the queue is full the
 // session stays dirty until its next Complete or Abort.
-func (s *Store) enqueue(sess *session) {
+func (wk *worker) enqueue(sess *session) {
 	if !sess.queued.CompareAndSwap(false, true) {
 		return
 	}
 	select {
-	case s.queue <- sess:
+	case wk.queue <- sess:
 	default:
 		sess.queued.Store(false)
-		s.stats.queueFull.Add(1)
+		wk.stats.queueFull.Add(1)
 	}
+}
+
+// worker owns the background writes (this file): its goroutine drains a
+// queue of sessions whose turns completed, writes what they left (units,
+// deletions, access counts, marks), starts what is due (decay, tier
+// changes, L4, summaries, extraction, reviews, tool context), brings the
+// indexes up to date, fsyncs the users' session lists, and unloads idle
+// entries when the registry holds too much; it also runs the summarizer
+// goroutines. start and the WaitGroups let Shutdown stop and wait for
+// them.
+//
+// Invariants: enqueue never blocks (a full queue leaves the session dirty
+// until its next turn, counted); a session is in the queue at most once;
+// at most Extraction.MaxConcurrentSummaries summaries run, one per
+// session; on stop the queue is drained before the goroutine ends.
+type worker struct {
+	*env
+	queue    chan *session
+	stop     chan struct{} // closed by requestStop
+	stopOnce sync.Once
+	wg       sync.WaitGroup // the goroutine
+	sumWG    sync.WaitGroup // summaries
+	sumSem   chan struct{}
+
+	reg    *registry
+	jrn    *sessionJournal
+	recall *retriever
+	know   *knowledge
+	lists  *userlist.Lists
+	// holdUserFor holds the session's user memory (users.go).
+	holdUserFor func(sess *session, requested string) *userMem
+}
+
+// start starts the worker's goroutine.
+func (wk *worker) start() {
+	wk.wg.Add(1)
+	go wk.run()
+}
+
+// requestStop asks the goroutine to drain its queue and end (once).
+func (wk *worker) requestStop() { wk.stopOnce.Do(func() { close(wk.stop) }) }
+
+// wait waits for the goroutine and the summaries until ctx ends; it
+// reports whether they ended.
+func (wk *worker) wait(ctx context.Context) bool {
+	return waitGroup(ctx, &wk.wg) && waitGroup(ctx, &wk.sumWG)
 }
 
 // trimBatch bounds the sessions and user indexes one trim unloads, so the
 // worker goes back to its queue between batches.
 const trimBatch = 64
 
-// worker is the goroutine the Store owns: it syncs dirty sessions and, for
+// run is the worker's goroutine: it syncs dirty sessions and, for
 // FsyncInterval, fsyncs logs periodically. It drains the queue on Close.
-func (s *Store) worker() {
-	defer s.workerWG.Done()
+func (wk *worker) run() {
+	defer wk.wg.Done()
 	var tick <-chan time.Time
-	if s.opts.Fsync == FsyncInterval {
-		t := time.NewTicker(s.opts.FsyncInterval)
+	if wk.opts.Fsync == FsyncInterval {
+		t := time.NewTicker(wk.opts.FsyncInterval)
 		defer t.Stop()
 		tick = t.C
 	}
 	for {
 		select {
-		case sess := <-s.queue:
+		case sess := <-wk.queue:
 			sess.queued.Store(false)
-			s.sync(sess)
-			s.syncLists()
-			s.noteSession(sess)
-			if s.overBudget() {
-				s.trim(trimBatch)
+			wk.sync(sess)
+			wk.lists.Sync()
+			wk.reg.noteSession(sess)
+			if wk.reg.overBudget() {
+				wk.reg.trim(trimBatch)
 			}
-		case <-s.trimC:
-			if s.trim(trimBatch) == trimBatch {
-				s.signalTrim() // more, after the queue's next session
+		case <-wk.reg.trimC:
+			if wk.reg.trim(trimBatch) == trimBatch {
+				wk.reg.signalTrim() // more, after the queue's next session
 			}
 		case <-tick:
-			s.syncLogs()
-		case <-s.stop:
+			wk.syncLogs()
+		case <-wk.stop:
 			for {
 				select {
-				case sess := <-s.queue:
+				case sess := <-wk.queue:
 					sess.queued.Store(false)
-					s.sync(sess)
+					wk.sync(sess)
 				default:
 					return
 				}
@@ -67,10 +116,10 @@ func (s *Store) worker() {
 }
 
 // syncLogs fsyncs every dirty log (FsyncInterval).
-func (s *Store) syncLogs() {
-	s.mu.Lock()
-	logs := make([]*logFile, 0, len(s.sessions))
-	for _, sess := range s.sessions {
+func (wk *worker) syncLogs() {
+	wk.reg.mu.Lock()
+	logs := make([]*journal.Log, 0, len(wk.reg.sessions))
+	for _, sess := range wk.reg.sessions {
 		if sess.mu.TryLock() {
 			if sess.log != nil {
 				logs = append(logs, sess.log)
@@ -78,11 +127,11 @@ func (s *Store) syncLogs() {
 			sess.mu.Unlock()
 		}
 	}
-	s.mu.Unlock()
+	wk.reg.mu.Unlock()
 	for _, l := range logs {
-		if err := l.sync(); err != nil {
-			s.stats.writeErrors.Add(1)
-			s.opts.Logger.Warn("memory: interval fsync", "err", err)
+		if err := l.Sync(); err != nil {
+			wk.stats.writeErrors.Add(1)
+			wk.opts.Logger.Warn("memory: interval fsync", "err", err)
 		}
 	}
 }
@@ -90,7 +139,7 @@ func (s *Store) syncLogs() {
 // sync performs a session's background writes: decay, tier changes, new,
 // changed and deleted units, access counts; starts a summary or an
 // extraction if one is due; then brings the session's index up to date.
-func (s *Store) sync(sess *session) {
+func (wk *worker) sync(sess *session) {
 	sess.mu.Lock()
 	if sess.gone.Load() || !sess.exists {
 		sess.mu.Unlock()
@@ -102,44 +151,44 @@ func (s *Store) sync(sess *session) {
 		sess.syncing = false
 		sess.mu.Unlock()
 	}()
-	now := s.opts.Clock.Now()
-	s.maybeDecayLocked(sess, now)
-	s.demoteLocked(sess, now)
+	now := wk.opts.Clock.Now()
+	wk.know.maybeDecayLocked(sess, now)
+	wk.demoteLocked(sess, now)
 	for id := range sess.accessDirty {
 		if u := sess.units[id]; u != nil {
 			u.indexed = false // access count and recency changed
 		}
 	}
-	s.persistLocked(sess, now)
-	s.maybeCompressLocked(sess, now)
-	s.maybeSummarizeLocked(sess)
-	s.maybeExtractLocked(sess)
-	s.maybeReviewLocked(sess)
-	s.maybeToolCtxLocked(sess)
+	wk.jrn.persistLocked(sess, now)
+	wk.know.maybeCompressLocked(sess, now)
+	wk.maybeSummarizeLocked(sess)
+	wk.know.maybeExtractLocked(sess)
+	wk.know.maybeReviewLocked(sess)
+	wk.know.maybeToolCtxLocked(sess)
 	sess.mu.Unlock()
-	s.syncIndex(sess, false)
-	s.syncUser(sess)
+	wk.recall.syncIndex(sess, false)
+	wk.syncUser(sess)
 }
 
 // syncUser brings the session's documents in its user's index up to date
 // and saves that index when due.
-func (s *Store) syncUser(sess *session) {
-	if s.opts.Recall.IndexDisabled {
+func (wk *worker) syncUser(sess *session) {
+	if wk.opts.Recall.IndexDisabled {
 		return
 	}
-	um := s.holdUserFor(sess, "")
-	defer s.releaseUser(um)
-	s.syncUserDocs(sess, um)
-	s.saveUser(um, false)
+	um := wk.holdUserFor(sess, "")
+	defer wk.reg.releaseUser(um)
+	wk.recall.syncUserDocs(sess, um)
+	wk.recall.saveUser(um, false)
 	if um.key != "" {
-		s.noteUser(um)
+		wk.reg.noteUser(um)
 	}
 }
 
 // demoteLocked moves working units to archive when they were not accessed
 // for ArchiveAfter, and the least recently accessed ones beyond
 // WorkingMaxUnits.
-func (s *Store) demoteLocked(sess *session, now time.Time) {
+func (wk *worker) demoteLocked(sess *session, now time.Time) {
 	var working []*Unit
 	for _, u := range sess.units {
 		if u.Tier != PlaceWorking {
@@ -149,14 +198,14 @@ func (s *Store) demoteLocked(sess *session, now time.Time) {
 		if u.CreatedAt.After(last) {
 			last = u.CreatedAt
 		}
-		if now.Sub(last) >= s.opts.Decay.ArchiveAfter {
+		if now.Sub(last) >= wk.opts.Decay.ArchiveAfter {
 			u.Tier, u.UpdatedAt, u.persisted = PlaceArchive, now, false
 			sess.unitsChanged()
 			continue
 		}
 		working = append(working, u)
 	}
-	if over := len(working) - s.opts.Decay.WorkingMaxUnits; over > 0 {
+	if over := len(working) - wk.opts.Decay.WorkingMaxUnits; over > 0 {
 		slices.SortFunc(working, func(a, b *Unit) int {
 			if c := a.LastAccess.Compare(b.LastAccess); c != 0 {
 				return c
@@ -173,102 +222,11 @@ func (s *Store) demoteLocked(sess *session, now time.Time) {
 	}
 }
 
-// persistLocked writes unpersisted units and access counts as one append.
-func (s *Store) persistLocked(sess *session, now time.Time) {
-	var framed []byte
-	var err error
-	var written []*Unit
-	for _, u := range sess.units {
-		if !u.persisted {
-			written = append(written, u)
-		}
-	}
-	slices.SortFunc(written, func(a, b *Unit) int { return strings.Compare(a.ID, b.ID) })
-	dels := sess.delDirty
-	for _, id := range dels {
-		if framed, err = encodeRecord(framed, &record{K: "del", T: now.UnixNano(), ID: id}); err != nil {
-			s.opts.Logger.Warn("memory: encode deletion", "err", err)
-			return
-		}
-	}
-	drops := sess.drops
-	for _, seq := range drops {
-		if framed, err = encodeRecord(framed, &record{K: "drop", T: now.UnixNano(), Seq: seq}); err != nil {
-			return
-		}
-	}
-	if sess.decayDirty {
-		if framed, err = encodeRecord(framed, &record{K: "decay", T: sess.lastDecay.UnixNano()}); err != nil {
-			return
-		}
-	}
-	l4n := len(sess.l4.dirty)
-	if l4n > 0 {
-		if framed, err = encodeRecord(framed, &record{K: "l4", T: now.UnixNano(), H: slices.Clone(sess.l4.dirty)}); err != nil {
-			return
-		}
-	}
-	if sess.seqDirty {
-		for _, r := range []*record{{K: "xseq", T: now.UnixNano(), Seq: sess.factSeq}, {K: "eseq", T: now.UnixNano(), Seq: sess.episodeSeq}} {
-			if framed, err = encodeRecord(framed, r); err != nil {
-				return
-			}
-		}
-	}
-	for _, u := range written {
-		c := u.clone()
-		if framed, err = encodeRecord(framed, &record{K: "unit", T: now.UnixNano(), Unit: &c}); err != nil {
-			s.opts.Logger.Warn("memory: encode unit", "err", err)
-			return
-		}
-	}
-	kdels := len(sess.kb.dels)
-	if framed, err = sess.kb.appendRecords(framed, now); err != nil {
-		s.opts.Logger.Warn("memory: encode triple", "err", err)
-		return
-	}
-	var acc []accessRecord
-	for id := range sess.accessDirty {
-		if u := sess.units[id]; u != nil && u.persisted {
-			acc = append(acc, accessRecord{ID: id, Count: u.AccessCount, Last: u.LastAccess.UnixNano(), Tier: u.Tier})
-		}
-	}
-	slices.SortFunc(acc, func(a, b accessRecord) int {
-		if a.ID < b.ID {
-			return -1
-		}
-		return 1
-	})
-	if len(acc) > 0 {
-		if framed, err = encodeRecord(framed, &record{K: "acc", T: now.UnixNano(), Acc: acc}); err != nil {
-			acc = nil
-		}
-	}
-	if len(framed) == 0 {
-		clear(sess.accessDirty)
-		return
-	}
-	if err := s.writeLocked(sess, framed, now); err != nil {
-		s.stats.writeErrors.Add(1)
-		s.opts.Logger.Warn("memory: write units", "session", sess.path, "err", err)
-		return
-	}
-	for _, u := range written {
-		u.persisted = true
-	}
-	sess.delDirty = sess.delDirty[len(dels):]
-	sess.drops = sess.drops[len(drops):]
-	sess.seqDirty, sess.decayDirty = false, false
-	sess.l4.dirty = sess.l4.dirty[l4n:]
-	sess.kb.written(kdels)
-	clear(sess.accessDirty)
-}
-
 // maybeSummarizeLocked starts a summary of evicted messages not yet
 // covered, when the strategy is StrategySummary and a Summarizer is set.
-func (s *Store) maybeSummarizeLocked(sess *session) {
-	if s.opts.Window.Strategy != StrategySummary || s.opts.Extraction.Summarizer == nil || sess.summarizing ||
-		s.ctx.Err() != nil || sess.turns == sess.summaryTurn {
+func (wk *worker) maybeSummarizeLocked(sess *session) {
+	if wk.opts.Window.Strategy != StrategySummary || wk.opts.Extraction.Summarizer == nil || sess.summarizing ||
+		wk.ctx.Err() != nil || sess.turns == sess.summaryTurn {
 		return
 	}
 	var es []*entry
@@ -283,14 +241,14 @@ func (s *Store) maybeSummarizeLocked(sess *session) {
 	// One summary covers everything that waited; its prompt carries the
 	// newest messages that fit.
 	to := es[len(es)-1].seq
-	es = newestThatFit(es, s.opts.Extraction.PromptBytes)
+	es = newestThatFit(es, wk.opts.Extraction.PromptBytes)
 	from := es[0].seq
 	msgs := make([]Message, len(es))
 	for i, e := range es {
 		msgs[i] = e.msg
 	}
 	select {
-	case s.sumSem <- struct{}{}:
+	case wk.sumSem <- struct{}{}:
 	default:
 		return // busy: the session's next sync retries
 	}
@@ -302,16 +260,16 @@ func (s *Store) maybeSummarizeLocked(sess *session) {
 	req := SummaryRequest{Tenant: sess.tenant, SessionID: sess.id, Model: sess.lastModel, Previous: prev, Messages: msgs}
 	sess.summarizing = true
 	sess.summaryTurn = sess.turns
-	s.stats.calls[callSummary].Add(1)
-	s.sumWG.Add(1)
-	go s.summarize(sess, req, from, to, sess.lastEnc)
+	wk.stats.calls[callSummary].Add(1)
+	wk.sumWG.Add(1)
+	go wk.summarize(sess, req, from, to, sess.lastEnc)
 }
 
-func (s *Store) summarize(sess *session, req SummaryRequest, from, to uint64, enc Encoding) {
-	defer s.sumWG.Done()
-	defer func() { <-s.sumSem }()
-	ctx, cancel := context.WithTimeout(s.ctx, s.opts.Extraction.SummaryTimeout)
-	sum, err := s.opts.Extraction.Summarizer.Summarize(ctx, req)
+func (wk *worker) summarize(sess *session, req SummaryRequest, from, to uint64, enc Encoding) {
+	defer wk.sumWG.Done()
+	defer func() { <-wk.sumSem }()
+	ctx, cancel := context.WithTimeout(wk.ctx, wk.opts.Extraction.SummaryTimeout)
+	sum, err := wk.opts.Extraction.Summarizer.Summarize(ctx, req)
 	cancel()
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
@@ -320,13 +278,13 @@ func (s *Store) summarize(sess *session, req SummaryRequest, from, to uint64, en
 		return
 	}
 	if err != nil || sum.Text == "" {
-		s.stats.summaryErrors.Add(1)
-		s.logBackground(err, "memory: summarize", "err", err, "empty", err == nil)
+		wk.stats.summaryErrors.Add(1)
+		wk.logBackground(err, "memory: summarize", "err", err, "empty", err == nil)
 		return
 	}
-	now := s.opts.Clock.Now()
+	now := wk.opts.Clock.Now()
 	u := &Unit{ID: sumUnitID(to), Type: UnitSummary, Tier: PlaceWorking, Role: "system", Content: sum.Text,
-		Tokens: s.tok.Count(enc, sum.Text), CreatedAt: now, UpdatedAt: now, LastAccess: now, FromSeq: from, ToSeq: to, Importance: 1}
+		Tokens: wk.tok.Count(enc, sum.Text), CreatedAt: now, UpdatedAt: now, LastAccess: now, FromSeq: from, ToSeq: to, Importance: 1}
 	sess.units[u.ID] = u
 	sess.noteUnit(u)
 	sess.unitsChanged()
@@ -335,9 +293,9 @@ func (s *Store) summarize(sess *session, req SummaryRequest, from, to uint64, en
 			continue
 		}
 		fu := &Unit{ID: factUnitID(to, i), Type: UnitFact, Tier: PlaceWorking, Role: "fact", Content: f,
-			Tokens: s.tok.Count(enc, f), CreatedAt: now, UpdatedAt: now, LastAccess: now, FromSeq: from, ToSeq: to, Importance: 0.8}
+			Tokens: wk.tok.Count(enc, f), CreatedAt: now, UpdatedAt: now, LastAccess: now, FromSeq: from, ToSeq: to, Importance: 0.8}
 		sess.units[fu.ID] = fu
 	}
-	s.stats.summaries.Add(1)
-	s.persistLocked(sess, now)
+	wk.stats.summaries.Add(1)
+	wk.jrn.persistLocked(sess, now)
 }

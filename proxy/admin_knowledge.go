@@ -6,44 +6,24 @@ package proxy
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
-// Triple is one (subject, predicate, object) of the knowledge base, with
-// the ids of the memories that support it.
-type Triple struct {
-	ID        string    `json:"id"`
-	Subject   string    `json:"subject"`
-	Predicate string    `json:"predicate"`
-	Object    string    `json:"object"`
-	Support   []string  `json:"support"`
-	At        time.Time `json:"at"`
-}
-
-// Review is one decision of the memory reviewer about a fact.
-type Review struct {
-	FactID  string `json:"fact_id"`
-	Session string `json:"session"`
-	// Decision is promote, keep or delete when applied; malformed,
-	// undecided or stale when the answer changed nothing.
-	Decision string `json:"decision"`
-	// Trigger is promote (importance reached the promotion threshold) or
-	// demote (it decayed below the demotion threshold).
-	Trigger string    `json:"trigger"`
-	Rounds  int       `json:"rounds"`
-	At      time.Time `json:"at"`
-	Reason  string    `json:"reason"`
-}
+// Triple and Review are the knowledge base's types as package memory
+// defines them (one type per concept across the seam): the console serves
+// them as they are.
+type (
+	Triple = memory.Triple
+	Review = memory.Review
+)
 
 // Knowledge is what the console shows of the knowledge base beside the
 // memories, per tenant and user ("" is the tenant's default user). Results
-// are copies, newest first, at most limit. Its methods mirror the memory
-// store's Triples, Reviews and DeleteTriple; an unknown triple is an error
-// matching memory.ErrNotFound.
+// are copies, newest first, at most limit. *memory.Store implements it;
+// an unknown triple is an error matching memory.ErrNotFound.
 type Knowledge interface {
 	Triples(tenant, user string, limit int) ([]Triple, error)
 	Reviews(tenant, user string, limit int) ([]Review, error)

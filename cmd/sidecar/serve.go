@@ -478,7 +478,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		NoContextProbe:     !c.contextProbe,
 		AdminToken:         c.adminToken,
 		ConsoleSampleEvery: c.consoleEvery,
-		Knowledge:          knowledge{mem},
+		Knowledge:          mem,
 		Logger:             log,
 		Metrics:            reg,
 
