@@ -1,0 +1,38 @@
+package engine
+
+import (
+	"context"
+	"testing"
+)
+
+// benchAnswer is a non-streamed chat answer as an OpenAI-compatible server
+// sends it (usage, no llama.cpp timings): what Generic.After reads for
+// every request the proxy forwards.
+var benchAnswer = []byte(`{"id":"chatcmpl-mock","object":"chat.completion","created":1700000000,"model":"mock","choices":[{"index":0,"message":{"role":"assistant","content":"This is a canned answer from the kvsidecar mock upstream."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":11,"total_tokens":23}}`)
+
+// BenchmarkParseTimings is the cost of reading an answer's prompt figures
+// (ParseTimings), once per forwarded request.
+func BenchmarkParseTimings(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := ParseTimings(benchAnswer); !ok {
+			b.Fatal("no usage")
+		}
+	}
+}
+
+// BenchmarkGenericStateless is the generic connector's whole cost for one
+// stateless client request: Before, then After with the answer.
+func BenchmarkGenericStateless(b *testing.B) {
+	g := NewGeneric(GenericOptions{})
+	ctx := context.Background()
+	resp := &Response{Status: 200, Body: benchAnswer}
+	b.ReportAllocs()
+	for b.Loop() {
+		req := &Request{Model: "mock", Body: []byte(`{}`)}
+		if _, err := g.Before(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+		g.After(ctx, req, resp)
+	}
+}
