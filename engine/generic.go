@@ -73,8 +73,11 @@ type Generic struct {
 	// client took a slot back from one, halved after each that finished
 	// undisturbed — clients that pause briefly between turns are not
 	// interrupted again and again.
-	quiet   time.Duration
-	changed chan struct{} // closed and replaced when a count drops
+	quiet time.Duration
+	// changed is closed and cleared when a count drops; a background call
+	// that waits makes it (nil: nobody waits, and a client request's
+	// After costs no allocation).
+	changed chan struct{}
 }
 
 // NewGeneric returns a Generic connector.
@@ -88,7 +91,7 @@ func NewGeneric(opts GenericOptions) *Generic {
 			MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Second}}
 	}
 	opts.BaseURL = strings.TrimSuffix(strings.TrimRight(opts.BaseURL, "/"), "/v1")
-	g := &Generic{opts: opts, slots: opts.Slots, bg: map[*Request]struct{}{}, quiet: opts.BackgroundQuiet, changed: make(chan struct{})}
+	g := &Generic{opts: opts, slots: opts.Slots, bg: map[*Request]struct{}{}, quiet: opts.BackgroundQuiet}
 	if g.slots == 0 && opts.BaseURL == "" {
 		g.slots = -1
 	}
@@ -143,6 +146,9 @@ func (g *Generic) beforeBackground(ctx context.Context, req *Request) ([]byte, e
 		quietFor := g.quiet - time.Since(g.lastClient)
 		if g.clients+len(g.bg) < g.slots && quietFor <= 0 {
 			break
+		}
+		if g.changed == nil {
+			g.changed = make(chan struct{})
 		}
 		ch := g.changed
 		g.mu.Unlock()
@@ -216,8 +222,10 @@ func (g *Generic) After(_ context.Context, req *Request, resp *Response) {
 		req.assigned = false
 		g.clients--
 	}
-	close(g.changed)
-	g.changed = make(chan struct{})
+	if g.changed != nil {
+		close(g.changed)
+		g.changed = nil
+	}
 	g.mu.Unlock()
 	if resp == nil {
 		return
