@@ -99,7 +99,10 @@ type Connector interface {
 	// connector's timeout, not by ctx, so that a client going away does
 	// not leave the engine half swapped).
 	Before(ctx context.Context, req *Request) ([]byte, error)
-	// After records the response (timings, usage) and may capture KV.
+	// After records the response (timings, usage) and may capture KV. It
+	// must not block (no engine call, no lock held across one): the proxy
+	// calls it on the request path when nothing else is left to release.
+	// resp and its Body are valid only during the call.
 	After(ctx context.Context, req *Request, resp *Response)
 	// SessionStats returns what the connector knows of one session.
 	SessionStats(tenant, sessionID string) (SessionStats, bool)

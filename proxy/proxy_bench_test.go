@@ -11,6 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
@@ -36,8 +37,13 @@ func benchUpstream(b *testing.B) string {
 }
 
 func benchProxy(b *testing.B, body string) {
+	benchProxyWith(b, body, Options{})
+}
+
+func benchProxyWith(b *testing.B, body string, o Options) {
 	up := benchUpstream(b)
-	s, err := New(Options{Upstream: up, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	o.Upstream, o.Logger = up, slog.New(slog.NewTextHandler(io.Discard, nil))
+	s, err := New(o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -67,6 +73,14 @@ func benchProxy(b *testing.B, body string) {
 // the whole process's per request.
 func BenchmarkProxyChat(b *testing.B) {
 	benchProxy(b, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+}
+
+// BenchmarkProxyChatEngine is BenchmarkProxyChat with the generic engine
+// connector, as `sidecar serve` runs by default: the pass-through path
+// of make bench-proxy.
+func BenchmarkProxyChatEngine(b *testing.B) {
+	benchProxyWith(b, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		Options{Engine: engine.NewGeneric(engine.GenericOptions{})})
 }
 
 // BenchmarkProxyChatStream is the same for a short streamed answer.
