@@ -107,7 +107,7 @@ func checkEvent(ev []byte) error {
 }
 
 // eventData returns the data payload of one event (its data lines joined
-// by newlines), nil when it has none.
+// by newlines, in a copy), nil when it has none. ev is not modified.
 func eventData(ev []byte) []byte {
 	d, _ := eventDataLines(ev)
 	return d
@@ -133,6 +133,11 @@ func eventDataLines(ev []byte) (data []byte, multi bool) {
 			v = v[1:]
 		}
 		if data != nil {
+			if !multi {
+				// data is a slice of ev: join the lines in a copy, never
+				// over the event's own bytes (which go to the client).
+				data = data[:len(data):len(data)]
+			}
 			multi = true
 			data = append(append(data, '\n'), v...)
 		} else {

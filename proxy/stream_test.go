@@ -159,6 +159,31 @@ func TestStreamEventsArriveBeforeUpstreamFinishes(t *testing.T) {
 	}
 }
 
+// TestStreamMultiLineDataPassesUnchanged: an event whose data spans
+// several lines (SSE joins them with newlines) reaches the client byte for
+// byte; reading its payload must not write into the event.
+func TestStreamMultiLineDataPassesUnchanged(t *testing.T) {
+	events := []string{
+		"data: {\"choices\":[{\"index\":0,\n" + "data: \"delta\":{\"content\":\"a\"}}]}\n\n",
+		"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+		"data: [DONE]\n\n",
+	}
+	up := streamUpstream(t, events, nil, nil)
+	defer up.Close()
+	base, _ := startSidecar(t, up.URL, nil)
+	_, br := openStream(t, base)
+	for i, want := range events {
+		got, err := readEvent(br)
+		if err != nil || got != want {
+			t.Fatalf("event %d = %q, %v; want %q", i, got, err, want)
+		}
+	}
+	ev := []byte("data: a\ndata: b\n\n")
+	if d := eventData(ev); string(d) != "a\nb" || string(ev) != "data: a\ndata: b\n\n" {
+		t.Fatalf("eventData = %q, the event became %q", d, ev)
+	}
+}
+
 func TestStreamBrokenUpstreamAbortsClient(t *testing.T) {
 	first := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"
 	cases := map[string]struct {
