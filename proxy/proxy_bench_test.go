@@ -151,3 +151,27 @@ func BenchmarkSessionTurn(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRelayPass is the relay's own work on one streamed answer of
+// make bench-proxy's upstream (16 content chunks, a finish, [DONE]): each
+// event checked, its choices followed to tell a whole answer, queued.
+func BenchmarkRelayPass(b *testing.B) {
+	var events [][]byte
+	for i := range 16 {
+		events = append(events, fmt.Appendf(nil, "data: {\"id\":\"chatcmpl-mock\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"mock\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok%d \"}}]}\n\n", i))
+	}
+	events = append(events, []byte("data: {\"id\":\"chatcmpl-mock\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n"),
+		[]byte("data: [DONE]\n\n"))
+	b.ReportAllocs()
+	for b.Loop() {
+		r := relay{sse: true, validate: true}
+		for _, ev := range events {
+			if !r.pass(ev) {
+				b.Fatal("refused")
+			}
+		}
+		if !r.end.done || !r.end.finished() {
+			b.Fatal("not finished")
+		}
+	}
+}

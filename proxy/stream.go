@@ -2,9 +2,10 @@ package proxy
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"io"
+
+	"github.com/tidwall/gjson"
 )
 
 // sseSplitter cuts a byte stream into Server-Sent Events. An event ends at a
@@ -93,17 +94,23 @@ var errGarbage = errors.New("upstream sent an event that is not JSON")
 // checkEvent validates one complete event of an OpenAI-style stream: every
 // data payload is JSON or the [DONE] marker. Comments and other fields pass.
 func checkEvent(ev []byte) error {
-	data, multi := eventDataLines(ev)
-	if data == nil {
-		return nil
-	}
-	if !multi && string(data) == "[DONE]" {
-		return nil
-	}
-	if !json.Valid(data) {
+	if !validData(eventDataLines(ev)) {
 		return errGarbage
 	}
 	return nil
+}
+
+// validData is checkEvent on an event's data payload (eventDataLines).
+// gjson's validator agrees with encoding/json.Valid (fuzzed side by side)
+// at a fraction of its cost (BenchmarkRelayPass).
+func validData(data []byte, multi bool) bool {
+	switch {
+	case data == nil:
+		return true
+	case !multi && string(data) == "[DONE]":
+		return true
+	}
+	return gjson.ValidBytes(data)
 }
 
 // eventData returns the data payload of one event (its data lines joined
@@ -116,7 +123,7 @@ func eventData(ev []byte) []byte {
 func eventDataLines(ev []byte) (data []byte, multi bool) {
 	for len(ev) > 0 {
 		var line []byte
-		if i := bytes.IndexAny(ev, "\r\n"); i >= 0 {
+		if i := lineEnd(ev); i >= 0 {
 			line = ev[:i]
 			if ev[i] == '\r' && i+1 < len(ev) && ev[i+1] == '\n' {
 				i++
@@ -145,6 +152,19 @@ func eventDataLines(ev []byte) (data []byte, multi bool) {
 		}
 	}
 	return data, multi
+}
+
+// lineEnd returns the index of the first CR or LF in b, -1 when none.
+func lineEnd(b []byte) int {
+	i := bytes.IndexByte(b, '\n')
+	head := b
+	if i >= 0 {
+		head = b[:i]
+	}
+	if j := bytes.IndexByte(head, '\r'); j >= 0 {
+		return j
+	}
+	return i
 }
 
 // sseErrorEvent renders an OpenAI-shaped error as one SSE event, the way a
