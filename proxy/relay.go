@@ -79,9 +79,19 @@ func (r *relay) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// fill reads once from the upstream and moves what can be sent to out, or
-// sets final.
+// fill reads from the upstream, waiting at most once, and moves what can
+// be sent to out, or sets final. After a read it goes on reading while the
+// upstream's next bytes are already in the connection's buffer
+// (upBody.ready), so what the upstream sent in one burst leaves in one
+// write to the client, not one per upstream chunk.
 func (r *relay) fill() {
+	for r.fillOnce() {
+	}
+}
+
+// fillOnce is one read of fill; it reports whether another read would
+// return at once.
+func (r *relay) fillOnce() bool {
 	n, err := r.body.Read(r.buf)
 	if n > 0 {
 		if !r.sse {
@@ -90,18 +100,19 @@ func (r *relay) fill() {
 			r.split.feed(r.buf[:n])
 			for ev := r.split.next(); ev != nil; ev = r.split.next() {
 				if !r.pass(ev) {
-					return
+					return false
 				}
 			}
 		}
 	}
 	switch {
 	case err == nil:
+		return r.body.ready(n, len(r.buf))
 	case err == io.EOF:
 		if rest := r.split.rest(); len(rest) > 0 && r.sse {
 			// An unterminated last event: pass it as it came.
 			if !r.pass(rest) {
-				return
+				return false
 			}
 		}
 		if r.validate && !r.end.done {
@@ -112,7 +123,7 @@ func (r *relay) fill() {
 				r.s.log.Warn("upstream stream ended without [DONE]", append(r.log, "route", r.route.String(), "events", r.events)...)
 				r.out = append(r.out, sseErrorEvent("upstream_stream_incomplete", "upstream stream ended before the answer was complete (no [DONE], no finish_reason)")...)
 				r.final = errAbortStream
-				return
+				return false
 			}
 			// Every choice carried its finish_reason: the answer is whole
 			// and only the terminator is missing. Record, then add it, so
@@ -133,6 +144,7 @@ func (r *relay) fill() {
 		}
 		r.final = errAbortStream
 	}
+	return false
 }
 
 // commitTurn is the record step for a stream: the reply, complete, enters
