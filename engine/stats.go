@@ -2,9 +2,12 @@ package engine
 
 import (
 	"bytes"
-	"encoding/json"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
 )
 
 // Timings are an engine's prompt figures for one response, or their sums.
@@ -134,23 +137,6 @@ func (t *TimingStats) Fill(s *Stats) {
 	}
 }
 
-// respTimings is the part of a response ParseTimings reads.
-type respTimings struct {
-	Timings *struct {
-		CacheN      *int64  `json:"cache_n"`
-		PromptN     int64   `json:"prompt_n"`
-		PromptMs    float64 `json:"prompt_ms"`
-		PredictedN  int64   `json:"predicted_n"`
-		PredictedMs float64 `json:"predicted_ms"`
-	} `json:"timings"`
-	Usage *struct {
-		PromptTokens        int64 `json:"prompt_tokens"`
-		PromptTokensDetails *struct {
-			CachedTokens int64 `json:"cached_tokens"`
-		} `json:"prompt_tokens_details"`
-	} `json:"usage"`
-}
-
 // MaxTimingsBody bounds the bytes ParseTimings reads.
 const MaxTimingsBody = 8 << 20
 
@@ -185,31 +171,108 @@ func ParseTimings(body []byte) (Timings, bool) {
 	return best, ok
 }
 
+// timingsOf reads the prompt figures of one JSON object. It reads in place
+// (gjson, no decoding of the rest: an answer costs no allocation;
+// BenchmarkParseTimings) and keeps encoding/json's strictness where it
+// matters: an invalid object, or a "timings" or "usage" of the wrong type,
+// gives nothing; a later duplicate key wins.
 func timingsOf(obj []byte) (Timings, bool) {
-	if len(obj) == 0 || obj[0] != '{' {
+	if len(obj) == 0 || obj[0] != '{' || !gjson.ValidBytes(obj) {
 		return Timings{}, false
 	}
-	var r respTimings
-	if json.Unmarshal(obj, &r) != nil {
-		return Timings{}, false
-	}
-	switch {
-	case r.Timings != nil:
-		tm := Timings{PromptN: r.Timings.PromptN, PromptMs: r.Timings.PromptMs,
-			PredictedN: r.Timings.PredictedN, PredictedMs: r.Timings.PredictedMs}
-		if r.Timings.CacheN != nil {
-			tm.CacheN = *r.Timings.CacheN
-		} else if r.Usage != nil && r.Usage.PromptTokensDetails != nil {
-			tm.CacheN = r.Usage.PromptTokensDetails.CachedTokens
+	var timings, usage gjson.Result
+	// A string view of obj: no result outlives the call.
+	gjson.Parse(unsafe.String(unsafe.SliceData(obj), len(obj))).ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "timings":
+			timings = v
+		case "usage":
+			usage = v
 		}
-		return tm, true
-	case r.Usage != nil:
-		tm := Timings{PromptN: r.Usage.PromptTokens}
-		if r.Usage.PromptTokensDetails != nil {
-			tm.CacheN = r.Usage.PromptTokensDetails.CachedTokens
+		return true
+	})
+	var (
+		tm             Timings
+		cacheN, cached gjson.Result
+		bad            bool
+	)
+	intOf := func(r gjson.Result) int64 {
+		switch {
+		case r.Type == gjson.Null:
+		case r.Type != gjson.Number || strings.ContainsAny(r.Raw, ".eE"):
+			bad = true // encoding/json refuses it for an int64
+		default:
+			return int64(r.Num)
+		}
+		return 0
+	}
+	floatOf := func(r gjson.Result) float64 {
+		if r.Type != gjson.Null && r.Type != gjson.Number {
+			bad = true
+		}
+		return r.Num
+	}
+	if !objectOrNull(usage) || !objectOrNull(timings) {
+		return Timings{}, false
+	}
+	found := usage.IsObject() // usage or timings: something to report
+	if found {
+		var details gjson.Result
+		usage.ForEach(func(k, v gjson.Result) bool {
+			switch k.Str {
+			case "prompt_tokens":
+				tm.PromptN = intOf(v)
+			case "prompt_tokens_details":
+				details = v
+			}
+			return true
+		})
+		if !objectOrNull(details) {
+			return Timings{}, false
+		}
+		details.ForEach(func(k, v gjson.Result) bool {
+			if k.Str == "cached_tokens" {
+				cached = v
+			}
+			return true
+		})
+		tm.CacheN = intOf(cached)
+		if details.IsObject() {
 			tm.PromptN = max(0, tm.PromptN-tm.CacheN)
 		}
-		return tm, true
 	}
-	return Timings{}, false
+	if timings.IsObject() {
+		usageCache := tm.CacheN
+		tm = Timings{}
+		timings.ForEach(func(k, v gjson.Result) bool {
+			switch k.Str {
+			case "cache_n":
+				cacheN = v
+			case "prompt_n":
+				tm.PromptN = intOf(v)
+			case "prompt_ms":
+				tm.PromptMs = floatOf(v)
+			case "predicted_n":
+				tm.PredictedN = intOf(v)
+			case "predicted_ms":
+				tm.PredictedMs = floatOf(v)
+			}
+			return true
+		})
+		tm.CacheN = usageCache
+		if cacheN.Exists() && cacheN.Type != gjson.Null {
+			tm.CacheN = intOf(cacheN)
+		}
+		found = true
+	}
+	if bad || !found {
+		return Timings{}, false
+	}
+	return tm, true
+}
+
+// objectOrNull reports whether r is absent, null or an object: what
+// encoding/json decodes into a pointer to a struct.
+func objectOrNull(r gjson.Result) bool {
+	return !r.Exists() || r.Type == gjson.Null || r.IsObject()
 }

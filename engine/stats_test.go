@@ -19,6 +19,18 @@ func TestParseTimings(t *testing.T) {
 	// SSE: the event with timings wins; [DONE] and others are skipped.
 	f("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"timings\":{\"cache_n\":5,\"prompt_n\":2,\"prompt_ms\":0.5}}\n\ndata: [DONE]\n\n",
 		Timings{CacheN: 5, PromptN: 2, PromptMs: 0.5}, true)
+	// llama.cpp timings without cache_n take usage's cached tokens.
+	f(`{"timings":{"prompt_n":3,"cache_n":null},"usage":{"prompt_tokens_details":{"cached_tokens":7}}}`,
+		Timings{CacheN: 7, PromptN: 3}, true)
+	f(`{"timings":null,"usage":{"prompt_tokens":5,"prompt_tokens_details":null}}`, Timings{PromptN: 5}, true)
+	// As strict as decoding into typed fields: a wrong type anywhere it
+	// reads, or a body that is not one JSON object, gives nothing.
+	for _, bad := range []string{`{"usage":"x"}`, `{"timings":1}`, `{"timings":{"prompt_n":"a"}}`,
+		`{"timings":{"prompt_n":1.5}}`, `{"usage":{"prompt_tokens":1e2}}`, `{"timings":{"prompt_ms":"1"}}`,
+		`{"usage":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":"9"}}}`,
+		`{"usage":{"prompt_tokens":5}} x`, `{"usage":{"prompt_tokens":5}`} {
+		f(bad, Timings{}, false)
+	}
 	f(`{"choices":[]}`, Timings{}, false)
 	f(`not json`, Timings{}, false)
 	f(``, Timings{}, false)

@@ -28,8 +28,10 @@ func (f *fakeConnector) Before(_ context.Context, r *engine.Request) ([]byte, er
 	return append([]byte(`{"id_slot":3,`), bytes.TrimPrefix(r.Body, []byte("{"))...), nil
 }
 func (f *fakeConnector) After(_ context.Context, _ *engine.Request, resp *engine.Response) {
+	r := *resp
+	r.Body = append([]byte(nil), resp.Body...) // valid only during After
 	f.mu.Lock()
-	f.after = append(f.after, *resp)
+	f.after = append(f.after, r)
 	f.mu.Unlock()
 }
 func (f *fakeConnector) SessionStats(string, string) (engine.SessionStats, bool) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvsidecar/kvsidecar/engine/generic"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
@@ -36,8 +37,13 @@ func benchUpstream(b *testing.B) string {
 }
 
 func benchProxy(b *testing.B, body string) {
+	benchProxyWith(b, body, Options{})
+}
+
+func benchProxyWith(b *testing.B, body string, o Options) {
 	up := benchUpstream(b)
-	s, err := New(Options{Upstream: up, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	o.Upstream, o.Logger = up, slog.New(slog.NewTextHandler(io.Discard, nil))
+	s, err := New(o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -67,6 +73,14 @@ func benchProxy(b *testing.B, body string) {
 // the whole process's per request.
 func BenchmarkProxyChat(b *testing.B) {
 	benchProxy(b, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+}
+
+// BenchmarkProxyChatEngine is BenchmarkProxyChat with the generic engine
+// connector, as `sidecar serve` runs by default: the pass-through path
+// of make bench-proxy.
+func BenchmarkProxyChatEngine(b *testing.B) {
+	benchProxyWith(b, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		Options{Engine: generic.New(generic.Options{})})
 }
 
 // BenchmarkProxyChatStream is the same for a short streamed answer.
@@ -134,6 +148,30 @@ func BenchmarkSessionTurn(b *testing.B) {
 					b.StartTimer()
 				}
 			})
+		}
+	}
+}
+
+// BenchmarkRelayPass is the relay's own work on one streamed answer of
+// make bench-proxy's upstream (16 content chunks, a finish, [DONE]): each
+// event checked, its choices followed to tell a whole answer, queued.
+func BenchmarkRelayPass(b *testing.B) {
+	var events [][]byte
+	for i := range 16 {
+		events = append(events, fmt.Appendf(nil, "data: {\"id\":\"chatcmpl-mock\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"mock\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok%d \"}}]}\n\n", i))
+	}
+	events = append(events, []byte("data: {\"id\":\"chatcmpl-mock\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n"),
+		[]byte("data: [DONE]\n\n"))
+	b.ReportAllocs()
+	for b.Loop() {
+		r := relay{sse: true, validate: true}
+		for _, ev := range events {
+			if !r.pass(ev) {
+				b.Fatal("refused")
+			}
+		}
+		if !r.end.done || !r.end.finished() {
+			b.Fatal("not finished")
 		}
 	}
 }

@@ -2,9 +2,10 @@ package proxy
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"io"
+
+	"github.com/tidwall/gjson"
 )
 
 // sseSplitter cuts a byte stream into Server-Sent Events. An event ends at a
@@ -93,21 +94,27 @@ var errGarbage = errors.New("upstream sent an event that is not JSON")
 // checkEvent validates one complete event of an OpenAI-style stream: every
 // data payload is JSON or the [DONE] marker. Comments and other fields pass.
 func checkEvent(ev []byte) error {
-	data, multi := eventDataLines(ev)
-	if data == nil {
-		return nil
-	}
-	if !multi && string(data) == "[DONE]" {
-		return nil
-	}
-	if !json.Valid(data) {
+	if !validData(eventDataLines(ev)) {
 		return errGarbage
 	}
 	return nil
 }
 
+// validData is checkEvent on an event's data payload (eventDataLines).
+// gjson's validator agrees with encoding/json.Valid (fuzzed side by side)
+// at a fraction of its cost (BenchmarkRelayPass).
+func validData(data []byte, multi bool) bool {
+	switch {
+	case data == nil:
+		return true
+	case !multi && string(data) == "[DONE]":
+		return true
+	}
+	return gjson.ValidBytes(data)
+}
+
 // eventData returns the data payload of one event (its data lines joined
-// by newlines), nil when it has none.
+// by newlines, in a copy), nil when it has none. ev is not modified.
 func eventData(ev []byte) []byte {
 	d, _ := eventDataLines(ev)
 	return d
@@ -116,7 +123,7 @@ func eventData(ev []byte) []byte {
 func eventDataLines(ev []byte) (data []byte, multi bool) {
 	for len(ev) > 0 {
 		var line []byte
-		if i := bytes.IndexAny(ev, "\r\n"); i >= 0 {
+		if i := lineEnd(ev); i >= 0 {
 			line = ev[:i]
 			if ev[i] == '\r' && i+1 < len(ev) && ev[i+1] == '\n' {
 				i++
@@ -133,6 +140,11 @@ func eventDataLines(ev []byte) (data []byte, multi bool) {
 			v = v[1:]
 		}
 		if data != nil {
+			if !multi {
+				// data is a slice of ev: join the lines in a copy, never
+				// over the event's own bytes (which go to the client).
+				data = data[:len(data):len(data)]
+			}
 			multi = true
 			data = append(append(data, '\n'), v...)
 		} else {
@@ -140,6 +152,19 @@ func eventDataLines(ev []byte) (data []byte, multi bool) {
 		}
 	}
 	return data, multi
+}
+
+// lineEnd returns the index of the first CR or LF in b, -1 when none.
+func lineEnd(b []byte) int {
+	i := bytes.IndexByte(b, '\n')
+	head := b
+	if i >= 0 {
+		head = b[:i]
+	}
+	if j := bytes.IndexByte(head, '\r'); j >= 0 {
+		return j
+	}
+	return i
 }
 
 // sseErrorEvent renders an OpenAI-shaped error as one SSE event, the way a

@@ -159,6 +159,31 @@ func TestStreamEventsArriveBeforeUpstreamFinishes(t *testing.T) {
 	}
 }
 
+// TestStreamMultiLineDataPassesUnchanged: an event whose data spans
+// several lines (SSE joins them with newlines) reaches the client byte for
+// byte; reading its payload must not write into the event.
+func TestStreamMultiLineDataPassesUnchanged(t *testing.T) {
+	events := []string{
+		"data: {\"choices\":[{\"index\":0,\n" + "data: \"delta\":{\"content\":\"a\"}}]}\n\n",
+		"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+		"data: [DONE]\n\n",
+	}
+	up := streamUpstream(t, events, nil, nil)
+	defer up.Close()
+	base, _ := startSidecar(t, up.URL, nil)
+	_, br := openStream(t, base)
+	for i, want := range events {
+		got, err := readEvent(br)
+		if err != nil || got != want {
+			t.Fatalf("event %d = %q, %v; want %q", i, got, err, want)
+		}
+	}
+	ev := []byte("data: a\ndata: b\n\n")
+	if d := eventData(ev); string(d) != "a\nb" || string(ev) != "data: a\ndata: b\n\n" {
+		t.Fatalf("eventData = %q, the event became %q", d, ev)
+	}
+}
+
 func TestStreamBrokenUpstreamAbortsClient(t *testing.T) {
 	first := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"
 	cases := map[string]struct {
@@ -263,5 +288,120 @@ func TestStreamEnd(t *testing.T) {
 	e.add([]byte(`{"choices":[{"index":1,"delta":{},"finish_reason":"length"},{"index":-1},{"index":9000}]}`))
 	if !e.finished() {
 		t.Fatal("both choices ended")
+	}
+}
+
+func TestChunkBuffered(t *testing.T) {
+	f := func(p string, want bool) {
+		t.Helper()
+		if got := chunkBuffered([]byte(p)); got != want {
+			t.Errorf("chunkBuffered(%q) = %v, want %v", p, got, want)
+		}
+	}
+	f("3\r\nabc\r\n", true)
+	f("3\r\nabc\r\n4\r\nmore", true) // the next chunk need not be whole
+	f("a\r\n0123456789\r\n", true)
+	f("A;ext=1\r\n0123456789\r\n", true)
+	f("3 \r\nabc\r\n", true)
+	f("0\r\n\r\n", true)
+	f("0;x\r\n\r\n", true)
+	for _, p := range []string{
+		"", "3", "3\r", "3\r\n", "3\r\nab", "3\r\nabc", "3\r\nabc\r", // cut anywhere
+		"0\r\n", "0\r\n\r", "0\r\nTrailer: x\r\n\r\n", // trailers are not looked into
+		"x\r\nabc\r\n", "\r\n", "3x\r\nabc\r\n", "3;ext", "3\nabc\r\n",
+		"123456789\r\n", // more digits than any buffer holds
+	} {
+		f(p, false)
+	}
+}
+
+// TestStreamBurstLeavesTogether: chunks that reach the sidecar in one
+// burst leave in one piece, and a chunk only partly there never holds back
+// the whole events before it.
+func TestStreamBurstLeavesTogether(t *testing.T) {
+	ev := func(s string) string {
+		return "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" + s + "\"}}]}\n\n"
+	}
+	chunk := func(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }
+	last := "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n"
+	// The second write holds two whole chunks and the start of a third:
+	// its size line, its size line and half its data, its data without
+	// the CRLF after it.
+	third := chunk(ev("c"))
+	for _, cut := range []int{2, len(third) / 2, len(third) - 2} {
+		t.Run(fmt.Sprint(cut), func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			step := make(chan struct{})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				br := bufio.NewReader(c)
+				r, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, r.Body)
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+				_, _ = io.WriteString(c, chunk(ev("a"))+chunk(ev("b"))+third[:cut])
+				<-step
+				_, _ = io.WriteString(c, third[cut:]+chunk(last)+chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+			}()
+			base, _ := startSidecar(t, "http://"+ln.Addr().String(), nil)
+			// A raw client, to see the chunks the sidecar writes.
+			c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+			fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != 200 || resp.TransferEncoding == nil {
+				t.Fatalf("%v %v", resp, err)
+			}
+			readChunk := func() string {
+				t.Helper()
+				line, err := br.ReadString('\n')
+				if err != nil {
+					t.Fatal(err)
+				}
+				var n int
+				if _, err := fmt.Sscanf(line, "%x", &n); err != nil {
+					t.Fatalf("chunk size line %q: %v", line, err)
+				}
+				b := make([]byte, n+2)
+				if _, err := io.ReadFull(br, b); err != nil {
+					t.Fatal(err)
+				}
+				return string(b[:n])
+			}
+			// Both whole events, in one chunk, before the upstream sends more.
+			if got, want := readChunk(), ev("a")+ev("b"); got != want {
+				t.Fatalf("first chunk %q, want %q", got, want)
+			}
+			close(step)
+			var rest strings.Builder
+			for {
+				ch := readChunk()
+				if ch == "" {
+					break
+				}
+				rest.WriteString(ch)
+			}
+			if want := ev("c") + last + "data: [DONE]\n\n"; rest.String() != want {
+				t.Fatalf("the rest %q, want %q", rest.String(), want)
+			}
+			<-done
+		})
 	}
 }

@@ -419,6 +419,67 @@ func (b *upBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// ready reports whether the next Read returns at once, its bytes already in
+// the connection's buffer, after a Read that returned n bytes into a buffer
+// of size max. It may say false of a Read that would not wait, never true
+// of one that would. A chunked body is read a chunk at a time (fasthttp
+// reads the chunk's CRLF with its last byte): a Read that stopped short of
+// max while bytes stayed buffered ended its chunk, so the buffer starts at
+// the next chunk's size line, and the next Read waits for nothing when that
+// whole chunk is there.
+func (b *upBody) ready(n, max int) bool {
+	if b.eof || b.done || b.r == nil {
+		return false
+	}
+	buffered := b.uc.br.Buffered()
+	switch {
+	case buffered == 0:
+		return false
+	case b.resp.Header.ContentLength() != -1:
+		return true // a length or the connection's end frames it: the buffer answers
+	case n == 0 || n >= max:
+		return false // mid-chunk, or nothing read: where the buffer starts is unknown
+	}
+	p, _ := b.uc.br.Peek(buffered)
+	return chunkBuffered(p)
+}
+
+// chunkBuffered reports whether p starts with a whole chunk of a chunked
+// body: its size line (hex digits, then CRLF, or extensions after ';' or
+// blanks), its data and the CRLF after it; or the last chunk with no
+// trailers. Anything it does not recognise is "no".
+func chunkBuffered(p []byte) bool {
+	size, i := 0, 0
+	for ; i < len(p) && i < 8; i++ { // 8 hex digits: up to 4 GiB, past any buffer
+		h := unhex(p[i])
+		if h < 0 {
+			break
+		}
+		size = size<<4 | h
+	}
+	if i == 0 || i == len(p) || i == 8 && unhex(p[i]) >= 0 {
+		return false
+	}
+	if p[i] != '\r' {
+		if p[i] != ';' && p[i] != ' ' && p[i] != '\t' {
+			return false
+		}
+		j := bytes.IndexByte(p[i:], '\r')
+		if j < 0 {
+			return false
+		}
+		i += j
+	}
+	if i+1 >= len(p) || p[i+1] != '\n' {
+		return false
+	}
+	data := i + 2 // the chunk's first byte
+	if size == 0 {
+		return len(p) >= data+2 && p[data] == '\r' && p[data+1] == '\n'
+	}
+	return len(p) >= data+size+2
+}
+
 // Close releases the body: the connection goes back to the pool only after
 // a clean end of body, else it is closed. Safe to call more than once.
 func (b *upBody) Close() error {

@@ -87,8 +87,11 @@ type Connector struct {
 	// client took a slot back from one, halved after each that finished
 	// undisturbed — clients that pause briefly between turns are not
 	// interrupted again and again.
-	quiet   time.Duration
-	changed chan struct{} // closed and replaced when a count drops
+	quiet time.Duration
+	// changed is closed and cleared when a count drops; a background call
+	// that waits makes it (nil: nobody waits, and a client request's
+	// After costs no allocation).
+	changed chan struct{}
 }
 
 // request is what Before keeps in a Request (its State) for After.
@@ -109,7 +112,7 @@ func New(opts Options) *Connector {
 			MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Second}}
 	}
 	opts.BaseURL = strings.TrimSuffix(strings.TrimRight(opts.BaseURL, "/"), "/v1")
-	g := &Connector{opts: opts, slots: opts.Slots, bg: map[*engine.Request]*request{}, quiet: opts.BackgroundQuiet, changed: make(chan struct{})}
+	g := &Connector{opts: opts, slots: opts.Slots, bg: map[*engine.Request]*request{}, quiet: opts.BackgroundQuiet}
 	if g.slots == 0 && opts.BaseURL == "" {
 		g.slots = -1
 	}
@@ -166,6 +169,9 @@ func (g *Connector) beforeBackground(ctx context.Context, req *engine.Request, s
 		quietFor := g.quiet - time.Since(g.lastClient)
 		if g.clients+len(g.bg) < g.slots && quietFor <= 0 {
 			break
+		}
+		if g.changed == nil {
+			g.changed = make(chan struct{})
 		}
 		ch := g.changed
 		g.mu.Unlock()
@@ -243,8 +249,10 @@ func (g *Connector) After(_ context.Context, req *engine.Request, resp *engine.R
 		st.assigned = false
 		g.clients--
 	}
-	close(g.changed)
-	g.changed = make(chan struct{})
+	if g.changed != nil {
+		close(g.changed)
+		g.changed = nil
+	}
 	g.mu.Unlock()
 	if resp == nil {
 		return
