@@ -63,7 +63,7 @@ func TestForwardsAndRecords(t *testing.T) {
 	if code, body := post(t, p.URL()+"/sse", ""); code != 200 || body != "data: x\n\ndata: xx\n\ndata: xxx\n\n" {
 		t.Fatalf("stream: %d %q", code, body)
 	}
-	rs := p.Requests()
+	rs := finished(t, p, 2)
 	if len(rs) != 2 || p.Len() != 2 {
 		t.Fatalf("recorded %d", len(rs))
 	}
@@ -74,6 +74,27 @@ func TestForwardsAndRecords(t *testing.T) {
 	}
 	if rs[1].Seq != 1 || rs[1].Path != "/sse" || rs[1].Status != 200 {
 		t.Fatalf("record: %+v", rs[1])
+	}
+}
+
+// finished returns the proxy's records once n of them have ended: the
+// proxy records the end of a request after the answer's last byte left,
+// so the client can read it first.
+func finished(t *testing.T, p *Proxy, n int) []Request {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rs := p.Requests()
+		done := 0
+		for _, r := range rs {
+			if !r.End.IsZero() {
+				done++
+			}
+		}
+		if done >= n || time.Now().After(deadline) {
+			return rs
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -91,7 +112,7 @@ func TestFailNextFiresOnce(t *testing.T) {
 	if code, _ := post(t, p.URL()+"/v1/x", "refuse-me"); code != 200 {
 		t.Fatalf("the retry: %d", code)
 	}
-	rs := p.Requests()
+	rs := finished(t, p, 3)
 	if len(rs) != 3 || rs[1].Status != 429 || !rs[1].Injected || rs[2].Status != 200 || rs[2].Injected {
 		t.Fatalf("records: %+v", rs)
 	}
@@ -102,7 +123,7 @@ func TestRefusesLargeBodies(t *testing.T) {
 	if code, _ := post(t, p.URL()+"/v1/x", strings.Repeat("y", 11)); code != 413 {
 		t.Fatalf("got %d", code)
 	}
-	if rs := p.Requests(); len(rs) != 1 || rs[0].Status != 413 || rs[0].Body != nil {
+	if rs := finished(t, p, 1); len(rs) != 1 || rs[0].Status != 413 || rs[0].Body != nil {
 		t.Fatalf("records: %+v", rs)
 	}
 }
@@ -173,7 +194,7 @@ func TestUnreachableUpstreamClosesWithoutResponse(t *testing.T) {
 	defer c.Close()
 	io.WriteString(c, "POST /v1/x HTTP/1.1\r\nHost: p\r\nContent-Length: 2\r\n\r\nhi")
 	waitEOF(t, c, bufio.NewReader(c))
-	if rs := p.Requests(); len(rs) != 1 || rs[0].Status != 0 || rs[0].End.IsZero() || string(rs[0].Body) != "hi" {
+	if rs := finished(t, p, 1); len(rs) != 1 || rs[0].Status != 0 || rs[0].End.IsZero() || string(rs[0].Body) != "hi" {
 		t.Fatalf("records: %+v", rs)
 	}
 }
