@@ -235,10 +235,10 @@ func (c *Connector) Stats() Stats {
 		SlotHits:          c.slotHits.Load(),
 		SlotAssigns:       c.assigns.Load(),
 		Evictions:         c.evictions.Load(),
-		Saves:             c.saves.Load(),
-		SaveErrors:        c.saveErrs.Load(),
-		SaveEmpty:         c.saveEmpty.Load(),
-		ParseErrors:       c.parseErrs.Load(),
+		Saves:             c.saver.saves.Load(),
+		SaveErrors:        c.saver.errs.Load(),
+		SaveEmpty:         c.saver.empty.Load(),
+		ParseErrors:       c.saver.parseErrs.Load(),
 		Restores:          c.restores.Load(),
 		RestoreMisses:     c.restoreMiss.Load(),
 		RestoreErrors:     c.restoreErrs.Load(),
@@ -248,8 +248,8 @@ func (c *Connector) Stats() Stats {
 		UnusedRestores:    c.unusedRestores.Load(),
 		Restarts:          c.restarts.Load(),
 		SlotsLost:         c.slotsLost.Load(),
-		StatesDeleted:     c.deletes.Load(),
-		SavedBytes:        c.savedB.Load(),
+		StatesDeleted:     c.saver.deletes.Load(),
+		SavedBytes:        c.saver.bytes.Load(),
 		RestoredBytes:     c.restoredB.Load(),
 		RestoreMsTotal:    float64(c.restoredMsTotal.Load()) / 1000,
 		ReplacedPrefillMs: float64(c.replacedPrefillUs.Load()) / 1000,
@@ -258,13 +258,14 @@ func (c *Connector) Stats() Stats {
 		SharedErrors:      c.sharedErrs.Load(),
 	}
 	s.BackgroundCancelled, s.ClientWaits = c.bgCancelled.Load(), c.clientWaits.Load()
-	s.Preloads, s.PreloadsUsed, s.PreloadsAbandoned = c.preloads.Load(), c.preloadUsed.Load(), c.preloadAbandoned.Load()
-	s.PreloadWaits, s.PreloadErrors = c.preloadWaits.Load(), c.preloadErrs.Load()
+	pl := c.preloader
+	s.Preloads, s.PreloadsUsed, s.PreloadsAbandoned = pl.preloads.Load(), pl.used.Load(), pl.abandoned.Load()
+	s.PreloadWaits, s.PreloadErrors = pl.waits.Load(), pl.errs.Load()
 	if s.Preloads > 0 {
-		s.MeanPreloadMs = float64(c.preloadNs.Load()) / float64(s.Preloads) / 1e6
+		s.MeanPreloadMs = float64(pl.ns.Load()) / float64(s.Preloads) / 1e6
 	}
 	if s.Saves > 0 {
-		s.MeanSaveMs = float64(c.saveNs.Load()) / float64(s.Saves) / 1e6
+		s.MeanSaveMs = float64(c.saver.ns.Load()) / float64(s.Saves) / 1e6
 	}
 	if s.Restores > 0 {
 		s.MeanRestoreMs = float64(c.restoreNs.Load()) / float64(s.Restores) / 1e6
@@ -305,26 +306,12 @@ func (c *Connector) Close() error {
 		return nil
 	}
 	close(c.done)
-	c.wg.Wait()
+	c.saver.stop()
 	if c.opts.NoSaveOnClose || c.probe.Load() != probeEnabled {
 		return nil
 	}
-	for {
-		c.mu.Lock()
-		sl := c.sched.saveCandidate()
-		if sl == nil {
-			c.mu.Unlock()
-			return nil
-		}
-		id, sess, ch, fp, extra := sl.id, sl.owner, sl.chain, c.fp, sl.computeMs
-		sl.dirty = false
-		c.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), c.opts.SlotTimeout)
-		c.ops[id].Lock()
-		c.saveSlot(ctx, id, sess, ch, fp, extra)
-		c.ops[id].Unlock()
-		cancel()
-	}
+	c.saver.saveAll()
+	return nil
 }
 
 func abs(x int) int {

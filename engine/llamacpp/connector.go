@@ -272,23 +272,19 @@ type Connector struct {
 	closed    atomic.Bool
 	noSlots   atomic.Bool // GET /slots is not served: no restart detection
 
-	slotHits, assigns, evictions, restarts            atomic.Int64
-	saves, saveErrs, saveEmpty, parseErrs, storeErrs  atomic.Int64
-	restores, restoreMiss, restoreErrs, restoreSkips  atomic.Int64
-	prefixReuses, refused, unusedRestores, bgCalls    atomic.Int64
-	slotsLost, bgCancelled, clientWaits               atomic.Int64
-	preloads, preloadUsed, preloadAbandoned           atomic.Int64
-	preloadWaits, preloadErrs, preloadNs              atomic.Int64
-	savedB, restoredB, saveNs, restoreNs, deletes     atomic.Int64
-	reusedTokens, replacedPrefillUs, restoredMsTotal  atomic.Int64
-	restoredFrom                                      [4]atomic.Int64
-	sharedPuts, sharedFetches, sharedErrs             atomic.Int64
-	warnedShared                                      atomic.Bool
-	warnedParse, warnedDir, warnedSlotID, warnedStore atomic.Bool
+	slotHits, assigns, evictions, restarts           atomic.Int64
+	restores, restoreMiss, restoreErrs, restoreSkips atomic.Int64
+	prefixReuses, refused, unusedRestores, bgCalls   atomic.Int64
+	slotsLost, bgCancelled, clientWaits              atomic.Int64
+	restoredB, restoreNs                             atomic.Int64
+	reusedTokens, replacedPrefillUs, restoredMsTotal atomic.Int64
+	restoredFrom                                     [4]atomic.Int64
+	sharedPuts, sharedFetches, sharedErrs            atomic.Int64
+	warnedShared, warnedSlotID                       atomic.Bool
 
-	kick chan struct{}
-	done chan struct{}
-	wg   sync.WaitGroup
+	saver     *saver        // owns the goroutine: saves, then preloads
+	preloader *preloader    // Options.Preload; runs in the saver's goroutine
+	done      chan struct{} // closed by Close: background calls stop waiting
 
 	// mu protects the fields below.
 	mu             sync.Mutex
@@ -302,7 +298,6 @@ type Connector struct {
 	fp, layout     string
 	sessions       map[string]*sessEntry // by sessKey(tenant, session)
 	pred           *predictor            // the sessions' arrival history
-	preloaded      []restoreInfo         // per slot: what its preload restored
 	seq            uint64
 	disabledReason string
 	restoreOff     bool
@@ -370,9 +365,10 @@ func New(opts Options) (*Connector, error) {
 		cat: newCatalog(), ops: make([]sync.Mutex, opts.Slots), bg: make(chan struct{}, 1),
 		sched: newScheduler(opts.Slots), lastTask: make([]int, opts.Slots), sessions: map[string]*sessEntry{},
 		bgReqs: map[*request]struct{}{}, changed: make(chan struct{}), quiet: opts.BackgroundQuiet,
-		pred: newPredictor(), preloaded: make([]restoreInfo, opts.Slots),
-		kick: make(chan struct{}, 1), done: make(chan struct{}),
+		pred: newPredictor(), done: make(chan struct{}),
 	}
+	c.preloader = newPreloader(c, opts.Slots)
+	c.saver = newSaver(c)
 	for i := range c.lastTask {
 		c.lastTask[i] = -1
 	}
@@ -387,17 +383,16 @@ func New(opts Options) (*Connector, error) {
 		if bm, _, err := opts.Cache.StatBlob(opts.Namespace, key); err == nil {
 			sm.size = bm.Size
 		}
-		for _, d := range c.cat.add(sm, c.keep(sm.sess)) {
+		for _, d := range c.cat.add(sm, opts.statesKept(sm.sess)) {
 			_ = opts.Cache.DeleteBlob(opts.Namespace, d.id)
 		}
 		return true
 	})
-	c.recoverSlotDir()
+	recoverSlotDir(opts.SlotDir, c.log)
 	if n, b := c.cat.size(); n > 0 {
 		c.log.Info("llamacpp: saved engine states found", "states", n, "bytes", b)
 	}
-	c.wg.Add(1)
-	go c.saver()
+	c.saver.start()
 	return c, nil
 }
 
@@ -419,12 +414,12 @@ func sessKey(tenant, session string) string { return hashKey("s", tenant, sessio
 // statelessOwner owns the states of a tenant's requests without a session.
 func statelessOwner(tenant string) string { return "~" + hashKey("~", tenant) }
 
-// keep is how many states an owner keeps.
-func (c *Connector) keep(owner string) int {
+// statesKept is how many states an owner keeps.
+func (o *Options) statesKept(owner string) int {
 	if strings.HasPrefix(owner, "~") {
-		return c.opts.StatelessStates
+		return o.StatelessStates
 	}
-	return c.opts.StatesPerSession
+	return o.StatesPerSession
 }
 
 // stateKey names the state of a session's prompt prefix under a model: the
@@ -507,7 +502,7 @@ func (c *Connector) Before(ctx context.Context, er *engine.Request) ([]byte, err
 	if p.resident {
 		switch p.slot.preload {
 		case preloadLoaded:
-			c.usePreloadLocked(req, p.slot)
+			c.preloader.useLocked(req, p.slot)
 		case preloadRestoring:
 			waitPreload = true
 		}
@@ -529,10 +524,10 @@ func (c *Connector) Before(ctx context.Context, er *engine.Request) ([]byte, err
 			// what is left of that restore is cheaper than one of our own.
 			c.ops[p.slot.id].Lock()
 			c.ops[p.slot.id].Unlock()
-			c.preloadWaits.Add(1)
+			c.preloader.waits.Add(1)
 			c.mu.Lock()
 			if p.slot.sess == req.sk && p.slot.preload == preloadLoaded {
-				c.usePreloadLocked(req, p.slot)
+				c.preloader.useLocked(req, p.slot)
 			}
 			c.mu.Unlock()
 		}
@@ -545,7 +540,7 @@ func (c *Connector) Before(ctx context.Context, er *engine.Request) ([]byte, err
 	c.ops[p.slot.id].Lock()
 	if p.prevDirty {
 		c.evictions.Add(1)
-		c.saveSlot(sctx, p.slot.id, p.prevOwner, p.prevChain, fp, 0)
+		c.saver.save(sctx, p.slot.id, p.prevOwner, p.prevChain, fp, 0)
 	}
 	// On a preempted slot the server defers the restore until the
 	// cancelled call has stopped.
@@ -588,7 +583,7 @@ func (c *Connector) beforeBackground(ctx, sctx context.Context, req *request) ([
 				// would be cancelled then, and the session restored on
 				// its path); with one slot, or a session expected later,
 				// the call goes first.
-				if plan, _, ok := c.planPreloadLocked(now); ok && plan.due.Before(now.Add(seconds(c.bgSeconds.v))) {
+				if plan, _, ok := c.preloader.planLocked(now); ok && plan.due.Before(now.Add(seconds(c.bgSeconds.v))) {
 					avoid = plan.slot
 				}
 			}
@@ -641,7 +636,7 @@ func (c *Connector) beforeBackground(ctx, sctx context.Context, req *request) ([
 	if p.prevDirty {
 		c.ops[p.slot.id].Lock()
 		c.evictions.Add(1)
-		c.saveSlot(sctx, p.slot.id, p.prevOwner, p.prevChain, req.fp, 0)
+		c.saver.save(sctx, p.slot.id, p.prevOwner, p.prevChain, req.fp, 0)
 		c.ops[p.slot.id].Unlock()
 	}
 	return c.rewrite(req)
@@ -788,12 +783,9 @@ func (c *Connector) After(_ context.Context, er *engine.Request, resp *engine.Re
 			}
 		}
 	}
-	idle := c.opts.Preload && c.clientsBusyLocked() == 0
+	idle := c.opts.Preload && c.preloader.clientsBusyLocked() == 0
 	c.mu.Unlock()
 	if dirty && !c.opts.NoBackgroundSave || idle {
-		select {
-		case c.kick <- struct{}{}:
-		default:
-		}
+		c.saver.wake()
 	}
 }

@@ -13,8 +13,9 @@
 // predictor (predict.go, no I/O), prompt-prefix hashes (chain.go), the
 // catalog of saved states (states.go), the server's HTTP API (api.go), the
 // state file parser (slotstate.go), the connector's hooks (connector.go:
-// Before, After; save.go: the saver, Settle; restore.go; preload.go;
-// admin.go: probes, Forget, Stats, Close), its /metrics families
+// Before, After; save.go: Settle, Flush; restore.go; admin.go: probes,
+// Forget, Stats, Close) over two types it owns, the saver (save.go) and the
+// preloader (preload.go), its /metrics families
 // (metrics.go) and console facts (console.go), and context snapshots
 // (snapshot.go): ExportStates writes a session's saved states (metadata and
 // slot files, each checksummed) as the engine section of a .hctx file;
@@ -57,7 +58,18 @@
 //     through a temporary file and a rename, and removed after use.
 //   - parseSlotState never panics, allocates in proportion to its input,
 //     and accepts a file only if it consumes every byte.
-//   - The connector owns one goroutine, the saver (saves and preloads);
-//     Close stops it and waits, then saves what the slots hold (unless
-//     told not to), and must come before the kv.Cache's Close.
+//   - The connector owns one goroutine, the saver's (saves, then
+//     preloads); Close stops it and waits, then saves what the slots hold
+//     (unless told not to), and must come before the kv.Cache's Close.
+//   - The saver (save.go) owns that goroutine, its wake-up channel and its
+//     counters; it saves a slot only when the slot is idle and still holds
+//     the content version it looked at, under the slot's op lock, and keeps
+//     what it saved (keep: the catalog's per-owner bound, then MaxStates,
+//     least recently used first; the same for imported states).
+//   - The preloader (preload.go) owns its counters and what each slot's
+//     preload restored; it runs only in the saver's goroutine (and tests),
+//     after the saves, so it never takes a slot whose KV is unsaved.
+//   - Both read and change the slots, sessions and fingerprint through a
+//     pointer back to the connector, under the connector's mu (preloaded
+//     included): there is one lock over the slots, never a second.
 package llamacpp

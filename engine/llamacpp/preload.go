@@ -9,10 +9,32 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/kv"
 )
+
+// preloader restores, off the request path, the state of the session
+// expected to speak soonest into an idle slot whose KV is stored. It runs
+// in the saver's goroutine, after the saves (tests call one); Before uses
+// what it restored (useLocked) or waits for the restore under way (the
+// slot's c.ops lock).
+//
+// It owns its counters and preloaded, what each slot's preload restored,
+// which c.mu protects like the slots it describes. The slots, sessions,
+// arrival history, fingerprint and layout it plans from are the
+// connector's, under the connector's mu, reached through the back pointer.
+type preloader struct {
+	c         *Connector
+	preloaded []restoreInfo // per slot: what its preload restored; c.mu protects it
+
+	preloads, used, abandoned, waits, errs, ns atomic.Int64
+}
+
+func newPreloader(c *Connector, slots int) *preloader {
+	return &preloader{c: c, preloaded: make([]restoreInfo, slots)}
+}
 
 // preloadPlan is one preload the connector decided on.
 type preloadPlan struct {
@@ -24,27 +46,14 @@ type preloadPlan struct {
 
 // clientsBusyLocked counts the client requests in flight or on their way
 // to a slot. Called with c.mu held.
-func (c *Connector) clientsBusyLocked() int {
-	n := c.arriving
-	for _, sl := range c.sched.slots {
-		n += sl.inflight - sl.bg
-	}
-	return n
+func (p *preloader) clientsBusyLocked() int {
+	return p.c.arriving + p.c.sched.clients()
 }
 
-// residentLocked reports whether a slot holds session key's KV.
-func (c *Connector) residentLocked(key string) bool {
-	for _, sl := range c.sched.slots {
-		if sl.sess == key {
-			return true
-		}
-	}
-	return false
-}
-
-// preloadStateOf returns the newest state session key saved under the
+// stateOf returns the newest state session key saved under the
 // current model and layout, worth a restore; nil when none.
-func (c *Connector) preloadStateOf(key string, fp, layout string) *stateMeta {
+func (p *preloader) stateOf(key string, fp, layout string) *stateMeta {
+	c := p.c
 	l := c.cat.session(key)
 	for i := len(l) - 1; i >= 0; i-- {
 		m := l[i]
@@ -55,7 +64,7 @@ func (c *Connector) preloadStateOf(key string, fp, layout string) *stateMeta {
 	return nil
 }
 
-// planPreloadLocked picks the session expected soonest that holds no slot,
+// planLocked picks the session expected soonest that holds no slot,
 // has a saved state and is not overdue by more than its usual gap, and the
 // slot to restore it into: an idle slot
 // whose KV is stored (a free one first, else the one whose occupant is
@@ -68,11 +77,12 @@ func (c *Connector) preloadStateOf(key string, fp, layout string) *stateMeta {
 // state only when every slot holds one.) When an occupant's quiet period is
 // all that stands in the way, wait says how long until it ends. Called
 // with c.mu held.
-func (c *Connector) planPreloadLocked(now time.Time) (plan preloadPlan, wait time.Duration, ok bool) {
-	if c.restoreOff || c.fp == "" || c.clientsBusyLocked() > 0 {
+func (p *preloader) planLocked(now time.Time) (plan preloadPlan, wait time.Duration, ok bool) {
+	c := p.c
+	if c.restoreOff || c.fp == "" || p.clientsBusyLocked() > 0 {
 		return preloadPlan{}, 0, false
 	}
-	cands := c.pred.next(now, len(c.sched.slots)+4, c.residentLocked)
+	cands := c.pred.next(now, len(c.sched.slots)+4, c.sched.resident)
 	for _, cd := range cands {
 		if now.Sub(cd.due) > cd.gap {
 			// Overdue by more than its usual gap: its rhythm did not hold
@@ -80,11 +90,11 @@ func (c *Connector) planPreloadLocked(now time.Time) (plan preloadPlan, wait tim
 			// comes now.
 			continue
 		}
-		m := c.preloadStateOf(cd.key, c.fp, c.layout)
+		m := p.stateOf(cd.key, c.fp, c.layout)
 		if m == nil {
 			continue
 		}
-		sl, wait := c.preloadSlotLocked(cd.due, now)
+		sl, wait := p.slotLocked(cd.due, now)
 		if sl == nil {
 			// Later candidates are due later still: no slot for them either.
 			return preloadPlan{}, wait, false
@@ -94,9 +104,11 @@ func (c *Connector) planPreloadLocked(now time.Time) (plan preloadPlan, wait tim
 	return preloadPlan{}, 0, false
 }
 
-// preloadSlotLocked returns the slot a session due at due may take, or nil
+// slotLocked returns the slot a session due at due may take, or nil
 // and how long until an occupant's quiet period ends (0: none would do).
-func (c *Connector) preloadSlotLocked(due, now time.Time) (*slotInfo, time.Duration) {
+// Called with c.mu held.
+func (p *preloader) slotLocked(due, now time.Time) (*slotInfo, time.Duration) {
+	c := p.c
 	var free, best *slotInfo
 	var bestDue time.Time
 	var wait time.Duration
@@ -149,31 +161,32 @@ func (c *Connector) holdLocked(sl *slotInfo) time.Duration {
 	return hold
 }
 
-// usePreloadLocked marks the state preloaded into sl used by req, its
+// useLocked marks the state preloaded into sl used by req, its
 // session's request, so that After checks the engine reused it. Called
 // with c.mu held.
-func (c *Connector) usePreloadLocked(req *request, sl *slotInfo) {
+func (p *preloader) useLocked(req *request, sl *slotInfo) {
 	sl.preload = preloadNone
-	c.preloadUsed.Add(1)
-	r := c.preloaded[sl.id]
+	p.used.Add(1)
+	r := p.preloaded[sl.id]
 	req.restore = &r
 }
 
-// preloadOne preloads one session's state (see Options.Preload); it
-// reports whether it did.
-func (c *Connector) preloadOne() bool {
-	ok, _ := c.tryPreload()
+// one preloads one session's state (see Options.Preload); it reports
+// whether it did.
+func (p *preloader) one() bool {
+	ok, _ := p.try()
 	return ok
 }
 
-// tryPreload is preloadOne that also says, when it preloaded nothing, how
-// long until a slot's quiet period ends and a preload may be possible.
-func (c *Connector) tryPreload() (bool, time.Duration) {
+// try is one that also says, when it preloaded nothing, how long until a
+// slot's quiet period ends and a preload may be possible.
+func (p *preloader) try() (bool, time.Duration) {
+	c := p.c
 	if c.closed.Load() || c.probe.Load() != probeEnabled {
 		return false, 0
 	}
 	c.mu.Lock()
-	plan, wait, ok := c.planPreloadLocked(c.opts.Clock.Now())
+	plan, wait, ok := p.planLocked(c.opts.Clock.Now())
 	if !ok {
 		c.mu.Unlock()
 		return false, wait
@@ -195,24 +208,24 @@ func (c *Connector) tryPreload() (bool, time.Duration) {
 	case sl.version != ver || sl.preload != preloadReserved:
 		// A client request took the slot meanwhile: its placement ended
 		// the reservation.
-		c.preloadAbandoned.Add(1)
+		p.abandoned.Add(1)
 		c.mu.Unlock()
 		return false, 0
 	case err != nil:
 		sl.preload = preloadNone
 		c.mu.Unlock()
 		if !errors.Is(err, kv.ErrNotFound) {
-			c.preloadErrs.Add(1)
+			p.errs.Add(1)
 			c.log.Warn("llamacpp: preload: fetch saved state", "err", err)
 		}
 		return false, 0
-	case c.clientsBusyLocked() > 0 || c.residentLocked(plan.key):
+	case p.clientsBusyLocked() > 0 || c.sched.resident(plan.key):
 		// A client request is on its way (to this slot's occupant, or
 		// anywhere: a restore would hold up the engine's loop), or the
 		// session found a slot of its own: give up before the engine is
 		// asked; the slot keeps its occupant.
 		sl.preload = preloadNone
-		c.preloadAbandoned.Add(1)
+		p.abandoned.Add(1)
 		c.mu.Unlock()
 		return false, 0
 	}
@@ -245,7 +258,7 @@ func (c *Connector) tryPreload() (bool, time.Duration) {
 	os.Remove(filepath.Join(c.opts.SlotDir, name))
 	d := c.opts.Clock.Now().Sub(start)
 	if err != nil {
-		c.preloadErrs.Add(1)
+		p.errs.Add(1)
 		c.mu.Lock()
 		if sl.version == ver {
 			sl.preload, sl.chain = preloadNone, chain{} // unknown now
@@ -255,8 +268,8 @@ func (c *Connector) tryPreload() (bool, time.Duration) {
 		c.log.Warn("llamacpp: preload: slot restore failed", "slot", sl.id, "err", err)
 		return false, 0
 	}
-	c.preloads.Add(1)
-	c.preloadNs.Add(int64(d))
+	p.preloads.Add(1)
+	p.ns.Add(int64(d))
 	c.cat.touch(m, c.opts.Clock.Now())
 	// The server's token count of a restored slot (GET /slots
 	// n_prompt_tokens, which tells another client's use of the slot) is not
@@ -285,6 +298,6 @@ func (c *Connector) tryPreload() (bool, time.Duration) {
 	sl.chain, sl.tokens = m.chain, tokens
 	sl.preload = preloadLoaded
 	c.log.Debug("llamacpp: preloaded", "session", plan.key, "slot", sl.id, "replaced", prev, "due_in", plan.due.Sub(start), "ms", float64(d)/1e6)
-	c.preloaded[sl.id] = restoreInfo{expect: m.tokens, ms: float64(d) / 1e6}
+	p.preloaded[sl.id] = restoreInfo{expect: m.tokens, ms: float64(d) / 1e6}
 	return true, 0
 }

@@ -75,7 +75,7 @@ func (h *harness) settle() {
 	h.t.Helper()
 	for {
 		h.c.Flush()
-		for h.c.preloadOne() {
+		for h.c.preloader.one() {
 		}
 		busy := false
 		h.c.mu.Lock()
@@ -193,9 +193,9 @@ func TestLlamaCPPPreloadKeepsSoonerOccupant(t *testing.T) {
 	clk.ns.Store(18e9)
 	h.c.mu.Lock()
 	h.c.arriving++
-	_, _, ok := h.c.planPreloadLocked(clk.Now())
+	_, _, ok := h.c.preloader.planLocked(clk.Now())
 	h.c.arriving--
-	plan, _, ok2 := h.c.planPreloadLocked(clk.Now())
+	plan, _, ok2 := h.c.preloader.planLocked(clk.Now())
 	h.c.mu.Unlock()
 	if ok || !ok2 || plan.key != sessKey("t1", "B") {
 		t.Fatalf("plan while a client arrives: %v; after: %v %+v", ok, ok2, plan)
@@ -271,7 +271,7 @@ func TestLlamaCPPPreloadWaitsForQuiet(t *testing.T) {
 	h.turnAt(clk, 1, "A", 1)
 	h.turnAt(clk, 2, "B", 1)
 	h.turnAt(clk, 3, "A", 2) // B is due at 4, A at 5; A ended its turn at 3
-	if ok, wait := h.c.tryPreload(); ok || wait != time.Second {
+	if ok, wait := h.c.preloader.try(); ok || wait != time.Second {
 		t.Fatalf("preload within A's quiet period: %v, wait %v", ok, wait)
 	}
 	clk.ns.Store(4e9)

@@ -186,8 +186,8 @@ func (c *Connector) fetchShared(ctx context.Context, req *request) {
 		return
 	}
 	c.sharedFetches.Add(1)
-	for _, d := range c.cat.add(m, c.keep(m.sess)) {
-		c.dropState(d.id)
+	for _, d := range c.cat.add(m, c.opts.statesKept(m.sess)) {
+		c.saver.drop(d.id)
 	}
 }
 

@@ -13,34 +13,84 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/kv"
 )
 
-// saver saves slots holding unsaved KV once they are idle, one at a time,
-// until Close.
-func (c *Connector) saver() {
-	defer c.wg.Done()
+// saver saves slots' KV into the cache and keeps the states it saves. It
+// owns the connector's one goroutine (run): woken by After, it saves, one
+// at a time, the least recently used idle slot holding KV no stored state
+// covers until none is left, then lets the preloader fill idle slots (a
+// preload takes only a slot whose KV is stored). Before saves a displaced
+// occupant through it on the request path, Settle and ExportStates a
+// session's slot, Close what every slot holds.
+//
+// It owns its wake-up and stop channels, its goroutine (start, stop: stop
+// waits) and its counters. The slots, sessions and fingerprint it reads
+// and updates are the connector's, under the connector's mu, reached
+// through the back pointer; a slot's operations run under its c.ops lock.
+type saver struct {
+	c *Connector
+
+	kick chan struct{} // After: a slot may need saving, or a preload may be due
+	quit chan struct{} // closed by stop
+	wg   sync.WaitGroup
+
+	saves, errs, empty, parseErrs, bytes, ns, deletes atomic.Int64
+	warnedParse, warnedDir, warnedStore               atomic.Bool
+}
+
+func newSaver(c *Connector) *saver {
+	return &saver{c: c, kick: make(chan struct{}, 1), quit: make(chan struct{})}
+}
+
+// start starts the goroutine; stop stops it and waits for it.
+func (s *saver) start() {
+	s.wg.Add(1)
+	go s.run()
+}
+
+func (s *saver) stop() {
+	close(s.quit)
+	s.wg.Wait()
+}
+
+// wake tells the goroutine to look for work; it never blocks.
+func (s *saver) wake() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run saves slots holding unsaved KV once they are idle, one at a time,
+// then preloads, until stop.
+func (s *saver) run() {
+	defer s.wg.Done()
+	c := s.c
 	var again <-chan time.Time // a preload waits for a slot's quiet period
 	for {
 		select {
-		case <-c.done:
+		case <-s.quit:
 			return
-		case <-c.kick:
+		case <-s.kick:
 		case <-again:
 		}
 		again = nil
-		for !c.opts.NoBackgroundSave && !c.closed.Load() && c.saveOne() {
+		for !c.opts.NoBackgroundSave && !c.closed.Load() && s.saveOne() {
 		}
 		// Preload once the slots' KV is saved: a preload takes only a slot
 		// whose KV is stored.
 		for i := 0; c.opts.Preload && i < c.opts.Slots && !c.closed.Load(); i++ {
-			ok, wait := c.tryPreload()
+			ok, wait := c.preloader.try()
 			if !ok {
 				if wait > 0 {
 					again = c.opts.Clock.After(wait)
@@ -53,7 +103,8 @@ func (c *Connector) saver() {
 
 // saveOne saves the least recently used idle slot with unsaved KV; it
 // reports whether there was one.
-func (c *Connector) saveOne() bool {
+func (s *saver) saveOne() bool {
+	c := s.c
 	c.mu.Lock()
 	sl := c.sched.saveCandidate()
 	if sl == nil {
@@ -62,18 +113,14 @@ func (c *Connector) saveOne() bool {
 	}
 	id, ver := sl.id, sl.version
 	c.mu.Unlock()
-	c.saveIdle(sl, id, ver)
+	s.saveIdle(sl, id, ver)
 	return true
 }
 
-// Settle saves now, in the caller's goroutine, the KV that req (already
-// After'ed) left in its slot, when no stored state covers it yet, and so
-// writes it through to the shared store; it returns once that is done (or
-// failed), or at once when there is nothing to save. A fleet releases a
-// session's lease after it, so the replica that serves the next turn
-// finds this turn's KV. Bounded by the slot timeout.
-func (c *Connector) Settle(ctx context.Context, er *engine.Request) {
-	req := requestOf(er)
+// settle saves the KV that req (already After'ed) left in its slot, when
+// its session still holds the slot; see Connector.Settle.
+func (s *saver) settle(req *request) {
+	c := s.c
 	if c.closed.Load() || req.slot < 0 || req.slot >= len(c.ops) || req.sk == "" || req.Background {
 		return
 	}
@@ -85,12 +132,37 @@ func (c *Connector) Settle(ctx context.Context, er *engine.Request) {
 	}
 	ver := sl.version
 	c.mu.Unlock()
-	c.saveIdle(sl, sl.id, ver)
+	s.saveIdle(sl, sl.id, ver)
+}
+
+// settleSession saves the KV the session's slot holds, when idle and not
+// covered by a stored state yet.
+func (s *saver) settleSession(sk string) {
+	c := s.c
+	if c.closed.Load() || c.probe.Load() != probeEnabled {
+		return
+	}
+	c.mu.Lock()
+	var sl *slotInfo
+	for _, x := range c.sched.slots {
+		if x.sess == sk {
+			sl = x
+			break
+		}
+	}
+	if sl == nil {
+		c.mu.Unlock()
+		return
+	}
+	ver := sl.version
+	c.mu.Unlock()
+	s.saveIdle(sl, sl.id, ver)
 }
 
 // saveIdle saves slot id (sl) if it still holds content version ver,
 // unsaved and idle.
-func (c *Connector) saveIdle(sl *slotInfo, id int, ver uint64) {
+func (s *saver) saveIdle(sl *slotInfo, id int, ver uint64) {
+	c := s.c
 	c.ops[id].Lock()
 	defer c.ops[id].Unlock()
 	c.mu.Lock()
@@ -101,7 +173,7 @@ func (c *Connector) saveIdle(sl *slotInfo, id int, ver uint64) {
 	owner, ch, fp, extra := sl.owner, sl.chain, c.fp, sl.computeMs
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.SlotTimeout)
-	ok := c.saveSlot(ctx, id, owner, ch, fp, extra)
+	ok := s.save(ctx, id, owner, ch, fp, extra)
 	cancel()
 	c.mu.Lock()
 	if sl.version == ver {
@@ -117,31 +189,38 @@ func (c *Connector) saveIdle(sl *slotInfo, id int, ver uint64) {
 	c.mu.Unlock()
 }
 
-// Flush saves now, in the caller's goroutine, what the background saver
-// would save next: every idle slot holding KV no stored state covers. It
-// returns once none is left. For tests, benchmarks and tools; the request
-// path never waits for it.
-func (c *Connector) Flush() {
-	for !c.closed.Load() && c.saveOne() {
+// saveAll saves every slot holding KV no stored state covers, busy or
+// not, once: for Close, after stop.
+func (s *saver) saveAll() {
+	c := s.c
+	for {
+		c.mu.Lock()
+		sl := c.sched.saveCandidate()
+		if sl == nil {
+			c.mu.Unlock()
+			return
+		}
+		id, sess, ch, fp, extra := sl.id, sl.owner, sl.chain, c.fp, sl.computeMs
+		sl.dirty = false
+		c.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), c.opts.SlotTimeout)
+		c.ops[id].Lock()
+		s.save(ctx, id, sess, ch, fp, extra)
+		c.ops[id].Unlock()
+		cancel()
 	}
-}
-
-// QueueDepth returns the slots whose KV waits for a background save.
-func (c *Connector) QueueDepth() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.sched.pending()
 }
 
 var errEmptySlot = errors.New("engine: llamacpp: the slot holds no KV")
 
-// saveSlot saves slot's KV, which covers ch for owner (a session) under model
+// save saves slot's KV, which covers ch for owner (a session) under model
 // fingerprint fp, as a state in the cache (GetOrComputeBlob: a state
-// already stored under that key is not saved again), and indexes it,
+// already stored under that key is not saved again), and keeps it,
 // dropping the states it supersedes. extraMs is the prefill the state
 // spares, which the cache counts in the compute's cost. The caller holds
 // the slot's op lock. It reports whether a state covers the slot now.
-func (c *Connector) saveSlot(ctx context.Context, slot int, owner string, ch chain, fp string, extraMs float64) bool {
+func (s *saver) save(ctx context.Context, slot int, owner string, ch chain, fp string, extraMs float64) bool {
+	c := s.c
 	if ch.len() == 0 || fp == "" {
 		return false
 	}
@@ -150,14 +229,14 @@ func (c *Connector) saveSlot(ctx context.Context, slot int, owner string, ch cha
 	meta.used = meta.created
 	var saved, savedAux []byte // for the shared store
 	_, out, err := c.opts.Cache.GetOrComputeBlob(ctx, c.opts.Namespace, meta.id, func(ctx context.Context) (kv.BlobMeta, []byte, time.Duration, error) {
-		raw, err := c.saveFile(ctx, slot, meta.id)
+		raw, err := s.saveFile(ctx, slot, meta.id)
 		if err != nil {
 			return kv.BlobMeta{}, nil, 0, err
 		}
 		st, err := parseSlotState(raw, 0)
 		if err != nil {
-			c.parseErrs.Add(1)
-			if !c.warnedParse.Swap(true) {
+			s.parseErrs.Add(1)
+			if !s.warnedParse.Swap(true) {
 				c.log.Warn("llamacpp: slot state file not in the expected layout; not kept", "err", err, "bytes", len(raw))
 			}
 			return kv.BlobMeta{}, nil, 0, err
@@ -176,20 +255,20 @@ func (c *Connector) saveSlot(ctx context.Context, slot int, owner string, ch cha
 	})
 	switch {
 	case errors.Is(err, errEmptySlot):
-		c.saveEmpty.Add(1)
+		s.empty.Add(1)
 		return false
 	case err != nil:
-		c.saveErrs.Add(1)
-		if !c.warnedStore.Swap(true) || !errors.Is(err, ErrSlotState) {
+		s.errs.Add(1)
+		if !s.warnedStore.Swap(true) || !errors.Is(err, ErrSlotState) {
 			c.log.Warn("llamacpp: saving a slot's KV failed; the session's older state, if any, is kept", "slot", slot, "err", err)
 		}
 		return false
 	case !out.Computed:
 		return true // that prefix was stored already
 	}
-	c.saves.Add(1)
-	c.savedB.Add(meta.size)
-	c.saveNs.Add(int64(time.Since(start)))
+	s.saves.Add(1)
+	s.bytes.Add(meta.size)
+	s.ns.Add(int64(time.Since(start)))
 	if c.opts.Shared != nil && saved != nil {
 		if err := c.opts.Shared.PutState(ctx, fp, meta.id, hashStrings(ch.hashes), saved, savedAux); err != nil {
 			c.sharedError("write a state through", err)
@@ -197,18 +276,7 @@ func (c *Connector) saveSlot(ctx context.Context, slot int, owner string, ch cha
 			c.sharedPuts.Add(1)
 		}
 	}
-	for _, d := range c.cat.add(meta, c.keep(owner)) {
-		c.dropState(d.id)
-	}
-	for {
-		n, _ := c.cat.size()
-		o := c.cat.oldest()
-		if n <= c.opts.MaxStates || o == nil {
-			break
-		}
-		c.cat.remove(o.id)
-		c.dropState(o.id)
-	}
+	s.keep(meta)
 	c.mu.Lock()
 	if se, ok := c.sessions[owner]; ok {
 		se.stats.Saves++
@@ -219,17 +287,39 @@ func (c *Connector) saveSlot(ctx context.Context, slot int, owner string, ch cha
 	return true
 }
 
-func (c *Connector) dropState(id string) {
+// keep indexes state m, stored in the cache, in the catalog, and drops
+// the states it supersedes (its owner's beyond Options.StatesPerSession or
+// StatelessStates) and the least recently used beyond Options.MaxStates.
+func (s *saver) keep(m *stateMeta) {
+	c := s.c
+	for _, d := range c.cat.add(m, c.opts.statesKept(m.sess)) {
+		s.drop(d.id)
+	}
+	for {
+		n, _ := c.cat.size()
+		o := c.cat.oldest()
+		if n <= c.opts.MaxStates || o == nil {
+			break
+		}
+		c.cat.remove(o.id)
+		s.drop(o.id)
+	}
+}
+
+// drop deletes state id, no longer in the catalog, from the cache.
+func (s *saver) drop(id string) {
+	c := s.c
 	if err := c.opts.Cache.DeleteBlob(c.opts.Namespace, id); err != nil && !errors.Is(err, kv.ErrNotFound) {
 		c.log.Warn("llamacpp: delete a superseded state", "err", err)
 		return
 	}
-	c.deletes.Add(1)
+	s.deletes.Add(1)
 }
 
 // saveFile has the server save slot into SlotDir and returns the file's
 // bytes; the file is removed whatever happens.
-func (c *Connector) saveFile(ctx context.Context, slot int, key string) ([]byte, error) {
+func (s *saver) saveFile(ctx context.Context, slot int, key string) ([]byte, error) {
+	c := s.c
 	name := opFileName(key, slot, "save")
 	path := filepath.Join(c.opts.SlotDir, name)
 	defer os.Remove(path)
@@ -238,11 +328,37 @@ func (c *Connector) saveFile(ctx context.Context, slot int, key string) ([]byte,
 		return nil, err
 	}
 	raw, err := readBounded(path, c.opts.MaxStateBytes)
-	if errors.Is(err, fs.ErrNotExist) && !c.warnedDir.Swap(true) {
+	if errors.Is(err, fs.ErrNotExist) && !s.warnedDir.Swap(true) {
 		c.log.Warn("llamacpp: the server saved a slot but its file is not in the slot dir: is --llamacpp-slot-dir the server's --slot-save-path?",
 			"slot_dir", c.opts.SlotDir)
 	}
 	return raw, err
+}
+
+// Settle saves now, in the caller's goroutine, the KV that req (already
+// After'ed) left in its slot, when no stored state covers it yet, and so
+// writes it through to the shared store; it returns once that is done (or
+// failed), or at once when there is nothing to save. A fleet releases a
+// session's lease after it, so the replica that serves the next turn
+// finds this turn's KV. Bounded by the slot timeout.
+func (c *Connector) Settle(_ context.Context, er *engine.Request) {
+	c.saver.settle(requestOf(er))
+}
+
+// Flush saves now, in the caller's goroutine, what the background saver
+// would save next: every idle slot holding KV no stored state covers. It
+// returns once none is left. For tests, benchmarks and tools; the request
+// path never waits for it.
+func (c *Connector) Flush() {
+	for !c.closed.Load() && c.saver.saveOne() {
+	}
+}
+
+// QueueDepth returns the slots whose KV waits for a background save.
+func (c *Connector) QueueDepth() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sched.pending()
 }
 
 // layoutOf names a state's KV layout: layer count, transposition, and per
@@ -306,9 +422,9 @@ func writeFileAtomic(dir, name string, data []byte) error {
 }
 
 // recoverSlotDir removes what an interrupted save or restore of an earlier
-// run left in SlotDir: the connector's own files only.
-func (c *Connector) recoverSlotDir() {
-	es, err := os.ReadDir(c.opts.SlotDir)
+// run left in dir: the connector's own files only.
+func recoverSlotDir(dir string, log *slog.Logger) {
+	es, err := os.ReadDir(dir)
 	if err != nil {
 		return
 	}
@@ -316,12 +432,12 @@ func (c *Connector) recoverSlotDir() {
 	for _, e := range es {
 		name := e.Name()
 		if e.Type().IsRegular() && (strings.HasPrefix(name, "kvsidecar-") || strings.HasPrefix(name, ".tmp-kvsidecar-")) {
-			if os.Remove(filepath.Join(c.opts.SlotDir, name)) == nil {
+			if os.Remove(filepath.Join(dir, name)) == nil {
 				n++
 			}
 		}
 	}
 	if n > 0 {
-		c.log.Info("llamacpp: removed files an interrupted run left in the slot dir", "files", n)
+		log.Info("llamacpp: removed files an interrupted run left in the slot dir", "files", n)
 	}
 }

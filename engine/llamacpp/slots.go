@@ -334,3 +334,22 @@ func (s *scheduler) pending() int {
 	}
 	return n
 }
+
+// clients counts the client requests in flight on the slots.
+func (s *scheduler) clients() int {
+	n := 0
+	for _, sl := range s.slots {
+		n += sl.inflight - sl.bg
+	}
+	return n
+}
+
+// resident reports whether a slot holds session sess's KV.
+func (s *scheduler) resident(sess string) bool {
+	for _, sl := range s.slots {
+		if sl.sess == sess {
+			return true
+		}
+	}
+	return false
+}

@@ -63,7 +63,7 @@ type snapState struct {
 // states gives a section of none.
 func (c *Connector) ExportStates(ctx context.Context, tenant, session string, maxBytes int64) ([]byte, engine.StatesInfo, error) {
 	sk := sessKey(tenant, session)
-	c.settleSession(sk)
+	c.saver.settleSession(sk)
 	states := c.cat.session(sk)
 	slices.SortFunc(states, func(a, b *stateMeta) int { return b.created.Compare(a.created) })
 	var (
@@ -110,33 +110,11 @@ func addState(i *engine.StatesInfo, m *stateMeta, size int64) {
 	i.Tokens = max(i.Tokens, m.tokens)
 }
 
-// settleSession saves the KV the session's slot holds, when idle and not
-// covered by a stored state yet.
-func (c *Connector) settleSession(sk string) {
-	if c.closed.Load() || c.probe.Load() != probeEnabled {
-		return
-	}
-	c.mu.Lock()
-	var sl *slotInfo
-	for _, s := range c.sched.slots {
-		if s.sess == sk {
-			sl = s
-			break
-		}
-	}
-	if sl == nil {
-		c.mu.Unlock()
-		return
-	}
-	ver := sl.version
-	c.mu.Unlock()
-	c.saveIdle(sl, sl.id, ver)
-}
-
 // parseStates checks an engine section whole: framing, every state's
-// metadata, and every slot file in the documented layout, holding the
-// tokens and KV layout its metadata states. Errors wrap errSnapshot.
-func (c *Connector) parseStates(section []byte) ([]snapState, error) {
+// metadata, and every slot file (of at most maxStateBytes) in the
+// documented layout, holding the tokens and KV layout its metadata states.
+// Errors wrap errSnapshot.
+func parseStates(section []byte, maxStateBytes int64) ([]snapState, error) {
 	bad := func(format string, args ...any) ([]snapState, error) {
 		return nil, fmt.Errorf("%w: "+format, append([]any{errSnapshot}, args...)...)
 	}
@@ -175,9 +153,9 @@ func (c *Connector) parseStates(section []byte) ([]snapState, error) {
 		b = b[8:]
 		var ok1, ok2 bool
 		st.aux, ok1 = bytesOf(1 << 20)
-		st.raw, ok2 = bytesOf(uint64(c.opts.MaxStateBytes))
+		st.raw, ok2 = bytesOf(uint64(maxStateBytes))
 		if !ok1 || !ok2 || len(b) < 4 {
-			return bad("state %d: framing, or a slot file over %d bytes", i+1, c.opts.MaxStateBytes)
+			return bad("state %d: framing, or a slot file over %d bytes", i+1, maxStateBytes)
 		}
 		if crc32.Checksum(whole[:len(whole)-len(b)], castagnoli) != binary.BigEndian.Uint32(b) {
 			return bad("state %d: checksum mismatch", i+1)
@@ -211,7 +189,7 @@ func (c *Connector) parseStates(section []byte) ([]snapState, error) {
 // engine.ErrOtherModel; a server that cannot answer engine.ErrUnavailable. A section
 // without states needs no server.
 func (c *Connector) CheckStates(ctx context.Context, tenant string, section []byte) (engine.StatesInfo, error) {
-	states, err := c.parseStates(section)
+	states, err := parseStates(section, c.opts.MaxStateBytes)
 	if err != nil {
 		return engine.StatesInfo{}, err
 	}
@@ -261,7 +239,7 @@ func (c *Connector) checkStates(ctx context.Context, tenant string, states []sna
 // key's prompts; counted in engine.StatesInfo.Skipped). With a shared store the
 // states are written through to it.
 func (c *Connector) ImportStates(ctx context.Context, tenant, session string, section []byte) (engine.StatesInfo, error) {
-	states, err := c.parseStates(section)
+	states, err := parseStates(section, c.opts.MaxStateBytes)
 	if err != nil {
 		return engine.StatesInfo{}, err
 	}
@@ -292,18 +270,7 @@ func (c *Connector) ImportStates(ctx context.Context, tenant, session string, se
 				c.sharedPuts.Add(1)
 			}
 		}
-		for _, d := range c.cat.add(m, c.keep(owner)) {
-			c.dropState(d.id)
-		}
-	}
-	for {
-		n, _ := c.cat.size()
-		o := c.cat.oldest()
-		if n <= c.opts.MaxStates || o == nil {
-			break
-		}
-		c.cat.remove(o.id)
-		c.dropState(o.id)
+		c.saver.keep(m)
 	}
 	return info, nil
 }

@@ -155,7 +155,7 @@ func FuzzSnapshotStates(f *testing.F) {
 	}
 	f.Add([]byte{1, 200, 1})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		states, err := h.c.parseStates(b)
+		states, err := parseStates(b, h.c.opts.MaxStateBytes)
 		if err != nil {
 			if !errors.Is(err, durable.ErrCorrupt) {
 				t.Fatalf("error %v does not match durable.ErrCorrupt", err)
