@@ -15,7 +15,6 @@ type Stats struct {
 	SaveErrors    int64 `json:"save_errors"`
 	SaveEmpty     int64 `json:"save_empty"`
 	ParseErrors   int64 `json:"parse_errors"`
-	StoreErrors   int64 `json:"store_errors"`
 	Restores      int64 `json:"restores"`
 	RestoreMisses int64 `json:"restore_misses"`
 	RestoreErrors int64 `json:"restore_errors"`
