@@ -82,7 +82,10 @@ type Stats struct {
 }
 
 // Index is a hybrid BM25 + vector (HNSW) index over documents with metadata.
-// It owns its postings, vectors and graph; documents are copied in.
+// It owns the documents (copied in) and its parts: the postings (bm25), the
+// vectors and their graph (vectors), the embedder calls (embedding) and the
+// attached entity graph; see the package documentation for each part's
+// invariants.
 // Methods are safe for concurrent use: searches share a read lock, updates
 // take the write lock only to apply prepared entries (embedding runs
 // outside any lock).
