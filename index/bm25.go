@@ -65,10 +65,9 @@ type bm25 struct {
 	n        int            // live documents (Index.live)
 }
 
+// newBM25 returns postings to clear before use (Index.reset does).
 func newBM25(o Options) bm25 {
-	p := bm25{k1: o.K1, b: o.B, maxQueryTerms: o.MaxQueryTerms}
-	p.clear()
-	return p
+	return bm25{k1: o.K1, b: o.B, maxQueryTerms: o.MaxQueryTerms}
 }
 
 // clear empties the postings.
