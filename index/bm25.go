@@ -44,9 +44,67 @@ type queryWeighter interface {
 	EmbedWeighted(text string, weight func(term string) float64) []float32
 }
 
-// termIDF is the BM25 IDF of term in the live documents; x.mu must be held.
-func (x *Index) termIDF(term string) float64 {
-	return idf(x.live, x.df[term])
+// bm25 is the inverted index of the live documents' terms and the corpus
+// statistics BM25 scores with. Documents are named by slot (see Index);
+// their terms and lengths stay in the entries, which bm25 reads but never
+// changes.
+//
+// It has no lock of its own: Index.mu guards it, because a document enters
+// BM25 and the vectors under one lock. Its invariants, with the lock held:
+// n is Index.live; df[t] is the number of live documents holding t, and a
+// term is in postings exactly when it is in df (a posting list may still
+// name tombstones until compaction); totalLen is the sum of the live
+// documents' lengths.
+type bm25 struct {
+	k1, b         float64
+	maxQueryTerms int
+
+	postings map[string][]posting
+	df       map[string]int // live documents containing the term
+	totalLen int64          // sum of live documents' term counts
+	n        int            // live documents (Index.live)
+}
+
+// newBM25 returns postings to clear before use (Index.reset does).
+func newBM25(o Options) bm25 {
+	return bm25{k1: o.K1, b: o.B, maxQueryTerms: o.MaxQueryTerms}
+}
+
+// clear empties the postings.
+func (p *bm25) clear() {
+	p.postings = make(map[string][]posting)
+	p.df = make(map[string]int)
+	p.totalLen = 0
+	p.n = 0
+}
+
+// add indexes the terms of e, a live document now in slot.
+func (p *bm25) add(slot uint32, e *entry) {
+	p.n++
+	for _, t := range e.terms {
+		p.postings[t.term] = append(p.postings[t.term], posting{slot: slot, tf: t.tf})
+		p.df[t.term]++
+	}
+	p.totalLen += int64(e.length)
+}
+
+// remove takes e's terms out of the statistics; its postings stay as
+// tombstones' until the term has no live document or compaction.
+func (p *bm25) remove(e *entry) {
+	p.n--
+	for _, t := range e.terms {
+		if p.df[t.term]--; p.df[t.term] <= 0 {
+			// Every remaining posting of the term is a tombstone.
+			delete(p.df, t.term)
+			delete(p.postings, t.term)
+		}
+	}
+	p.totalLen -= int64(e.length)
+}
+
+// termIDF is the BM25 IDF of term in the live documents.
+func (p *bm25) termIDF(term string) float64 {
+	return idf(p.n, p.df[term])
 }
 
 // queryTerm is a distinct query term; idf is filled under the lock.
@@ -55,12 +113,13 @@ type queryTerm struct {
 	idf  float64
 }
 
-// queryTerms returns the distinct terms of q, at most MaxQueryTerms.
-func (x *Index) queryTerms(q string) []queryTerm {
+// queryTerms returns the distinct terms of q, at most MaxQueryTerms. It
+// reads no state that changes: callers need not hold the lock.
+func (p *bm25) queryTerms(q string) []queryTerm {
 	toks := tokenize(q)
-	out := make([]queryTerm, 0, min(len(toks), x.opts.MaxQueryTerms))
+	out := make([]queryTerm, 0, min(len(toks), p.maxQueryTerms))
 	for _, t := range toks {
-		if len(out) == x.opts.MaxQueryTerms {
+		if len(out) == p.maxQueryTerms {
 			break
 		}
 		if !slices.ContainsFunc(out, func(q queryTerm) bool { return q.term == t }) {
@@ -83,47 +142,47 @@ func idf(n, df int) float64 {
 	return math.Log(1 + (float64(n)-float64(df)+0.5)/(float64(df)+0.5))
 }
 
-// bm25Term is one term's contribution for a document of length dl.
-func (x *Index) bm25Term(idf float64, tf, dl int, avgdl float64) float64 {
-	k1, b := x.opts.K1, x.opts.B
+// term is one term's contribution for a document of length dl.
+func (p *bm25) term(idf float64, tf, dl int, avgdl float64) float64 {
+	k1, b := p.k1, p.b
 	f := float64(tf)
 	return idf * f * (k1 + 1) / (f + k1*(1-b+b*float64(dl)/avgdl))
 }
 
-// searchBM25 returns the n best BM25 candidates that keep accepts (nil: all);
-// it fills qterms' idf. x.mu must be held for reading.
-func (x *Index) searchBM25(qterms []queryTerm, n int, keep func(string) bool) []scored {
-	if x.live == 0 || len(qterms) == 0 {
+// search returns the n best BM25 candidates among docs (the index's
+// slots) that keep accepts (nil: all); it fills qterms' idf.
+func (p *bm25) search(docs []*entry, qterms []queryTerm, n int, keep func(string) bool) []scored {
+	if p.n == 0 || len(qterms) == 0 {
 		return nil
 	}
-	avgdl := max(float64(x.totalLen)/float64(x.live), 1)
+	avgdl := max(float64(p.totalLen)/float64(p.n), 1)
 	s := bm25Pool.Get().(*bm25Scratch)
-	if cap(s.acc) < len(x.docs) {
-		s.acc = make([]float64, len(x.docs))
+	if cap(s.acc) < len(docs) {
+		s.acc = make([]float64, len(docs))
 	}
-	acc := s.acc[:len(x.docs)]
+	acc := s.acc[:len(docs)]
 	touched := s.touched[:0]
 	for i := range qterms {
 		q := &qterms[i]
-		df := x.df[q.term]
+		df := p.df[q.term]
 		if df == 0 {
 			continue
 		}
-		q.idf = idf(x.live, df)
-		for _, p := range x.postings[q.term] {
-			e := x.docs[p.slot]
+		q.idf = idf(p.n, df)
+		for _, ps := range p.postings[q.term] {
+			e := docs[ps.slot]
 			if e == nil {
 				continue
 			}
-			if acc[p.slot] == 0 {
-				touched = append(touched, p.slot)
+			if acc[ps.slot] == 0 {
+				touched = append(touched, ps.slot)
 			}
-			acc[p.slot] += x.bm25Term(q.idf, int(p.tf), e.length, avgdl)
+			acc[ps.slot] += p.term(q.idf, int(ps.tf), e.length, avgdl)
 		}
 	}
 	top := newTopN(n)
 	for _, slot := range touched {
-		if keep == nil || keep(x.docs[slot].doc.ID) {
+		if keep == nil || keep(docs[slot].doc.ID) {
 			top.push(scored{slot: slot, score: acc[slot]})
 		}
 		acc[slot] = 0
@@ -133,12 +192,12 @@ func (x *Index) searchBM25(qterms []queryTerm, n int, keep func(string) bool) []
 	return top.sorted()
 }
 
-// docBM25 scores one document for qterms (whose idf searchBM25 filled).
-func (x *Index) docBM25(e *entry, qterms []queryTerm) float64 {
-	if x.live == 0 {
+// score scores one document for qterms (whose idf search filled).
+func (p *bm25) score(e *entry, qterms []queryTerm) float64 {
+	if p.n == 0 {
 		return 0
 	}
-	avgdl := max(float64(x.totalLen)/float64(x.live), 1)
+	avgdl := max(float64(p.totalLen)/float64(p.n), 1)
 	var s float64
 	for _, q := range qterms {
 		if q.idf == 0 {
@@ -146,7 +205,7 @@ func (x *Index) docBM25(e *entry, qterms []queryTerm) float64 {
 		}
 		i, ok := slices.BinarySearchFunc(e.terms, q.term, func(t termFreq, s string) int { return cmp.Compare(t.term, s) })
 		if ok {
-			s += x.bm25Term(q.idf, int(e.terms[i].tf), e.length, avgdl)
+			s += p.term(q.idf, int(e.terms[i].tf), e.length, avgdl)
 		}
 	}
 	return s
@@ -161,28 +220,27 @@ func (x *Index) docBM25(e *entry, qterms []queryTerm) float64 {
 // Unlike a BM25 score it is comparable across queries and indexes: a
 // document sharing only a frequent word with the query covers little of it.
 func (x *Index) Coverage(query, id string) (float64, bool) {
-	qterms := x.queryTerms(query)
+	qterms := x.bm.queryTerms(query)
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	slot, ok := x.ids[id]
 	if !ok {
 		return 0, false
 	}
-	return x.coverage(qterms, x.docs[slot]), true
+	return x.bm.coverage(qterms, x.docs[slot]), true
 }
 
-// coverage is Coverage for a document's entry. x.mu must be held for
-// reading.
-func (x *Index) coverage(qterms []queryTerm, e *entry) float64 {
+// coverage is Coverage for a document's entry.
+func (p *bm25) coverage(qterms []queryTerm, e *entry) float64 {
 	var known, held float64
 	unknown := 0
 	for _, q := range qterms {
-		df := x.df[q.term]
+		df := p.df[q.term]
 		if df == 0 {
 			unknown++
 			continue
 		}
-		w := idf(x.live, df)
+		w := idf(p.n, df)
 		known += w
 		if _, ok := slices.BinarySearchFunc(e.terms, q.term, func(t termFreq, s string) int { return cmp.Compare(t.term, s) }); ok {
 			held += w
@@ -195,5 +253,14 @@ func (x *Index) coverage(qterms []queryTerm, e *entry) float64 {
 	// A query word the index has never seen is at least as telling as
 	// its rarest word: a memory that shares only the question's common
 	// words ("item" of "Item 25, goblet?") covers little of it.
-	return held / (known + float64(unknown)*idf(x.live, 1))
+	return held / (known + float64(unknown)*idf(p.n, 1))
+}
+
+// approxBytes estimates the heap the postings hold.
+func (p *bm25) approxBytes() int64 {
+	var b int64
+	for t, ps := range p.postings {
+		b += int64(len(t)) + 64 + int64(cap(ps))*8
+	}
+	return b
 }

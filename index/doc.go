@@ -24,13 +24,41 @@
 //   - persistence of documents and vectors in one checksummed file (Save,
 //     Load), written atomically.
 //
-// Files, one concern each: index.go (documents, Add/Upsert/Delete/Rebuild,
-// Search), bm25.go (term frequencies, postings, IDF, Coverage), vectors.go
-// (exact scan, HNSW graph, compaction), graph.go (the entity graph),
-// fusion.go (fusion, rerank, recency), topn.go (the bounded heap every retriever ranks with),
-// tokenize.go and stem.go (the tokenizer memory shares via Tokenize),
-// embed.go, openai.go and openai_fetch.go (embedders; the HTTP side in
-// the latter), space.go (re-embedding for a new vector space), persist.go
+// Index is a thin owner of the documents (by slot; an ID names its slot)
+// and of the one lock, over parts that each own their state:
+//
+//   - bm25 (bm25.go): the postings, document frequencies and lengths of
+//     the live documents. Its n is Index's live count; a term is in its
+//     postings exactly when a live document holds it (a posting list may
+//     still name tombstones until compaction).
+//   - vectors (vectors.go): the stored vectors' dimension and space, their
+//     count, the exact scan and the HNSW graph. The graph, when built,
+//     holds every live vector; its keys are slots, never reused before
+//     compaction; it is never edited in place.
+//   - embedding (space.go): the embedder and the optional interfaces it
+//     implements; set by New and never changed, so used without the lock.
+//     Every call that may wait on the network goes through it, outside
+//     the lock.
+//   - EntityGraph (graph.go): immutable once built; Index holds the one
+//     attached with SetGraph.
+//   - persistence (persist.go): functions over a snapshot of the entries;
+//     no state of its own.
+//
+// The parts have no lock or goroutine of their own: Index.mu guards them
+// all, so that a document enters every part under one lock (the first
+// invariant below); only Index's methods take it, and the parts' methods
+// expect it held (for reading, in searches). The package starts no
+// goroutine; OpenAIEmbedder's state has its own mutex.
+//
+// Files, one concern each: index.go (Index: documents, Add, Upsert,
+// Delete, Rebuild, compaction, Stats), search.go (Search, SearchFunc,
+// SearchFocus: one search through the parts), bm25.go (term frequencies,
+// postings, IDF, Coverage), vectors.go (exact scan, HNSW graph), graph.go
+// (the entity graph), fusion.go (fusion, rerank, recency), topn.go (the
+// bounded heap every retriever ranks with), tokenize.go and stem.go (the
+// tokenizer memory shares via Tokenize), embed.go, openai.go and
+// openai_fetch.go (embedders; the HTTP side in the latter), space.go (the
+// embedder calls, vector-space changes and re-embedding), persist.go
 // (Save, Load), options.go.
 //
 // The package imports nothing from the project; memory/ owns the documents

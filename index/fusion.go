@@ -53,7 +53,7 @@ func (x *Index) fuse(mode Mode, qterms []queryTerm, qv []float32, bm, vec, gr []
 		if math.IsNaN(c.bm25) {
 			c.bm25 = 0
 			if mode == ModeHybrid {
-				c.bm25 = x.docBM25(e, qterms)
+				c.bm25 = x.bm.score(e, qterms)
 			}
 		}
 		if math.IsNaN(c.cos) {

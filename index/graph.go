@@ -200,9 +200,12 @@ func (x *Index) SetGraph(g *EntityGraph) {
 // fusion off): what a caller re-showing earlier hits may keep as relevant
 // though they share no word with the query beyond the entity.
 func (x *Index) GraphReach(query string, n int) map[string]bool {
+	if x.opts.GraphWeight <= 0 {
+		return nil
+	}
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	hits := x.searchGraph(query, n, nil)
+	hits := x.entities.retrieve(query, n, x.opts.Candidates, x.ids, x.docs, nil)
 	if len(hits) == 0 {
 		return nil
 	}
@@ -213,21 +216,22 @@ func (x *Index) GraphReach(query string, n int) map[string]bool {
 	return out
 }
 
-// searchGraph returns the n best graph candidates that keep accepts (nil:
-// all), or nil when no graph is attached or fusion gives it no weight. x.mu
-// must be held for reading.
-func (x *Index) searchGraph(query string, n int, keep func(string) bool) []scored {
-	if x.entities == nil || x.opts.GraphWeight <= 0 {
+// retrieve returns the n best documents g reaches from query, by slot,
+// among those the index holds (ids, docs: the index's, under its lock) and
+// keep accepts (nil: all); nil when g is nil. It reads extra documents
+// beyond n from g to make up for those it skips.
+func (g *EntityGraph) retrieve(query string, n, extra int, ids map[string]uint32, docs []*entry, keep func(string) bool) []scored {
+	if g == nil {
 		return nil
 	}
-	hits := x.entities.search(tokenize(query), n+x.opts.Candidates)
+	hits := g.search(tokenize(query), n+extra)
 	out := make([]scored, 0, min(len(hits), n))
 	for _, h := range hits {
 		if len(out) == n {
 			break
 		}
-		slot, ok := x.ids[h.id]
-		if ok && x.docs[slot] != nil && (keep == nil || keep(h.id)) {
+		slot, ok := ids[h.id]
+		if ok && docs[slot] != nil && (keep == nil || keep(h.id)) {
 			out = append(out, scored{slot: slot, score: h.score})
 		}
 	}

@@ -1,16 +1,11 @@
 package index
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/coder/hnsw"
 )
 
 // Meta is the metadata the reranker reads. The index stores it and never
@@ -87,7 +82,10 @@ type Stats struct {
 }
 
 // Index is a hybrid BM25 + vector (HNSW) index over documents with metadata.
-// It owns its postings, vectors and graph; documents are copied in.
+// It owns the documents (copied in) and its parts: the postings (bm25), the
+// vectors and their graph (vectors), the embedder calls (embedding) and the
+// attached entity graph; see the package documentation for each part's
+// invariants.
 // Methods are safe for concurrent use: searches share a read lock, updates
 // take the write lock only to apply prepared entries (embedding runs
 // outside any lock).
@@ -102,30 +100,19 @@ type Stats struct {
 // slots, which are never reused before such a rebuild.
 type Index struct {
 	opts Options
-	emb  Embedder
+	emb  embedding // immutable
 
 	mu sync.RWMutex
-	// mu protects the fields below.
-	ids      map[string]uint32 // ID → slot
-	docs     []*entry          // by slot; nil is a tombstone
-	live     int               // non-nil docs
-	postings map[string][]posting
-	df       map[string]int // live documents containing the term
-	totalLen int64          // sum of live documents' term counts
-	dim      int            // vector dimension, 0 until known
-	// space names the embedding space of the stored vectors (see
-	// SpaceEmbedder); "" when the embedder has none or it is not known.
-	space string
+	// mu protects the fields below, the parts' included: a document
+	// enters BM25 and the vectors under it at once.
+	ids  map[string]uint32 // ID → slot
+	docs []*entry          // by slot; nil is a tombstone
+	live int               // non-nil docs
 	// ver counts changes of the contents, so a re-embedding done without
 	// the lock knows whether it is still current.
-	ver      uint64
-	reembeds int64 // times every vector was re-embedded (a new space)
-	vecLive  int   // live documents with a vector
-	// graph, when not nil, holds every live vector (and the tombstones'
-	// until the next compaction).
-	graph     *hnsw.Graph[uint32]
-	inGraph   int // graph nodes, live or not
-	graphDead int // graph nodes whose slot is a tombstone
+	ver uint64
+	bm  bm25    // postings of the live documents' terms
+	vec vectors // their embeddings: dimension, space, HNSW graph
 	// entities is the knowledge graph fused in hybrid mode (SetGraph);
 	// nil when none. It survives compaction (it names documents by ID).
 	entities *EntityGraph
@@ -148,14 +135,12 @@ func New(opts Options) (*Index, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	x := &Index{opts: opts, emb: opts.Embedder}
+	x := &Index{opts: opts, emb: newEmbedding(opts), bm: newBM25(opts), vec: newVectors(opts)}
 	x.reset()
 	if d := x.emb.Dim(); d > 0 {
-		x.dim = d
+		x.vec.dim = d
 	}
-	if se, ok := x.emb.(SpaceEmbedder); ok {
-		x.space = se.Space()
-	}
+	x.vec.space = x.emb.space()
 	return x, nil
 }
 
@@ -165,13 +150,8 @@ func (x *Index) reset() {
 	x.ids = make(map[string]uint32)
 	x.docs = nil
 	x.live = 0
-	x.postings = make(map[string][]posting)
-	x.df = make(map[string]int)
-	x.totalLen = 0
-	x.vecLive = 0
-	x.graph = nil
-	x.inGraph = 0
-	x.graphDead = 0
+	x.bm.clear()
+	x.vec.clear()
 }
 
 // Len returns the number of live documents.
@@ -225,7 +205,7 @@ func (x *Index) Upsert(ctx context.Context, docs ...Doc) error {
 }
 
 func (x *Index) put(ctx context.Context, docs []Doc, replace bool) error {
-	entries, sp, err := x.prepare(ctx, docs, replace)
+	entries, sp, err := x.emb.prepare(ctx, docs, replace)
 	if err != nil {
 		return err
 	}
@@ -238,71 +218,24 @@ func (x *Index) put(ctx context.Context, docs []Doc, replace bool) error {
 			}
 		}
 	}
-	if x.staleFor(sp) {
+	if x.vec.staleFor(sp) {
 		x.mu.Unlock()
 		err := x.reembed(ctx, entries, false)
 		x.mu.Lock()
 		return err
 	}
-	if err := x.checkDim(entries, false); err != nil {
+	if err := x.vec.checkDim(entries, false, x.emb.Dim()); err != nil {
 		return err
 	}
-	x.adoptSpace(sp)
+	x.vec.adoptSpace(sp)
 	for _, e := range entries {
 		if slot, ok := x.ids[e.doc.ID]; ok {
 			x.remove(slot)
 		}
-		x.insert(e)
+		x.insert(e, false)
 	}
 	x.maybeCompact()
 	return nil
-}
-
-// prepare validates docs, embeds those without vectors and tokenizes them;
-// it takes no lock. It returns the space the vectors it made are in.
-func (x *Index) prepare(ctx context.Context, docs []Doc, dedupe bool) ([]*entry, vecSpace, error) {
-	seen := make(map[string]int, len(docs))
-	out := make([]*entry, 0, len(docs))
-	var texts []string
-	var need []int
-	for _, d := range docs {
-		if d.ID == "" {
-			return nil, vecSpace{}, fmt.Errorf("index: empty document id: %w", ErrInvalid)
-		}
-		if i, ok := seen[d.ID]; ok {
-			if !dedupe {
-				return nil, vecSpace{}, fmt.Errorf("index: id %q repeated: %w", d.ID, ErrDuplicate)
-			}
-			out[i] = nil // last one wins
-		}
-		seen[d.ID] = len(out)
-		if d.Vector == nil {
-			texts = append(texts, d.Text)
-			need = append(need, len(out))
-		}
-		out = append(out, newEntry(d))
-	}
-	var sp vecSpace
-	if len(texts) > 0 {
-		vecs, space, err := x.embed(ctx, texts)
-		if err != nil {
-			return nil, vecSpace{}, err
-		}
-		sp = vecSpace{space: space, fresh: true}
-		for _, v := range vecs {
-			if v != nil {
-				sp.dim = len(v)
-				break
-			}
-		}
-		for j, i := range need {
-			if out[i] != nil {
-				out[i].doc.Vector = vecs[j]
-				out[i].fresh = true
-			}
-		}
-	}
-	return slices.DeleteFunc(out, func(e *entry) bool { return e == nil }), sp, nil
 }
 
 // newEntry tokenizes d and copies its vector, normalised (nil when zero).
@@ -313,40 +246,6 @@ func newEntry(d Doc) *entry {
 	}
 	e.terms, e.length = termFreqs(d.Text)
 	return e
-}
-
-// embed calls the embedder and returns normalised copies (nil for zero
-// vectors), checking count and dimension, and the space they are in ("" for
-// an embedder that is not a SpaceEmbedder).
-func (x *Index) embed(ctx context.Context, texts []string) ([][]float32, string, error) {
-	var vecs [][]float32
-	var space string
-	var err error
-	if se, ok := x.emb.(SpaceEmbedder); ok {
-		vecs, space, err = se.EmbedSpace(ctx, texts)
-	} else {
-		vecs, err = x.emb.Embed(ctx, texts)
-	}
-	if err != nil {
-		if errors.Is(err, ErrEmbed) {
-			return nil, "", fmt.Errorf("index: embed %d texts with %s: %w", len(texts), x.emb.Name(), err)
-		}
-		return nil, "", fmt.Errorf("index: embed %d texts with %s: %w: %w", len(texts), x.emb.Name(), ErrEmbed, err)
-	}
-	if len(vecs) != len(texts) {
-		return nil, "", fmt.Errorf("index: embedder %s returned %d vectors for %d texts: %w", x.emb.Name(), len(vecs), len(texts), ErrEmbed)
-	}
-	out := make([][]float32, len(vecs))
-	for i, v := range vecs {
-		if len(v) == 0 {
-			return nil, "", fmt.Errorf("index: embedder %s returned an empty vector: %w", x.emb.Name(), ErrEmbed)
-		}
-		if i > 0 && len(v) != len(vecs[0]) {
-			return nil, "", fmt.Errorf("index: embedder %s returned dimensions %d and %d: %w", x.emb.Name(), len(vecs[0]), len(v), ErrEmbed)
-		}
-		out[i] = normalizedCopy(v)
-	}
-	return out, space, nil
 }
 
 // normalizedCopy returns v scaled to unit length, or nil when v is zero or
@@ -362,54 +261,16 @@ func normalizedCopy(v []float32) []float32 {
 	return nil
 }
 
-// checkDim rejects entries of another dimension than the index's (when it
-// holds no vector, or will not: empty, the embedder's, else the first
-// entry's) and fixes the index's; x.mu must be held.
-func (x *Index) checkDim(entries []*entry, empty bool) error {
-	dim := x.dim
-	if empty || x.vecLive == 0 {
-		dim = x.emb.Dim() // 0 when not known
-	}
-	for _, e := range entries {
-		v := e.doc.Vector
-		if v == nil {
-			continue
-		}
-		if dim == 0 {
-			dim = len(v)
-		}
-		if len(v) != dim {
-			return fmt.Errorf("index: document %q has dimension %d, index %d: %w", e.doc.ID, len(v), dim, ErrInvalid)
-		}
-	}
-	if dim != 0 {
-		x.dim = dim
-	}
-	return nil
-}
-
-// insert publishes e in a new slot; x.mu must be held.
-func (x *Index) insert(e *entry) {
+// insert publishes e in a new slot, deferring the graph to the end of a
+// bulk load; x.mu must be held.
+func (x *Index) insert(e *entry, bulk bool) {
 	x.ver++
 	slot := uint32(len(x.docs))
 	x.docs = append(x.docs, e)
 	x.ids[e.doc.ID] = slot
 	x.live++
-	for _, t := range e.terms {
-		x.postings[t.term] = append(x.postings[t.term], posting{slot: slot, tf: t.tf})
-		x.df[t.term]++
-	}
-	x.totalLen += int64(e.length)
-	if e.doc.Vector == nil {
-		return
-	}
-	x.vecLive++
-	switch {
-	case x.graph != nil:
-		x.graphAdd(slot, e)
-	case x.wantGraph():
-		x.buildGraph()
-	}
+	x.bm.add(slot, e)
+	x.vec.add(x.docs, slot, e, bulk)
 }
 
 // remove turns slot into a tombstone; x.mu must be held.
@@ -419,20 +280,8 @@ func (x *Index) remove(slot uint32) {
 	x.docs[slot] = nil
 	delete(x.ids, e.doc.ID)
 	x.live--
-	for _, t := range e.terms {
-		if x.df[t.term]--; x.df[t.term] <= 0 {
-			// Every remaining posting of the term is a tombstone.
-			delete(x.df, t.term)
-			delete(x.postings, t.term)
-		}
-	}
-	x.totalLen -= int64(e.length)
-	if e.doc.Vector != nil {
-		x.vecLive--
-		if x.graph != nil { // every live vector is in the graph
-			x.graphDead++
-		}
-	}
+	x.bm.remove(e)
+	x.vec.remove(e)
 }
 
 // Delete removes the document from BM25, the vector index and the graph (as
@@ -472,57 +321,83 @@ func (x *Index) UpdateMeta(id string, m Meta) error {
 // vectors made for the others are in another (see Upsert), every document
 // is embedded again.
 func (x *Index) Rebuild(ctx context.Context, docs []Doc) error {
-	entries, sp, err := x.prepare(ctx, docs, true)
+	entries, sp, err := x.emb.prepare(ctx, docs, true)
 	if err != nil {
 		return err
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if sp.fresh && x.space != "" && sp.space != "" && sp.space != x.space && slices.ContainsFunc(entries, func(e *entry) bool { return !e.fresh && e.doc.Vector != nil }) {
+	if sp.fresh && x.vec.space != "" && sp.space != "" && sp.space != x.vec.space && slices.ContainsFunc(entries, func(e *entry) bool { return !e.fresh && e.doc.Vector != nil }) {
 		x.mu.Unlock()
 		err := x.reembed(ctx, entries, true)
 		x.mu.Lock()
 		return err
 	}
-	old := x.dim
-	x.dim = x.emb.Dim()
-	if err := x.checkDim(entries, true); err != nil {
-		x.dim = old
+	old := x.vec.dim
+	x.vec.dim = x.emb.Dim()
+	if err := x.vec.checkDim(entries, true, x.emb.Dim()); err != nil {
+		x.vec.dim = old
 		return err
 	}
 	x.reset()
 	x.load(entries)
-	x.adoptSpace(sp)
+	x.vec.adoptSpace(sp)
 	return nil
 }
 
 // load inserts entries into an empty index, building the graph once at the
 // end rather than node by node; x.mu must be held.
 func (x *Index) load(entries []*entry) {
-	keep := x.opts.ExactBelow
-	x.opts.ExactBelow = math.MaxInt // no graph while inserting
 	for _, e := range entries {
-		x.insert(e)
+		x.insert(e, true)
 	}
-	x.opts.ExactBelow = keep
-	if x.wantGraph() {
-		x.buildGraph()
-	}
+	x.vec.maybeBuild(x.docs)
 }
 
+// maybeCompact rebuilds postings and graph without tombstones once they
+// outnumber CompactRatio of the live documents; x.mu must be held.
+func (x *Index) maybeCompact() {
+	dead := len(x.docs) - x.live
+	if dead <= 64 || float64(dead) <= x.opts.CompactRatio*float64(x.live) {
+		return
+	}
+	x.compact()
+}
+
+// Compact drops tombstones now (Delete and Upsert do it when they pile up).
+func (x *Index) Compact() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.compact()
+}
+
+func (x *Index) compact() {
+	entries := make([]*entry, 0, x.live)
+	for _, e := range x.docs {
+		if e != nil {
+			entries = append(entries, e)
+		}
+	}
+	dim := x.vec.dim
+	x.reset()
+	x.vec.dim = dim
+	x.load(entries)
+}
+
+// Stats describes the index's contents now.
 func (x *Index) Stats() Stats {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	s := Stats{
 		Docs:       x.live,
 		Tombstones: len(x.docs) - x.live,
-		Vectors:    x.vecLive,
-		Terms:      len(x.postings),
-		Graph:      x.graph != nil && !(x.opts.ExactBelow >= 0 && x.vecLive <= x.opts.ExactBelow),
-		Dim:        x.dim,
+		Vectors:    x.vec.live,
+		Terms:      len(x.bm.postings),
+		Graph:      x.vec.walks(),
+		Dim:        x.vec.dim,
 		Embedder:   x.emb.Name(),
-		Space:      x.space,
-		Reembeds:   x.reembeds,
+		Space:      x.vec.space,
+		Reembeds:   x.vec.reembeds,
 	}
 	var b int64
 	for _, e := range x.docs {
@@ -531,116 +406,9 @@ func (x *Index) Stats() Stats {
 		}
 		b += 160 + int64(len(e.doc.ID)+len(e.doc.Text)) + int64(len(e.terms))*24 + int64(len(e.doc.Vector))*4
 	}
-	for t, ps := range x.postings {
-		b += int64(len(t)) + 64 + int64(cap(ps))*8
-	}
+	b += x.bm.approxBytes()
 	b += int64(len(x.ids)) * 48
-	// coder/hnsw: a node per layer (~0.33 layers above the base with
-	// Ml 0.25) with a map of up to M neighbours (~M·24 bytes).
-	b += int64(float64(x.inGraph) * 1.33 * float64(100+x.opts.M*24))
+	b += x.vec.approxBytes()
 	s.ApproxBytes = b
 	return s
-}
-
-// scored is a candidate of one retriever.
-// Search returns up to k documents for query, best first (ties broken by
-// ID). Each retriever contributes its Options.Candidates best; in hybrid mode
-// every candidate of either list is then scored exactly by both (BM25 and
-// cosine) before fusion, so a document the approximate graph walk missed
-// still ranks by its true similarity if BM25 found it. ModeBM25 never calls
-// the embedder; the other modes embed the query first, outside the lock
-// (the offline embedder embeds under the read lock, weighting query terms
-// by the index's IDF, see HashEmbedder.EmbedWeighted).
-func (x *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]Hit, error) {
-	return x.SearchFunc(ctx, query, k, mode, nil)
-}
-
-// SearchFunc is Search over the documents whose ID keep accepts (nil keeps
-// all). The filter applies before each retriever takes its best candidates,
-// so excluded documents never crowd out the ones asked for; keep is called
-// under the index's read lock and must not call back into the index.
-func (x *Index) SearchFunc(ctx context.Context, query string, k int, mode Mode, keep func(id string) bool) ([]Hit, error) {
-	return x.SearchFocus(ctx, query, "", k, mode, keep)
-}
-
-// SearchFocus is SearchFunc whose hits' Coverage is measured against focus,
-// the part of the query that must be answered (a question, when query adds
-// the message before it as context), rather than the whole query. An empty
-// focus, or one of stopwords only, means the whole query.
-func (x *Index) SearchFocus(ctx context.Context, query, focus string, k int, mode Mode, keep func(id string) bool) ([]Hit, error) {
-	if k < 1 {
-		return nil, fmt.Errorf("index: search k=%d: %w", k, ErrInvalid)
-	}
-	if mode != ModeHybrid && mode != ModeBM25 && mode != ModeVector {
-		return nil, fmt.Errorf("index: search mode %d: %w", int(mode), ErrInvalid)
-	}
-	weighter, weighted := x.emb.(queryWeighter)
-	var qv []float32
-	var qspace string
-	if mode != ModeBM25 && !weighted {
-		qctx := ctx
-		if x.opts.QueryTimeout > 0 {
-			var cancel context.CancelFunc
-			qctx, cancel = context.WithTimeout(ctx, x.opts.QueryTimeout)
-			defer cancel()
-		}
-		vecs, space, err := x.embed(qctx, []string{query})
-		if err != nil {
-			return nil, err
-		}
-		qv, qspace = vecs[0], space
-	}
-	qterms := x.queryTerms(query)
-	now := x.opts.Now()
-
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	if mode != ModeBM25 && weighted {
-		qv = normalizedCopy(weighter.EmbedWeighted(query, x.termIDF))
-	}
-	if qv != nil && x.dim != 0 && len(qv) != x.dim && x.vecLive > 0 {
-		return nil, fmt.Errorf("index: query dimension %d, index %d (re-embedded on the next update): %w", len(qv), x.dim, ErrEmbed)
-	}
-	if qspace != "" && x.space != "" && qspace != x.space && x.vecLive > 0 {
-		return nil, fmt.Errorf("index: query in embedding space %s, documents in %s (re-embedded on the next update): %w", qspace, x.space, ErrEmbed)
-	}
-	depth := max(k, x.opts.Candidates)
-	var bm, vec []scored
-	var sims simStats
-	if mode != ModeVector {
-		bm = x.searchBM25(qterms, depth, keep)
-	}
-	if mode != ModeBM25 && qv != nil {
-		vec, sims = x.searchVector(qv, depth, keep)
-	}
-	var gr []scored
-	if mode == ModeHybrid {
-		gr = x.searchGraph(query, depth, keep)
-	}
-	cands := x.fuse(mode, qterms, qv, bm, vec, gr)
-	x.rerank(cands, now)
-	slices.SortFunc(cands, func(a, b candidate) int {
-		if c := cmp.Compare(b.final, a.final); c != 0 {
-			return c
-		}
-		return cmp.Compare(x.docs[a.slot].doc.ID, x.docs[b.slot].doc.ID)
-	})
-	if len(cands) > k {
-		cands = cands[:k]
-	}
-	hits := make([]Hit, len(cands))
-	cterms := qterms
-	if f := x.queryTerms(focus); len(f) > 0 {
-		cterms = f
-	}
-	for i, c := range cands {
-		e := x.docs[c.slot]
-		d := &e.doc
-		hits[i] = Hit{ID: d.ID, Text: d.Text, Meta: d.Meta, Score: c.final, Relevance: c.rel, BM25: c.bm25, Cosine: c.cos,
-			Coverage: x.coverage(cterms, e), Graph: c.graph}
-		if d.Vector != nil {
-			hits[i].CosineZ = sims.z(c.cos)
-		}
-	}
-	return hits, nil
 }

@@ -242,7 +242,7 @@ func TestGraphSearch(t *testing.T) {
 		}
 		for i, h := range got {
 			d, _ := exact.Get(h.ID)
-			qv := graph.emb.(*HashEmbedder).EmbedWeighted(q, graph.termIDF)
+			qv := graph.emb.Embedder.(*HashEmbedder).EmbedWeighted(q, graph.bm.termIDF)
 			var dot float64
 			for j := range qv {
 				dot += float64(qv[j]) * float64(d.Vector[j])
@@ -330,7 +330,7 @@ func TestFusion(t *testing.T) {
 	defer x.mu.RUnlock()
 	bm := []scored{{slot: 0, score: 3}, {slot: 1, score: 1}}
 	vec := []scored{{slot: 1, score: 0.9}, {slot: 2, score: 0.1}}
-	cands := x.fuse(ModeHybrid, nil, make([]float32, x.dim), bm, vec, nil)
+	cands := x.fuse(ModeHybrid, nil, make([]float32, x.vec.dim), bm, vec, nil)
 	// RRF: a = .5/11, b = .5/12 + .5/11, c = .5/12; normalised by b's.
 	want := map[uint32]float64{0: (0.5 / 11), 1: 0.5/12 + 0.5/11, 2: 0.5 / 12}
 	for _, c := range cands {
@@ -340,7 +340,7 @@ func TestFusion(t *testing.T) {
 	}
 	// Weighted: BM25 s/max and cosine s/max, mixed 0.5/0.5.
 	x.opts.Fusion = FusionWeighted
-	cands = x.fuse(ModeHybrid, nil, make([]float32, x.dim), bm, vec, nil)
+	cands = x.fuse(ModeHybrid, nil, make([]float32, x.vec.dim), bm, vec, nil)
 	wantW := map[uint32]float64{0: 0.5 * 1, 1: 0.5*(1.0/3) + 0.5*1, 2: 0.5 * (0.1 / 0.9)}
 	for _, c := range cands {
 		if w := wantW[c.slot] / wantW[1]; math.Abs(c.rel-w) > 1e-9 {

@@ -57,10 +57,10 @@ func (x *Index) Save(path string) (err error) {
 			snap = append(snap, e)
 		}
 	}
-	dim := x.dim
+	dim := x.vec.dim
 	name := x.emb.Name()
-	if x.space != "" {
-		name += "\x00" + x.space
+	if x.vec.space != "" {
+		name += "\x00" + x.vec.space
 	}
 	x.mu.RUnlock()
 
@@ -94,10 +94,7 @@ func Load(path string, opts Options) (*Index, error) {
 		return nil, fmt.Errorf("index: load %s: %w", path, err)
 	}
 	name, space, _ := strings.Cut(name, "\x00")
-	var have string
-	if se, ok := x.emb.(SpaceEmbedder); ok {
-		have = se.Space()
-	}
+	have := x.emb.space()
 	if name != x.emb.Name() || (x.emb.Dim() > 0 && dim != 0 && dim != x.emb.Dim()) || (space != "" && have != "" && space != have) {
 		return nil, fmt.Errorf("index: load %s: written by embedder %s (dimension %d, space %q), have %s (space %q): %w",
 			path, name, dim, space, x.emb.Name(), have, errCorrupt)
@@ -116,10 +113,10 @@ func Load(path string, opts Options) (*Index, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if dim != 0 {
-		x.dim = dim
+		x.vec.dim = dim
 	}
-	x.space = space
-	if err := x.checkDim(entries, true); err != nil {
+	x.vec.space = space
+	if err := x.vec.checkDim(entries, true, x.emb.Dim()); err != nil {
 		return nil, fmt.Errorf("index: load %s: %w: %w", path, errCorrupt, err)
 	}
 	x.load(entries)
