@@ -201,6 +201,10 @@ type session struct {
 	uUnitsVer uint64
 	uKbVer    uint64   // kb.ver of the links last given to the user's graph
 	userDel   []string // documents of deleted units, to remove
+	// uSync serialises syncUserDocs for this session (the worker, a user
+	// index loading and the shared log's sync may each run one): taken
+	// before sess.mu, never while holding it.
+	uSync sync.Mutex
 
 	dedup      dedupIndex      // units by content (dedupe.go)
 	drops      []uint64        // evicted without a unit, not yet written

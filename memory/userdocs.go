@@ -149,6 +149,11 @@ func (rt *retriever) syncUserDocs(sess *session, um *userMem) {
 	if x == nil {
 		return
 	}
+	// Two at once would both count the documents neither found (the
+	// user's per-session counts, which hasOthers reads, drift) and race
+	// on the marks.
+	sess.uSync.Lock()
+	defer sess.uSync.Unlock()
 	sess.mu.Lock()
 	if sess.gone.Load() || !sess.exists {
 		sess.mu.Unlock()

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/internal/clock"
 )
 
@@ -192,6 +194,10 @@ func TestRetentionForgetsUserMemory(t *testing.T) {
 	if tr := ask(t, s, "t", "probe1", "ada", "What bike do I ride?"); !strings.Contains(string(tr.Block), "Bianchi") {
 		t.Fatalf("not recalled before the sweep: %s", tr.Block)
 	}
+	// The probe's question stays in its session (Abort) and reaches the
+	// user's index: indexed now, not whenever the worker gets to it, so the
+	// index the second probe searches is the same every run.
+	settle(t, s, "t", "probe1")
 	s.recall.saveUser(s.reg.userMem("t", "ada"), true)
 	long := time.Now().Add(-2 * time.Hour)
 	for _, f := range []string{sessionPath(dir, "t", "old"), userIndexPath(dir, "t", "ada")} {
@@ -249,6 +255,48 @@ func TestRecallSkipsWhatTheWindowHolds(t *testing.T) {
 		}
 		if strings.Contains(blk.Content, "another session: "+q) {
 			t.Fatalf("a question this session's window holds is recalled from another session: %s", blk.Content)
+		}
+	}
+}
+
+// TestUserDocsSyncedOnceAtATime: the worker, a user index loading and the
+// shared log's sync may sync one session's documents at once; the user's
+// per-session document counts (what hasOthers reads) stay those of the
+// index.
+func TestUserDocsSyncedOnceAtATime(t *testing.T) {
+	for range 20 {
+		s := openStore(t, t.TempDir(), nil)
+		talk(t, s, "t", "a", "ada", "My bike is a green Bianchi", "Nice bike.", "I live in Ghent", "Lovely city.")
+		sess, err := s.reg.session("t", "a", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		um := s.users.holdUserFor(sess, "")
+		s.users.ensureUser(um, "")
+		if um.index() == nil {
+			s.reg.releaseUser(um)
+			s.reg.unpin(sess)
+			t.Fatal("no user index")
+		}
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() { s.recall.syncUserDocs(sess, um) })
+		}
+		wg.Wait()
+		n := 0
+		um.index().Range(func(id string, _ index.Meta) bool {
+			if docSession(id) == sess.hash {
+				n++
+			}
+			return true
+		})
+		um.mu.Lock()
+		counted := um.docs[sess.hash]
+		um.mu.Unlock()
+		s.reg.releaseUser(um)
+		s.reg.unpin(sess)
+		if n == 0 || counted != n {
+			t.Fatalf("the index holds %d documents of the session, the count says %d", n, counted)
 		}
 	}
 }
