@@ -14,22 +14,23 @@
 #                                    # flags go to `sidecar bench gpu` (e.g. --full)
 #
 # out/ holds, stripped:
+# (each gzipped, so that the five and the working tree fit the 64 MiB a device
+# machine's `carry` takes)
 #   gpu.test     gpu package tests; the CUDA ones run on a GPU
 #   tiers.test   tiers tests (Focus tier on a device that runs out of memory)
 #   bench.test   internal/harness/bench tests; TestRunGPUOnCUDA logs the GPU benchmark tables
 #                (KVSIDECAR_BENCH_FULL=1 for the full run)
-#   sidecar.gz   the sidecar binary, gzipped, and sidecar-bench.gz, what
-#                `sidecar bench` runs: the five must fit the 64 MiB a device
-#                machine's `carry` takes
+#   sidecar      the sidecar binary, and sidecar-bench, what `sidecar bench` runs
 #
 # On this project's device machine: run the command
 #   bash scripts/gpu-test.sh run
 # with carry ["out"]. On any other GPU host copy the working tree and out/,
 # then the same command, or by hand:
 #
+#   gunzip -k out/*.gz
 #   (cd gpu   && ../out/gpu.test   -test.v -test.run CUDA)
 #   (cd internal/harness/bench && ../../../out/bench.test -test.v -test.run TestRunGPUOnCUDA)
-#   gunzip -k out/sidecar.gz out/sidecar-bench.gz && ./out/sidecar gpu --device cuda
+#   ./out/sidecar gpu --device cuda
 #   ./out/sidecar bench gpu --device cuda --full --json
 #   CUDA_VISIBLE_DEVICES=1 ./out/sidecar gpu    # another GPU
 #
@@ -49,6 +50,7 @@ build() {
 	for p in gpu tiers internal/harness/bench; do
 		echo "build $OUT/${p##*/}.test"
 		go test -c -trimpath -ldflags='-s -w' -o "$OUT/${p##*/}.test" "./$p/"
+		gzip -f "$OUT/${p##*/}.test"
 	done
 	for p in sidecar sidecar-bench; do
 		echo "build $OUT/$p.gz"
@@ -62,14 +64,14 @@ build() {
 run() {
 	local out tmp log
 	out=$(realpath "$OUT")
-	for f in gpu.test tiers.test bench.test sidecar.gz sidecar-bench.gz; do
-		[[ -f "$out/$f" ]] || { echo "missing $out/$f: run 'scripts/gpu-test.sh build' first" >&2; exit 1; }
-	done
 	tmp=$(mktemp -d)
-	trap 'rm -rf "$tmp"' EXIT
-	gunzip -c "$out/sidecar.gz" >"$tmp/sidecar"
-	gunzip -c "$out/sidecar-bench.gz" >"$tmp/sidecar-bench"
-	chmod +x "$tmp/sidecar" "$tmp/sidecar-bench"
+	trap "rm -rf '$tmp'" EXIT
+	for f in gpu.test tiers.test bench.test sidecar sidecar-bench; do
+		[[ -f "$out/$f.gz" ]] || { echo "missing $out/$f.gz: run 'scripts/gpu-test.sh build' first" >&2; exit 1; }
+		gunzip -c "$out/$f.gz" >"$tmp/$f"
+		chmod +x "$tmp/$f"
+	done
+	out=$tmp
 	if command -v nvidia-smi >/dev/null; then
 		nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv || true
 	fi
@@ -92,6 +94,9 @@ run() {
 	"$tmp/sidecar" gpu --device cuda || echo "(sidecar gpu failed)"
 	echo "== sidecar bench gpu $*"
 	"$tmp/sidecar" bench gpu --device cuda "$@" || echo "(sidecar bench gpu failed)"
+	echo "== KV API through the binary, Focus on cuda, then on cpu"
+	SC="$tmp/sidecar" bash scripts/gpu-kv-e2e.sh cuda
+	SC="$tmp/sidecar" bash scripts/gpu-kv-e2e.sh cpu
 }
 
 case "${1:-build}" in
