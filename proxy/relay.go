@@ -37,8 +37,9 @@ type relay struct {
 	conn     net.Conn
 	sse      bool
 	validate bool
-	// stopWatch ends the client-gone watch; called once, from Close.
-	stopWatch func()
+	// x holds body and the client-gone watch; Close stops the watch and
+	// gives x back.
+	x *exchange
 	// reply accumulates the streamed reply while the flow holds a turn.
 	reply streamReply
 	// lastData are the last two data events, kept while the flow holds an
@@ -270,13 +271,15 @@ func (r *relay) CloseWithError(err error) error {
 	if r.closed.Swap(true) {
 		return nil
 	}
-	r.stopWatch()
+	r.x.stopWatch()
 	relayBufs.Put((*[32 << 10]byte)(r.buf))
 	r.buf = nil
 	if !r.body.eof {
 		r.body.slot.cancel()
 	}
 	_ = r.body.Close()
+	r.x.release()
+	r.x, r.body = nil, nil
 	if err != nil && !errors.Is(err, errAbortStream) {
 		r.s.metrics.disconnects.Add(1)
 		r.s.log.Info("client went away mid-response", append(r.log, "route", r.route.String(), "sent_bytes", r.sent)...)
