@@ -241,8 +241,8 @@ func (f *flow) upstream(ctx *fasthttp.RequestCtx) outcome {
 		// stops it when fasthttp closes the body stream.
 		rl := &relay{flow: f.handOff(), x: x, body: ub, conn: ctx.Conn(),
 			sse: isSSE, validate: isSSE && (f.route == routeChat || f.route == routeCompletions),
-			buf: relayBufs.Get().(*[32 << 10]byte)[:],
 		}
+		rl.takeMem()
 		// Headers go out at once unless the first bytes of the body are
 		// already here: then both leave in one write, one wakeup less for
 		// the client's time to first event.
