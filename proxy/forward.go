@@ -54,9 +54,10 @@ type flow struct {
 
 	// What the steps hold, each until release (record ends turn first
 	// when the answer is complete).
-	lease func()          // session: the fleet's lease on the session
-	turn  *memory.Turn    // memory: the turn, until recorded or failed
-	ereq  *engine.Request // engine: the request the connector saw, until it hears the answer
+	lease func()           // session: the fleet's lease on the session
+	turn  *memory.Turn     // memory: the turn, until recorded or failed
+	ereq  *engine.Request  // engine: the request the connector saw, until it hears the answer
+	eresp *engine.Response // engine: where release puts the answer it hears (with ereq, one allocation)
 }
 
 // outcome is how one attempt of a flow ended.
@@ -189,7 +190,8 @@ func (f *flow) engine(ctx *fasthttp.RequestCtx) {
 	if tenant == "" { // stateless: the engine still scopes KV reuse by key
 		tenant = tenantOf(ctx.Request.Header.Peek("Authorization"))
 	}
-	f.ereq = &engine.Request{Tenant: tenant, SessionID: f.sess.ID, Model: f.info.Model, Body: f.body}
+	ec := &engineCall{req: engine.Request{Tenant: tenant, SessionID: f.sess.ID, Model: f.info.Model, Body: f.body}}
+	f.ereq, f.eresp = &ec.req, &ec.resp
 	nb, err := s.engine.Before(ctx, f.ereq)
 	if err != nil {
 		s.log.Warn("engine connector before-hook failed; forwarding anyway", append(f.log, "engine", s.opts.Engine.Name(), "err", err)...)
@@ -318,7 +320,7 @@ func (f *flow) unanswered(ctx *fasthttp.RequestCtx, err error) {
 func (f *flow) handOff() flow {
 	h := *f
 	h.in, h.body, h.info.Messages, h.info.Tools = nil, nil, nil, nil
-	f.lease, f.turn, f.ereq = nil, nil, nil
+	f.lease, f.turn, f.ereq, f.eresp = nil, nil, nil, nil
 	return h
 }
 
@@ -410,6 +412,13 @@ func (f *flow) answer(ctx *fasthttp.RequestCtx) engine.Response {
 	return engine.Response{Status: ctx.Response.StatusCode(), Body: ctx.Response.Body()}
 }
 
+// engineCall is what the engine step allocates: the request the connector
+// sees and the answer it hears, in one allocation (BenchmarkProxyChatEngine).
+type engineCall struct {
+	req  engine.Request
+	resp engine.Response
+}
+
 // release gives back what the steps still hold, once, in this order: the
 // turn not recorded (a success answer cut short, partial, records reply
 // as partial; any other fails: a turn without an answer is not history,
@@ -420,8 +429,8 @@ func (f *flow) answer(ctx *fasthttp.RequestCtx) engine.Response {
 // is released at once, and so is the after-hook with nothing around it.
 func (f *flow) release(answer engine.Response, partial bool, reply []byte) {
 	s := f.s
-	lease, turn, ereq := f.lease, f.turn, f.ereq
-	f.lease, f.turn, f.ereq = nil, nil, nil
+	lease, turn, ereq, eresp := f.lease, f.turn, f.ereq, f.eresp
+	f.lease, f.turn, f.ereq, f.eresp = nil, nil, nil, nil
 	var rec func()
 	if turn != nil {
 		if partial {
@@ -440,7 +449,9 @@ func (f *flow) release(answer engine.Response, partial bool, reply []byte) {
 		// Only the after-hook is left, which never blocks (engine.PostResponse):
 		// called here, it costs no goroutine and no copy of the answer (a
 		// stateless request's whole release; BenchmarkProxyChatEngine).
-		s.engine.After(context.Background(), ereq, &answer)
+		*eresp = answer
+		s.engine.After(context.Background(), ereq, eresp)
+		eresp.Body = nil
 		return
 	}
 	var resp *engine.Response
