@@ -56,7 +56,8 @@ type Response struct {
 	// Body is the JSON body of a non-streamed response or, for a stream,
 	// the last data event(s) carrying "timings" or "usage" (raw "data: …"
 	// lines are accepted too). It may be nil or truncated: After then
-	// records no timings.
+	// records no timings. It is valid only during After (the proxy reuses
+	// its buffer): a connector copies what it keeps.
 	Body []byte
 }
 

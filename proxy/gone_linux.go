@@ -16,14 +16,17 @@ const goneDelay = 50 * time.Millisecond
 // goneEvery is the interval between checks.
 const goneEvery = 50 * time.Millisecond
 
-// goneWatch calls cancel (and onGone) when the client closes its connection
-// while the request still waits on the upstream. It peeks at the socket
-// without consuming bytes, so a pipelined next request is untouched.
+// goneWatch cancels a request's slot (and counts a disconnect) when the
+// client closes its connection while the request still waits on the
+// upstream. It peeks at the socket without consuming bytes, so a pipelined
+// next request is untouched. It lives in a pooled exchange and is armed
+// once per request: until goneDelay passes it costs re-arming one timer,
+// made with the watch's first use; no allocation (BenchmarkProxyChatEngine).
 type goneWatch struct {
-	conn   net.Conn
-	cancel func()
-	onGone func()
-	timer  *time.Timer
+	conn  net.Conn
+	slot  *cancelSlot
+	gone  counter
+	timer *time.Timer
 
 	// mu protects the fields below.
 	mu      sync.Mutex
@@ -32,24 +35,33 @@ type goneWatch struct {
 	running sync.WaitGroup
 }
 
-// watchClientGone starts watching conn. The returned stop must be called
-// before the handler's connection is used again by anyone else; after it the
-// connection is not touched. Until goneDelay passes it costs one timer.
-func watchClientGone(conn net.Conn, cancel, onGone func()) (stop func()) {
-	w := &goneWatch{conn: conn, cancel: cancel, onGone: onGone}
-	w.timer = time.AfterFunc(goneDelay, w.run)
-	return w.stop
+// start watches conn for the request whose upstream call slot cancels.
+// stop must be called before the handler's connection is used again by
+// anyone else.
+func (w *goneWatch) start(conn net.Conn, slot *cancelSlot, gone counter) {
+	w.conn, w.slot, w.gone = conn, slot, gone
+	w.stopped, w.done = false, nil
+	if w.timer == nil {
+		w.timer = time.AfterFunc(goneDelay, w.run)
+	} else {
+		w.timer.Reset(goneDelay)
+	}
 }
 
-func (w *goneWatch) stop() {
+// stop ends the watch; after it the connection is not touched. It reports
+// whether the watch may be started again: false once its timer fired,
+// whose run may still be on its way to seeing stopped.
+func (w *goneWatch) stop() (reusable bool) {
 	w.mu.Lock()
 	w.stopped = true
 	if w.done != nil {
 		close(w.done)
 	}
 	w.mu.Unlock()
-	w.timer.Stop()
+	reusable = w.timer.Stop()
 	w.running.Wait()
+	w.conn = nil
+	return reusable
 }
 
 func (w *goneWatch) run() {
@@ -60,11 +72,11 @@ func (w *goneWatch) run() {
 	}
 	w.running.Add(1)
 	w.done = make(chan struct{})
-	done := w.done
+	done, conn, slot, gone := w.done, w.conn, w.slot, w.gone
 	w.mu.Unlock()
 	defer w.running.Done()
 
-	sc, ok := w.conn.(syscall.Conn)
+	sc, ok := conn.(syscall.Conn)
 	if !ok {
 		return
 	}
@@ -76,15 +88,15 @@ func (w *goneWatch) run() {
 	defer tick.Stop()
 	var b [1]byte
 	for {
-		gone := false
+		closed := false
 		_ = rc.Read(func(fd uintptr) bool {
 			n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-			gone = n == 0 && err == nil || err != nil && err != syscall.EAGAIN && err != syscall.EINTR
+			closed = n == 0 && err == nil || err != nil && err != syscall.EAGAIN && err != syscall.EINTR
 			return true
 		})
-		if gone {
-			w.onGone()
-			w.cancel()
+		if closed {
+			gone.Add(1)
+			slot.cancel()
 			return
 		}
 		select {

@@ -4,6 +4,9 @@ package proxy
 
 import "net"
 
-// watchClientGone is a no-op where sockets cannot be peeked portably: a gone
+// goneWatch is a no-op where sockets cannot be peeked portably: a gone
 // client is noticed when its response is written.
-func watchClientGone(net.Conn, func(), func()) (stop func()) { return func() {} }
+type goneWatch struct{}
+
+func (*goneWatch) start(net.Conn, *cancelSlot, counter) {}
+func (*goneWatch) stop() (reusable bool)                { return true }

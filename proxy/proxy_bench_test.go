@@ -165,6 +165,7 @@ func BenchmarkRelayPass(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		r := relay{sse: true, validate: true}
+		r.takeMem()
 		for _, ev := range events {
 			if !r.pass(ev) {
 				b.Fatal("refused")
@@ -173,5 +174,6 @@ func BenchmarkRelayPass(b *testing.B) {
 		if !r.end.done || !r.end.finished() {
 			b.Fatal("not finished")
 		}
+		r.giveMem()
 	}
 }

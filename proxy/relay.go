@@ -14,8 +14,46 @@ import (
 	"github.com/kvsidecar/kvsidecar/engine"
 )
 
-// relayBufs recycles the relays' read buffers.
-var relayBufs = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+// relayMem is what a relay reuses from one stream to the next: its read
+// buffer and the slices that grow as events pass. Pooled, a stream costs
+// no allocation for them (BenchmarkRelayPass; they were most of a
+// streamed request's bytes allocated under make bench-proxy's load).
+type relayMem struct {
+	buf      [32 << 10]byte
+	out      []byte
+	split    []byte
+	lastData [2][]byte
+	answer   []byte
+}
+
+var relayMems = sync.Pool{New: func() any { return new(relayMem) }}
+
+// relayKeep bounds what a pooled relayMem keeps of a slice that grew: one
+// stream with a huge event does not pin that much memory for good.
+const relayKeep = 64 << 10
+
+// takeMem gives r pooled buffers; giveMem, once r is done with them,
+// returns them.
+func (r *relay) takeMem() {
+	m := relayMems.Get().(*relayMem)
+	r.mem, r.buf = m, m.buf[:]
+	r.out, r.split.buf = m.out[:0], m.split[:0]
+	r.lastData = [2][]byte{m.lastData[0][:0], m.lastData[1][:0]}
+}
+
+func (r *relay) giveMem() {
+	m := r.mem
+	keep := func(b []byte) []byte {
+		if cap(b) > relayKeep {
+			return nil
+		}
+		return b[:0]
+	}
+	m.out, m.split, m.answer = keep(r.out), keep(r.split.buf), keep(m.answer)
+	m.lastData = [2][]byte{keep(r.lastData[0]), keep(r.lastData[1])}
+	r.mem, r.buf, r.out, r.split, r.lastData = nil, nil, nil, sseSplitter{}, [2][]byte{}
+	relayMems.Put(m)
+}
 
 // errAbortStream ends a relayed response without its terminating chunk, so
 // the client sees a broken stream rather than a finished one.
@@ -37,8 +75,9 @@ type relay struct {
 	conn     net.Conn
 	sse      bool
 	validate bool
-	// stopWatch ends the client-gone watch; called once, from Close.
-	stopWatch func()
+	// x holds body and the client-gone watch; Close stops the watch and
+	// gives x back.
+	x *exchange
 	// reply accumulates the streamed reply while the flow holds a turn.
 	reply streamReply
 	// lastData are the last two data events, kept while the flow holds an
@@ -50,6 +89,7 @@ type relay struct {
 	end streamEnd
 
 	split  sseSplitter
+	mem    *relayMem // buf, out, split and lastData come from it
 	buf    []byte
 	out    []byte
 	outOff int
@@ -270,13 +310,13 @@ func (r *relay) CloseWithError(err error) error {
 	if r.closed.Swap(true) {
 		return nil
 	}
-	r.stopWatch()
-	relayBufs.Put((*[32 << 10]byte)(r.buf))
-	r.buf = nil
+	r.x.stopWatch()
 	if !r.body.eof {
 		r.body.slot.cancel()
 	}
 	_ = r.body.Close()
+	r.x.release()
+	r.x, r.body = nil, nil
 	if err != nil && !errors.Is(err, errAbortStream) {
 		r.s.metrics.disconnects.Add(1)
 		r.s.log.Info("client went away mid-response", append(r.log, "route", r.route.String(), "sent_bytes", r.sent)...)
@@ -290,15 +330,18 @@ func (r *relay) CloseWithError(err error) error {
 	}
 	var answer engine.Response
 	if r.ereq != nil {
-		var body []byte
+		// In pooled memory: release copies what outlives it.
+		body := r.mem.answer[:0]
 		for _, d := range r.lastData {
 			if len(d) > 0 {
 				body = append(append(append(body, "data: "...), d...), "\n\n"...)
 			}
 		}
+		r.mem.answer = body
 		answer = engine.Response{Status: r.status, Stream: true, Body: body}
 	}
 	r.release(answer, partial, reply)
+	r.giveMem()
 	r.s.metrics.bytesOut.Add(uint64(r.sent))
 	r.s.finish(r.route, r.status, r.start)
 	return nil

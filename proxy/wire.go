@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 )
@@ -69,7 +73,10 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 		model, stream, key, user, messages, prompt, input, tools, functions gjson.Result
 		maxTokens                                                           [3]gjson.Result
 	)
-	gjson.ParseBytes(trimmed).ForEach(func(k, v gjson.Result) bool {
+	// A string view of the body: no copy of it. The strings kept in info
+	// are copied (modelName, strings.Clone): fasthttp reuses the body's
+	// buffer once the handler returns, and a relay keeps info longer.
+	gjson.Parse(unsafe.String(unsafe.SliceData(trimmed), len(trimmed))).ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "model":
 			model = v
@@ -101,7 +108,7 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 	switch model.Type {
 	case gjson.Null:
 	case gjson.String:
-		info.Model = model.Str
+		info.Model = modelName(model.Str)
 	default:
 		return info, badRequest("invalid type for 'model': expected string")
 	}
@@ -115,14 +122,14 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 	switch key.Type {
 	case gjson.Null:
 	case gjson.String:
-		info.PromptCacheKey = key.Str
+		info.PromptCacheKey = strings.Clone(key.Str)
 	default:
 		return info, badRequest("invalid type for 'prompt_cache_key': expected string")
 	}
 	switch user.Type {
 	case gjson.Null:
 	case gjson.String:
-		info.User = user.Str
+		info.User = strings.Clone(user.Str)
 	default:
 		return info, badRequest("invalid type for 'user': expected string")
 	}
@@ -156,6 +163,32 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 		}
 	}
 	return info, nil
+}
+
+// modelNames interns the model names requests carry, so that the
+// common case, a few models named again and again, costs no copy per
+// request. It holds at most maxModelNames; past that a name is copied.
+var (
+	modelNames     sync.Map // string -> the same string, owned
+	modelNamesHeld atomic.Int32
+)
+
+const maxModelNames = 256
+
+// modelName returns an owned copy of name, which may be a view of a
+// buffer reused after the request.
+func modelName(name string) string {
+	if v, ok := modelNames.Load(name); ok {
+		return v.(string)
+	}
+	owned := strings.Clone(name)
+	if modelNamesHeld.Load() < maxModelNames {
+		if v, loaded := modelNames.LoadOrStore(owned, owned); loaded {
+			return v.(string)
+		}
+		modelNamesHeld.Add(1)
+	}
+	return owned
 }
 
 // rawOf returns r's raw bytes as a slice of body (no copy) when gjson

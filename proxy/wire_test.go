@@ -25,6 +25,22 @@ func TestParseRequest(t *testing.T) {
 	}
 }
 
+// The strings parseRequest returns are the request's own: the body's
+// buffer, which fasthttp reuses after the handler, may change under them.
+func TestParseRequestStringsOutliveTheBody(t *testing.T) {
+	body := []byte(`{"model":"reused-model","user":"u1","prompt_cache_key":"k1","messages":[]}`)
+	info, err := parseRequest(epChat, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range body {
+		body[i] = 'x'
+	}
+	if info.Model != "reused-model" || info.User != "u1" || info.PromptCacheKey != "k1" {
+		t.Fatalf("strings changed with the body: %q %q %q", info.Model, info.User, info.PromptCacheKey)
+	}
+}
+
 func TestTenantOf(t *testing.T) {
 	a, b := tenantOf([]byte("Bearer sk-one")), tenantOf([]byte("bearer  sk-one "))
 	if a != b || a == "" || a == anonymousTenant || len(a) != 18 {
