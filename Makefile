@@ -14,7 +14,7 @@ export SIDECAR_UPSTREAM ?= http://127.0.0.1:8000
 export SIDECAR_LISTEN   ?= 127.0.0.1:8080
 export SIDECAR_DATA_DIR ?= ./data
 
-.PHONY: help build run test test-race test-hostile test-differential test-mcp bench-mcp bench bench-proxy bench-kv bench-policy bench-recall bench-archive bench-preload bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet bench-scale fleet docker-cuda fuzz lint check-deploy clean
+.PHONY: help build run test test-race test-hostile test-differential test-mcp bench-mcp bench bench-proxy bench-proxy-wrk bench-kv bench-policy bench-recall bench-archive bench-preload bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet bench-scale fleet docker-cuda fuzz lint check-deploy clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -55,6 +55,9 @@ bench: build ## go test benchmarks, then sidecar bench (amortization)
 
 bench-proxy: ## sidecar vs nginx side by side over a loopback upstream: 8 and 64 connections, streamed or not, pass-through and session path, req/s and CPU per 10K requests
 	scripts/bench-proxy.sh
+
+bench-proxy-wrk: build ## issue 25's own comparison: wrk -t1 -c8 (C=64 for more) POST chat completions, direct vs nginx vs the sidecar, alternated twice
+	scripts/bench-proxy-wrk.sh
 
 bench-amortization: build ## cost per turn of a session prefix's KV, T = 1..64 (plot in out/amortization.svg)
 	mkdir -p out

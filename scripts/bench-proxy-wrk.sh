@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# bench-proxy-wrk.sh: issue 25's own comparison, wrk -t1 -c$C -d${D}s --latency with a POST of a
+# chat completion without an API key (the pass-through path) against the scripted upstream
+# directly, through nginx (one worker, keep-alive pool, buffering off) and through the sidecar,
+# alternated twice. Environment: C (8), D (8 s), SIDECAR_ENV (e.g. GOMAXPROCS=1), BIN.
+# Needs wrk and nginx (Debian packages).
+set -u
+cd "$(dirname "$0")/.."
+BIN=${BIN:-bin/sidecar}; C=${C:-8}; D=${D:-8}; W=$(mktemp -d)
+UP=19100; SC=19180; NG=19190
+$BIN bench upstream --listen 127.0.0.1:$UP 2>/dev/null & P1=$!
+env ${SIDECAR_ENV:-} $BIN serve --listen 127.0.0.1:$SC --upstream http://127.0.0.1:$UP --data-dir $W/d --log-level warn 2>/dev/null & P2=$!
+cat > $W/nginx.conf <<CONF
+worker_processes 1; pid $W/nginx.pid; error_log $W/err.log warn; daemon off;
+events { worker_connections 4096; }
+http { access_log off; client_body_temp_path $W/cb; proxy_temp_path $W/p; fastcgi_temp_path $W/f; uwsgi_temp_path $W/u; scgi_temp_path $W/s;
+  upstream llm { server 127.0.0.1:$UP; keepalive 256; }
+  server { listen 127.0.0.1:$NG; location / { proxy_pass http://llm; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; proxy_request_buffering off; } } }
+CONF
+nginx -c $W/nginx.conf -p $W 2>/dev/null & P3=$!
+cat > $W/post.lua <<'LUA'
+wrk.method = "POST"
+wrk.body = '{"model":"m","messages":[{"role":"user","content":"Say something short."}]}'
+wrk.headers["Content-Type"] = "application/json"
+LUA
+sleep 1
+for round in 1 2; do for t in direct:$UP nginx:$NG sidecar:$SC; do
+  n=${t%%:*}; p=${t##*:}
+  wrk -t1 -c$C -d${D}s --latency -s $W/post.lua http://127.0.0.1:$p/v1/chat/completions > $W/out 2>&1
+  p50=$(awk '$1=="50%"{print $2}' $W/out); p99=$(awk '$1=="99%"{print $2}' $W/out); rps=$(awk '/Requests\/sec/{print $2}' $W/out); non2=$(awk '/Non-2xx/{print $4}' $W/out)
+  echo "round $round $n p50=$p50 p99=$p99 rps=$rps non2xx=${non2:-0}"
+done; done
+kill $P1 $P2 $P3; wait 2>/dev/null; rm -rf $W
