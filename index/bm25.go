@@ -51,7 +51,7 @@ type queryWeighter interface {
 //
 // It has no lock of its own: Index.mu guards it, because a document enters
 // BM25 and the vectors under one lock. Its invariants, with the lock held:
-// n is Index.live; df[t] is the number of live documents holding t, and a
+// n is the index's count of live documents (Index.Len); df[t] is the number of live documents holding t, and a
 // term is in postings exactly when it is in df (a posting list may still
 // name tombstones until compaction); totalLen is the sum of the live
 // documents' lengths.
@@ -62,7 +62,7 @@ type bm25 struct {
 	postings map[string][]posting
 	df       map[string]int // live documents containing the term
 	totalLen int64          // sum of live documents' term counts
-	n        int            // live documents (Index.live)
+	n        int            // live documents: the index's one count of them
 }
 
 // newBM25 returns postings to clear before use (Index.reset does).

@@ -28,9 +28,9 @@
 // and of the one lock, over parts that each own their state:
 //
 //   - bm25 (bm25.go): the postings, document frequencies and lengths of
-//     the live documents. Its n is Index's live count; a term is in its
-//     postings exactly when a live document holds it (a posting list may
-//     still name tombstones until compaction).
+//     the live documents. Its n is the index's one count of them
+//     (Index.Len); a term is in its postings exactly when a live document
+//     holds it (a posting list may still name tombstones until compaction).
 //   - vectors (vectors.go): the stored vectors' dimension and space, their
 //     count, the exact scan and the HNSW graph. The graph, when built,
 //     holds every live vector; its keys are slots, never reused before

@@ -106,8 +106,7 @@ type Index struct {
 	// mu protects the fields below, the parts' included: a document
 	// enters BM25 and the vectors under it at once.
 	ids  map[string]uint32 // ID → slot
-	docs []*entry          // by slot; nil is a tombstone
-	live int               // non-nil docs
+	docs []*entry          // by slot; nil is a tombstone (the live count is bm.n)
 	// ver counts changes of the contents, so a re-embedding done without
 	// the lock knows whether it is still current.
 	ver uint64
@@ -149,7 +148,6 @@ func (x *Index) reset() {
 	x.ver++
 	x.ids = make(map[string]uint32)
 	x.docs = nil
-	x.live = 0
 	x.bm.clear()
 	x.vec.clear()
 }
@@ -158,7 +156,7 @@ func (x *Index) reset() {
 func (x *Index) Len() int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	return x.live
+	return x.bm.n
 }
 
 // Get returns a copy of the document with the given ID; its Vector is the
@@ -268,7 +266,6 @@ func (x *Index) insert(e *entry, bulk bool) {
 	slot := uint32(len(x.docs))
 	x.docs = append(x.docs, e)
 	x.ids[e.doc.ID] = slot
-	x.live++
 	x.bm.add(slot, e)
 	x.vec.add(x.docs, slot, e, bulk)
 }
@@ -279,7 +276,6 @@ func (x *Index) remove(slot uint32) {
 	e := x.docs[slot]
 	x.docs[slot] = nil
 	delete(x.ids, e.doc.ID)
-	x.live--
 	x.bm.remove(e)
 	x.vec.remove(e)
 }
@@ -357,8 +353,8 @@ func (x *Index) load(entries []*entry) {
 // maybeCompact rebuilds postings and graph without tombstones once they
 // outnumber CompactRatio of the live documents; x.mu must be held.
 func (x *Index) maybeCompact() {
-	dead := len(x.docs) - x.live
-	if dead <= 64 || float64(dead) <= x.opts.CompactRatio*float64(x.live) {
+	dead := len(x.docs) - x.bm.n
+	if dead <= 64 || float64(dead) <= x.opts.CompactRatio*float64(x.bm.n) {
 		return
 	}
 	x.compact()
@@ -372,7 +368,7 @@ func (x *Index) Compact() {
 }
 
 func (x *Index) compact() {
-	entries := make([]*entry, 0, x.live)
+	entries := make([]*entry, 0, x.bm.n)
 	for _, e := range x.docs {
 		if e != nil {
 			entries = append(entries, e)
@@ -389,8 +385,8 @@ func (x *Index) Stats() Stats {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	s := Stats{
-		Docs:       x.live,
-		Tombstones: len(x.docs) - x.live,
+		Docs:       x.bm.n,
+		Tombstones: len(x.docs) - x.bm.n,
 		Vectors:    x.vec.live,
 		Terms:      len(x.bm.postings),
 		Graph:      x.vec.walks(),

@@ -51,7 +51,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // documents as they were when Save began.
 func (x *Index) Save(path string) (err error) {
 	x.mu.RLock()
-	snap := make([]*entry, 0, x.live)
+	snap := make([]*entry, 0, x.bm.n)
 	for _, e := range x.docs {
 		if e != nil {
 			snap = append(snap, e)
