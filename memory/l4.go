@@ -177,12 +177,7 @@ func l4FactsFP(fs []*Unit) uint64 {
 	var h maphash.Hash
 	h.SetSeed(keySeed)
 	for _, u := range fs {
-		h.WriteString(u.ID)
-		h.WriteByte(0)
-		h.WriteString(u.Content)
-		h.WriteByte(0)
-		h.WriteString(u.UpdatedAt.UTC().Format(time.RFC3339Nano))
-		h.WriteByte(1)
+		l4HashFact(&h, u.ID, u.Content, u.UpdatedAt)
 	}
 	return h.Sum64()
 }
@@ -192,14 +187,19 @@ func l4ClusterFP(fs []*l4Fact) uint64 {
 	var h maphash.Hash
 	h.SetSeed(keySeed)
 	for _, f := range fs {
-		h.WriteString(f.id)
-		h.WriteByte(0)
-		h.WriteString(f.content)
-		h.WriteByte(0)
-		h.WriteString(f.updated.UTC().Format(time.RFC3339Nano))
-		h.WriteByte(1)
+		l4HashFact(&h, f.id, f.content, f.updated)
 	}
 	return h.Sum64() | 1
+}
+
+// l4HashFact adds one fact's id, text and last change to h.
+func l4HashFact(h *maphash.Hash, id, content string, updated time.Time) {
+	h.WriteString(id)
+	h.WriteByte(0)
+	h.WriteString(content)
+	h.WriteByte(0)
+	h.WriteString(updated.UTC().Format(time.RFC3339Nano))
+	h.WriteByte(1)
 }
 
 // maybeCompressLocked starts L4 compression when the session holds more
