@@ -7,8 +7,6 @@ package llamacpp
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -250,12 +248,7 @@ func (p *preloader) try() (bool, time.Duration) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.SlotTimeout)
 	defer cancel()
-	name := opFileName(m.id, sl.id, "restore")
-	err = writeFileAtomic(c.opts.SlotDir, name, raw)
-	if err == nil {
-		_, err = c.api.slotAction(ctx, sl.id, "restore", name)
-	}
-	os.Remove(filepath.Join(c.opts.SlotDir, name))
+	err = c.restoreInto(ctx, sl.id, m.id, raw)
 	d := c.opts.Clock.Now().Sub(start)
 	if err != nil {
 		p.errs.Add(1)

@@ -71,14 +71,7 @@ func (c *Connector) restoreBest(ctx context.Context, req *request, sl *slotInfo,
 			c.log.Warn("llamacpp: fetch saved state", "err", err)
 			return
 		}
-		name := opFileName(m.id, sl.id, "restore")
-		path := filepath.Join(c.opts.SlotDir, name)
-		err = writeFileAtomic(c.opts.SlotDir, name, raw)
-		if err == nil {
-			_, err = c.api.slotAction(ctx, sl.id, "restore", name)
-		}
-		os.Remove(path)
-		if err != nil {
+		if err := c.restoreInto(ctx, sl.id, m.id, raw); err != nil {
 			c.restoreErrs.Add(1)
 			c.checkAPIError(sl.id, err)
 			c.log.Warn("llamacpp: slot restore failed; the request will prefill", "slot", sl.id, "err", err)
@@ -196,4 +189,17 @@ func (c *Connector) sharedError(op string, err error) {
 	if !c.warnedShared.Swap(true) {
 		c.log.Warn("llamacpp: shared state store: "+op+" failed; requests go on with local states (warned once)", "err", err)
 	}
+}
+
+// restoreInto hands the engine the saved state raw (of catalog entry id)
+// through a file in the slot folder and asks it to restore slot from it;
+// the file is removed either way.
+func (c *Connector) restoreInto(ctx context.Context, slot int, id string, raw []byte) error {
+	name := opFileName(id, slot, "restore")
+	err := writeFileAtomic(c.opts.SlotDir, name, raw)
+	if err == nil {
+		_, err = c.api.slotAction(ctx, slot, "restore", name)
+	}
+	os.Remove(filepath.Join(c.opts.SlotDir, name))
+	return err
 }
