@@ -119,6 +119,22 @@ func (r *relay) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// drainBuffered reads the whole answer when the upstream's body already
+// lies complete in the connection's buffer (upBody.whole), so no read
+// waits, and reports whether it ended cleanly: out then holds everything
+// the client is to see, the turn recorded as at a stream's [DONE]. An
+// answer that ended otherwise (garbage, cut short) leaves out and final
+// for Read, as a stream; one not wholly here is not touched.
+func (r *relay) drainBuffered() bool {
+	if !r.body.whole() {
+		return false
+	}
+	for r.final == nil {
+		r.fill()
+	}
+	return r.final == io.EOF
+}
+
 // fill reads from the upstream, waiting at most once, and moves what can
 // be sent to out, or sets final. After a read it goes on reading while the
 // upstream's next bytes are already in the connection's buffer

@@ -315,6 +315,106 @@ func TestChunkBuffered(t *testing.T) {
 	}
 }
 
+func TestChunkedWhole(t *testing.T) {
+	f := func(p string, want bool) {
+		t.Helper()
+		if got := chunkedWhole([]byte(p)); got != want {
+			t.Errorf("chunkedWhole(%q) = %v, want %v", p, got, want)
+		}
+	}
+	f("0\r\n\r\n", true)
+	f("3\r\nabc\r\n0\r\n\r\n", true)
+	f("3\r\nabc\r\na;x\r\n0123456789\r\n0\r\n\r\nHTTP/1.1", true) // what follows is not this body's
+	for _, p := range []string{
+		"", "3\r\nabc\r\n", "3\r\nabc\r\n0\r\n", "3\r\nabc\r\n0\r\n\r", // not ended yet
+		"3\r\nab", "3\r\nabc\r\n4\r\nab",
+		"0\r\nTrailer: x\r\n\r\n", // trailers: read as a stream
+		"x\r\n\r\n",
+	} {
+		f(p, false)
+	}
+}
+
+// TestStreamArrivedWholeLeavesWhole: an event stream whose every chunk,
+// its last one included, came in the burst that carried its head goes to
+// the client as one answer with its length, byte for byte what a stream
+// would have carried ([DONE] added where only it was missing); one that
+// ends in garbage still ends broken, after its error event.
+func TestStreamArrivedWholeLeavesWhole(t *testing.T) {
+	ev := func(s string) string {
+		return "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" + s + "\"}}]}\n\n"
+	}
+	chunk := func(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }
+	last := "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n"
+	for _, c := range []struct {
+		name   string
+		events []string
+		want   string // the body; "" for a broken answer
+	}{
+		{"done", []string{ev("a"), ": comment\n\n", ev("b"), last, "data: [DONE]\n\n"}, ev("a") + ": comment\n\n" + ev("b") + last + "data: [DONE]\n\n"},
+		{"finished without done", []string{ev("a"), last}, ev("a") + last + "data: [DONE]\n\n"},
+		{"garbage", []string{ev("a"), "data: <html>\n\n", "data: [DONE]\n\n"}, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				c2, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c2.Close()
+				r, err := http.ReadRequest(bufio.NewReader(c2))
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, r.Body)
+				var b strings.Builder
+				b.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+				for _, e := range c.events {
+					b.WriteString(chunk(e))
+				}
+				b.WriteString("0\r\n\r\n")
+				_, _ = io.WriteString(c2, b.String()) // one write: it arrives whole
+				_, _ = io.Copy(io.Discard, c2)
+			}()
+			base, s := startSidecar(t, "http://"+ln.Addr().String(), nil)
+			resp, err := http.Post(base+"/v1/chat/completions", "application/json",
+				strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if c.want == "" {
+				if err == nil {
+					t.Fatalf("a stream ending in garbage ended cleanly: %q", body)
+				}
+				if want := ev("a") + "event: error\n"; !strings.HasPrefix(string(body), want) || !strings.Contains(string(body), "upstream_garbage") {
+					t.Fatalf("garbage: the client read %q", body)
+				}
+				return
+			}
+			if err != nil || resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+				t.Fatalf("%d %q: %v", resp.StatusCode, resp.Header.Get("Content-Type"), err)
+			}
+			if resp.ContentLength != int64(len(c.want)) || len(resp.TransferEncoding) != 0 {
+				t.Errorf("framed by length %d, transfer encoding %v; want length %d", resp.ContentLength, resp.TransferEncoding, len(c.want))
+			}
+			if string(body) != c.want {
+				t.Fatalf("body %q, want %q", body, c.want)
+			}
+			waitFor(t, s, func() bool { return s.metrics.inFlight.Load() == 0 })
+			if _, ok := s.metrics.upErrors.Load(upErrIncomplete); ok {
+				t.Fatal("a finished stream counted as incomplete")
+			}
+		})
+	}
+}
+
 // TestStreamBurstLeavesTogether: chunks that reach the sidecar in one
 // burst leave in one piece, and a chunk only partly there never holds back
 // the whole events before it.
