@@ -90,8 +90,8 @@ func (w *goneWatch) run() {
 	for {
 		closed := false
 		_ = rc.Read(func(fd uintptr) bool {
-			n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-			closed = n == 0 && err == nil || err != nil && err != syscall.EAGAIN && err != syscall.EINTR
+			n, err := peekByte(fd, &b)
+			closed = n == 0 && err == 0 || err != 0 && err != syscall.EAGAIN && err != syscall.EINTR
 			return true
 		})
 		if closed {

@@ -155,7 +155,7 @@ func (s *Server) Serve(ln net.Listener) error {
 			}()
 		})
 	}
-	return s.srv.Serve(ln)
+	return s.srv.Serve(rawListener{ln})
 }
 
 // Shutdown stops accepting, lets in-flight requests and streams finish until

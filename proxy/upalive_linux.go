@@ -37,8 +37,7 @@ func (p *connProbe) init(c net.Conn) {
 	}
 	p.rc = rc
 	p.peek = func(fd uintptr) bool {
-		_, _, err := syscall.Recvfrom(int(fd), p.b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		switch {
+		switch _, err := peekByte(fd, &p.b); {
 		case err == syscall.EAGAIN || err == syscall.EINTR:
 			p.dead = false
 		default: // bytes waiting, end of file (0 bytes, no error) or an error

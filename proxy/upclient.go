@@ -112,6 +112,7 @@ func (u *upClient) dial() (*upConn, error) {
 	if err != nil {
 		return nil, &dialError{err}
 	}
+	c = newRawConn(c)
 	uc := &upConn{c: c, br: bufio.NewReaderSize(c, 32<<10), bw: bufio.NewWriterSize(c, 32<<10)}
 	uc.probe.init(c)
 	return uc, nil

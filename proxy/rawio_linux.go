@@ -1,0 +1,158 @@
+//go:build linux
+
+package proxy
+
+import (
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"unsafe"
+)
+
+// rawConn reads and writes a TCP connection with raw system calls through
+// its poller (syscall.RawConn): the same non-blocking read or write, the
+// same wait for readiness, deadlines and Close as net.TCPConn, without
+// the runtime's entry into a system call around each one. That entry is
+// what costs on a proxy's two cores (make bench-proxy-wrk, docs/
+// BENCHMARKS.md): when every P was idle, the first one wakes the runtime's
+// monitor thread (a futex wake), which then polls every 20 µs for a
+// millisecond (a nanosleep each), taking CPU from the proxy, its client
+// and its upstream. A socket that never blocks (EAGAIN goes to the poller)
+// gains nothing from that entry: the call returns in microseconds.
+//
+// One Read and one Write may run at a time (each keeps its state in the
+// connection); every other method is net.TCPConn's. Built with the race
+// detector, the calls are syscall's again (rawio_race_linux.go), so it
+// sees what they read and write and the order the socket gives.
+type rawConn struct {
+	net.Conn
+	tc *net.TCPConn
+	rc syscall.RawConn
+	r  rawOp
+	w  rawOp
+}
+
+// rawOp is one Read's or Write's state, and the function the poller calls
+// with the socket, made once per connection so a call allocates nothing.
+type rawOp struct {
+	p   []byte
+	n   int
+	err syscall.Errno
+	fn  func(fd uintptr) bool
+}
+
+// newRawConn returns c with raw reads and writes when it is a TCP
+// connection, else c.
+func newRawConn(c net.Conn) net.Conn {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return c
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return c
+	}
+	x := &rawConn{Conn: c, tc: tc, rc: rc}
+	x.r.fn = func(fd uintptr) bool {
+		for {
+			n, e := sysRead(fd, x.r.p)
+			switch e {
+			case 0:
+				x.r.n = n
+				return true
+			case syscall.EINTR:
+				continue
+			case syscall.EAGAIN:
+				return false // the poller waits for the socket to be readable
+			}
+			x.r.err = e
+			return true
+		}
+	}
+	x.w.fn = func(fd uintptr) bool {
+		for x.w.n < len(x.w.p) {
+			rest := x.w.p[x.w.n:]
+			n, e := sysWrite(fd, rest)
+			switch e {
+			case 0:
+				x.w.n += n
+			case syscall.EINTR:
+			case syscall.EAGAIN:
+				return false // the poller waits for room in the socket's buffer
+			default:
+				x.w.err = e
+				return true
+			}
+		}
+		return true
+	}
+	return x
+}
+
+func (c *rawConn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	c.r.p, c.r.n, c.r.err = p, 0, 0
+	err := c.rc.Read(c.r.fn)
+	n, errno := c.r.n, c.r.err
+	c.r.p = nil
+	switch {
+	case err != nil: // the poller's: a deadline, or the connection closed
+		return 0, err
+	case errno != 0:
+		return 0, c.opError("read", errno)
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+func (c *rawConn) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	c.w.p, c.w.n, c.w.err = p, 0, 0
+	err := c.rc.Write(c.w.fn)
+	n, errno := c.w.n, c.w.err
+	c.w.p = nil
+	switch {
+	case err != nil:
+		return n, err
+	case errno != 0:
+		return n, c.opError("write", errno)
+	}
+	return n, nil
+}
+
+// opError is the error net.TCPConn returns for a failed call.
+func (c *rawConn) opError(op string, errno syscall.Errno) error {
+	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError(op, errno)}
+}
+
+// SyscallConn is the connection's own: a peek at its socket (goneWatch,
+// connProbe) works as on any TCP connection.
+func (c *rawConn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
+
+// CloseWrite half-closes, as net.TCPConn's.
+func (c *rawConn) CloseWrite() error { return c.tc.CloseWrite() }
+
+// rawListener hands out its TCP connections as rawConns.
+type rawListener struct{ net.Listener }
+
+func (l rawListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return newRawConn(c), nil
+}
+
+// peekByte is recvfrom(MSG_PEEK|MSG_DONTWAIT) of one byte as a raw system
+// call (see rawConn): 1 when a byte waits, 0 at the end of the stream,
+// errno EAGAIN when the socket is open and quiet.
+func peekByte(fd uintptr, b *[1]byte) (int, syscall.Errno) {
+	n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1, syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+	return int(n), e
+}

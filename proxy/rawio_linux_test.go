@@ -1,0 +1,181 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// rawPair is a loopback TCP connection: the accepted side as a rawConn
+// and the dialed side as it is.
+func rawPair(t *testing.T) (raw net.Conn, peer *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := rawListener{ln}.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.(*rawConn); !ok {
+		t.Fatalf("accepted %T, want *rawConn", s)
+	}
+	t.Cleanup(func() { s.Close(); c.Close() })
+	return s, c.(*net.TCPConn)
+}
+
+// TestRawConnBehavesAsTCPConn: what the proxy relies on of a connection
+// (bytes both ways past the socket buffers, end of stream, deadlines,
+// Close from another goroutine, a reset) is what net.TCPConn does.
+func TestRawConnBehavesAsTCPConn(t *testing.T) {
+	t.Run("bytes both ways, larger than the socket buffers", func(t *testing.T) {
+		raw, peer := rawPair(t)
+		big := bytes.Repeat([]byte("0123456789abcdef"), 1<<18) // 4 MiB: writes wait for room
+		got := make(chan []byte, 1)
+		go func() {
+			b, _ := io.ReadAll(io.LimitReader(peer, int64(len(big))))
+			got <- b
+		}()
+		if n, err := raw.Write(big); err != nil || n != len(big) {
+			t.Fatalf("Write = %d, %v", n, err)
+		}
+		if b := <-got; !bytes.Equal(b, big) {
+			t.Fatalf("the peer read %d bytes, not what was written", len(b))
+		}
+		go func() { _, _ = peer.Write(big); _ = peer.CloseWrite() }()
+		b, err := io.ReadAll(raw)
+		if err != nil || !bytes.Equal(b, big) {
+			t.Fatalf("ReadAll = %d bytes, %v", len(b), err)
+		}
+		if n, err := raw.Read(make([]byte, 8)); n != 0 || err != io.EOF {
+			t.Fatalf("after the end: %d, %v; want 0, EOF", n, err)
+		}
+	})
+	t.Run("read deadline", func(t *testing.T) {
+		raw, _ := rawPair(t)
+		_ = raw.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		_, err := raw.Read(make([]byte, 8))
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) || !isTimeout(err) {
+			t.Fatalf("Read past its deadline: %v", err)
+		}
+		_ = raw.SetReadDeadline(time.Time{})
+	})
+	t.Run("write deadline", func(t *testing.T) {
+		raw, _ := rawPair(t) // the peer never reads: the buffers fill
+		_ = raw.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		n, err := raw.Write(make([]byte, 64<<20))
+		if !isTimeout(err) || n >= 64<<20 {
+			t.Fatalf("Write past its deadline: %d, %v", n, err)
+		}
+	})
+	t.Run("close from another goroutine", func(t *testing.T) {
+		raw, _ := rawPair(t)
+		done := make(chan error, 1)
+		go func() {
+			_, err := raw.Read(make([]byte, 8))
+			done <- err
+		}()
+		time.Sleep(20 * time.Millisecond)
+		_ = raw.Close()
+		select {
+		case err := <-done:
+			if !errors.Is(err, net.ErrClosed) || !connBroken(err) {
+				t.Fatalf("Read on a closed connection: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("Close did not wake a waiting Read")
+		}
+	})
+	t.Run("reset", func(t *testing.T) {
+		raw, peer := rawPair(t)
+		_ = peer.SetLinger(0)
+		_ = peer.Close() // RST
+		var err error
+		for range 100 {
+			if _, err = raw.Read(make([]byte, 8)); err != nil {
+				break
+			}
+		}
+		var op *net.OpError
+		if !errors.Is(err, syscall.ECONNRESET) || !errors.As(err, &op) || op.Op != "read" || !connBroken(err) {
+			t.Fatalf("Read after a reset: %v", err)
+		}
+		for range 100 {
+			if _, err = raw.Write([]byte("x")); err != nil {
+				break
+			}
+		}
+		if !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("Write after a reset: %v", err)
+		}
+	})
+	t.Run("peek", func(t *testing.T) {
+		raw, peer := rawPair(t)
+		var p connProbe
+		p.init(raw)
+		if !p.alive() {
+			t.Fatal("an open, quiet connection is not alive")
+		}
+		_, _ = peer.Write([]byte("x"))
+		eventually(t, func() bool { return !p.alive() }) // bytes no request asked for
+		b := make([]byte, 1)
+		if n, err := raw.Read(b); n != 1 || err != nil || b[0] != 'x' {
+			t.Fatalf("the peek consumed the byte: %d %q %v", n, b, err)
+		}
+	})
+}
+
+// TestRawConnAllocatesNothing: a Read and a Write cost no allocation.
+func TestRawConnAllocatesNothing(t *testing.T) {
+	raw, peer := rawPair(t)
+	msg := []byte("ping")
+	in := make([]byte, 16)
+	pb := make([]byte, 16)
+	allocs := testing.AllocsPerRun(200, func() {
+		if _, err := raw.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(peer, pb[:len(msg)]); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := peer.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(raw, in[:len(msg)]); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%.1f allocations per round trip, want 0", allocs)
+	}
+}
+
+// TestProxyConnectionsAreRaw: the upstream's connections go through
+// rawConn (every test's clients reach the Server through rawListener).
+func TestProxyConnectionsAreRaw(t *testing.T) {
+	u := newPoolUpstream(t, "127.0.0.1:0")
+	base, s := startSidecar(t, "http://"+u.addr, nil)
+	burstOf(t, base, u, 1)
+	s.up.mu.Lock()
+	defer s.up.mu.Unlock()
+	if len(s.up.idle) == 0 {
+		t.Fatal("no pooled connection")
+	}
+	if _, ok := s.up.idle[0].c.(*rawConn); !ok {
+		t.Fatalf("the upstream connection is %T", s.up.idle[0].c)
+	}
+}
