@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"unsafe"
 )
@@ -31,7 +32,30 @@ type rawConn struct {
 	rc syscall.RawConn
 	r  rawOp
 	w  rawOp
+
+	// held are the bytes of writes held back (holdWrites); the first
+	// write after releaseHeld sends them with its own, in one call.
+	held    []byte
+	holding bool
 }
+
+// heldBufs are the buffers of held writes, pooled: a connection keeps one
+// only while it holds bytes.
+var heldBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+// holdMax bounds what holdWrites keeps back: a write that would pass it
+// goes out at once, with what was held.
+const holdMax = 64 << 10
+
+// holdWrites holds the writes that follow in the connection until the
+// first one after releaseHeld, which carries them all in one system call.
+// The relay holds a stream's last bytes this way: fasthttp writes the last
+// chunk, then its terminator, then the final CRLF, each flushed on its
+// own, and each would wake the client.
+func (c *rawConn) holdWrites() { c.holding = true }
+
+// releaseHeld lets the next write send what was held, before its own bytes.
+func (c *rawConn) releaseHeld() { c.holding = false }
 
 // rawOp is one Read's or Write's state, and the function the poller calls
 // with the socket, made once per connection so a call allocates nothing.
@@ -113,6 +137,29 @@ func (c *rawConn) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	if c.holding || len(c.held) > 0 {
+		if c.held == nil {
+			c.held = (*heldBufs.Get().(*[]byte))[:0]
+		}
+		if c.holding && len(c.held)+len(p) <= holdMax {
+			c.held = append(c.held, p...)
+			return len(p), nil
+		}
+		c.holding = false
+		held := len(c.held)
+		c.held = append(c.held, p...)
+		n, err := c.write(c.held)
+		if cap(c.held) <= 2*holdMax {
+			b := c.held[:0]
+			heldBufs.Put(&b)
+		}
+		c.held = nil
+		return max(n-held, 0), err
+	}
+	return c.write(p)
+}
+
+func (c *rawConn) write(p []byte) (int, error) {
 	c.w.p, c.w.n, c.w.err = p, 0, 0
 	err := c.rc.Write(c.w.fn)
 	n, errno := c.w.n, c.w.err

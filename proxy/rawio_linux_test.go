@@ -139,6 +139,62 @@ func TestRawConnBehavesAsTCPConn(t *testing.T) {
 	})
 }
 
+// TestRawConnHoldsWritesBack: held writes reach the peer only with the
+// first write after releaseHeld, in order, in that one call; a hold past
+// holdMax goes out at once.
+func TestRawConnHoldsWritesBack(t *testing.T) {
+	raw, peer := rawPair(t)
+	rc := raw.(*rawConn)
+	quiet := func() {
+		t.Helper()
+		_ = peer.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if n, err := peer.Read(make([]byte, 16)); !isTimeout(err) {
+			t.Fatalf("the peer read %d bytes of held writes (%v)", n, err)
+		}
+		_ = peer.SetReadDeadline(time.Time{})
+	}
+	rc.holdWrites()
+	for _, s := range []string{"last chunk ", "0\r\n"} {
+		if n, err := raw.Write([]byte(s)); n != len(s) || err != nil {
+			t.Fatalf("held Write = %d, %v", n, err)
+		}
+	}
+	quiet()
+	rc.releaseHeld()
+	quiet() // released to the next write, not sent by itself
+	if n, err := raw.Write([]byte("\r\n")); n != 2 || err != nil {
+		t.Fatalf("Write after release = %d, %v", n, err)
+	}
+	want := "last chunk 0\r\n\r\n"
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(peer, got); err != nil || string(got) != want {
+		t.Fatalf("the peer read %q, %v; want %q", got, err, want)
+	}
+	if n, err := raw.Write([]byte("next")); n != 4 || err != nil {
+		t.Fatalf("a later Write = %d, %v", n, err)
+	}
+	if _, err := io.ReadFull(peer, got[:4]); err != nil || string(got[:4]) != "next" {
+		t.Fatalf("after the release: %q, %v", got[:4], err)
+	}
+
+	rc.holdWrites()
+	_, _ = raw.Write([]byte("x"))
+	big := bytes.Repeat([]byte("y"), holdMax)
+	if n, err := raw.Write(big); n != len(big) || err != nil {
+		t.Fatalf("Write past holdMax = %d, %v", n, err)
+	}
+	all := make([]byte, 1+len(big))
+	if _, err := io.ReadFull(peer, all); err != nil || all[0] != 'x' || !bytes.Equal(all[1:], big) {
+		t.Fatalf("a hold past holdMax: %v", err)
+	}
+	if n, err := raw.Write([]byte("z")); n != 1 || err != nil {
+		t.Fatalf("Write after the hold ended = %d, %v", n, err)
+	}
+	if _, err := io.ReadFull(peer, got[:1]); err != nil || got[0] != 'z' {
+		t.Fatalf("the hold did not end: %q, %v", got[:1], err)
+	}
+}
+
 // TestRawConnAllocatesNothing: a Read and a Write cost no allocation.
 func TestRawConnAllocatesNothing(t *testing.T) {
 	raw, peer := rawPair(t)

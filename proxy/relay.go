@@ -188,6 +188,7 @@ func (r *relay) fillOnce() bool {
 			r.out = append(r.out, "data: [DONE]\n\n"...)
 		}
 		r.final = io.EOF
+		r.holdTail()
 	case errors.Is(err, errCancelled):
 		// The client went away; nobody reads an error event.
 		r.final = errAbortStream
@@ -201,6 +202,23 @@ func (r *relay) fillOnce() bool {
 		r.final = errAbortStream
 	}
 	return false
+}
+
+// tailHolder is a client connection that can hold writes back
+// (rawConn): the stream's last bytes, fasthttp's terminating chunk and
+// its final CRLF, three writes each flushed, then leave in one.
+type tailHolder interface {
+	holdWrites()
+	releaseHeld()
+}
+
+// holdTail holds the client connection's writes from the stream's last
+// bytes on; Close releases them to the next write, fasthttp's flush of
+// the final CRLF.
+func (r *relay) holdTail() {
+	if h, ok := r.conn.(tailHolder); ok {
+		h.holdWrites()
+	}
 }
 
 // commitTurn is the record step for a stream: the reply, complete, enters
@@ -325,6 +343,9 @@ func (r *relay) Close() error { return r.CloseWithError(nil) }
 func (r *relay) CloseWithError(err error) error {
 	if r.closed.Swap(true) {
 		return nil
+	}
+	if h, ok := r.conn.(tailHolder); ok {
+		h.releaseHeld()
 	}
 	r.x.stopWatch()
 	if !r.body.eof {
