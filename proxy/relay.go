@@ -95,6 +95,7 @@ type relay struct {
 	outOff int
 	final  error // returned once out is drained
 	sent   int64
+	wdl    time.Time // the client connection's write deadline, as last moved
 	events int
 	closed atomic.Bool
 }
@@ -113,8 +114,12 @@ func (r *relay) Read(p []byte) (int, error) {
 		r.s.metrics.ttfb[r.route].observe(time.Since(r.start))
 	}
 	r.sent += int64(n)
-	if r.conn != nil && r.s.opts.WriteTimeout > 0 {
-		_ = r.conn.SetWriteDeadline(time.Now().Add(r.s.opts.WriteTimeout))
+	if wt := r.s.opts.WriteTimeout; r.conn != nil && wt > 0 {
+		// Moved on when an eighth of it is spent, as upConn.arm.
+		if want := time.Now().Add(wt); r.wdl.Before(want.Add(-wt / 8)) {
+			r.wdl = want
+			_ = r.conn.SetWriteDeadline(want)
+		}
 	}
 	return n, nil
 }

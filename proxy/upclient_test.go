@@ -628,3 +628,39 @@ func FuzzRepairFraming(f *testing.F) {
 		}
 	})
 }
+
+// TestArmKeepsBoundsWithinAnEighth: a deadline is moved only when the one
+// set is later than asked, or more than an eighth of the timeout early;
+// the connection's own deadline is what arm recorded.
+func TestArmKeepsBoundsWithinAnEighth(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	uc := &upConn{c: a}
+	t0 := time.Now()
+	uc.arm(false, t0, 80*time.Millisecond)
+	if !uc.readDL.Equal(t0.Add(80 * time.Millisecond)) {
+		t.Fatalf("first arm: %v", uc.readDL.Sub(t0))
+	}
+	uc.arm(false, t0.Add(5*time.Millisecond), 80*time.Millisecond) // 5 ms spent: kept
+	if !uc.readDL.Equal(t0.Add(80 * time.Millisecond)) {
+		t.Fatalf("moved after 5 ms of 80: %v", uc.readDL.Sub(t0))
+	}
+	uc.arm(false, t0.Add(11*time.Millisecond), 80*time.Millisecond) // more than an eighth: moved
+	if !uc.readDL.Equal(t0.Add(91 * time.Millisecond)) {
+		t.Fatalf("kept after 11 ms of 80: %v", uc.readDL.Sub(t0))
+	}
+	uc.arm(false, t0.Add(11*time.Millisecond), 20*time.Millisecond) // a shorter bound: moved in
+	if !uc.readDL.Equal(t0.Add(31 * time.Millisecond)) {
+		t.Fatalf("a shorter bound kept the later deadline: %v", uc.readDL.Sub(t0))
+	}
+	// The pipe's own deadline is the one recorded: a read times out by it.
+	start := time.Now()
+	_, err := a.Read(make([]byte, 1))
+	if !isTimeout(err) || time.Since(start) > 5*time.Second {
+		t.Fatalf("read after arm: %v after %v", err, time.Since(start))
+	}
+	if uc.writeDL != (time.Time{}) {
+		t.Fatal("arming the read deadline set the write deadline")
+	}
+}
