@@ -457,17 +457,28 @@ func TestLlamaCPPUnusedRestoresStop(t *testing.T) {
 }
 
 // A restore that costs more than the prefill it saves is skipped once both
-// are measured.
+// are measured, after costSamples restores, not on one measurement; then
+// every one is.
 func TestLlamaCPPRestoreOnlyWhenItPays(t *testing.T) {
 	clk := &stepClock{}
 	h := newHarness(t, 1, func(o *Options) { o.Clock = clk })
 	h.fake.clock, h.fake.restoreCost = clk, 500*time.Millisecond // against fakePrefillMs per token of prefill
 	h.do("A", 1)
 	h.do("B", 1)
-	h.do("A", 2) // restored: nothing measured yet
-	h.do("B", 2) // skipped
-	if s := h.c.Stats(); s.Restores != 1 || s.RestoreSkips == 0 {
-		t.Fatalf("stats %+v", s)
+	turn := 2
+	for ; turn <= 8 && h.c.Stats().RestoreSkips == 0; turn++ {
+		h.do("A", turn)
+		h.do("B", turn)
+	}
+	s := h.c.Stats()
+	if s.RestoreSkips == 0 || s.Restores < 3 { // costSamples: not decided on one restore
+		t.Fatalf("restored %d, skipped %d by turn %d; want skips only after %d restores", s.Restores, s.RestoreSkips, turn, costSamples)
+	}
+	restores := s.Restores
+	h.do("A", turn)
+	h.do("B", turn)
+	if s := h.c.Stats(); s.Restores != restores || s.RestoreSkips < 3 {
+		t.Fatalf("after the measures: restored %d (was %d), skipped %d", s.Restores, restores, s.RestoreSkips)
 	}
 }
 

@@ -14,13 +14,21 @@ import (
 	"github.com/kvsidecar/kvsidecar/kv"
 )
 
+// costSamples is how many restores are timed before their rate decides
+// against one: a restore timed by the sidecar's clock while the machine
+// was busy (the first after a start reads cold files) is not a rate, and
+// deciding on it left a returning session to prefill its whole prompt
+// (TestRealEngineRestoresAfterSidecarKill9 failed 3 times in 20 on a
+// loaded machine). A prefill's rate is the engine's own timing.
+const costSamples = 3
+
 // pays reports whether restoring size bytes beats prefilling tokens, by
-// the measured costs; before anything is measured it assumes so (a restore
-// reads a file, a prefill runs the model).
+// the measured costs; until a prefill is measured and costSamples restores
+// are, it assumes so (a restore reads a file, a prefill runs the model).
 func (c *Connector) pays(size int64, tokens int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.prefillMsTok.n == 0 || c.restoreMsMB.n == 0 {
+	if c.prefillMsTok.n == 0 || c.restoreMsMB.n < costSamples {
 		return true
 	}
 	return c.restoreMsMB.v*float64(size)/(1<<20) < c.prefillMsTok.v*float64(tokens)
@@ -31,8 +39,6 @@ func (c *Connector) pays(size int64, tokens int) bool {
 // first have pieces of the prompt (what the slot already holds; -1 for
 // nothing). With a shared store, a state there that covers more than the
 // local catalog's best is fetched into the tiers first.
-// restoreBest restores into sl the state sharing the longest prefix with
-// the request, when there is one that pays.
 func (c *Connector) restoreBest(ctx context.Context, req *request, sl *slotInfo, have int) {
 	c.mu.Lock()
 	off, layout := c.restoreOff, c.layout
