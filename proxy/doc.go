@@ -13,7 +13,9 @@
 // relay.go and stream.go (SSE), background.go (the work left after
 // responses), memory.go (windows and recording), pool.go and
 // poolevents.go (the shared pool's API and its event stream), admin*.go
-// and console.go (the console).
+// and console.go (the console), rawio_linux.go (the client's and the
+// upstream's TCP connections read and written with raw system calls
+// through their poller; a stream's last writes held into one).
 //
 // Invariants:
 //   - Every error a client sees is OpenAI-shaped JSON
@@ -29,7 +31,9 @@
 //     forwarded that another server could read as one of them.
 //   - Request bodies are bounded (Options.MaxBodyBytes, 413 beyond), buffered
 //     upstream responses too (Options.MaxResponseBytes); streamed responses are
-//     relayed event by event with no line-length limit.
+//     relayed event by event with no line-length limit; an event stream
+//     that arrived whole with its head is checked the same way and leaves
+//     as one answer with its length.
 //   - Hop-by-hop headers are stripped in both directions; Authorization and
 //     every end-to-end header pass through unchanged, and so does the body.
 //   - A client that disconnects cancels its upstream request.
