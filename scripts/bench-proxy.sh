@@ -10,7 +10,8 @@
 # direct, requests/s at that concurrency, CPU seconds per 10K requests of
 # each process (from /proc/PID/stat utime+stime) and sidecar/nginx ratios.
 # Usage: scripts/bench-proxy.sh [--json] [extra bench proxy flags]
-# Environment: NGINX_WORKERS (1), SIDECAR_ENV (e.g. "GOGC=400 GOMAXPROCS=1"),
+# Environment: NGINX_WORKERS (1), UPSTREAM_ARGS (e.g. "--event-gap 2ms": streams paced as an
+# engine generating tokens), SIDECAR_ENV (e.g. "GOGC=400 GOMAXPROCS=1"),
 # SIDECAR_ARGS (extra serve flags for both sidecars), SIDECAR_PPROF (a
 # loopback address for the pass-through sidecar's pprof).
 set -euo pipefail
@@ -39,7 +40,8 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 UP=$(free_port); SC=$(free_port); SS=$(free_port); NG=$(free_port)
 
-bin/sidecar bench upstream --listen "127.0.0.1:$UP" 2>"$work/upstream.log" & UPPID=$!; pids+=($UPPID)
+# shellcheck disable=SC2086
+bin/sidecar bench upstream --listen "127.0.0.1:$UP" ${UPSTREAM_ARGS:-} 2>"$work/upstream.log" & UPPID=$!; pids+=($UPPID)
 # shellcheck disable=SC2086
 env ${SIDECAR_ENV:-} bin/sidecar serve --listen "127.0.0.1:$SC" --upstream "http://127.0.0.1:$UP" \
   --data-dir "$work/data" --log-level warn ${SIDECAR_PPROF:+--pprof $SIDECAR_PPROF} ${SIDECAR_ARGS:-} \

@@ -73,6 +73,7 @@ func benchUpstream(args []string) error {
 	fs := flag.NewFlagSet("bench upstream", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:8000", "address to serve the scripted upstream on")
 	events := fs.Int("events", 16, "chunks in a streamed answer")
+	gap := fs.Duration("event-gap", 0, "pause between two chunks of a streamed answer, as an engine generating tokens (0: the whole stream at once)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -80,7 +81,7 @@ func benchUpstream(args []string) error {
 	if err != nil {
 		return err
 	}
-	m := bench.NewMockUpstream(bench.MockUpstreamOptions{StreamEvents: *events})
+	m := bench.NewMockUpstream(bench.MockUpstreamOptions{StreamEvents: *events, EventGap: *gap})
 	fmt.Fprintf(os.Stderr, "mock upstream listening on http://%s\n", ln.Addr())
 	go func() {
 		ch := make(chan os.Signal, 1)
