@@ -51,7 +51,10 @@ const holdMax = 64 << 10
 // first one after releaseHeld, which carries them all in one system call.
 // The relay holds a stream's last bytes this way: fasthttp writes the last
 // chunk, then its terminator, then the final CRLF, each flushed on its
-// own, and each would wake the client.
+// own, and each would wake the client. fasthttp flushes that CRLF as soon
+// as the response is written, unless the client pipelined its next request
+// (then with that one's first write, as it did the CRLF before:
+// TestPipelinedStreamsStayWhole).
 func (c *rawConn) holdWrites() { c.holding = true }
 
 // releaseHeld lets the next write send what was held, before its own bytes.

@@ -505,3 +505,47 @@ func TestStreamBurstLeavesTogether(t *testing.T) {
 		})
 	}
 }
+
+// TestPipelinedStreamsStayWhole: a client that pipelines two streamed
+// requests on one connection gets both answers whole and in order; the
+// first stream's held last bytes go out with the second answer's first
+// write, never lost or reordered.
+func TestPipelinedStreamsStayWhole(t *testing.T) {
+	events := []string{
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+		"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+		"data: [DONE]\n\n",
+	}
+	step := make(chan struct{}, 8)
+	up := streamUpstream(t, events, step, nil) // each event its own burst: relayed, not drained
+	defer up.Close()
+	go func() {
+		for range 4 {
+			time.Sleep(20 * time.Millisecond)
+			step <- struct{}{}
+		}
+	}()
+	base, _ := startSidecar(t, up.URL, nil)
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	if _, err := io.WriteString(c, req+req); err != nil { // one write: the second request waits in the sidecar's buffer
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	for i := range 2 {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("answer %d: %v", i, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || string(b) != strings.Join(events, "") {
+			t.Fatalf("answer %d: %q, %v", i, b, err)
+		}
+	}
+}
