@@ -24,10 +24,17 @@ wrk.body = '{"model":"m","messages":[{"role":"user","content":"Say something sho
 wrk.headers["Content-Type"] = "application/json"
 LUA
 sleep 1
+# us converts wrk's latency (e.g. 182.00us, 2.84ms, 1.01s) to microseconds.
+us() { awk -v v="$1" 'BEGIN{n=v+0; if (v ~ /us$/) print n; else if (v ~ /ms$/) print n*1000; else if (v ~ /s$/) print n*1000000; else print n}'; }
 for round in 1 2; do for t in direct:$UP nginx:$NG sidecar:$SC; do
   n=${t%%:*}; p=${t##*:}
   wrk -t1 -c$C -d${D}s --latency -s $W/post.lua http://127.0.0.1:$p/v1/chat/completions > $W/out 2>&1
   p50=$(awk '$1=="50%"{print $2}' $W/out); p99=$(awk '$1=="99%"{print $2}' $W/out); rps=$(awk '/Requests\/sec/{print $2}' $W/out); non2=$(awk '/Non-2xx/{print $4}' $W/out)
   echo "round $round $n p50=$p50 p99=$p99 rps=$rps non2xx=${non2:-0}"
-done; done
+  eval "${n}_p50=$(us "$p50") ${n}_p99=$(us "$p99") ${n}_rps=${rps:-0}"
+done
+  # shellcheck disable=SC2154 # set by the eval above
+  awk -v d="$direct_p50" -v n50="$nginx_p50" -v s50="$sidecar_p50" -v n99="$nginx_p99" -v s99="$sidecar_p99" -v nr="$nginx_rps" -v sr="$sidecar_rps" -v r="$round" \
+    'BEGIN{printf "round %s sidecar/nginx: added p50 %.2f, p99 %.2f, req/s %.2f\n", r, (n50>d ? (s50-d)/(n50-d) : 0), (n99>0 ? s99/n99 : 0), (nr>0 ? sr/nr : 0)}'
+done
 kill $P1 $P2 $P3; wait 2>/dev/null; rm -rf $W
