@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/kvsidecar/kvsidecar/internal/jsonscan"
 )
 
 // Timings are an engine's prompt figures for one response, or their sums.
@@ -177,7 +179,7 @@ func ParseTimings(body []byte) (Timings, bool) {
 // matters: an invalid object, or a "timings" or "usage" of the wrong type,
 // gives nothing; a later duplicate key wins.
 func timingsOf(obj []byte) (Timings, bool) {
-	if len(obj) == 0 || obj[0] != '{' || !gjson.ValidBytes(obj) {
+	if len(obj) == 0 || obj[0] != '{' || !jsonscan.Valid(obj) {
 		return Timings{}, false
 	}
 	var timings, usage gjson.Result

@@ -1,6 +1,9 @@
 package engine
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestParseTimings(t *testing.T) {
 	f := func(body string, want Timings, wantOK bool) {
@@ -34,4 +37,18 @@ func TestParseTimings(t *testing.T) {
 	f(`{"choices":[]}`, Timings{}, false)
 	f(`not json`, Timings{}, false)
 	f(``, Timings{}, false)
+}
+
+// TestParseTimingsDeeplyNested: an answer of millions of nested brackets,
+// from a broken or hostile upstream, gives nothing, without running out of
+// stack (a fatal error the process cannot recover from).
+func TestParseTimingsDeeplyNested(t *testing.T) {
+	for _, body := range []string{
+		`{"usage":` + strings.Repeat("[", 4<<20),
+		"data: {\"usage\":" + strings.Repeat(`{"a":`, 1<<20) + "\n\n",
+	} {
+		if _, ok := ParseTimings([]byte(body)); ok {
+			t.Fatalf("timings from a %d-byte nested body", len(body))
+		}
+	}
 }

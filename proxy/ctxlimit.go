@@ -44,6 +44,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/kvsidecar/kvsidecar/engine"
+	"github.com/kvsidecar/kvsidecar/internal/jsonscan"
 )
 
 const (
@@ -334,7 +335,7 @@ func (c *ctxLimits) do(req *http.Request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if resp.StatusCode != http.StatusOK || !gjson.ValidBytes(b) {
+	if resp.StatusCode != http.StatusOK || !jsonscan.Valid(b) {
 		return nil, errProbe
 	}
 	return b, nil

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,6 +95,27 @@ func BenchmarkParseRequest(b *testing.B) {
 	body := []byte(`{"model":"mock","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say something short."}]}`)
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
+		if _, err := parseRequest(epChat, body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkParseRequestLong: a 27 KB chat request, forty turns of history
+// with newlines in the replies: the body is mostly message text.
+func BenchmarkParseRequestLong(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`{"model":"mock","messages":[{"role":"system","content":"` + strings.Repeat("You are a helpful assistant. ", 20) + `"}`)
+	for i := range 40 {
+		fmt.Fprintf(&sb, `,{"role":"user","content":"%s"},{"role":"assistant","content":"%s"}`,
+			strings.Repeat(fmt.Sprintf("Tell me about item %d in detail please. ", i), 8),
+			strings.Repeat(fmt.Sprintf("Item %d is a thing with properties.\\n ", i), 8))
+	}
+	sb.WriteString(`],"stream":false,"max_tokens":64}`)
+	body := []byte(sb.String())
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
 		if _, err := parseRequest(epChat, body); err != nil {
 			b.Fatal(err)
 		}

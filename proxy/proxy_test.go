@@ -249,6 +249,29 @@ func TestProxyRejectsBadRequests(t *testing.T) {
 	}
 }
 
+// TestProxySurvivesDeeplyNestedBodies: a body of eight million '[' (or
+// of '{"a":' pairs) within the body limit is refused with a 400, and the
+// sidecar goes on serving. A recursive JSON check ran out of stack on it:
+// a fatal error that took the whole process down.
+func TestProxySurvivesDeeplyNestedBodies(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
+	}))
+	defer up.Close()
+	base, _ := startSidecar(t, up.URL, nil)
+	for _, open := range []string{"[", `{"a":`} {
+		body := `{"model":"m","messages":` + strings.Repeat(open, (8<<20)/len(open))
+		resp, b := post(t, base+"/v1/chat/completions", body, nil)
+		wantOpenAIError(t, resp, b, 400, "invalid_request")
+	}
+	resp, b := post(t, base+"/v1/chat/completions", chatBody, nil)
+	if resp.StatusCode != 200 {
+		t.Fatalf("after the nested bodies: %d %s", resp.StatusCode, b)
+	}
+}
+
 func TestProxyUpstreamUnreachableIs502(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"io"
 
-	"github.com/tidwall/gjson"
+	"github.com/kvsidecar/kvsidecar/internal/jsonscan"
 )
 
 // sseSplitter cuts a byte stream into Server-Sent Events. An event ends at a
@@ -110,7 +110,7 @@ func validData(data []byte, multi bool) bool {
 	case !multi && string(data) == "[DONE]":
 		return true
 	}
-	return gjson.ValidBytes(data)
+	return jsonscan.Valid(data)
 }
 
 // eventData returns the data payload of one event (its data lines joined

@@ -549,3 +549,14 @@ func TestPipelinedStreamsStayWhole(t *testing.T) {
 		}
 	}
 }
+
+// TestEventOfDeepNestingIsGarbage: an event whose payload nests millions
+// deep is garbage to the relay, found without running out of stack.
+func TestEventOfDeepNestingIsGarbage(t *testing.T) {
+	if validData([]byte(strings.Repeat("[", 4<<20)), false) {
+		t.Fatal("a payload of four million '[' is valid")
+	}
+	if !validData([]byte(`{"choices":[{"index":0,"delta":{"content":"a"}}]}`), false) {
+		t.Fatal("a chunk is garbage")
+	}
+}

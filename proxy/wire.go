@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/kvsidecar/kvsidecar/internal/jsonscan"
 )
 
 // Endpoint kinds whose bodies the proxy reads.
@@ -66,26 +68,32 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 	if trimmed[0] != '{' {
 		return info, badRequest("request body must be a JSON object")
 	}
-	if !gjson.ValidBytes(trimmed) {
-		return info, badRequest("malformed JSON: %s", jsonSyntaxError(trimmed))
-	}
 	var (
-		model, stream, key, user, messages, prompt, input, tools, functions gjson.Result
-		maxTokens                                                           [3]gjson.Result
+		model, stream, key, user gjson.Result
+		messages, prompt, input  []byte // raw, slices of the body
+		tools, functions         []byte
+		maxTokens                [3]gjson.Result
 	)
-	// A string view of the body: no copy of it. The strings kept in info
-	// are copied (modelName, strings.Clone): fasthttp reuses the body's
-	// buffer once the handler returns, and a relay keeps info longer.
-	gjson.Parse(unsafe.String(unsafe.SliceData(trimmed), len(trimmed))).ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
+	// One pass checks the body and hands over its top-level members; a
+	// value is read (gjson, on a string view: no copy) only when its key is
+	// one the proxy needs. The strings kept in info are copied (modelName,
+	// strings.Clone): fasthttp reuses the body's buffer once the handler
+	// returns, and a relay keeps info longer.
+	value := func(v []byte) gjson.Result { return gjson.Parse(unsafe.String(unsafe.SliceData(v), len(v))) }
+	ok := jsonscan.Object(trimmed, func(k, v []byte) {
+		name := unsafe.String(unsafe.SliceData(k[1:]), len(k)-2)
+		if bytes.IndexByte(k, '\\') >= 0 {
+			name = value(k).Str // an escaped key, read as OpenAI's server reads it
+		}
+		switch name { // later duplicates win, as with encoding/json
 		case "model":
-			model = v
+			model = value(v)
 		case "stream":
-			stream = v
+			stream = value(v)
 		case "prompt_cache_key":
-			key = v
+			key = value(v)
 		case "user":
-			user = v
+			user = value(v)
 		case "messages":
 			messages = v
 		case "prompt":
@@ -97,14 +105,16 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 		case "functions":
 			functions = v
 		case "max_completion_tokens":
-			maxTokens[0] = v
+			maxTokens[0] = value(v)
 		case "max_tokens":
-			maxTokens[1] = v
+			maxTokens[1] = value(v)
 		case "n_predict":
-			maxTokens[2] = v
+			maxTokens[2] = value(v)
 		}
-		return true // later duplicates win, as with encoding/json
 	})
+	if !ok {
+		return info, badRequest("malformed JSON: %s", jsonSyntaxError(trimmed))
+	}
 	switch model.Type {
 	case gjson.Null:
 	case gjson.String:
@@ -138,16 +148,16 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 			info.MaxTokens = int(min(m.Num, 1<<30))
 		}
 	}
-	present := func(r gjson.Result) bool { return r.Exists() && r.Type != gjson.Null }
+	present := func(raw []byte) bool { return len(raw) > 0 && string(raw) != "null" }
 	switch ep {
 	case epChat:
-		if !messages.IsArray() {
+		if len(messages) == 0 || messages[0] != '[' {
 			return info, badRequest("'messages' is required and must be an array")
 		}
-		info.Messages = rawOf(trimmed, messages)
-		for _, t := range []gjson.Result{tools, functions} {
+		info.Messages = messages
+		for _, t := range [][]byte{tools, functions} {
 			if present(t) {
-				info.Tools = append(info.Tools, rawOf(trimmed, t)...)
+				info.Tools = append(info.Tools, t...)
 			}
 		}
 	case epCompletions:
@@ -189,15 +199,6 @@ func modelName(name string) string {
 		modelNamesHeld.Add(1)
 	}
 	return owned
-}
-
-// rawOf returns r's raw bytes as a slice of body (no copy) when gjson
-// reports its position, else a copy.
-func rawOf(body []byte, r gjson.Result) json.RawMessage {
-	if r.Index > 0 && r.Index+len(r.Raw) <= len(body) {
-		return body[r.Index : r.Index+len(r.Raw) : r.Index+len(r.Raw)]
-	}
-	return json.RawMessage(r.Raw)
 }
 
 // jsonSyntaxError describes why body is not valid JSON, for the client.

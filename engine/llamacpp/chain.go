@@ -6,6 +6,8 @@ import (
 	"strconv"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/kvsidecar/kvsidecar/internal/jsonscan"
 )
 
 // chain describes a request's prompt cut at its natural boundaries: after
@@ -99,7 +101,7 @@ func chainSeed(parts ...string) uint64 {
 // the messages, go into the first piece. A body of another shape gives an
 // empty chain (nothing to reuse). Work is linear in the body's size.
 func requestChain(seed uint64, body []byte) chain {
-	if !gjson.ValidBytes(body) {
+	if !jsonscan.Valid(body) {
 		return chain{}
 	}
 	root := gjson.ParseBytes(body)
