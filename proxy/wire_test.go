@@ -25,6 +25,24 @@ func TestParseRequest(t *testing.T) {
 	}
 }
 
+// TestParseRequestReadsKeysAsEncodingJSON: an escaped key is the key it
+// spells, a later duplicate wins, case counts, and members of nested
+// objects are not the request's; tools and functions are kept raw.
+func TestParseRequestReadsKeysAsEncodingJSON(t *testing.T) {
+	body := []byte(`{"model":"a","mod\u0065l":"b","MODEL":"c","x":{"model":"d","stream":true},"messages":[],` +
+		`"max_tokens":null,"max_completion_tokens":32,"tools":[{"type":"function"}],"functions":null,"user":"u","user":"v"}`)
+	info, err := parseRequest(epChat, body)
+	if err != nil || info.Model != "b" || info.Stream || info.MaxTokens != 32 || info.User != "v" ||
+		string(info.Tools) != `[{"type":"function"}]` || string(info.Messages) != `[]` {
+		t.Fatalf("got %+v, %v", info, err)
+	}
+	for _, bad := range []string{`{"messages":[],}`, `{"messages":[] "model":"m"}`, `{"messages":"[]"}`, `{"messages":[]}x`} {
+		if _, err := parseRequest(epChat, []byte(bad)); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
 // The strings parseRequest returns are the request's own: the body's
 // buffer, which fasthttp reuses after the handler, may change under them.
 func TestParseRequestStringsOutliveTheBody(t *testing.T) {
