@@ -664,3 +664,23 @@ func TestArmKeepsBoundsWithinAnEighth(t *testing.T) {
 		t.Fatal("arming the read deadline set the write deadline")
 	}
 }
+
+// TestPoolKeepsAtMostMaxIdle: after a burst wider than the pool, the pool
+// keeps Options.MaxIdleConnsPerHost connections; the next burst as wide
+// reuses those and dials the rest.
+func TestPoolKeepsAtMostMaxIdle(t *testing.T) {
+	u := newPoolUpstream(t, "127.0.0.1:0")
+	base, s := startSidecar(t, "http://"+u.addr, func(o *Options) { o.MaxIdleConnsPerHost = 2; o.UpstreamIdleTimeout = time.Hour })
+	burstOf(t, base, u, 6)
+	s.up.mu.Lock()
+	idle := len(s.up.idle)
+	s.up.mu.Unlock()
+	if idle != 2 {
+		t.Fatalf("%d idle connections after a burst of 6, want 2", idle)
+	}
+	before := u.accepted.Load()
+	burstOf(t, base, u, 6)
+	if got := u.accepted.Load() - before; got != 4 {
+		t.Fatalf("the second burst dialed %d connections, want 4", got)
+	}
+}

@@ -366,6 +366,9 @@ func TestFlagsReadEnvironment(t *testing.T) {
 	if c.upstream != "http://env:1" || c.listen != "127.0.0.1:5" || c.upstreamTimeout != 7*time.Second {
 		t.Fatalf("config %+v", c)
 	}
+	if err := parseFlags(serveFlags(&c), []string{"--upstream-max-idle", "7"}, func(string) string { return "" }); err != nil || c.upstreamMaxIdle != 7 {
+		t.Fatalf("--upstream-max-idle 7: %d, %v", c.upstreamMaxIdle, err)
+	}
 	env["SIDECAR_UPSTREAM_TIMEOUT"] = "soon"
 	if err := parseFlags(serveFlags(&c), nil, func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), "SIDECAR_UPSTREAM_TIMEOUT") {
 		t.Fatalf("bad env value: %v", err)
