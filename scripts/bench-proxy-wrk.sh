@@ -2,7 +2,8 @@
 # bench-proxy-wrk.sh: issue 25's own comparison, wrk -t1 -c$C -d${D}s --latency with a POST of a
 # chat completion without an API key (the pass-through path) against the scripted upstream
 # directly, through nginx (one worker, keep-alive pool, buffering off) and through the sidecar,
-# alternated twice. Environment: C (8), D (8 s), SIDECAR_ENV (e.g. GOMAXPROCS=1), BIN.
+# alternated twice. Environment: C (8), D (8 s), TURNS (0: one short message; N: a chat history
+# of N turns, ~0.7 KB each), SIDECAR_ENV (e.g. GOMAXPROCS=1), BIN.
 # Needs wrk and nginx (Debian packages).
 set -u
 cd "$(dirname "$0")/.."
@@ -18,11 +19,21 @@ http { access_log off; client_body_temp_path $W/cb; proxy_temp_path $W/p; fastcg
   server { listen 127.0.0.1:$NG; location / { proxy_pass http://llm; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; proxy_request_buffering off; } } }
 CONF
 nginx -c $W/nginx.conf -p $W 2>/dev/null & P3=$!
-cat > $W/post.lua <<'LUA'
-wrk.method = "POST"
-wrk.body = '{"model":"m","messages":[{"role":"user","content":"Say something short."}]}'
-wrk.headers["Content-Type"] = "application/json"
-LUA
+# TURNS=N sends a chat history of N user/assistant pairs (about 0.7 KB each, newlines in the
+# replies) instead of the one short message: bodies as a chat client sends them.
+python3 - "${TURNS:-0}" > $W/post.lua <<'PY'
+import json, sys
+turns = int(sys.argv[1])
+msgs = [{"role": "user", "content": "Say something short."}]
+if turns:
+    msgs = [{"role": "system", "content": "You are a helpful assistant. " * 20}]
+    for i in range(turns):
+        msgs.append({"role": "user", "content": ("Tell me about item %d in detail please. " % i) * 8})
+        msgs.append({"role": "assistant", "content": ("Item %d is a thing with properties.\n " % i) * 8})
+body = json.dumps({"model": "m", "messages": msgs})
+print('wrk.method = "POST"\nwrk.body = [=[%s]=]\nwrk.headers["Content-Type"] = "application/json"' % body)
+PY
+echo "body: $(($(wc -c < $W/post.lua) - 90)) bytes"
 sleep 1
 # us converts wrk's latency (e.g. 182.00us, 2.84ms, 1.01s) to microseconds.
 us() { awk -v v="$1" 'BEGIN{n=v+0; if (v ~ /us$/) print n; else if (v ~ /ms$/) print n*1000; else if (v ~ /s$/) print n*1000000; else print n}'; }
