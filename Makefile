@@ -57,7 +57,7 @@ bench: build ## go test benchmarks, then sidecar bench (amortization)
 bench-proxy: ## sidecar vs nginx side by side over a loopback upstream: 8 and 64 connections, streamed or not, pass-through and session path, req/s and CPU per 10K requests
 	scripts/bench-proxy.sh
 
-bench-proxy-wrk: build ## issue 25's own comparison: wrk -t1 -c8 (C=64 for more) POST chat completions, direct vs nginx vs the sidecar, alternated twice
+bench-proxy-wrk: build ## issue 25's own comparison: wrk -t1 -c8 (C=64 for more; TURNS=40 for a 28 KB chat history) POST chat completions, direct vs nginx vs the sidecar, alternated twice
 	scripts/bench-proxy-wrk.sh
 
 bench-amortization: build ## cost per turn of a session prefix's KV, T = 1..64 (plot in out/amortization.svg)
