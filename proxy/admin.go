@@ -72,7 +72,7 @@ func (s *Server) consoleOn() bool { return s.opts.AdminToken != "" }
 func (s *Server) adminAuthorized(ctx *fasthttp.RequestCtx) bool {
 	h := bytes.TrimSpace(ctx.Request.Header.Peek("Authorization"))
 	const prefix = "bearer "
-	if len(h) <= len(prefix) || !equalFoldASCII(h[:len(prefix)], prefix) {
+	if len(h) <= len(prefix) || !foldEq(h[:len(prefix)], prefix) {
 		return false
 	}
 	got := sha256.Sum256(bytes.TrimSpace(h[len(prefix):]))

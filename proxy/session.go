@@ -31,7 +31,7 @@ type sessionRef struct {
 func tenantOf(authorization []byte) string {
 	const prefix = "bearer"
 	tok := bytes.TrimSpace(authorization)
-	if len(tok) >= len(prefix) && equalFoldASCII(tok[:len(prefix)], prefix) &&
+	if len(tok) >= len(prefix) && foldEq(tok[:len(prefix)], prefix) &&
 		(len(tok) == len(prefix) || tok[len(prefix)] == ' ') {
 		tok = bytes.TrimSpace(tok[len(prefix):])
 	}
@@ -40,22 +40,6 @@ func tenantOf(authorization []byte) string {
 	}
 	sum := sha256.Sum256(tok)
 	return "t_" + hex.EncodeToString(sum[:8])
-}
-
-func equalFoldASCII(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := range b {
-		c := b[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != s[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // validSessionID reports whether id may name a session: 1..256 bytes of

@@ -39,7 +39,8 @@ func hopHeader(k []byte) bool {
 	return false
 }
 
-// foldEq reports whether b equals s, ASCII letters compared without case.
+// foldEq reports whether b equals s, ASCII letters compared without case
+// (header names, the "Bearer " of an Authorization header).
 func foldEq[S ~string | ~[]byte](b []byte, s S) bool {
 	if len(b) != len(s) {
 		return false
