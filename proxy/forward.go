@@ -245,15 +245,7 @@ func (f *flow) upstream(ctx *fasthttp.RequestCtx) outcome {
 			sse: isSSE, validate: isSSE && (f.route == routeChat || f.route == routeCompletions),
 		}
 		rl.takeMem()
-		if !ctx.IsHead() && rl.drainBuffered() {
-			// The whole answer came in the head's burst and ended cleanly:
-			// it leaves whole, head and body in one write, where a chunked
-			// stream costs three (the body, then fasthttp's last chunk and
-			// its final CRLF, each flushed), and each wakes the client.
-			ctx.SetBody(rl.out)
-			rl.sent = int64(len(rl.out))
-			s.metrics.ttfb[f.route].observe(time.Since(f.start))
-			_ = rl.Close()
+		if !ctx.IsHead() && rl.sendWhole(&ctx.Response) {
 			return relayed
 		}
 		// Headers go out at once unless the first bytes of the body are

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
 
 	"github.com/kvsidecar/kvsidecar/engine"
 )
@@ -110,10 +111,7 @@ func (r *relay) Read(p []byte) (int, error) {
 	}
 	n := copy(p, r.out[r.outOff:])
 	r.outOff += n
-	if r.sent == 0 {
-		r.s.metrics.ttfb[r.route].observe(time.Since(r.start))
-	}
-	r.sent += int64(n)
+	r.count(n)
 	if wt := r.s.opts.WriteTimeout; r.conn != nil && wt > 0 {
 		// Moved on when an eighth of it is spent, as upConn.arm.
 		if want := time.Now().Add(wt); r.wdl.Before(want.Add(-wt / 8)) {
@@ -122,6 +120,31 @@ func (r *relay) Read(p []byte) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// count notes n bytes handed to the client: the first ones are the time
+// to first byte.
+func (r *relay) count(n int) {
+	if r.sent == 0 {
+		r.s.metrics.ttfb[r.route].observe(time.Since(r.start))
+	}
+	r.sent += int64(n)
+}
+
+// sendWhole answers with the whole answer at once, framed by its length,
+// when it came in the head's burst and ended cleanly (drainBuffered): head
+// and body then leave in one write, where a chunked stream costs three
+// (the body, then fasthttp's last chunk and its final CRLF, each flushed),
+// and each wakes the client. The relay is closed then; else it is left to
+// stream, as fasthttp's body stream.
+func (r *relay) sendWhole(resp *fasthttp.Response) bool {
+	if !r.drainBuffered() {
+		return false
+	}
+	resp.SetBody(r.out)
+	r.count(len(r.out))
+	_ = r.Close()
+	return true
 }
 
 // drainBuffered reads the whole answer when the upstream's body already
