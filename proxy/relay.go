@@ -114,7 +114,7 @@ func (r *relay) Read(p []byte) (int, error) {
 	r.count(n)
 	if wt := r.s.opts.WriteTimeout; r.conn != nil && wt > 0 {
 		// Moved on when an eighth of it is spent, as upConn.arm.
-		if want := time.Now().Add(wt); r.wdl.Before(want.Add(-wt / 8)) {
+		if want := time.Now().Add(wt); !keepDeadline(r.wdl, want, wt) {
 			r.wdl = want
 			_ = r.conn.SetWriteDeadline(want)
 		}

@@ -75,7 +75,7 @@ func (uc *upConn) arm(write bool, now time.Time, timeout time.Duration) {
 		dl = &uc.writeDL
 	}
 	want := now.Add(timeout)
-	if !dl.IsZero() && !dl.After(want) && dl.After(want.Add(-timeout/8)) {
+	if keepDeadline(*dl, want, timeout) {
 		return
 	}
 	*dl = want
@@ -84,6 +84,13 @@ func (uc *upConn) arm(write bool, now time.Time, timeout time.Duration) {
 	} else {
 		_ = uc.c.SetReadDeadline(want)
 	}
+}
+
+// keepDeadline reports whether a deadline set is close enough to want,
+// the bound now+timeout: not later, and less than an eighth of timeout
+// earlier (arm, and the relay's client write deadline).
+func keepDeadline(set, want time.Time, timeout time.Duration) bool {
+	return !set.IsZero() && !set.After(want) && set.After(want.Add(-timeout/8))
 }
 
 // dialError is a failure to connect (or to complete a TLS handshake): the
