@@ -174,25 +174,29 @@ func ParseTimings(body []byte) (Timings, bool) {
 }
 
 // timingsOf reads the prompt figures of one JSON object. It reads in place
-// (gjson, no decoding of the rest: an answer costs no allocation;
-// BenchmarkParseTimings) and keeps encoding/json's strictness where it
-// matters: an invalid object, or a "timings" or "usage" of the wrong type,
-// gives nothing; a later duplicate key wins.
+// (jsonscan checks the object and hands over its top-level members in one
+// pass; gjson reads only "usage" and "timings": an answer costs no
+// allocation; BenchmarkParseTimings) and keeps encoding/json's strictness
+// where it matters: an invalid object, or a "timings" or "usage" of the
+// wrong type, gives nothing; a later duplicate key wins.
 func timingsOf(obj []byte) (Timings, bool) {
-	if len(obj) == 0 || obj[0] != '{' || !jsonscan.Valid(obj) {
+	if len(obj) == 0 || obj[0] != '{' {
 		return Timings{}, false
 	}
-	var timings, usage gjson.Result
-	// A string view of obj: no result outlives the call.
-	gjson.Parse(unsafe.String(unsafe.SliceData(obj), len(obj))).ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
-		case "timings":
-			timings = v
-		case "usage":
-			usage = v
+	var timingsRaw, usageRaw []byte
+	if !jsonscan.Object(obj, func(key, value []byte) {
+		switch {
+		case keyIs(key, "timings"):
+			timingsRaw = value
+		case keyIs(key, "usage"):
+			usageRaw = value
 		}
-		return true
-	})
+	}) {
+		return Timings{}, false
+	}
+	// String views of obj: no result outlives the call.
+	timings := gjson.Parse(unsafe.String(unsafe.SliceData(timingsRaw), len(timingsRaw)))
+	usage := gjson.Parse(unsafe.String(unsafe.SliceData(usageRaw), len(usageRaw)))
 	var (
 		tm             Timings
 		cacheN, cached gjson.Result
@@ -271,6 +275,15 @@ func timingsOf(obj []byte) (Timings, bool) {
 		return Timings{}, false
 	}
 	return tm, true
+}
+
+// keyIs reports whether key, a JSON string as written (quotes and escapes
+// included), is name.
+func keyIs(key []byte, name string) bool {
+	if bytes.IndexByte(key, '\\') < 0 {
+		return len(key) == len(name)+2 && string(key[1:len(key)-1]) == name
+	}
+	return gjson.Parse(unsafe.String(unsafe.SliceData(key), len(key))).Str == name
 }
 
 // objectOrNull reports whether r is absent, null or an object: what

@@ -34,6 +34,11 @@ func TestParseTimings(t *testing.T) {
 		`{"usage":{"prompt_tokens":5}} x`, `{"usage":{"prompt_tokens":5}`} {
 		f(bad, Timings{}, false)
 	}
+	// A key is read as decoded (escapes), and a later duplicate wins.
+	f(`{"tim\u0069ngs":{"prompt_n":3},"u\u0073age":{"prompt_tokens":9}}`, Timings{PromptN: 3}, true)
+	f(`{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}`, Timings{PromptN: 2}, true)
+	f(`{"usage":{"prompt_tokens":1},"usage":"x"}`, Timings{}, false)
+	f(`{"Usage":{"prompt_tokens":1},"timingsx":{"prompt_n":1}}`, Timings{}, false)
 	f(`{"choices":[]}`, Timings{}, false)
 	f(`not json`, Timings{}, false)
 	f(``, Timings{}, false)
