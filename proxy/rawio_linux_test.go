@@ -195,6 +195,117 @@ func TestRawConnHoldsWritesBack(t *testing.T) {
 	}
 }
 
+// TestRawConnSendsOnRead: after sendOnRead, writes wait for the next
+// Read, which sends them and returns the answer, however fast it comes;
+// a send larger than the socket's buffer, a peer that closes or resets,
+// and a read deadline behave as a Write then a Read would.
+func TestRawConnSendsOnRead(t *testing.T) {
+	t.Run("round trips, answered at once", func(t *testing.T) {
+		raw, peer := rawPair(t)
+		rc := raw.(*rawConn)
+		go func() { // an echo that answers each request the moment it reads it
+			b := make([]byte, 64)
+			for {
+				n, err := peer.Read(b)
+				if err != nil {
+					return
+				}
+				if _, err := peer.Write(b[:n]); err != nil {
+					return
+				}
+			}
+		}()
+		in := make([]byte, 64)
+		for i := range 2000 {
+			rc.sendOnRead()
+			msg := []byte{'a' + byte(i%26), 'b', 'c'}
+			for _, part := range [][]byte{msg[:1], msg[1:]} {
+				if n, err := raw.Write(part); n != len(part) || err != nil {
+					t.Fatalf("held Write = %d, %v", n, err)
+				}
+			}
+			_ = raw.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.ReadFull(raw, in[:3]); err != nil || !bytes.Equal(in[:3], msg) {
+				t.Fatalf("round trip %d: %q, %v; want %q", i, in[:3], err, msg)
+			}
+		}
+	})
+	t.Run("held until the read", func(t *testing.T) {
+		raw, peer := rawPair(t)
+		rc := raw.(*rawConn)
+		rc.sendOnRead()
+		if _, err := raw.Write([]byte("request")); err != nil {
+			t.Fatal(err)
+		}
+		_ = peer.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if n, err := peer.Read(make([]byte, 16)); !isTimeout(err) {
+			t.Fatalf("the peer read %d bytes before the Read (%v)", n, err)
+		}
+		_ = peer.SetReadDeadline(time.Time{})
+		go func() {
+			b := make([]byte, 7)
+			if _, err := io.ReadFull(peer, b); err == nil && string(b) == "request" {
+				_, _ = peer.Write([]byte("answer"))
+			}
+			_ = peer.CloseWrite()
+		}()
+		b, err := io.ReadAll(raw)
+		if err != nil || string(b) != "answer" {
+			t.Fatalf("read %q, %v; want the answer, then the end", b, err)
+		}
+	})
+	t.Run("a send past the socket's buffer", func(t *testing.T) {
+		raw, peer := rawPair(t)
+		rc := raw.(*rawConn)
+		_ = rc.tc.SetWriteBuffer(4096)
+		_ = peer.SetReadBuffer(4096)
+		big := bytes.Repeat([]byte("0123456789abcdef"), holdMax/16-1)
+		go func() {
+			time.Sleep(20 * time.Millisecond) // the send fills the buffers first
+			b := make([]byte, len(big))
+			if _, err := io.ReadFull(peer, b); err == nil && bytes.Equal(b, big) {
+				_, _ = peer.Write([]byte("ok"))
+			}
+			_ = peer.CloseWrite()
+		}()
+		rc.sendOnRead()
+		if n, err := raw.Write(big); n != len(big) || err != nil {
+			t.Fatalf("held Write = %d, %v", n, err)
+		}
+		b, err := io.ReadAll(raw)
+		if err != nil || string(b) != "ok" {
+			t.Fatalf("read %q, %v; want the peer to have read it all", b, err)
+		}
+	})
+	t.Run("a peer that reset", func(t *testing.T) {
+		raw, peer := rawPair(t)
+		rc := raw.(*rawConn)
+		_ = peer.SetLinger(0)
+		_ = peer.Close()
+		time.Sleep(20 * time.Millisecond)
+		rc.sendOnRead()
+		_, _ = raw.Write([]byte("request"))
+		_ = raw.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := raw.Read(make([]byte, 16)); err == nil || isTimeout(err) {
+			t.Fatalf("Read = %d, %v; want the reset", n, err)
+		}
+	})
+	t.Run("a deadline", func(t *testing.T) {
+		raw, peer := rawPair(t)
+		rc := raw.(*rawConn)
+		rc.sendOnRead()
+		_, _ = raw.Write([]byte("request"))
+		_ = raw.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if n, err := raw.Read(make([]byte, 16)); !isTimeout(err) {
+			t.Fatalf("Read = %d, %v; want a timeout", n, err)
+		}
+		b := make([]byte, 7)
+		if _, err := io.ReadFull(peer, b); err != nil || string(b) != "request" {
+			t.Fatalf("the peer read %q, %v", b, err)
+		}
+	})
+}
+
 // TestRawConnAllocatesNothing: a Read and a Write cost no allocation.
 func TestRawConnAllocatesNothing(t *testing.T) {
 	raw, peer := rawPair(t)
@@ -217,6 +328,28 @@ func TestRawConnAllocatesNothing(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("%.1f allocations per round trip, want 0", allocs)
+	}
+	go func() { // an echo, allocating nothing per request
+		for {
+			if _, err := io.ReadFull(peer, pb[:len(msg)]); err != nil {
+				return
+			}
+			if _, err := peer.Write(pb[:len(msg)]); err != nil {
+				return
+			}
+		}
+	}()
+	allocs = testing.AllocsPerRun(200, func() {
+		raw.(*rawConn).sendOnRead()
+		if _, err := raw.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(raw, in[:len(msg)]); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%.1f allocations per sent-on-read round trip, want 0", allocs)
 	}
 }
 

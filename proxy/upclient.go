@@ -93,6 +93,10 @@ func keepDeadline(set, want time.Time, timeout time.Duration) bool {
 	return !set.IsZero() && !set.After(want) && set.After(want.Add(-timeout/8))
 }
 
+// onReadSender is a connection that can send a request in the read that
+// waits for its answer (rawConn).
+type onReadSender interface{ sendOnRead() }
+
 // dialError is a failure to connect (or to complete a TLS handshake): the
 // upstream never saw the request.
 type dialError struct{ err error }
@@ -331,6 +335,9 @@ func (u *upClient) exchange(uc *upConn, req *fasthttp.Request, resp *fasthttp.Re
 	now := time.Now()
 	if writeTimeout > 0 {
 		uc.arm(true, now, writeTimeout)
+	}
+	if s, ok := uc.c.(onReadSender); ok {
+		s.sendOnRead() // the request leaves in the Peek below
 	}
 	if err := req.Write(uc.bw); err != nil {
 		return &noResponseError{err}
