@@ -15,7 +15,8 @@
 // poolevents.go (the shared pool's API and its event stream), admin*.go
 // and console.go (the console), rawio_linux.go (the client's and the
 // upstream's TCP connections read and written with raw system calls
-// through their poller; a stream's last writes held into one).
+// through their poller; a stream's last writes held into one; an upstream
+// request sent in the read that waits for its answer).
 //
 // Invariants:
 //   - Every error a client sees is OpenAI-shaped JSON
