@@ -134,6 +134,8 @@ func newMetrics(reg *obs.Registry) *Metrics {
 	}
 	reg.Gauge("process_start_time_seconds", "Start time of the process since the Unix epoch in seconds.", func() float64 { return float64(m.start.Unix()) })
 	reg.Gauge("go_goroutines", "Number of goroutines that currently exist.", func() float64 { return float64(runtime.NumGoroutine()) })
+	reg.Gauge("go_sched_gomaxprocs_threads", "The current runtime.GOMAXPROCS setting (the sidecar sizes it to its load unless GOMAXPROCS is set).",
+		func() float64 { return float64(runtime.GOMAXPROCS(0)) })
 	reg.OnScrape(func() {
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
