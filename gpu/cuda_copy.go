@@ -152,7 +152,12 @@ func (c *CUDA) stagedOut(l *lane, dst []byte, src uint64) error {
 	return nil
 }
 
-// parallelCopy is copy(dst, src) split over up to four goroutines for
+// CopyWays is how many goroutines a pageable staging copy splits over at
+// most (parallelCopy): what a process that moves KV through this package
+// should keep in GOMAXPROCS.
+const CopyWays = 4
+
+// parallelCopy is copy(dst, src) split over up to CopyWays goroutines for
 // chunks of a megabyte or more. One core's memmove (10 to 20 GB/s) is
 // slower than a PCIe Gen5 link (about 55 GB/s pinned), so a single-threaded
 // staging copy would cap pageable transfers well below the link; a few
@@ -160,7 +165,7 @@ func (c *CUDA) stagedOut(l *lane, dst []byte, src uint64) error {
 func parallelCopy(dst, src []byte) {
 	const part = 512 << 10
 	n := min(len(dst), len(src))
-	k := min(runtime.GOMAXPROCS(0), 4, n/part)
+	k := min(runtime.GOMAXPROCS(0), CopyWays, n/part)
 	if k < 2 {
 		copy(dst, src)
 		return
