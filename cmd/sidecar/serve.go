@@ -211,6 +211,7 @@ func cmdServe(args []string) int {
 	slog.SetDefault(log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go tuneProcs(ctx, log) // the process's own: tests that call serve keep theirs
 	if err := serve(ctx, c, log, nil); err != nil {
 		log.Error("sidecar stopped", "err", err)
 		return 1
@@ -275,6 +276,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	var focusDev gpu.Device
 	if dev.Kind() == gpu.KindCUDA {
 		focusDev = dev // on the CPU the store sizes its own host device to the Focus budget
+		procsFloor.Store(gpu.CopyWays)
 	}
 	log.Info("opened device", "ms", time.Since(t).Milliseconds(), "device", dev.Name(), "kind", dev.Kind().String())
 
