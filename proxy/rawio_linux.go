@@ -76,8 +76,9 @@ func (c *rawConn) releaseHeld() { c.holding = false }
 // arriving at any point after it wakes the Read. Only for a peer that
 // speaks when spoken to, on a connection whose earlier answers were read
 // to their end (a pooled upstream connection, checked by its peek): bytes
-// already waiting would not be read until more came. Writes go on as they
-// came when they pass holdMax, or the send finds the socket's buffer full.
+// already waiting would not be read until more came; and no Write may run
+// beside that Read, which writes. Writes go on as they came when they pass
+// holdMax, or the send finds the socket's buffer full.
 func (c *rawConn) sendOnRead() { c.holding, c.readSends = true, true }
 
 // rawOp is one Read's or Write's state, and the function the poller calls

@@ -22,7 +22,7 @@ import (
 // procsLowerAt, no sooner than procsHold after its last change, and
 // doubles again (up to that maximum) as soon as the use averaged over
 // about three windows of procsEvery reaches procsRaiseAt of its Ps: a
-// burst of requests is served at two Ps within 40 ms, and a load near a
+// burst of requests is served at two Ps within 60 ms, and a load near a
 // bound does not flap it. GOMAXPROCS set in the environment fixes the
 // count and turns the tuner off. With a CUDA device it keeps at least
 // gpu.CopyWays: a KV restore's staging copy on the request path is split
