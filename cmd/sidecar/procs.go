@@ -22,8 +22,8 @@ import (
 // procsLowerAt, no sooner than procsHold after its last change, and
 // doubles again (up to that maximum) as soon as the use averaged over
 // about three windows of procsEvery reaches procsRaiseAt of its Ps: a
-// burst of requests is served at two Ps within 60 ms, and a load near a
-// bound does not flap it. GOMAXPROCS set in the environment fixes the
+// burst of requests is served at two Ps within 60 ms (160 ms after an idle
+// spell, procsIdleEvery), and a load near a bound does not flap it. GOMAXPROCS set in the environment fixes the
 // count and turns the tuner off. With a CUDA device it keeps at least
 // gpu.CopyWays: a KV restore's staging copy on the request path is split
 // over that many cores, and comes too soon after an idle spell to wait for
@@ -36,12 +36,18 @@ type procsTuner struct {
 }
 
 const (
-	procsEvery   = 20 * time.Millisecond
-	procsRaiseAt = 0.6
-	procsLowerAt = 0.5
-	procsFast    = 3   // windows the fast average weighs
-	procsSlow    = 250 // and the slow one
-	procsHold    = 250 // windows between a change and a step back
+	procsEvery = 20 * time.Millisecond
+	// procsIdleEvery is the window when the tuner is at its floor and
+	// the process was idle (below procsIdle cores): an idle sidecar wakes
+	// 10 times a second rather than 50 (0.2% of a core idle at 50), and
+	// its first burst waits at most this long more to be seen.
+	procsIdleEvery = 100 * time.Millisecond
+	procsIdle      = 0.05
+	procsRaiseAt   = 0.6
+	procsLowerAt   = 0.5
+	procsFast      = 3   // windows the fast average weighs
+	procsSlow      = 250 // and the slow one
+	procsHold      = 250 // windows between a change and a step back
 )
 
 // next returns the Ps for the next window, given the cores the process
@@ -75,20 +81,20 @@ func tuneProcs(ctx context.Context, log *slog.Logger) {
 	if os.Getenv("GOMAXPROCS") != "" {
 		return
 	}
-	max := runtime.GOMAXPROCS(0)
-	if _, ok := processCPU(); !ok || max <= 1 {
+	most := runtime.GOMAXPROCS(0)
+	if _, ok := processCPU(); !ok || most <= 1 {
 		return
 	}
-	t := procsTuner{max: max, cur: max}
-	tick := time.NewTicker(procsEvery)
-	defer tick.Stop()
+	t := procsTuner{max: most, cur: most}
+	timer := time.NewTimer(procsEvery)
+	defer timer.Stop()
 	lastCPU, _ := processCPU()
 	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-tick.C:
+		case now := <-timer.C:
 			cpu, _ := processCPU()
 			used := (cpu - lastCPU).Seconds() / now.Sub(last).Seconds()
 			lastCPU, last = cpu, now
@@ -97,6 +103,11 @@ func tuneProcs(ctx context.Context, log *slog.Logger) {
 				runtime.GOMAXPROCS(t.cur)
 				log.Debug("procs tuned to the load", "procs", t.cur, "cores_used", used)
 			}
+			wait := procsEvery
+			if t.cur <= max(1, t.min) && used < procsIdle {
+				wait = procsIdleEvery
+			}
+			timer.Reset(wait)
 		}
 	}
 }
