@@ -185,10 +185,10 @@ func timingsOf(obj []byte) (Timings, bool) {
 	}
 	var timingsRaw, usageRaw []byte
 	if !jsonscan.Object(obj, func(key, value []byte) {
-		switch {
-		case keyIs(key, "timings"):
+		switch jsonscan.Name(key) {
+		case "timings":
 			timingsRaw = value
-		case keyIs(key, "usage"):
+		case "usage":
 			usageRaw = value
 		}
 	}) {
@@ -275,15 +275,6 @@ func timingsOf(obj []byte) (Timings, bool) {
 		return Timings{}, false
 	}
 	return tm, true
-}
-
-// keyIs reports whether key, a JSON string as written (quotes and escapes
-// included), is name.
-func keyIs(key []byte, name string) bool {
-	if bytes.IndexByte(key, '\\') < 0 {
-		return len(key) == len(name)+2 && string(key[1:len(key)-1]) == name
-	}
-	return gjson.Parse(unsafe.String(unsafe.SliceData(key), len(key))).Str == name
 }
 
 // objectOrNull reports whether r is absent, null or an object: what

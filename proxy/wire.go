@@ -81,11 +81,7 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 	// returns, and a relay keeps info longer.
 	value := func(v []byte) gjson.Result { return gjson.Parse(unsafe.String(unsafe.SliceData(v), len(v))) }
 	ok := jsonscan.Object(trimmed, func(k, v []byte) {
-		name := unsafe.String(unsafe.SliceData(k[1:]), len(k)-2)
-		if bytes.IndexByte(k, '\\') >= 0 {
-			name = value(k).Str // an escaped key, read as OpenAI's server reads it
-		}
-		switch name { // later duplicates win, as with encoding/json
+		switch jsonscan.Name(k) { // later duplicates win, as with encoding/json
 		case "model":
 			model = value(v)
 		case "stream":

@@ -11,7 +11,9 @@
 package jsonscan
 
 import (
+	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"math/bits"
 	"unsafe"
 )
@@ -73,6 +75,22 @@ func Object(data []byte, fn func(key, value []byte)) bool {
 			return false
 		}
 	}
+}
+
+// Name is the text of key, a JSON string as Object hands it over (quotes
+// and escapes included), as encoding/json reads it. Without escapes, the
+// common case, it is a view of key's bytes (no copy: it lives as long as
+// they do).
+func Name(key []byte) string {
+	if len(key) < 2 {
+		return ""
+	}
+	if bytes.IndexByte(key, '\\') < 0 {
+		return unsafe.String(unsafe.SliceData(key[1:]), len(key)-2)
+	}
+	var s string
+	_ = json.Unmarshal(key, &s)
+	return s
 }
 
 // Value checks the JSON value that starts at data[i] (no whitespace before

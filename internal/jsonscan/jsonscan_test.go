@@ -126,3 +126,19 @@ func BenchmarkValid(b *testing.B) {
 		Valid(body)
 	}
 }
+
+// TestName: a member's key as encoding/json reads it, escapes decoded.
+func TestName(t *testing.T) {
+	for raw, want := range map[string]string{
+		`"model"`:        "model",
+		`""`:             "",
+		`"u\u0073er"`:    "user",
+		`"a\"b\\c\/d\n"`: "a\"b\\c/d\n",
+		`"\ud83d\ude00"`: "\U0001F600",
+		`"tim\u0069ngs"`: "timings",
+	} {
+		if got := Name([]byte(raw)); got != want {
+			t.Errorf("Name(%s) = %q, want %q", raw, got, want)
+		}
+	}
+}
