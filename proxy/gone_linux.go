@@ -89,10 +89,12 @@ func (w *goneWatch) run() {
 	var b [1]byte
 	for {
 		closed := false
-		_ = rc.Read(func(fd uintptr) bool {
+		// Control, not Read: a read deadline that passed (fasthttp's
+		// ReadTimeout, during a long answer) would end a Read before
+		// its peek, and a lazy one (rawConn) may pass early.
+		_ = rc.Control(func(fd uintptr) {
 			n, err := peekByte(fd, &b)
 			closed = n == 0 && err == 0 || err != 0 && err != syscall.EAGAIN && err != syscall.EINTR
-			return true
 		})
 		if closed {
 			gone.Add(1)

@@ -360,8 +360,15 @@ func TestProxyHealthReadyMetrics(t *testing.T) {
 }
 
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
-	for _, stream := range []bool{false, true} {
-		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+	for _, c := range []struct {
+		stream bool
+		// late: the client leaves after the server's read timeout
+		// passed during the upstream's wait (the check peeks at a socket
+		// whose read deadline has passed).
+		late bool
+	}{{false, false}, {true, false}, {false, true}} {
+		stream := c.stream
+		t.Run(fmt.Sprintf("stream=%v,late=%v", stream, c.late), func(t *testing.T) {
 			started := make(chan struct{})
 			cancelled := make(chan struct{})
 			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -380,7 +387,11 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 				}
 			}))
 			defer up.Close()
-			base, s := startSidecar(t, up.URL, nil)
+			readTimeout := time.Duration(0) // the default
+			if c.late {
+				readTimeout = 200 * time.Millisecond
+			}
+			base, s := startSidecar(t, up.URL, func(o *Options) { o.ReadTimeout = readTimeout })
 
 			ctx, cancel := context.WithCancel(context.Background())
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions",
@@ -403,6 +414,9 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 				case err := <-errc:
 					t.Fatalf("stream failed before its headers: %v", err)
 				}
+			}
+			if c.late {
+				time.Sleep(3 * readTimeout)
 			}
 			cancel()
 			select {
