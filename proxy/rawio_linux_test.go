@@ -142,6 +142,93 @@ func TestRawConnBehavesAsTCPConn(t *testing.T) {
 // TestRawConnHoldsWritesBack: held writes reach the peer only with the
 // first write after releaseHeld, in order, in that one call; a hold past
 // holdMax goes out at once.
+// TestRawConnLazyDeadlines: a server connection sets a deadline on its
+// socket only when the one there would fire later, and a deadline that
+// fires before the one asked for does not end the Read or Write waiting.
+func TestRawConnLazyDeadlines(t *testing.T) {
+	timeout := func(t *testing.T, err error) {
+		t.Helper()
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("err = %v, want a deadline exceeded", err)
+		}
+	}
+	t.Run("a later deadline waits for its own time", func(t *testing.T) {
+		raw, peer := rawPair(t)
+		rc := raw.(*rawConn)
+		start := time.Now()
+		_ = raw.SetReadDeadline(start.Add(100 * time.Millisecond))
+		_ = raw.SetReadDeadline(start.Add(400 * time.Millisecond)) // kept lazily
+		if !rc.rset.Equal(start.Add(100 * time.Millisecond)) {
+			t.Fatalf("the socket's deadline is %v, want the first one kept", rc.rset)
+		}
+		go func() { time.Sleep(250 * time.Millisecond); _, _ = peer.Write([]byte("late")) }()
+		b := make([]byte, 8)
+		n, err := raw.Read(b)
+		if err != nil || string(b[:n]) != "late" {
+			t.Fatalf("Read = %q, %v: the first deadline set ended it", b[:n], err)
+		}
+		_, err = raw.Read(b)
+		timeout(t, err)
+		if el := time.Since(start); el < 400*time.Millisecond || el > 2*time.Second {
+			t.Fatalf("the deadline fired after %v, want 400ms", el)
+		}
+	})
+	t.Run("an earlier deadline is set at once", func(t *testing.T) {
+		raw, _ := rawPair(t)
+		start := time.Now()
+		_ = raw.SetReadDeadline(start.Add(time.Hour))
+		_ = raw.SetReadDeadline(start.Add(80 * time.Millisecond))
+		_, err := raw.Read(make([]byte, 8))
+		timeout(t, err)
+		if el := time.Since(start); el > 2*time.Second {
+			t.Fatalf("the earlier deadline fired after %v", el)
+		}
+	})
+	t.Run("a deadline in the past ends a Read from another goroutine", func(t *testing.T) {
+		raw, _ := rawPair(t)
+		_ = raw.SetReadDeadline(time.Now().Add(time.Hour))
+		go func() { time.Sleep(50 * time.Millisecond); _ = raw.SetReadDeadline(time.Unix(1, 0)) }()
+		_, err := raw.Read(make([]byte, 8))
+		timeout(t, err)
+	})
+	t.Run("a zero deadline clears", func(t *testing.T) {
+		raw, peer := rawPair(t)
+		_ = raw.SetDeadline(time.Now().Add(50 * time.Millisecond))
+		_ = raw.SetDeadline(time.Time{})
+		go func() { time.Sleep(200 * time.Millisecond); _, _ = peer.Write([]byte("x")) }()
+		if _, err := raw.Read(make([]byte, 8)); err != nil {
+			t.Fatalf("Read after the deadline was cleared: %v", err)
+		}
+	})
+	t.Run("one passed while nobody waited", func(t *testing.T) {
+		raw, peer := rawPair(t)
+		start := time.Now()
+		_ = raw.SetReadDeadline(start.Add(30 * time.Millisecond))
+		time.Sleep(80 * time.Millisecond) // the socket's deadline passes
+		_ = raw.SetReadDeadline(time.Now().Add(time.Second))
+		_, _ = peer.Write([]byte("y"))
+		if _, err := raw.Read(make([]byte, 8)); err != nil {
+			t.Fatalf("Read = %v: the deadline set before ended it", err)
+		}
+	})
+	t.Run("write", func(t *testing.T) {
+		raw, peer := rawPair(t)
+		start := time.Now()
+		_ = raw.SetWriteDeadline(start.Add(100 * time.Millisecond))
+		_ = raw.SetWriteDeadline(start.Add(400 * time.Millisecond))
+		go func() { // drains the buffers once, after the first deadline
+			time.Sleep(250 * time.Millisecond)
+			_, _ = io.CopyN(io.Discard, peer, 8<<20)
+		}()
+		n, err := raw.Write(make([]byte, 64<<20))
+		timeout(t, err)
+		el := time.Since(start)
+		if n <= 8<<20 || el < 400*time.Millisecond || el > 2*time.Second {
+			t.Fatalf("Write = %d bytes in %v, want more than the 8 MiB drained, ended at 400ms", n, el)
+		}
+	})
+}
+
 func TestRawConnHoldsWritesBack(t *testing.T) {
 	raw, peer := rawPair(t)
 	rc := raw.(*rawConn)

@@ -93,6 +93,10 @@ func keepDeadline(set, want time.Time, timeout time.Duration) bool {
 	return !set.IsZero() && !set.After(want) && set.After(want.Add(-timeout/8))
 }
 
+// lazyDeadliner is a connection that sets a deadline on its socket only
+// when the one set there would fire later (rawConn).
+type lazyDeadliner interface{ lazyDeadline() }
+
 // onReadSender is a connection that can send a request in the read that
 // waits for its answer (rawConn).
 type onReadSender interface{ sendOnRead() }
@@ -148,16 +152,18 @@ func (u *upClient) dial() (*upConn, error) {
 		return nil, &dialError{err}
 	}
 	c = newRawConn(c)
+	if rc, ok := c.(lazyDeadliner); ok {
+		rc.lazyDeadline() // arm's read deadlines alternate between two bounds
+	}
 	uc := &upConn{c: c, br: bufio.NewReaderSize(c, 32<<10), bw: bufio.NewWriterSize(c, 32<<10)}
 	uc.probe.init(c)
 	return uc, nil
 }
 
 // get returns a live idle connection (reused true) or a new one. Pooled
-// connections are taken newest first; one found dead (or idle too long)
-// takes the whole pool with it.
-func (u *upClient) get() (uc *upConn, reused bool, err error) {
-	now := u.now()
+// connections are taken newest first; one found dead (or idle too long at
+// now) takes the whole pool with it.
+func (u *upClient) get(now time.Time) (uc *upConn, reused bool, err error) {
 	u.mu.Lock()
 	if n := len(u.idle); n > 0 {
 		uc = u.idle[n-1]
@@ -185,7 +191,7 @@ func (u *upClient) put(uc *upConn) {
 	uc.lastUsed = u.now()
 	// A deadline that may pass while the connection waits in the pool
 	// would fail the check on checkout: cleared. Others stay (arm).
-	if soon := time.Now().Add(u.idleFor); !uc.readDL.IsZero() && uc.readDL.Before(soon) || !uc.writeDL.IsZero() && uc.writeDL.Before(soon) {
+	if soon := uc.lastUsed.Add(u.idleFor); !uc.readDL.IsZero() && uc.readDL.Before(soon) || !uc.writeDL.IsZero() && uc.writeDL.Before(soon) {
 		_ = uc.c.SetDeadline(time.Time{})
 		uc.readDL, uc.writeDL = time.Time{}, time.Time{}
 	}
@@ -304,7 +310,11 @@ var errCancelled = errors.New("proxy: upstream request cancelled")
 // it and died, sending it again is what the OpenAI SDKs do on a connection
 // error too, and a model call changes nothing beyond its answer.
 func (u *upClient) roundTrip(req *fasthttp.Request, resp *fasthttp.Response, headerTimeout, writeTimeout time.Duration, slot *cancelSlot) (*upConn, error) {
-	uc, reused, err := u.get()
+	now := u.now() // one clock reading for the pool's check and the deadlines
+	uc, reused, err := u.get(now)
+	if !reused {
+		now = u.now() // after the dial
+	}
 	for {
 		if err != nil {
 			return nil, err
@@ -312,7 +322,7 @@ func (u *upClient) roundTrip(req *fasthttp.Request, resp *fasthttp.Response, hea
 		if !slot.attach(uc.c) {
 			return nil, errCancelled
 		}
-		err = u.exchange(uc, req, resp, headerTimeout, writeTimeout)
+		err = u.exchange(uc, now, req, resp, headerTimeout, writeTimeout)
 		if err == nil {
 			return uc, nil
 		}
@@ -327,12 +337,11 @@ func (u *upClient) roundTrip(req *fasthttp.Request, resp *fasthttp.Response, hea
 		u.retries.Add(1)
 		u.closeIdle(false)
 		uc, err = u.dial()
-		reused = false
+		reused, now = false, u.now()
 	}
 }
 
-func (u *upClient) exchange(uc *upConn, req *fasthttp.Request, resp *fasthttp.Response, headerTimeout, writeTimeout time.Duration) error {
-	now := time.Now()
+func (u *upClient) exchange(uc *upConn, now time.Time, req *fasthttp.Request, resp *fasthttp.Response, headerTimeout, writeTimeout time.Duration) error {
 	if writeTimeout > 0 {
 		uc.arm(true, now, writeTimeout)
 	}
