@@ -190,7 +190,7 @@ func (f *flow) engine(ctx *fasthttp.RequestCtx) {
 	if tenant == "" { // stateless: the engine still scopes KV reuse by key
 		tenant = tenantOf(ctx.Request.Header.Peek("Authorization"))
 	}
-	ec := &engineCall{req: engine.Request{Tenant: tenant, SessionID: f.sess.ID, Model: f.info.Model, Body: f.body}}
+	ec := &engineCall{req: engine.Request{Tenant: tenant, SessionID: f.sess.ID, Model: f.info.Model, Body: f.body, Start: f.start}}
 	f.ereq, f.eresp = &ec.req, &ec.resp
 	nb, err := s.engine.Before(ctx, f.ereq)
 	if err != nil {

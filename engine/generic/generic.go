@@ -136,7 +136,9 @@ func (g *Connector) Before(ctx context.Context, req *engine.Request) ([]byte, er
 	g.mu.Lock()
 	g.clients++
 	st.assigned = true
-	g.lastClient = time.Now()
+	if g.lastClient = req.Start; g.lastClient.IsZero() {
+		g.lastClient = time.Now()
+	}
 	if g.slots > 0 && g.clients+len(g.bg) > g.slots {
 		for r, rs := range g.bg {
 			if g.clients+len(g.bg) <= g.slots {

@@ -70,6 +70,31 @@ func TestGenericBackgroundGate(t *testing.T) {
 	})
 }
 
+// TestGenericQuietCountsFromArrival: the quiet before a background call
+// counts from when the last client request arrived (Request.Start, the
+// proxy's clock reading), or from its Before when it has none.
+func TestGenericQuietCountsFromArrival(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		for _, c := range []struct {
+			start time.Time
+			wait  bool
+		}{{time.Now().Add(-10 * time.Second), false}, {time.Time{}, true}} {
+			g := New(Options{Slots: 1, BackgroundQuiet: 500 * time.Millisecond})
+			client := &engine.Request{SessionID: "s", Start: c.start}
+			g.Before(ctx, client)
+			g.After(ctx, client, &engine.Response{})
+			before := time.Now()
+			if _, err := g.Before(ctx, &engine.Request{Background: true}); err != nil {
+				t.Fatal(err)
+			}
+			if waited := time.Since(before) > 0; waited != c.wait {
+				t.Errorf("start %v: the background call waited %v, want a wait: %v", c.start, time.Since(before), c.wait)
+			}
+		}
+	})
+}
+
 // TestGenericLearnsSlots: the slots come from llama.cpp's /props; an
 // engine that states none (vLLM, SGLang batch requests) never holds a
 // background call back.
