@@ -14,7 +14,7 @@ export SIDECAR_UPSTREAM ?= http://127.0.0.1:8000
 export SIDECAR_LISTEN   ?= 127.0.0.1:8080
 export SIDECAR_DATA_DIR ?= ./data
 
-.PHONY: help build run test test-race test-hostile test-differential test-mcp bench-mcp bench bench-proxy bench-proxy-wrk bench-kv bench-policy bench-recall bench-archive bench-preload bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet bench-scale fleet docker-cuda fuzz lint check-deploy clean
+.PHONY: help build run test test-race test-hostile test-differential test-mcp bench-mcp bench bench-proxy bench-proxy-wrk bench-proxy-ceiling bench-kv bench-policy bench-recall bench-archive bench-preload bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet bench-scale fleet docker-cuda fuzz lint check-deploy clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -26,11 +26,12 @@ build: ## build bin/sidecar and, beside it, bin/sidecar-bench (what `sidecar ben
 run: build ## start the sidecar on $SIDECAR_LISTEN in front of $SIDECAR_UPSTREAM
 	$(BIN) serve --log-format text
 
-test: ## vet, then every test with the race detector (bench/simulator, its own module, too; bench/redisclients is vetted), and proxy as shipped
+test: ## vet, then every test with the race detector (bench/simulator and bench/ceiling, modules of their own, too; bench/redisclients is vetted), and proxy as shipped
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -count=1 ./proxy/ # as shipped: the race detector's build makes rawConn's calls syscall's (rawio_race_linux.go)
 	cd bench/simulator && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	cd bench/ceiling && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd bench/redisclients && $(GO) vet ./...
 
 test-race: test ## same as test (the race detector is always on)
@@ -59,6 +60,9 @@ bench-proxy: ## sidecar vs nginx side by side over a loopback upstream: 8 and 64
 
 bench-proxy-wrk: build ## issue 25's own comparison: wrk -t1 -c8 (C=64 for more; TURNS=40 for a 28 KB chat history) POST chat completions, direct vs nginx vs the sidecar, alternated twice
 	scripts/bench-proxy-wrk.sh
+
+bench-proxy-ceiling: build ## the pass-through beside nginx and three Go yardsticks (bench/ceiling: an epoll event loop, net.Conn, bare fasthttp): req/s, p99, CPU per request, C=8 (needs wrk, nginx, perf)
+	scripts/bench-proxy-ceiling.sh
 
 bench-amortization: build ## cost per turn of a session prefix's KV, T = 1..64 (plot in out/amortization.svg)
 	mkdir -p out
@@ -122,6 +126,7 @@ lint: ## gofmt and go vet, then check-deploy
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	cd bench/simulator && $(GO) vet ./...
+	cd bench/ceiling && $(GO) vet ./...
 	cd bench/redisclients && $(GO) vet ./...
 	$(MAKE) check-deploy
 
