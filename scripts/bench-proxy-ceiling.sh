@@ -17,13 +17,9 @@ BIN=${BIN:-bin/sidecar}; C=${C:-8}; D=${D:-6}; R=${R:-2}; W=$(mktemp -d)
 UP=19300; NG=19390
 (cd bench/ceiling && for p in evloop netproxy fhproxy; do CGO_ENABLED=0 go build -o "$W/$p" ./$p || exit 1; done) || { echo "building bench/ceiling failed"; exit 1; }
 $BIN bench upstream --listen 127.0.0.1:$UP 2>/dev/null & PIDS="$!"
-cat > $W/nginx.conf <<CONF
-worker_processes 1; pid $W/nginx.pid; error_log $W/err.log warn; daemon off;
-events { worker_connections 4096; }
-http { access_log off; client_body_temp_path $W/cb; proxy_temp_path $W/p; fastcgi_temp_path $W/f; uwsgi_temp_path $W/u; scgi_temp_path $W/s;
-  upstream llm { server 127.0.0.1:$UP; keepalive 256; }
-  server { listen 127.0.0.1:$NG; location / { proxy_pass http://llm; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; proxy_request_buffering off; } } }
-CONF
+# shellcheck source=scripts/nginx-conf.sh
+. scripts/nginx-conf.sh
+nginx_conf $W $NG $UP
 nginx -c $W/nginx.conf -p $W 2>/dev/null & NGP=$!; PIDS="$PIDS $NGP"
 start() { # name port command...
   local n=$1 p=$2; shift 2

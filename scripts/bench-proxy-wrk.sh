@@ -11,13 +11,9 @@ BIN=${BIN:-bin/sidecar}; C=${C:-8}; D=${D:-8}; W=$(mktemp -d)
 UP=19100; SC=19180; NG=19190
 $BIN bench upstream --listen 127.0.0.1:$UP 2>/dev/null & P1=$!
 env ${SIDECAR_ENV:-} $BIN serve --listen 127.0.0.1:$SC --upstream http://127.0.0.1:$UP --data-dir $W/d --log-level warn 2>/dev/null & P2=$!
-cat > $W/nginx.conf <<CONF
-worker_processes 1; pid $W/nginx.pid; error_log $W/err.log warn; daemon off;
-events { worker_connections 4096; }
-http { access_log off; client_body_temp_path $W/cb; proxy_temp_path $W/p; fastcgi_temp_path $W/f; uwsgi_temp_path $W/u; scgi_temp_path $W/s;
-  upstream llm { server 127.0.0.1:$UP; keepalive 256; }
-  server { listen 127.0.0.1:$NG; location / { proxy_pass http://llm; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; proxy_request_buffering off; } } }
-CONF
+# shellcheck source=scripts/nginx-conf.sh
+. scripts/nginx-conf.sh
+nginx_conf $W $NG $UP
 nginx -c $W/nginx.conf -p $W 2>/dev/null & P3=$!
 # TURNS=N sends a chat history of N user/assistant pairs (about 0.7 KB each, newlines in the
 # replies) instead of the one short message: bodies as a chat client sends them.

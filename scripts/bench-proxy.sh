@@ -51,34 +51,9 @@ env ${SIDECAR_ENV:-} bin/sidecar serve --listen "127.0.0.1:$SS" --upstream "http
   --data-dir "$work/data-session" --log-level warn --fsync interval ${SIDECAR_ARGS:-} \
   2>"$work/sidecar-session.log" & SSPID=$!; pids+=($SSPID)
 
-cat >"$work/nginx.conf" <<CONF
-worker_processes ${NGINX_WORKERS:-1};
-pid $work/nginx.pid;
-error_log $work/nginx-error.log warn;
-daemon off;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $work/client_body;
-  proxy_temp_path $work/proxy;
-  fastcgi_temp_path $work/fastcgi;
-  uwsgi_temp_path $work/uwsgi;
-  scgi_temp_path $work/scgi;
-  client_max_body_size 32m;
-  upstream llm { server 127.0.0.1:$UP; keepalive 256; }
-  server {
-    listen 127.0.0.1:$NG;
-    location / {
-      proxy_pass http://llm;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-      proxy_request_buffering off;
-      proxy_read_timeout 600s;
-    }
-  }
-}
-CONF
+# shellcheck source=scripts/nginx-conf.sh
+. scripts/nginx-conf.sh
+nginx_conf "$work" "$NG" "$UP"
 # daemon off: $! is the master; its workers are its children, which the
 # benchmark charges to nginx too.
 "$NGINX" -c "$work/nginx.conf" -p "$work" 2>"$work/nginx.log" & NGPID=$!; pids+=($NGPID)
