@@ -177,7 +177,11 @@ func (g *Connector) beforeBackground(ctx context.Context, req *engine.Request, s
 		}
 		ch := g.changed
 		g.mu.Unlock()
-		t := time.NewTimer(max(quietFor, time.Second)) // looked at again at least once a second
+		wait := time.Second // looked at again at least once a second
+		if quietFor > 0 {
+			wait = min(quietFor, wait) // and as soon as the quiet ends
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ch:
 		case <-t.C:
