@@ -6,6 +6,8 @@
 # (perf stat task-clock, and user/system from /proc over the same seconds), then each one's
 # ratios to nginx. The yardsticks (bench/ceiling, built here):
 #   evloop    one locked thread on its own edge-triggered epoll loop (nginx's design in Go)
+#   evwork    evloop doing the sidecar's per-request work with the sidecar's code (-work: the
+#             body's check, the generic engine hooks, the metrics; bench/ceiling/evloop/work.go)
 #   netproxy  a goroutine per connection on net.Conn and bufio (Go's poller, nothing else)
 #   fhproxy   a bare fasthttp server calling fasthttp.HostClient (fasthttp's reverse proxy)
 # Each runs with GOMAXPROCS=1 (nginx runs one worker); the sidecar as shipped (its scheduler
@@ -29,6 +31,7 @@ TARGETS=""
 start sidecar 19380 $BIN serve --listen 127.0.0.1:19380 --upstream http://127.0.0.1:$UP --data-dir $W/d1 --log-level warn
 start sidecar1P 19381 GOMAXPROCS=1 $BIN serve --listen 127.0.0.1:19381 --upstream http://127.0.0.1:$UP --data-dir $W/d2 --log-level warn
 start evloop 19382 GOMAXPROCS=1 $W/evloop -listen 127.0.0.1:19382 -upstream 127.0.0.1:$UP
+start evwork 19385 GOMAXPROCS=1 $W/evloop -listen 127.0.0.1:19385 -upstream 127.0.0.1:$UP -work
 start netproxy 19383 GOMAXPROCS=1 $W/netproxy -listen 127.0.0.1:19383 -upstream 127.0.0.1:$UP
 start fhproxy 19384 GOMAXPROCS=1 $W/fhproxy -listen 127.0.0.1:19384 -upstream 127.0.0.1:$UP
 cat > $W/post.lua <<'LUA'

@@ -38,6 +38,7 @@ import (
 	"runtime"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -224,6 +225,7 @@ type conn struct {
 	st        uint8
 	scan      int // where to resume the "\r\n\r\n" search
 	reqLen    int // head+body length of the current request, 0 = head not parsed yet
+	bodyAt    int // where the current request's body starts
 	sent      int // request bytes written to the upstream
 	keepAlive bool
 	isHead    bool
@@ -233,6 +235,7 @@ type conn struct {
 	// upstream side
 	client    *conn
 	reused    bool // taken from the idle pool
+	status    int  // the response's status (work)
 	got       bool // received any byte of the response
 	wrote     bool // wrote any byte of the response to the client
 	headDone  bool
@@ -266,6 +269,11 @@ type server struct {
 	stats    bool
 	nreq     uint64
 	mallocs0 uint64
+
+	// work, when set (-work), is the sidecar's per-request work done in
+	// the loop (work.go); now is read once per wake-up for it.
+	work *work
+	now  time.Time
 }
 
 func rawRead(fd int, b []byte) (int, syscall.Errno) {
@@ -439,6 +447,9 @@ func (s *server) connectUp(c *conn) bool {
 // dispatch hands the complete request in c.buf[:c.reqLen] to an upstream.
 func (s *server) dispatch(c *conn) bool {
 	c.sent = 0
+	if s.work != nil {
+		s.work.before(c.buf[c.bodyAt:c.reqLen], s.now)
+	}
 	if n := len(s.pool); n > 0 {
 		u := s.pool[n-1]
 		s.pool = s.pool[:n-1]
@@ -470,6 +481,13 @@ func (s *server) finish(c *conn) bool {
 	u := c.up
 	c.up = nil
 	u.client = nil
+	if s.work != nil {
+		body := u.buf[:0]
+		if u.bodyAt <= u.wend && u.wend <= len(u.buf) {
+			body = u.buf[u.bodyAt:u.wend] // the answer's body when it came in one read
+		}
+		s.work.after(u.status, body, s.now)
+	}
 	if s.stats {
 		s.nreq++
 		if s.nreq%50000 == 0 {
@@ -651,6 +669,7 @@ func (s *server) parseRequest(c *conn) int {
 		c.buf = nb
 	}
 	c.reqLen = int(total)
+	c.bodyAt = hend
 	return 1
 }
 
@@ -671,6 +690,7 @@ func parseRespHead(u *conn, hend int, reqHead bool) int {
 	if status >= 100 && status < 200 && status != 101 {
 		return status // interim response: no body, another head follows
 	}
+	u.status = status
 	u.respClose = line[7] == '0'
 	var cl int64 = -1
 	chunked := false
@@ -743,6 +763,7 @@ func onUpstreamData(u *conn, reqHead bool) bool {
 			return false
 		}
 		u.wend, u.hstart, u.scan = hend, hend, hend
+		u.bodyAt = hend
 		if status >= 100 && status < 200 && status != 101 {
 			continue
 		}
@@ -971,6 +992,9 @@ func (s *server) loop() error {
 			return fmt.Errorf("epoll_pwait: %w", e)
 		}
 		n := int(r)
+		if s.work != nil {
+			s.now = time.Now()
+		}
 		for i := 0; i < n; i++ {
 			ev := &events[i]
 			fd := int(ev.Fd)
@@ -1139,6 +1163,7 @@ func main() {
 	listenAddr := flag.String("listen", "127.0.0.1:19620", "address to listen on (IPv4 ip:port)")
 	upstream := flag.String("upstream", "127.0.0.1:19500", "upstream address (IPv4 ip:port)")
 	stats := flag.Bool("stats", false, "print allocation counters to stderr every 50000 requests")
+	doWork := flag.Bool("work", false, "do the sidecar's per-request work in the loop (work.go)")
 	flag.Parse()
 
 	la, err := netip.ParseAddrPort(*listenAddr)
@@ -1157,6 +1182,9 @@ func main() {
 		os.Exit(1)
 	}
 	s.stats = *stats
+	if *doWork {
+		s.work = newWork()
+	}
 	fmt.Fprintf(os.Stderr, "evloop: listening on %s, upstream %s\n", s.addr, ua)
 	if err := s.serve(); err != nil {
 		fmt.Fprintln(os.Stderr, "evloop:", err)

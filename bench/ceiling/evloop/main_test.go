@@ -38,6 +38,38 @@ func startProxy(t *testing.T, upstream string) string {
 	return s.addr.String()
 }
 
+// TestWork: with -work the loop runs the sidecar's per-request code on
+// every request (the engine hooks hear each request and its answer, the
+// metrics count it) and the answers are the same.
+func TestWork(t *testing.T) {
+	up := upstreamAddr(t, nil)
+	s, err := listen(netip.MustParseAddrPort("127.0.0.1:0"), netip.MustParseAddrPort(up))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.work = newWork()
+	done := make(chan error, 1)
+	go func() { done <- s.serve() }()
+	c := ceilingtest.Dial(t, s.addr.String())
+	const n = 5
+	for i := range n {
+		body := ceilingtest.ChatBody("m", fmt.Sprintf("hi %d", i), false)
+		if r := c.Do("POST", ceilingtest.ChatPath, body); r.Status != 200 || r.Body != ceilingtest.ChatAnswer(body) {
+			t.Fatalf("request %d: %d %q", i, r.Status, r.Body)
+		}
+	}
+	c.Close()
+	s.shutdown()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	st := s.work.conn.Stats()
+	if st.Requests != n || st.Responses != n || s.work.requests.Get() != n || s.work.bad != 0 {
+		t.Fatalf("engine heard %d requests and %d answers, metrics counted %d, %d refused; want %d each, none refused",
+			st.Requests, st.Responses, s.work.requests.Get(), s.work.bad, n)
+	}
+}
+
 func upstreamAddr(t *testing.T, hold <-chan struct{}) string {
 	return ceilingtest.NewUpstream(t, hold).Listener.Addr().String()
 }
