@@ -26,10 +26,11 @@ build: ## build bin/sidecar and, beside it, bin/sidecar-bench (what `sidecar ben
 run: build ## start the sidecar on $SIDECAR_LISTEN in front of $SIDECAR_UPSTREAM
 	$(BIN) serve --log-format text
 
-test: ## vet, then every test with the race detector (bench/simulator and bench/ceiling, modules of their own, too; bench/redisclients is vetted), and proxy as shipped
+test: ## vet, then every test with the race detector (bench/simulator and bench/ceiling, modules of their own, too; bench/redisclients is vetted), and proxy with the event loop and as shipped
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
-	$(GO) test -count=1 ./proxy/ # as shipped: the race detector's build makes rawConn's calls syscall's (rawio_race_linux.go)
+	SIDECAR_TEST_EVENT_LOOP=1 $(GO) test -race -count=1 ./proxy/ # again with the event loop on (the binary's default)
+	SIDECAR_TEST_EVENT_LOOP=1 $(GO) test -count=1 ./proxy/ # as shipped: the race detector's build makes rawConn's calls syscall's (rawio_race_linux.go)
 	cd bench/simulator && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd bench/ceiling && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd bench/redisclients && $(GO) vet ./...

@@ -55,6 +55,14 @@ type Options struct {
 	WriteTimeout time.Duration
 	IdleTimeout  time.Duration
 
+	// EventLoop serves the pass-through — a non-streamed chat or
+	// completions POST without a session — on an event loop of its own
+	// (one locked thread on epoll, Linux), and every other request on the
+	// fasthttp server as before. It needs a TCP listener, a plain-HTTP
+	// upstream at an IP address and no engine connector, or the generic
+	// one; otherwise it stays off (logged). Default off.
+	EventLoop bool
+
 	// MaxIdleConnsPerHost is the upstream connection pool size.
 	// Default 256.
 	MaxIdleConnsPerHost int

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +24,10 @@ func startSidecar(t *testing.T, upstreamURL string, mod func(*Options)) (string,
 	// Scripted upstreams answer chat only: no context probes unless a
 	// test turns them on.
 	o := Options{Upstream: upstreamURL, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), NoContextProbe: true}
+	// make test runs the package once more with the event loop on, as
+	// the binary ships it: every test here then goes through the loop
+	// where it serves the request.
+	o.EventLoop = os.Getenv("SIDECAR_TEST_EVENT_LOOP") != ""
 	if mod != nil {
 		mod(&o)
 	}

@@ -55,6 +55,10 @@ type rawConn struct {
 	rset   time.Time  // the read deadline set on the socket
 	wdl    time.Time
 	wset   time.Time
+
+	// pre are bytes read before the connection was made a rawConn (the
+	// event loop's hand-over): Read returns them first.
+	pre []byte
 }
 
 // heldBufs are the buffers of held writes, pooled: a connection keeps one
@@ -169,6 +173,13 @@ func newRawConn(c net.Conn) net.Conn {
 func (c *rawConn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
+	}
+	if len(c.pre) > 0 {
+		n := copy(p, c.pre)
+		if c.pre = c.pre[n:]; len(c.pre) == 0 {
+			c.pre = nil
+		}
+		return n, nil
 	}
 	if c.readSends {
 		if n, err := c.sendThenRead(p); n > 0 || err != nil {

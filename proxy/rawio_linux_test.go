@@ -452,7 +452,7 @@ func TestRawConnAllocatesNothing(t *testing.T) {
 // rawConn (every test's clients reach the Server through rawListener).
 func TestProxyConnectionsAreRaw(t *testing.T) {
 	u := newPoolUpstream(t, "127.0.0.1:0")
-	base, s := startSidecar(t, "http://"+u.addr, nil)
+	base, s := startSidecar(t, "http://"+u.addr, func(o *Options) { o.EventLoop = false }) // the loop has a pool of its own
 	burstOf(t, base, u, 1)
 	s.up.mu.Lock()
 	defer s.up.mu.Unlock()

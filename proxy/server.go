@@ -70,6 +70,13 @@ type Server struct {
 	windows     *windowCache
 	samplerOnce sync.Once
 	sampler     sync.WaitGroup
+
+	// loop serves the pass-through on an event loop of its own
+	// (Options.EventLoop, evloop_linux.go); nil without one. Serve sets
+	// it, unless Shutdown began; Shutdown stops it.
+	loopMu sync.Mutex
+	loop   *evLoop
+	served []net.Listener // what Serve serves; Shutdown closes them
 }
 
 type readyState struct {
@@ -155,7 +162,23 @@ func (s *Server) Serve(ln net.Listener) error {
 			}()
 		})
 	}
-	return s.srv.Serve(rawListener{ln})
+	s.loopMu.Lock()
+	if s.stopping.Err() != nil {
+		s.loopMu.Unlock()
+		_ = ln.Close()
+		return nil // shut down before it served
+	}
+	fl, loop := s.startLoop(ln)
+	s.served = append(s.served, fl)
+	s.loopMu.Unlock()
+	err := s.srv.Serve(fl)
+	if loop != nil {
+		<-loop.done // Shutdown stopped it: Serve returned
+	}
+	if err != nil && s.stopping.Err() != nil {
+		err = nil // the listener Shutdown closed
+	}
+	return err
 }
 
 // Shutdown stops accepting, lets in-flight requests and streams finish until
@@ -164,7 +187,16 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.stop()
 	s.samplerOnce.Do(func() {}) // none starts after this
 	s.sampler.Wait()
+	s.loopMu.Lock() // after stop: no Serve starts from here
+	loop, served := s.loop, s.served
+	s.loopMu.Unlock()
+	if loop != nil {
+		loop.shutdown(ctx)
+	}
 	err := s.srv.ShutdownWithContext(ctx)
+	for _, ln := range served {
+		_ = ln.Close() // one fasthttp had not taken yet
+	}
 	if s.limits != nil {
 		s.limits.close()
 	}

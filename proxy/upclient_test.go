@@ -670,7 +670,10 @@ func TestArmKeepsBoundsWithinAnEighth(t *testing.T) {
 // reuses those and dials the rest.
 func TestPoolKeepsAtMostMaxIdle(t *testing.T) {
 	u := newPoolUpstream(t, "127.0.0.1:0")
-	base, s := startSidecar(t, "http://"+u.addr, func(o *Options) { o.MaxIdleConnsPerHost = 2; o.UpstreamIdleTimeout = time.Hour })
+	base, s := startSidecar(t, "http://"+u.addr, func(o *Options) {
+		o.MaxIdleConnsPerHost, o.UpstreamIdleTimeout = 2, time.Hour
+		o.EventLoop = false // upClient's pool; TestEventLoopPoolKeepsAtMostMaxIdle is the loop's
+	})
 	burstOf(t, base, u, 6)
 	s.up.mu.Lock()
 	idle := len(s.up.idle)

@@ -10,8 +10,8 @@
 #             body's check, the generic engine hooks, the metrics; bench/ceiling/evloop/work.go)
 #   netproxy  a goroutine per connection on net.Conn and bufio (Go's poller, nothing else)
 #   fhproxy   a bare fasthttp server calling fasthttp.HostClient (fasthttp's reverse proxy)
-# Each runs with GOMAXPROCS=1 (nginx runs one worker); the sidecar as shipped (its scheduler
-# tuner) and with GOMAXPROCS=1. Environment: C (8), D (6 s), R (2), BIN. Needs wrk, nginx
+# Each runs with GOMAXPROCS=1 (nginx runs one worker); the sidecar as shipped (the pass-through
+# on its event loop, proxy/evloop_linux.go) and with --event-loop=false (on Go's poller). Environment: C (8), D (6 s), R (2), BIN. Needs wrk, nginx
 # and perf (Debian packages: wrk, nginx, linux-perf).
 set -u
 cd "$(dirname "$0")/.."
@@ -29,7 +29,7 @@ start() { # name port command...
 }
 TARGETS=""
 start sidecar 19380 $BIN serve --listen 127.0.0.1:19380 --upstream http://127.0.0.1:$UP --data-dir $W/d1 --log-level warn
-start sidecar1P 19381 GOMAXPROCS=1 $BIN serve --listen 127.0.0.1:19381 --upstream http://127.0.0.1:$UP --data-dir $W/d2 --log-level warn
+start sidecarGo 19381 $BIN serve --listen 127.0.0.1:19381 --upstream http://127.0.0.1:$UP --data-dir $W/d2 --log-level warn --event-loop=false
 start evloop 19382 GOMAXPROCS=1 $W/evloop -listen 127.0.0.1:19382 -upstream 127.0.0.1:$UP
 start evwork 19385 GOMAXPROCS=1 $W/evloop -listen 127.0.0.1:19385 -upstream 127.0.0.1:$UP -work
 start netproxy 19383 GOMAXPROCS=1 $W/netproxy -listen 127.0.0.1:19383 -upstream 127.0.0.1:$UP

@@ -3,14 +3,15 @@
 # chat completion without an API key (the pass-through path) against the scripted upstream
 # directly, through nginx (one worker, keep-alive pool, buffering off) and through the sidecar,
 # alternated twice. Environment: C (8), D (8 s), TURNS (0: one short message; N: a chat history
-# of N turns, ~0.7 KB each), SIDECAR_ENV (e.g. GOMAXPROCS=1), BIN.
+# of N turns, ~0.7 KB each), SIDECAR_ENV (e.g. GOMAXPROCS=1), SIDECAR_ARGS (e.g.
+# --event-loop=false), BIN.
 # Needs wrk and nginx (Debian packages).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin/sidecar}; C=${C:-8}; D=${D:-8}; W=$(mktemp -d)
 UP=19100; SC=19180; NG=19190
 $BIN bench upstream --listen 127.0.0.1:$UP 2>/dev/null & P1=$!
-env ${SIDECAR_ENV:-} $BIN serve --listen 127.0.0.1:$SC --upstream http://127.0.0.1:$UP --data-dir $W/d --log-level warn 2>/dev/null & P2=$!
+env ${SIDECAR_ENV:-} $BIN serve --listen 127.0.0.1:$SC --upstream http://127.0.0.1:$UP --data-dir $W/d --log-level warn ${SIDECAR_ARGS:-} 2>/dev/null & P2=$!
 # shellcheck source=scripts/nginx-conf.sh
 . scripts/nginx-conf.sh
 nginx_conf $W $NG $UP

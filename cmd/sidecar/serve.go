@@ -39,6 +39,7 @@ type serveConfig struct {
 	upstreamTimeout, idleTO   time.Duration
 	upstreamIdle              time.Duration
 	upstreamMaxIdle           int
+	eventLoop                 bool
 	readTO, writeTO, connIdle time.Duration
 	shutdownTimeout           time.Duration
 	maxBody                   int
@@ -111,6 +112,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 10*time.Minute, "wait for the upstream's response headers before answering 504")
 	fs.DurationVar(&c.idleTO, "stream-idle-timeout", 5*time.Minute, "longest silence inside an upstream response body before it is aborted")
 	fs.DurationVar(&c.upstreamIdle, "upstream-idle-timeout", 2*time.Second, "pooled upstream connections idle this long are closed (keep it below the upstream's keep-alive timeout: 5s for llama-server, vLLM, SGLang)")
+	fs.BoolVar(&c.eventLoop, "event-loop", true, "serve the pass-through (non-streamed chat and completions without a session) on an event loop of its own: one thread on epoll, nginx's design (Linux; needs a plain-HTTP upstream at an IP address and --engine generic or none, else off); every other request as before (false: all on Go's poller)")
 	fs.IntVar(&c.upstreamMaxIdle, "upstream-max-idle", 256, "pooled upstream connections kept idle at most; requests beyond it in flight dial their own, closed after (docs/BENCHMARKS.md measures 8 to 256)")
 	fs.DurationVar(&c.readTO, "read-timeout", 60*time.Second, "time to read a client's request")
 	fs.DurationVar(&c.writeTO, "write-timeout", 60*time.Second, "time to write one response chunk to a client")
@@ -488,6 +490,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 
 		UpstreamIdleTimeout: c.upstreamIdle,
 		MaxIdleConnsPerHost: c.upstreamMaxIdle,
+		EventLoop:           c.eventLoop,
 	})
 	if err != nil {
 		return err
