@@ -665,9 +665,15 @@ func (l *evLoop) step(c *evConn) {
 			if !c.readable {
 				return
 			}
-			if c.rlen == len(c.buf) { // a head larger than the buffer: fasthttp's to answer
-				l.handOff(c)
-				return
+			if c.rlen == len(c.buf) {
+				if c.reqLen == 0 { // a head larger than the buffer: fasthttp's to answer
+					l.handOff(c)
+					return
+				}
+				nb := make([]byte, min(max(2*len(c.buf), 64<<10), c.reqLen))
+				copy(nb, c.buf[:c.rlen])
+				c.buf = nb
+				c.auth = nil // read again from the new buffer in serve
 			}
 			want := len(c.buf) - c.rlen
 			n, e := sysRead(uintptr(c.fd), c.buf[c.rlen:])
@@ -879,14 +885,8 @@ func (l *evLoop) readHead(c *evConn) int {
 		return headHandOff
 	}
 	c.bodyAt = end + 4
-	c.reqLen = c.bodyAt + cl
+	c.reqLen = c.bodyAt + cl // the buffer grows as the body comes (step), not on the length's word
 	c.rt = r
-	if c.reqLen > len(c.buf) {
-		nb := make([]byte, c.reqLen)
-		copy(nb, c.buf[:c.rlen])
-		c.buf = nb
-		c.auth = nil // re-read from the new buffer in serve
-	}
 	return headServe
 }
 
