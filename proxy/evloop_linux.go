@@ -29,6 +29,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -38,7 +39,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/valyala/fasthttp"
 
@@ -101,7 +101,7 @@ type evConn struct {
 	bodyAt  int
 	rt      route
 	start   time.Time
-	auth    []byte // the Authorization value, within buf
+	auth    [2]int // the Authorization value's start and end in buf
 	out     []byte // the upstream request, then the response
 	sent    int
 	retried bool
@@ -555,7 +555,7 @@ func (l *evLoop) release(c *evConn) {
 	if c.kind == evClient || c.kind == evUpstream {
 		l.socks--
 	}
-	c.fd, c.up, c.client, c.ec, c.auth = -1, nil, nil, nil, nil
+	c.fd, c.up, c.client, c.ec = -1, nil, nil, nil
 	if cap(c.buf) > evBufSize {
 		c.buf = make([]byte, evBufSize)
 	}
@@ -673,7 +673,6 @@ func (l *evLoop) step(c *evConn) {
 				nb := make([]byte, min(max(2*len(c.buf), 64<<10), c.reqLen))
 				copy(nb, c.buf[:c.rlen])
 				c.buf = nb
-				c.auth = nil // read again from the new buffer in serve
 			}
 			want := len(c.buf) - c.rlen
 			n, e := sysRead(uintptr(c.fd), c.buf[c.rlen:])
@@ -848,7 +847,7 @@ func (l *evLoop) readHead(c *evConn) int {
 		return headHandOff
 	}
 	cl, hosts, ctype := -1, 0, false
-	c.auth, c.closing = nil, false
+	c.auth, c.closing = [2]int{}, false
 	for len(rest) > 0 {
 		var hl []byte
 		hl, rest, _ = bytes.Cut(rest, []byte("\r\n"))
@@ -869,7 +868,8 @@ func (l *evLoop) readHead(c *evConn) int {
 		case foldEq(k, "Content-Type"):
 			ctype = len(v) > 0
 		case foldEq(k, "Authorization"):
-			c.auth = v
+			at := cap(c.buf) - cap(v) // v lies within c.buf
+			c.auth = [2]int{at, at + len(v)}
 		case foldEq(k, "Connection"):
 			switch {
 			case foldEq(v, "close"):
@@ -978,10 +978,7 @@ func (l *evLoop) serve(c *evConn) bool {
 	}
 	head := c.buf[:c.bodyAt-2] // each line with its CRLF, without the empty one
 	if l.engine {
-		auth := c.auth
-		if auth == nil {
-			auth = headerIn(head, "Authorization")
-		}
+		auth := c.buf[c.auth[0]:c.auth[1]]
 		c.ec = &engineCall{req: engine.Request{Tenant: tenantOf(auth), Model: info.Model, Body: body, Start: c.start}}
 		nb, err := s.engine.Before(context.Background(), &c.ec.req)
 		if err != nil {
@@ -994,19 +991,6 @@ func (l *evLoop) serve(c *evConn) bool {
 	c.out = l.upstreamRequest(c.out[:0], c, head, body)
 	c.retried = false
 	return l.dispatch(c)
-}
-
-// headerIn returns the value of the header name in a request head.
-func headerIn(head []byte, name string) []byte {
-	_, rest, _ := bytes.Cut(head, []byte("\r\n"))
-	for len(rest) > 0 {
-		var hl []byte
-		hl, rest, _ = bytes.Cut(rest, []byte("\r\n"))
-		if k, v, ok := bytes.Cut(hl, []byte(":")); ok && foldEq(k, name) {
-			return bytes.Trim(v, " \t")
-		}
-	}
-	return nil
 }
 
 // upstreamRequest appends the upstream request upstreamRequest and
@@ -1098,7 +1082,7 @@ func (l *evLoop) connect(c *evConn) bool {
 // waits for its answer.
 func (l *evLoop) upEnded(c *evConn, e syscall.Errno) {
 	u := c.up
-	var err error = errors.New("EOF")
+	var err error = io.EOF
 	if e != 0 {
 		err = os.NewSyscallError("read", e)
 	}
@@ -1169,8 +1153,7 @@ func (l *evLoop) failBody(c *evConn, timedOut bool, err error) {
 // It returns true when c is gone.
 func (l *evLoop) clientGone(c *evConn) bool {
 	var b [1]byte
-	n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, uintptr(c.fd), uintptr(unsafe.Pointer(&b[0])), 1,
-		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+	n, e := peekByte(uintptr(c.fd), &b)
 	if e == 0 && n > 0 || e == syscall.EAGAIN {
 		c.rdhup = e == 0 // a pipelined byte: the peek finds the end later
 		return false
