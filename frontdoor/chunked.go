@@ -1,0 +1,201 @@
+package frontdoor
+
+import "bytes"
+
+// Chunked decodes a request's chunked body (RFC 9112 §7.1) strictly, as
+// nginx's ngx_http_parse_chunked does: hex sizes (leading zeros allowed,
+// a size that overflows refused), chunk extensions skipped, CRLF or a bare
+// LF after a size and after data, the trailer section read and dropped —
+// trailer fields never become header fields. The zero value is ready; Reset
+// readies it for another body.
+type Chunked struct {
+	st     uint8
+	digits uint8
+	size   int64 // the chunk's size, then what is left of its data
+	line   int   // bytes of the current size or trailer line
+	colon  bool  // the trailer line's colon came
+	total  int64 // data bytes decoded
+}
+
+const (
+	ckSize = iota
+	ckSizeCR
+	ckExt
+	ckData
+	ckDataCR
+	ckDataLF
+	ckTrailer     // the start of a trailer line, or the final CRLF
+	ckTrailerLine // within a trailer line
+	ckTrailerCR
+	ckFinalLF
+)
+
+// Reset readies d for another body.
+func (d *Chunked) Reset() { *d = Chunked{} }
+
+// Feed decodes b, appending the data to *out within lim (maxBody; 0: no
+// bound) and bounding each size and trailer line by maxLine. It returns how
+// many bytes of b it consumed, whether the body ended (then the bytes
+// after n belong to the next request), or an *Error.
+func (d *Chunked) Feed(b []byte, out *[]byte, maxBody int64, maxLine int) (n int, done bool, err error) {
+	if maxLine <= 0 {
+		maxLine = DefaultMaxLine
+	}
+	i := 0
+	for i < len(b) {
+		ch := b[i]
+		switch d.st {
+		case ckSize:
+			v, ok := unhex(ch)
+			switch {
+			case ok:
+				if d.digits >= 15 {
+					return i, false, errBadRequest("a chunk size is too large")
+				}
+				d.size = d.size<<4 | int64(v)
+				d.digits++
+			case d.digits == 0:
+				return i, false, errBadRequest("a chunk size is not hexadecimal")
+			case ch == '\r':
+				d.st = ckSizeCR
+			case ch == '\n':
+				d.endSize()
+			case ch == ';' || ch == ' ' || ch == '\t':
+				d.st = ckExt
+			default:
+				return i, false, errBadRequest("a chunk size is not hexadecimal")
+			}
+			i++
+			d.line++
+		case ckExt:
+			j := bytes.IndexAny(b[i:], "\r\n")
+			if j < 0 {
+				j = len(b) - i
+			}
+			for _, c := range b[i : i+j] {
+				if c < ' ' && c != '\t' || c == 0x7f {
+					return i, false, errBadRequest("a chunk extension holds a control character")
+				}
+			}
+			i += j
+			d.line += j
+			if i < len(b) {
+				if b[i] == '\r' {
+					d.st = ckSizeCR
+				} else {
+					d.endSize()
+				}
+				i++
+			}
+		case ckSizeCR:
+			if ch != '\n' {
+				return i, false, errBadRequest("a CR in a chunked body is not followed by LF")
+			}
+			d.endSize()
+			i++
+		case ckData:
+			k := int(min(int64(len(b)-i), d.size))
+			if maxBody > 0 && d.total+int64(k) > maxBody {
+				return i, false, errTooLarge(maxBody)
+			}
+			*out = append(*out, b[i:i+k]...)
+			i += k
+			d.size -= int64(k)
+			d.total += int64(k)
+			if d.size == 0 {
+				d.st = ckDataCR
+			}
+		case ckDataCR:
+			switch ch {
+			case '\r':
+				d.st = ckDataLF
+			case '\n':
+				d.st = ckSize
+			default:
+				return i, false, errBadRequest("a chunk's data is longer than its size")
+			}
+			i++
+		case ckDataLF:
+			if ch != '\n' {
+				return i, false, errBadRequest("a CR in a chunked body is not followed by LF")
+			}
+			d.st = ckSize
+			i++
+		case ckTrailer:
+			switch ch {
+			case '\r':
+				d.st = ckFinalLF
+			case '\n':
+				return i + 1, true, nil
+			case ' ', '\t':
+				return i, false, errBadRequest("a trailer line continues the one before it (obs-fold)")
+			default:
+				d.st = ckTrailerLine
+				d.line = 0
+				continue
+			}
+			i++
+		case ckTrailerLine:
+			// A trailer field is checked as a header field would be
+			// (a token, a colon, a value without control characters),
+			// and dropped.
+			switch {
+			case ch == '\r' || ch == '\n':
+				if !d.colon {
+					return i, false, errBadRequest("a trailer line is not a field")
+				}
+				d.colon = false
+				d.st = ckTrailer
+				if ch == '\r' {
+					d.st = ckTrailerCR
+				}
+			case !d.colon && ch == ':' && d.line > 0:
+				d.colon = true
+			case !d.colon && !tokenChar[ch]:
+				return i, false, errBadRequest("a trailer name is not a token")
+			case d.colon && (ch < ' ' && ch != '\t' || ch == 0x7f):
+				return i, false, errBadRequest("a trailer value holds a control character")
+			}
+			i++
+			d.line++
+		case ckTrailerCR:
+			if ch != '\n' {
+				return i, false, errBadRequest("a CR in a chunked body is not followed by LF")
+			}
+			d.st = ckTrailer
+			i++
+		case ckFinalLF:
+			if ch != '\n' {
+				return i, false, errBadRequest("a CR in a chunked body is not followed by LF")
+			}
+			return i + 1, true, nil
+		}
+		if d.line > maxLine {
+			return i, false, errBadRequest("a chunk size or trailer line is too long")
+		}
+	}
+	return i, false, nil
+}
+
+// endSize ends a size line: data follows, or the trailer after the last
+// chunk.
+func (d *Chunked) endSize() {
+	d.digits, d.line = 0, 0
+	if d.size == 0 {
+		d.st = ckTrailer
+	} else {
+		d.st = ckData
+	}
+}
+
+func unhex(ch byte) (byte, bool) {
+	switch {
+	case '0' <= ch && ch <= '9':
+		return ch - '0', true
+	case 'a' <= ch && ch <= 'f':
+		return ch - 'a' + 10, true
+	case 'A' <= ch && ch <= 'F':
+		return ch - 'A' + 10, true
+	}
+	return 0, false
+}
