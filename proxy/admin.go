@@ -6,7 +6,6 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io/fs"
 	"mime"
 	"path"
@@ -140,7 +139,7 @@ func (s *Server) handleAdmin(ctx *fasthttp.RequestCtx, tail []byte) {
 	}
 	segs, err := pathSegments(tail)
 	if err != nil || slices.ContainsFunc(segs, isDotName) || len(segs) == 0 {
-		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found", fmt.Sprintf("no admin route for %s %s", ctx.Method(), ctx.URI().PathOriginal()))
+		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found", "no admin route for this method and path")
 		return
 	}
 	a := &adminReq{s: s, ctx: ctx, q: ctx.QueryArgs()}
@@ -208,7 +207,7 @@ func (a *adminReq) fail(status int, typ, code, msg string) {
 }
 
 func (a *adminReq) notFound() {
-	a.fail(fasthttp.StatusNotFound, typeNotFound, "not_found", fmt.Sprintf("no admin route for %s %s", a.ctx.Method(), a.ctx.URI().PathOriginal()))
+	a.fail(fasthttp.StatusNotFound, typeNotFound, "not_found", "no admin route for this method and path")
 }
 
 // only checks the route matched and the method is one of methods.
@@ -284,12 +283,12 @@ func (a *adminReq) user() (user *string, ok bool) {
 }
 
 // storeErr answers a memory error.
-func (a *adminReq) storeErr(err error, what string) {
+func (a *adminReq) storeErr(err error) {
 	switch {
 	case errors.Is(err, memory.ErrMemoryNotFound):
-		a.fail(fasthttp.StatusNotFound, typeNotFound, "memory_not_found", fmt.Sprintf("no such memory in session %q of this tenant", a.session))
+		a.fail(fasthttp.StatusNotFound, typeNotFound, "memory_not_found", "no such memory in this session of this tenant")
 	case errors.Is(err, memory.ErrNotFound):
-		a.fail(fasthttp.StatusNotFound, typeNotFound, "session_not_found", fmt.Sprintf("no session %q for tenant %q", what, a.tenantV))
+		a.fail(fasthttp.StatusNotFound, typeNotFound, "session_not_found", "no such session for this tenant")
 	case errors.Is(err, memory.ErrBoostLimited):
 		a.fail(fasthttp.StatusConflict, typeInvalidRequest, "boost_limited", strings.TrimPrefix(err.Error(), "memory: "))
 	case errors.Is(err, memory.ErrInvalid):
@@ -334,7 +333,7 @@ func (a *adminReq) tenants() {
 	}
 	ts, err := a.s.admin.Tenants()
 	if err != nil {
-		a.storeErr(err, "")
+		a.storeErr(err)
 		return
 	}
 	a.ok(fasthttp.StatusOK, list(ts))
@@ -356,14 +355,14 @@ func (a *adminReq) sessions() {
 	}
 	ss, err := a.s.admin.Sessions(a.tenantV, user, adminMaxList)
 	if err != nil {
-		a.storeErr(err, "")
+		a.storeErr(err)
 		return
 	}
 	// The users of the tenant, from all its sessions when filtered.
 	all := ss
 	if user != nil {
 		if all, err = a.s.admin.Sessions(a.tenantV, nil, adminMaxList); err != nil {
-			a.storeErr(err, "")
+			a.storeErr(err)
 			return
 		}
 	}
@@ -402,7 +401,7 @@ func (a *adminReq) sessionByID(id string) {
 	st := a.s.admin
 	if a.ctx.IsDelete() {
 		if err := a.s.deleteSession(a.ctx, a.tenantV, id); err != nil {
-			a.storeErr(err, id)
+			a.storeErr(err)
 			return
 		}
 		a.s.log.Info("admin: session deleted", "tenant", a.tenantV, "session", id)
@@ -411,12 +410,12 @@ func (a *adminReq) sessionByID(id string) {
 	}
 	sv, err := st.Session(a.tenantV, id)
 	if err != nil {
-		a.storeErr(err, id)
+		a.storeErr(err)
 		return
 	}
 	mv, err := st.Memory(a.tenantV, id)
 	if err != nil {
-		a.storeErr(err, id)
+		a.storeErr(err)
 		return
 	}
 	d := sessionDetail{SessionView: sv, Tiers: map[string]int{"focus": mv.Focus, "working": mv.Working, "archive": mv.Archive},

@@ -5,7 +5,6 @@ package proxy
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/valyala/fasthttp"
 
@@ -56,7 +55,7 @@ func (a *adminReq) triples() {
 	if k := a.s.opts.Knowledge; k != nil {
 		ts, err := k.Triples(a.tenantV, user, adminMaxList)
 		if err != nil {
-			a.storeErr(err, "")
+			a.storeErr(err)
 			return
 		}
 		out = append(out, ts...)
@@ -76,7 +75,7 @@ func (a *adminReq) reviews() {
 	if k := a.s.opts.Knowledge; k != nil {
 		rs, err := k.Reviews(a.tenantV, user, adminMaxList)
 		if err != nil {
-			a.storeErr(err, "")
+			a.storeErr(err)
 			return
 		}
 		out = append(out, rs...)
@@ -99,10 +98,10 @@ func (a *adminReq) deleteTriple(id string) {
 	}
 	if err := k.DeleteTriple(a.tenantV, user, id); err != nil {
 		if errors.Is(err, memory.ErrNotFound) {
-			a.fail(fasthttp.StatusNotFound, typeNotFound, "triple_not_found", fmt.Sprintf("no triple %q for this tenant and user", id))
+			a.fail(fasthttp.StatusNotFound, typeNotFound, "triple_not_found", "no such triple for this tenant and user")
 			return
 		}
-		a.storeErr(err, "")
+		a.storeErr(err)
 		return
 	}
 	a.s.log.Info("admin: triple deleted", "tenant", a.tenantV, "user", user, "id", id)

@@ -70,7 +70,7 @@ func (a *adminReq) scopeMemories() ([]memoryRow, bool) {
 		}
 		ss, err := st.Sessions(a.tenantV, user, adminMaxSessions)
 		if err != nil {
-			a.storeErr(err, "")
+			a.storeErr(err)
 			return nil, false
 		}
 		for _, x := range ss {
@@ -84,7 +84,7 @@ func (a *adminReq) scopeMemories() ([]memoryRow, bool) {
 			continue // deleted meanwhile
 		}
 		if err != nil {
-			a.storeErr(err, id)
+			a.storeErr(err)
 			return nil, false
 		}
 		for i := range mv.Units {
@@ -123,7 +123,7 @@ func (a *adminReq) memories() {
 		}
 		a.download("memories.csv", "text/csv; charset=utf-8", csvBytes(recs))
 	default:
-		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_format", fmt.Sprintf("format %q: want csv or json", f))
+		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_format", "format: want csv or json")
 	}
 }
 
@@ -147,7 +147,7 @@ func (a *adminReq) addMemory() {
 	}
 	c, err := memory.ParseCategory(*w.Category)
 	if err != nil {
-		a.storeErr(err, a.session)
+		a.storeErr(err)
 		return
 	}
 	imp := 0.0
@@ -160,7 +160,7 @@ func (a *adminReq) addMemory() {
 	}
 	u, err := a.s.admin.AddMemory(a.tenantV, a.session, c, *w.Text, imp)
 	if err != nil {
-		a.storeErr(err, a.session)
+		a.storeErr(err)
 		return
 	}
 	a.s.log.Info("admin: memory added", "tenant", a.tenantV, "session", a.session, "id", u.ID, "category", string(c))
@@ -174,7 +174,7 @@ func (a *adminReq) memoryUnit(id string) {
 	st := a.s.admin
 	if a.ctx.IsDelete() {
 		if err := st.DeleteMemory(a.tenantV, a.session, id); err != nil {
-			a.storeErr(err, a.session)
+			a.storeErr(err)
 			return
 		}
 		a.s.log.Info("admin: memory deleted", "tenant", a.tenantV, "session", a.session, "id", id)
@@ -190,7 +190,7 @@ func (a *adminReq) memoryUnit(id string) {
 	if w.Category != nil {
 		c, err := memory.ParseCategory(*w.Category)
 		if err != nil {
-			a.storeErr(err, a.session)
+			a.storeErr(err)
 			return
 		}
 		e.Category = &c
@@ -201,7 +201,7 @@ func (a *adminReq) memoryUnit(id string) {
 	}
 	u, err := st.UpdateMemory(a.tenantV, a.session, id, e)
 	if err != nil {
-		a.storeErr(err, a.session)
+		a.storeErr(err)
 		return
 	}
 	a.s.log.Info("admin: memory edited", "tenant", a.tenantV, "session", a.session, "id", id)
@@ -214,7 +214,7 @@ func (a *adminReq) boost(id string) {
 	}
 	imp, err := a.s.admin.Boost(a.tenantV, a.session, id)
 	if err != nil {
-		a.storeErr(err, a.session)
+		a.storeErr(err)
 		return
 	}
 	a.ok(fasthttp.StatusOK, map[string]any{"id": id, "importance": imp})
@@ -246,7 +246,7 @@ func (a *adminReq) batchDelete() {
 	st := a.s.admin
 	mv, err := st.Memory(a.tenantV, a.session)
 	if err != nil {
-		a.storeErr(err, a.session)
+		a.storeErr(err)
 		return
 	}
 	units := make(map[string]*memory.Unit, len(mv.Units))
@@ -279,7 +279,7 @@ func (a *adminReq) batchDelete() {
 		case errors.Is(err, memory.ErrNotFound):
 			missing = append(missing, id)
 		default:
-			a.storeErr(err, a.session)
+			a.storeErr(err)
 			return
 		}
 	}
@@ -361,7 +361,7 @@ func (a *adminReq) stats() {
 		}
 		a.download("memory-stats.csv", "text/csv; charset=utf-8", csvBytes(recs))
 	default:
-		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_format", fmt.Sprintf("format %q: want csv or json", f))
+		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_format", "format: want csv or json")
 	}
 }
 

@@ -7,7 +7,14 @@
 // owns, each as small as its callers (options.go): Memory for the chat path,
 // the sessions API and the pool; AdminMemory, a Memory that can also list
 // and edit, for the console; KV for /v1/kv, the KV metrics and the console.
-// Files: server.go (lifecycle, routing), forward.go (the forward path: a
+// Every connection is read through package frontdoor (server.go wraps the
+// listener fasthttp serves; evloop_linux.go reads heads with its Head): one
+// strict reader decides each request's framing and header lines before any
+// handler acts, and hands fasthttp one canonical request per Read.
+//
+// Files: server.go (lifecycle, routing, the front door's options and its
+// refusals' answer), evloop_linux.go (the pass-through on an event loop of
+// its own, --event-loop), forward.go (the forward path: a
 // /v1 request as a pipeline of steps, route, session, memory, engine,
 // upstream, relay and record, and the one release of what they hold),
 // relay.go and stream.go (SSE), background.go (the work left after
@@ -48,6 +55,7 @@
 //     response head that even a lenient reading refuses (upstream.go,
 //     repairFraming) is a 502 upstream_bad_response.
 //   - No *fasthttp.RequestCtx is kept after its handler returns.
+//   - No error body quotes the request: its path, headers, ids or keys.
 //
 // The operator console (admin.go, console.go): with Options.AdminToken the
 // page of package ui is served at /ui and its JSON API under /admin/v1, for

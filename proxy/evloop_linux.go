@@ -43,6 +43,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvsidecar/kvsidecar/engine"
+	"github.com/kvsidecar/kvsidecar/frontdoor"
 )
 
 const (
@@ -101,8 +102,9 @@ type evConn struct {
 	bodyAt  int
 	rt      route
 	start   time.Time
-	auth    [2]int // the Authorization value's start and end in buf
-	out     []byte // the upstream request, then the response
+	req     frontdoor.Head // the request's head as the front door read it
+	auth    [2]int         // the Authorization value's start and end in buf
+	out     []byte         // the upstream request, then the response
 	sent    int
 	retried bool
 	closing bool // the client asked for Connection: close
@@ -141,6 +143,7 @@ type evLoop struct {
 	target []byte
 	host   []byte
 	engine bool // the engine connector's hooks run (generic)
+	lim    frontdoor.Limits
 
 	conns []*evConn // by fd
 	free  []*evConn
@@ -256,7 +259,7 @@ func newEvLoop(s *Server, ln *net.TCPListener) (*evLoop, error) {
 	l := &evLoop{s: s, ln: ln, epfd: -1, lfd: -1, wakeR: -1, wakeW: -1,
 		conns: make([]*evConn, 256), epoch: time.Now(),
 		stopFlag: make(chan struct{}), forceFlag: make(chan struct{}), done: make(chan struct{}),
-		engine: s.engine != nil,
+		engine: s.engine != nil, lim: s.frontLimits(),
 	}
 	l.hand = &handListener{addr: ln.Addr(), conns: make(chan net.Conn, 256), closed: make(chan struct{})}
 	port, _ := strconv.Atoi(s.base.Port())
@@ -530,7 +533,7 @@ func (l *evLoop) add(fd int, kind uint8) *evConn {
 		c = &evConn{buf: make([]byte, evBufSize)}
 	}
 	l.gen++
-	*c = evConn{fd: fd, gen: l.gen, kind: kind, buf: c.buf[:evBufSize:evBufSize], out: c.out[:0], head: c.head[:0], body: c.body[:0]}
+	*c = evConn{fd: fd, gen: l.gen, kind: kind, buf: c.buf[:evBufSize:evBufSize], out: c.out[:0], head: c.head[:0], body: c.body[:0], req: c.req}
 	for fd >= len(l.conns) {
 		l.conns = append(l.conns, make([]*evConn, len(l.conns))...)
 	}
@@ -819,73 +822,50 @@ const (
 	headHandOff        // the fasthttp server serves the connection from here
 )
 
-// readHead reads the request head in c.buf when it is whole and decides
-// who serves the request: the loop only for a request it reads exactly as
-// fasthttp would and forwards unchanged — HTTP/1.1, POST to
-// /v1/chat/completions or /v1/completions as written, every header line
-// "name: value" with a token for a name, one Content-Length within
-// MaxBodyBytes, a Content-Type, one Host, no Transfer-Encoding, Expect,
-// Upgrade or X-Session-ID, Connection absent, keep-alive or close.
+// readHead reads the request head in c.buf through the front door's reader
+// (frontdoor.Head.Parse, the one the fasthttp server's connections are read
+// through) and decides who serves the request. A head the reader refuses
+// is handed over, to be refused there with the same reader. The loop
+// serves only HTTP/1.1 POSTs to /v1/chat/completions or /v1/completions as
+// written, with a Content-Length within MaxBodyBytes, a Content-Type, no
+// Expect and no X-Session-ID: what the forward path would send on
+// unchanged. The hop-by-hop fields and those Connection lists are gone
+// from c.head before the Authorization is read.
 func (l *evLoop) readHead(c *evConn) int {
 	b := c.buf[:c.rlen]
-	end := bytes.Index(b, []byte("\r\n\r\n"))
-	if end < 0 {
-		if bytes.IndexByte(b, '\n') >= 0 && bytes.Contains(b, []byte("\n\n")) {
-			return headHandOff // bare line feeds: fasthttp reads those
-		}
+	h := &c.req
+	switch err := h.Parse(b, l.lim); {
+	case err == frontdoor.ErrNeedMore:
 		return headWait
+	case err != nil:
+		return headHandOff
 	}
-	head := b[:end+2]
-	line, rest, _ := bytes.Cut(head, []byte("\r\n"))
+	if h.Minor != 1 || h.Framing != frontdoor.FrameLength || h.Continue || string(h.Method(b)) != "POST" ||
+		h.Length > int64(l.s.opts.MaxBodyBytes) {
+		return headHandOff
+	}
 	var r route
-	switch string(line) {
-	case "POST /v1/chat/completions HTTP/1.1":
+	switch string(h.Target(b)) {
+	case "/v1/chat/completions":
 		r = routeChat
-	case "POST /v1/completions HTTP/1.1":
+	case "/v1/completions":
 		r = routeCompletions
 	default:
 		return headHandOff
 	}
-	cl, hosts, ctype := -1, 0, false
-	c.auth, c.closing = [2]int{}, false
-	for len(rest) > 0 {
-		var hl []byte
-		hl, rest, _ = bytes.Cut(rest, []byte("\r\n"))
-		k, v, ok := bytes.Cut(hl, []byte(":"))
-		if !ok || !headerToken(k) || !headerValue(v) {
-			return headHandOff
-		}
-		v = bytes.Trim(v, " \t")
-		switch {
-		case foldEq(k, "Content-Length"):
-			n, err := strconv.Atoi(string(v))
-			if cl >= 0 || err != nil || n < 0 || v[0] == '+' || n > l.s.opts.MaxBodyBytes {
-				return headHandOff
-			}
-			cl = n
-		case foldEq(k, "Host"):
-			hosts++
-		case foldEq(k, "Content-Type"):
-			ctype = len(v) > 0
-		case foldEq(k, "Authorization"):
-			at := cap(c.buf) - cap(v) // v lies within c.buf
-			c.auth = [2]int{at, at + len(v)}
-		case foldEq(k, "Connection"):
-			switch {
-			case foldEq(v, "close"):
-				c.closing = true
-			case !foldEq(v, "keep-alive"):
-				return headHandOff
-			}
-		case foldEq(k, "Transfer-Encoding"), foldEq(k, "Expect"), foldEq(k, "Upgrade"), foldEq(k, "X-Session-ID"):
-			return headHandOff
-		}
-	}
-	if cl < 0 || hosts != 1 || !ctype {
+	if ct, ok := h.Get(b, "Content-Type"); !ok || len(ct) == 0 {
 		return headHandOff
 	}
-	c.bodyAt = end + 4
-	c.reqLen = c.bodyAt + cl // the buffer grows as the body comes (step), not on the length's word
+	if _, ok := h.Get(b, "X-Session-ID"); ok {
+		return headHandOff
+	}
+	c.auth = [2]int{}
+	if at, end, ok := h.Lookup(b, "Authorization"); ok {
+		c.auth = [2]int{at, end}
+	}
+	c.closing = h.Close
+	c.bodyAt = h.Len
+	c.reqLen = c.bodyAt + int(h.Length) // the buffer grows as the body comes (step), not on the length's word
 	c.rt = r
 	return headServe
 }
@@ -976,7 +956,6 @@ func (l *evLoop) serve(c *evConn) bool {
 	if c.rdhup && l.clientGone(c) {
 		return false
 	}
-	head := c.buf[:c.bodyAt-2] // each line with its CRLF, without the empty one
 	if l.engine {
 		auth := c.buf[c.auth[0]:c.auth[1]]
 		c.ec = &engineCall{req: engine.Request{Tenant: tenantOf(auth), Model: info.Model, Body: body, Start: c.start}}
@@ -988,29 +967,29 @@ func (l *evLoop) serve(c *evConn) bool {
 			body = nb
 		}
 	}
-	c.out = l.upstreamRequest(c.out[:0], c, head, body)
+	c.out = l.upstreamRequest(c.out[:0], c, body)
 	c.retried = false
 	return l.dispatch(c)
 }
 
 // upstreamRequest appends the upstream request upstreamRequest and
 // copyRequestHeaders build: the base path before the path, the upstream's
-// Host, the end-to-end headers as sent (Accept-Encoding dropped while the
-// engine reads answers), the body's length.
-func (l *evLoop) upstreamRequest(dst []byte, c *evConn, head, body []byte) []byte {
-	line, rest, _ := bytes.Cut(head, []byte("\r\n"))
+// Host, the end-to-end headers as the front door kept them (Accept-Encoding
+// dropped while the engine reads answers), the body's length.
+func (l *evLoop) upstreamRequest(dst []byte, c *evConn, body []byte) []byte {
+	b := c.buf[:c.bodyAt]
 	dst = append(dst, l.target...)
-	dst = append(dst, line[len("POST "):]...)
-	dst = append(dst, "\r\n"...)
+	dst = append(dst, c.req.Target(b)...)
+	dst = append(dst, " HTTP/1.1\r\n"...)
 	dst = append(dst, l.host...)
-	for len(rest) > 0 {
-		var hl []byte
-		hl, rest, _ = bytes.Cut(rest, []byte("\r\n"))
-		k, _, _ := bytes.Cut(hl, []byte(":"))
-		if hopHeader(k) || foldEq(k, "Host") || foldEq(k, "Content-Length") || l.engine && foldEq(k, "Accept-Encoding") {
-			continue // Connection is keep-alive, close or absent: it lists no other
+	for i := range c.req.NumFields() {
+		k, v := c.req.Field(b, i)
+		if foldEq(k, "Host") || l.engine && foldEq(k, "Accept-Encoding") {
+			continue
 		}
-		dst = append(dst, hl...)
+		dst = append(dst, k...)
+		dst = append(dst, ": "...)
+		dst = append(dst, v...)
 		dst = append(dst, "\r\n"...)
 	}
 	dst = append(dst, "Content-Length: "...)

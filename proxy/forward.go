@@ -499,6 +499,7 @@ const statusClientClosed = 499
 // req's use). An absolute-form request target is sent in origin form.
 func (s *Server) upstreamRequest(req *fasthttp.Request, in *fasthttp.Request, body []byte) {
 	req.Header.DisableNormalizing()
+	req.Header.SetNoDefaultContentType(true) // none the client did not send
 	req.Header.SetMethodBytes(in.Header.Method())
 	path, query := in.URI().PathOriginal(), in.URI().QueryString()
 	uri := make([]byte, 0, len(s.basePath)+len(path)+1+len(query))

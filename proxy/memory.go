@@ -513,7 +513,7 @@ func (s *Server) handleSessions(ctx *fasthttp.RequestCtx, tail []byte) {
 	// A caller that names an end user sees only that user's sessions.
 	if user := string(ctx.Request.Header.Peek("X-User-ID")); user != "" {
 		if sv, err := s.opts.Memory.Session(tenant, id); err == nil && sv.User != user {
-			writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "session_not_found", fmt.Sprintf("no session %q for this API key and user", id))
+			writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "session_not_found", "no session of this id for this API key and user")
 			return
 		}
 	}
@@ -541,7 +541,7 @@ func (s *Server) handleSessions(ctx *fasthttp.RequestCtx, tail []byte) {
 		return
 	}
 	if errors.Is(err, memory.ErrNotFound) {
-		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "session_not_found", fmt.Sprintf("no session %q for this API key", id))
+		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "session_not_found", "no session of this id for this API key")
 		return
 	}
 	if err != nil {

@@ -3,7 +3,6 @@ package proxy
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -106,7 +105,7 @@ func (s *Server) handlePool(ctx *fasthttp.RequestCtx, tail []byte) {
 	case errors.Is(err, memory.ErrConflict):
 		writeError(ctx, fasthttp.StatusConflict, typeInvalidRequest, "version_conflict", "expected_version does not match the entry's version")
 	case errors.Is(err, memory.ErrNotFound):
-		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "pool_key_not_found", fmt.Sprintf("no pool entry %q for this API key", key))
+		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "pool_key_not_found", "no pool entry of this key for this API key")
 	case errors.Is(err, memory.ErrInvalid):
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_pool_write", strings.TrimPrefix(err.Error(), "memory: "))
 	default:

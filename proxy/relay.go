@@ -240,11 +240,20 @@ type tailHolder interface {
 	releaseHeld()
 }
 
+// asTailHolder finds the tailHolder under c, the front door's connection.
+func asTailHolder(c net.Conn) (tailHolder, bool) {
+	if u, ok := c.(interface{ Unwrap() net.Conn }); ok {
+		c = u.Unwrap()
+	}
+	h, ok := c.(tailHolder)
+	return h, ok
+}
+
 // holdTail holds the client connection's writes from the stream's last
 // bytes on; Close releases them to the next write, fasthttp's flush of
 // the final CRLF.
 func (r *relay) holdTail() {
-	if h, ok := r.conn.(tailHolder); ok {
+	if h, ok := asTailHolder(r.conn); ok {
 		h.holdWrites()
 	}
 }
@@ -372,7 +381,7 @@ func (r *relay) CloseWithError(err error) error {
 	if r.closed.Swap(true) {
 		return nil
 	}
-	if h, ok := r.conn.(tailHolder); ok {
+	if h, ok := asTailHolder(r.conn); ok {
 		h.releaseHeld()
 	}
 	r.x.stopWatch()

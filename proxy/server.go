@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvsidecar/kvsidecar/engine"
+	"github.com/kvsidecar/kvsidecar/frontdoor"
 )
 
 // Server is the sidecar's HTTP front. Make one with New, serve with Serve,
@@ -132,11 +135,15 @@ func New(opts Options) (*Server, error) {
 		NoDefaultServerHeader: true, // the upstream's Server header passes through
 		NoDefaultContentType:  true,
 		MaxRequestBodySize:    max(opts.MaxBodyBytes, opts.MaxKVBytes, opts.MaxSnapshotBytes),
-		ReadTimeout:           opts.ReadTimeout,
-		WriteTimeout:          opts.WriteTimeout,
-		IdleTimeout:           opts.IdleTimeout,
-		CloseOnShutdown:       true,
-		Logger:                fasthttpLogger{opts.Logger},
+		// The front door hands over heads of up to frontdoor's MaxHead,
+		// rewritten with CRLF line ends: a bare-LF head grows by a byte a
+		// line, and its last line, the body's length, may be new.
+		ReadBufferSize:  2 * frontdoor.DefaultMaxHead,
+		ReadTimeout:     opts.ReadTimeout,
+		WriteTimeout:    opts.WriteTimeout,
+		IdleTimeout:     opts.IdleTimeout,
+		CloseOnShutdown: true,
+		Logger:          fasthttpLogger{opts.Logger},
 	}
 	return s, nil
 }
@@ -171,7 +178,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	fl, loop := s.startLoop(ln)
 	s.served = append(s.served, fl)
 	s.loopMu.Unlock()
-	err := s.srv.Serve(fl)
+	err := s.srv.Serve(frontdoor.NewListener(fl, s.frontOptions()))
 	if loop != nil {
 		<-loop.done // Shutdown stopped it: Serve returned
 	}
@@ -211,9 +218,45 @@ func (f fasthttpLogger) Printf(format string, args ...any) {
 	f.l.Debug("fasthttp", "msg", fmt.Sprintf(format, args...))
 }
 
-// handleParseError answers requests fasthttp could not read.
+// frontOptions are the front door's: every connection the fasthttp server
+// reads, handed over by the event loop or not, is read through it, so one
+// strict reader decides each request's framing and header lines before
+// any handler acts (package frontdoor).
+func (s *Server) frontOptions() frontdoor.Options {
+	return frontdoor.Options{
+		Limits:      s.frontLimits(),
+		ReadTimeout: s.opts.ReadTimeout,
+		Reject:      s.frontReject,
+	}
+}
+
+func (s *Server) frontLimits() frontdoor.Limits {
+	return frontdoor.Limits{MaxBody: int64(max(s.opts.MaxBodyBytes, s.opts.MaxKVBytes, s.opts.MaxSnapshotBytes))}
+}
+
+// frontReject renders the answer to a request the front door refused: the
+// OpenAI-shaped error every other refusal gets, and a close. It is counted
+// as handleParseError counts.
+func (s *Server) frontReject(dst []byte, e *frontdoor.Error) []byte {
+	s.metrics.countRequest(routeNotFound, e.Status, 0)
+	body := errorJSON(typeInvalidRequest, e.Code, e.Msg)
+	dst = append(dst, "HTTP/1.1 "...)
+	dst = strconv.AppendInt(dst, int64(e.Status), 10)
+	dst = append(dst, ' ')
+	dst = append(dst, fasthttp.StatusMessage(e.Status)...)
+	dst = append(dst, "\r\nDate: "...)
+	dst = append(dst, time.Now().UTC().Format(http.TimeFormat)...)
+	dst = append(dst, "\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: "...)
+	dst = strconv.AppendInt(dst, int64(len(body)), 10)
+	dst = append(dst, "\r\n\r\n"...)
+	return append(dst, body...)
+}
+
+// handleParseError answers requests fasthttp could not read: behind the
+// front door, only a body that passes the limit or does not come in time.
+// Its message never quotes the request (fasthttp's errors do).
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
-	status, code, msg := fasthttp.StatusBadRequest, "bad_request", "could not read the request: "+err.Error()
+	status, code, msg := fasthttp.StatusBadRequest, "bad_request", "could not read the request"
 	var te interface{ Timeout() bool }
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
@@ -328,8 +371,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) (r route, s
 		return r, false
 	}
 	if seg0, rest, _ := nextSegment(raw); !segmentIs(seg0, "v1") || len(rest) == 0 {
-		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found",
-			fmt.Sprintf("no route for %s %s", ctx.Method(), raw))
+		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found", "no route for this method and path")
 		return routeNotFound, false
 	}
 	if !forwardable(raw, ctx.Path()) {
