@@ -55,10 +55,6 @@ func StatusText(status int) string {
 		return "Request-URI Too Long"
 	case 431:
 		return "Request Header Fields Too Large"
-	case 501:
-		return "Not Implemented"
-	case 505:
-		return "HTTP Version Not Supported"
 	}
 	return "Error"
 }

@@ -143,6 +143,9 @@ const maxFields = 500
 // Parse reads the request head at the start of b, strictly: RFC 9112 as
 // nginx applies it, refusing what nginx refuses and some things it lets
 // by (a stricter 400 where the two parsers of a chain could disagree).
+// Every refusal is a 4xx — where nginx answers 501 (an unknown
+// Transfer-Encoding) or 505 (HTTP/2.0), a 400 — so a 5xx always means the
+// sidecar or its engine failed, never the client.
 // It returns ErrNeedMore while b holds no whole head and a head within
 // the limits may still come, or an *Error to answer the client with (the
 // connection closes after it). On success h describes the head, which
@@ -154,7 +157,7 @@ const maxFields = 500
 // Refused: a request line that is not "METHOD SP target SP HTTP/1.x"
 // (methods of upper-case letters, '_' and '-'; targets of visible ASCII
 // or bytes from 0x80, a path or an http(s) URL without userinfo), a version other than 1.0 and
-// 1.1 (505 for HTTP/2 and above), a CR not followed by LF, obs-fold, a
+// 1.1, a CR not followed by LF, obs-fold, a
 // field name that is not a token (whitespace within it or before the
 // colon included; a token name of other characters than letters, digits
 // and '-' is dropped, as nginx drops it), a control character other than
@@ -162,7 +165,7 @@ const maxFields = 500
 // Content-Type, or one of the sidecar's own session fields (X-Session-ID,
 // X-User-ID, X-Session-Mode, X-Pool-Prefix), a Content-Length that is not
 // digits, Transfer-Encoding with Content-Length or in HTTP/1.0, one other
-// than exactly chunked (501), an HTTP/1.1 request without a Host or with
+// than exactly chunked, an HTTP/1.1 request without a Host or with
 // one nginx refuses, a Connection field that lists Host, Content-Length
 // or Transfer-Encoding.
 func (h *Head) Parse(b []byte, lim Limits) error {
@@ -300,7 +303,7 @@ func (h *Head) requestLine(b []byte, line span) error {
 	case string(v) == "HTTP/1.0":
 		h.Minor = 0
 	case len(v) == 8 && string(v[:5]) == "HTTP/" && v[6] == '.' && isDigit(v[5]) && isDigit(v[7]) && v[5] >= '2':
-		return &Error{Status: 505, Code: "http_version_not_supported", Msg: "only HTTP/1.0 and HTTP/1.1 are served here"}
+		return &Error{Status: 400, Code: "http_version_not_supported", Msg: "only HTTP/1.0 and HTTP/1.1 are served here"}
 	default:
 		return errBadRequest("the request line's version is not HTTP/1.0 or HTTP/1.1")
 	}
@@ -439,7 +442,7 @@ func (h *Head) settle(b []byte, lim Limits) error {
 			return errBadRequest("an HTTP/1.0 request cannot have a Transfer-Encoding")
 		}
 		if !foldEq(te.of(b), "chunked") {
-			return &Error{Status: 501, Code: "transfer_encoding_not_supported", Msg: "the only Transfer-Encoding served is chunked"}
+			return &Error{Status: 400, Code: "transfer_encoding_not_supported", Msg: "the only Transfer-Encoding served is chunked"}
 		}
 		if seen[1] == 1 {
 			return errBadRequest("the request has both Content-Length and Transfer-Encoding")
