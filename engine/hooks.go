@@ -72,6 +72,43 @@ type ConsoleReporter interface {
 	ConsoleFacts() Facts
 }
 
+// Router is the hook of a connector that knows its engine's native API:
+// for a request outside the OpenAI routes the proxy reads, Route says
+// whether it computes on the engine's slots (placed by the connector, as a
+// stateless chat request is, so it never lands on a slot whose KV a
+// session holds, nor a session's KV on the slot it holds) or acts on one
+// slot (the connector keeps its own saves and restores off that slot while
+// it runs, and reads the slot's state again after). Path is the raw path
+// and query as sent, without the upstream's base path.
+type Router interface {
+	Route(method, path []byte) Route
+}
+
+// Route is what a Router says of a native request.
+type Route struct {
+	Kind RouteKind
+	// Slot is the slot a RouteSlotAction acts on.
+	Slot int
+	// Changes is set for a RouteSlotAction that replaces or erases the
+	// slot's KV (llama.cpp's restore and erase; a save leaves it).
+	Changes bool
+}
+
+// RouteKind classifies a native request.
+type RouteKind uint8
+
+const (
+	// RoutePass: the engine does no slot work the connector tracks; the
+	// hooks are not called.
+	RoutePass RouteKind = iota
+	// RouteCompute: the request computes on a slot; Before places it and
+	// may rewrite its body (llama.cpp: id_slot).
+	RouteCompute
+	// RouteSlotAction: the request acts on Route.Slot; Before and After
+	// bracket it.
+	RouteSlotAction
+)
+
 // Hooks is the proxy's handle on one connector: each of its hooks, and for
 // a hook it lacks the default of a connector that keeps nothing (Before
 // forwards the body, Forget forgets nothing, Report is Stats with its name,
@@ -87,6 +124,7 @@ type Hooks struct {
 	forget  Forgetter
 	metrics MetricsExporter
 	console ConsoleReporter
+	router  Router
 	closer  io.Closer
 }
 
@@ -108,6 +146,7 @@ func Wrap(p Plugin) *Hooks {
 	h.forget, _ = p.(Forgetter)
 	h.metrics, _ = p.(MetricsExporter)
 	h.console, _ = p.(ConsoleReporter)
+	h.router, _ = p.(Router)
 	h.closer, _ = p.(io.Closer)
 	return h
 }
@@ -126,6 +165,14 @@ func (h *Hooks) Before(ctx context.Context, req *Request) ([]byte, error) {
 		return req.Body, nil
 	}
 	return h.pre.Before(ctx, req)
+}
+
+// Route runs the connector's Router hook; RoutePass without one.
+func (h *Hooks) Route(method, path []byte) Route {
+	if h.router == nil {
+		return Route{}
+	}
+	return h.router.Route(method, path)
 }
 
 // After runs the connector's PostResponse hook.

@@ -36,6 +36,9 @@ type Request struct {
 	// call again later. Nil: the call cannot be taken back, and a client
 	// needing its slot waits for it.
 	Cancel context.CancelCauseFunc
+	// Native is the Router's word on a request to the engine's native API
+	// (zero: an OpenAI chat or completions request).
+	Native Route
 
 	// State belongs to the connector the request is given to: Before keeps
 	// there what After needs (its slot, what it restored). Callers leave

@@ -276,6 +276,7 @@ type Connector struct {
 	restores, restoreMiss, restoreErrs, restoreSkips atomic.Int64
 	prefixReuses, refused, unusedRestores, bgCalls   atomic.Int64
 	slotsLost, bgCancelled, clientWaits              atomic.Int64
+	nativeSaves, nativePlaced                        atomic.Int64 // native.go
 	restoredB, restoreNs                             atomic.Int64
 	reusedTokens, replacedPrefillUs, restoredMsTotal atomic.Int64
 	restoredFrom                                     [4]atomic.Int64
@@ -321,6 +322,7 @@ type request struct {
 	chain     chain        // the prompt's prefix hashes
 	restore   *restoreInfo // what Before restored, if anything
 	placedAt  time.Time    // when a background call got its slot
+	action    bool         // a client's slot action holds the slot's operation lock (native.go)
 }
 
 // requestOf returns what Before kept in req; a request Before never saw
@@ -448,6 +450,9 @@ func (c *Connector) Before(ctx context.Context, er *engine.Request) ([]byte, err
 	c.ts.Requests.Add(1)
 	req := &request{Request: er}
 	er.State = req
+	if er.Native.Kind == engine.RouteSlotAction {
+		return c.beforeSlotAction(ctx, req)
+	}
 	if !req.Background {
 		// No background call starts while a client is on its way to a slot.
 		c.mu.Lock()
@@ -490,7 +495,13 @@ func (c *Connector) Before(ctx context.Context, er *engine.Request) ([]byte, err
 		c.pred.arrive(req.sk, c.opts.Clock.Now())
 	}
 	wasted := c.sched.wasted
-	p := c.sched.place(req.sk, req.chain)
+	var p placement
+	if id := c.clientSlot(req.Body); id >= 0 && req.Native.Kind == engine.RouteCompute {
+		p = c.sched.placeOn(id, req.sk, req.chain) // the slot the client asked for; its occupant saved first
+		c.nativePlaced.Add(1)
+	} else {
+		p = c.sched.place(req.sk, req.chain)
+	}
 	if c.sched.wasted != wasted {
 		c.log.Debug("llamacpp: a preloaded state wasted", "session", req.sk, "slot", p.slot.id, "preloaded", p.prevSess)
 	}
@@ -716,6 +727,10 @@ func (c *Connector) trimSessionsLocked() {
 func (c *Connector) After(_ context.Context, er *engine.Request, resp *engine.Response) {
 	req := requestOf(er)
 	c.ts.Responses.Add(1)
+	if req.action {
+		c.afterSlotAction(req)
+		return
+	}
 	var (
 		tm    engine.Timings
 		timed bool

@@ -43,6 +43,8 @@ func (c *Connector) ExportMetrics(reg *obs.Registry) {
 		} {
 			reg.SetCounter("sidecar_engine_"+m.name+"_total", m.help, m.v)
 		}
+		reg.SetCounter("sidecar_engine_native_saves_total", "Session KV saved before a client's own slot restore or erase (llama.cpp's /slots API) replaced it.", c.nativeSaves.Load())
+		reg.SetCounter("sidecar_engine_native_placed_total", "Requests to the engine's native API placed on the slot their id_slot named (its session KV saved first).", c.nativePlaced.Load())
 		reg.SetFloatCounter("sidecar_engine_restore_seconds_total", "Time spent restoring states that the engine then reused.", st.RestoreMsTotal/1000)
 		reg.SetFloatCounter("sidecar_engine_replaced_prefill_seconds_total", "Prefill time those restores replaced, at the measured prefill rate.", st.ReplacedPrefillMs/1000)
 		reg.SetGauge("sidecar_engine_save_seconds_mean", "Mean slot save time.", st.MeanSaveMs/1000)

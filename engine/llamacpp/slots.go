@@ -123,6 +123,21 @@ func (s *scheduler) place(sess string, ch chain) placement {
 	return s.assign(s.victim(), sess, ch)
 }
 
+// placeOn assigns slot id to a request of sess whose prompt is ch,
+// whatever it holds (a client that named its id_slot): the occupant is
+// displaced as by place.
+func (s *scheduler) placeOn(id int, sess string, ch chain) placement {
+	s.seq++
+	sl := s.slots[id]
+	if sess != "" && sl.sess == sess {
+		sl.lastUse = s.seq
+		sl.inflight++
+		sl.next = ch
+		return placement{slot: sl, resident: true}
+	}
+	return s.assign(sl, sess, ch)
+}
+
 // placeBackground places a background call (the sidecar's own) whose
 // prompt is ch on an idle slot, preferring, like place, one holding no
 // session's KV, then one whose KV is stored, then the least recently used
