@@ -14,7 +14,7 @@ export SIDECAR_UPSTREAM ?= http://127.0.0.1:8000
 export SIDECAR_LISTEN   ?= 127.0.0.1:8080
 export SIDECAR_DATA_DIR ?= ./data
 
-.PHONY: help build run test test-race test-hostile test-differential test-mcp bench-mcp bench bench-proxy bench-proxy-wrk bench-proxy-ceiling bench-kv bench-policy bench-recall bench-archive bench-preload bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet bench-scale fleet docker-cuda fuzz lint check-deploy clean
+.PHONY: help build run test test-race test-hostile test-differential test-llama-suite test-mcp bench-mcp bench bench-proxy bench-proxy-wrk bench-proxy-ceiling bench-kv bench-policy bench-recall bench-archive bench-preload bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet bench-scale fleet docker-cuda fuzz lint check-deploy clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ test-hostile: ## the binary against a fault-injecting upstream and hostile clien
 
 test-differential: ## the differential test alone: app clients direct vs through the sidecar on a real llama-server (kill -9, idle closes, one key)
 	KVSIDECAR_REQUIRE_LLAMA=1 $(GO) test -race -count=1 -v -timeout 20m -run 'TestDifferentialAgainstRealEngine' ./cmd/sidecar
+
+test-llama-suite: build ## llama.cpp's own server tests (tools/server/tests at the shared build's commit) direct and through the sidecar (--engine generic, llamacpp); LLAMA_CPP_SRC=<llama.cpp checkout or git dir>; results in out/llama-suite
+	scripts/llama-suite.sh
 
 test-mcp: ## the MCP endpoint with the official TypeScript client (npm ci in test/mcp first), in front of a real llama-server
 	npm ci --prefix test/mcp --no-audit --no-fund --loglevel=error

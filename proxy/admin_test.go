@@ -24,7 +24,7 @@ const testAdminToken = "admin-token-0123456789"
 // adminDo sends an admin call with bearer (the admin token unless given).
 func adminDo(t *testing.T, base, method, path, bearer, body string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+	req, err := http.NewRequest(method, adminURL(t, base)+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestConsoleOffAndAuth(t *testing.T) {
 		wantOpenAIError(t, resp, b, 404, "not_found")
 	}
 	noRedirect := &http.Client{Transport: noPoolClient.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	r, err := noRedirect.Get(on + "/ui")
+	r, err := noRedirect.Get(adminURL(t, on) + "/ui")
 	if err != nil {
 		t.Fatal(err)
 	}

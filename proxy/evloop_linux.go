@@ -1369,7 +1369,6 @@ func (l *evLoop) answered(c *evConn) {
 			conn = bytes.Trim(v, " \t")
 		}
 	}
-	ctype := false
 	for len(rest) > 0 {
 		var hl []byte
 		hl, rest = cutLine(rest)
@@ -1377,16 +1376,10 @@ func (l *evLoop) answered(c *evConn) {
 		if !ok || hopHeader(k) || listedIn(conn, k) || foldEq(k, "Content-Length") || foldEq(k, "Date") {
 			continue
 		}
-		if foldEq(k, "Content-Type") {
-			ctype = true
-		}
 		out = appendHeaderKey(out, k)
 		out = append(out, ": "...)
 		out = append(out, bytes.Trim(v, " \t")...)
 		out = append(out, "\r\n"...)
-	}
-	if !ctype {
-		out = append(out, "Content-Type: text/plain; charset=utf-8\r\n"...)
 	}
 	if u.status != 204 && u.status != 304 { // bodiless: no length, as fasthttp writes them
 		out = append(out, "Content-Length: "...)

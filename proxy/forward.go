@@ -183,14 +183,26 @@ func (f *flow) memory(ctx *fasthttp.RequestCtx) bool {
 // the connector hears the answer exactly once, in release.
 func (f *flow) engine(ctx *fasthttp.RequestCtx) {
 	s := f.s
-	if s.opts.Engine == nil || !f.turnRoute(ctx) {
+	if s.opts.Engine == nil {
 		return
+	}
+	var native engine.Route
+	sessionID := f.sess.ID
+	if !f.turnRoute(ctx) {
+		// The engine's native API (llama.cpp's /completion, /infill,
+		// /slots/{id}): the connector places what runs on its slots, as a
+		// stateless request, and keeps its own KV moves off a slot a
+		// client acts on.
+		if native = s.engine.Route(ctx.Method(), ctx.Request.Header.RequestURI()); native.Kind == engine.RoutePass {
+			return
+		}
+		sessionID = ""
 	}
 	tenant := f.sess.Tenant
 	if tenant == "" { // stateless: the engine still scopes KV reuse by key
 		tenant = tenantOf(ctx.Request.Header.Peek("Authorization"))
 	}
-	ec := &engineCall{req: engine.Request{Tenant: tenant, SessionID: f.sess.ID, Model: f.info.Model, Body: f.body, Start: f.start}}
+	ec := &engineCall{req: engine.Request{Tenant: tenant, SessionID: sessionID, Model: f.info.Model, Body: f.body, Start: f.start, Native: native}}
 	f.ereq, f.eresp = &ec.req, &ec.resp
 	nb, err := s.engine.Before(ctx, f.ereq)
 	if err != nil {
@@ -219,6 +231,7 @@ func (f *flow) upstream(ctx *fasthttp.RequestCtx) outcome {
 	x := acquireExchange()
 	x.watch.start(ctx.Conn(), &x.slot, s.metrics.disconnects)
 	resp := fasthttp.AcquireResponse()
+	resp.Header.SetNoDefaultContentType(true) // none the upstream did not send
 	uc, err := s.up.roundTrip(req, resp, s.opts.UpstreamTimeout, s.opts.WriteTimeout, &x.slot)
 	if err != nil {
 		x.stopWatch()
@@ -238,7 +251,12 @@ func (f *flow) upstream(ctx *fasthttp.RequestCtx) outcome {
 	}
 
 	isSSE := bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream"))
-	if isSSE || resp.Header.ContentLength() < 0 && f.info.Stream {
+	// An engine route the sidecar does not read (its native API, its web
+	// UI, NDJSON streams) is relayed as it arrives unless it is small and
+	// whole; so is any answer without a length on a streamed request.
+	size := resp.Header.ContentLength()
+	passOn := f.route == routePassthrough && !ctx.IsHead() && bodyAllowed(f.status) && (size < 0 || size > passBuffered)
+	if isSSE || size < 0 && f.info.Stream || passOn {
 		// The watch goes on while the relay waits on the upstream; the relay
 		// stops it when fasthttp closes the body stream.
 		rl := &relay{flow: f.handOff(), x: x, body: ub, conn: ctx.Conn(),
@@ -252,10 +270,23 @@ func (f *flow) upstream(ctx *fasthttp.RequestCtx) outcome {
 		// already here: then both leave in one write, one wakeup less for
 		// the client's time to first event.
 		ctx.Response.ImmediateHeaderFlush = uc.br.Buffered() == 0
-		ctx.SetBodyStream(rl, -1)
+		if !passOn || size < 0 {
+			size = -1
+		}
+		ctx.SetBodyStream(rl, size)
 		return relayed
 	}
 	return f.buffer(ctx, x)
+}
+
+// passBuffered is the largest answer with a length that a pass-through
+// route reads whole before answering; larger ones are relayed as they come.
+const passBuffered = 64 << 10
+
+// bodyAllowed reports whether an answer of this status may carry a body
+// (RFC 9110: not 1xx, 204 or 304).
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != fasthttp.StatusNoContent && status != fasthttp.StatusNotModified
 }
 
 // exchange is what one upstream round trip holds beyond the handler's

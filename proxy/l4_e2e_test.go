@@ -87,7 +87,7 @@ func TestL4CompressionThroughProxy(t *testing.T) {
 			t.Fatalf("merge prompts %q", up.merges)
 		}
 	})
-	resp, err := noPoolClient.Get(base + "/metrics")
+	resp, err := noPoolClient.Get(adminURL(t, base) + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -131,7 +131,7 @@ func TestMCPRecallIsScopedLikeEveryRoute(t *testing.T) {
 		}
 	}
 
-	resp, err := noPoolClient.Get(base + "/metrics")
+	resp, err := noPoolClient.Get(adminURL(t, base) + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -237,7 +237,7 @@ func TestDropInClientAndUserScope(t *testing.T) {
 	resp, b = post(t, base+"/v1/chat/completions", `{"user":7,"messages":[{"role":"user","content":"x"}]}`, map[string]string{"Authorization": "Bearer k", "X-Session-ID": "s4"})
 	wantOpenAIError(t, resp, b, 400, "invalid_request")
 
-	r, err := noPoolClient.Get(base + "/metrics")
+	r, err := noPoolClient.Get(adminURL(t, base) + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -145,6 +145,11 @@ type Options struct {
 	// learned only from answers and context errors. Default false.
 	NoContextProbe bool
 
+	// Pprof serves Go's /debug/pprof on the admin listener (ServeAdmin).
+	// Heap dumps hold prompts: keep the admin listener on loopback.
+	// Default off.
+	Pprof bool
+
 	// AdminToken, when not empty, turns the operator's console on: the
 	// page at /ui and its JSON API under /admin/v1, which answers only
 	// requests with Authorization: Bearer <AdminToken> and acts for any

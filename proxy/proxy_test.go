@@ -39,11 +39,23 @@ func startSidecar(t *testing.T, upstreamURL string, mod func(*Options)) (string,
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
+	aln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + ln.Addr().String()
+	adminURLs.Store(base, "http://"+aln.Addr().String())
+	done := make(chan struct{}, 2)
 	go func() {
-		defer close(done)
+		defer func() { done <- struct{}{} }()
 		if err := s.Serve(ln); err != nil {
 			t.Errorf("serve: %v", err)
+		}
+	}()
+	go func() {
+		defer func() { done <- struct{}{} }()
+		if err := s.ServeAdmin(aln); err != nil {
+			t.Errorf("serve admin: %v", err)
 		}
 	}()
 	t.Cleanup(func() {
@@ -51,8 +63,24 @@ func startSidecar(t *testing.T, upstreamURL string, mod func(*Options)) (string,
 		defer cancel()
 		_ = s.Shutdown(ctx)
 		<-done
+		<-done
+		adminURLs.Delete(base)
 	})
-	return "http://" + ln.Addr().String(), s
+	return base, s
+}
+
+// adminURLs maps a test server's base URL to its admin listener's.
+var adminURLs sync.Map
+
+// adminURL is the admin listener of the server startSidecar started at
+// base: /metrics, the console and its API live there.
+func adminURL(t *testing.T, base string) string {
+	t.Helper()
+	a, ok := adminURLs.Load(base)
+	if !ok {
+		t.Fatalf("no admin listener for %s", base)
+	}
+	return a.(string)
 }
 
 // noPoolClient never reuses connections, so each test request stands alone.
@@ -244,7 +272,6 @@ func TestProxyRejectsBadRequests(t *testing.T) {
 		{"body too large", "/v1/chat/completions", `{"messages":[{"role":"user","content":"` + strings.Repeat("x", 2<<10) + `"}]}`, nil, 413, "body_too_large"},
 		{"control chars in session id", "/v1/chat/completions", chatBody, map[string]string{"X-Session-ID": "a\tb"}, 400, "invalid_session_id"},
 		{"session id too long", "/v1/chat/completions", `{"messages":[],"prompt_cache_key":"` + strings.Repeat("k", 300) + `"}`, nil, 400, "invalid_session_id"},
-		{"unknown route", "/v2/whatever", `{}`, nil, 404, "not_found"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -333,7 +360,7 @@ func TestProxyHealthReadyMetrics(t *testing.T) {
 	}
 	post(t, base+"/v1/chat/completions", chatBody, nil)
 	post(t, base+"/v1/chat/completions", `{`, nil)
-	resp, err := noPoolClient.Get(base + "/metrics")
+	resp, err := noPoolClient.Get(adminURL(t, base) + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -200,7 +200,7 @@ func TestReviewerThroughProxy(t *testing.T) {
 	}
 	var metrics string
 	eventually(t, func() bool {
-		resp, err := noPoolClient.Get(base + "/metrics")
+		resp, err := noPoolClient.Get(adminURL(t, base) + "/metrics")
 		if err != nil {
 			return false
 		}

@@ -15,13 +15,16 @@ import (
 //     forwarded. Its handler gets the remaining segments, each decoded on
 //     its own, so "/v1/sessions/.." names the session "..", and
 //     "/v1/sessions/a%2Fb" the session "a/b".
-//   - Any other /v1 path is forwarded exactly as sent, unless it holds a
-//     dot segment ("." or "..", escaped or not), a malformed escape, or a
-//     reading another server may give it (fasthttp's normalisation; full
-//     decoding with backslashes as slashes, then cleaning) that is a
-//     sidecar route or leaves /v1: such paths are ambiguous between servers
-//     and get 400 invalid_path.
-//   - /healthz, /readyz and /metrics match the raw path exactly.
+//   - Any other path is the engine's and is forwarded exactly as sent
+//     (not an allowlist: an engine route added next year passes too),
+//     unless it holds a dot segment ("." or "..", escaped or not), a
+//     malformed escape, or a reading another server may give it
+//     (fasthttp's normalisation; full decoding with backslashes as
+//     slashes, then cleaning) that is a sidecar route: such paths are
+//     ambiguous between servers and get 400 invalid_path.
+//   - /healthz, /readyz and /mcp (404 with the MCP server off) match the raw
+//     path exactly; the operational endpoints (/metrics, the console, the
+//     admin API) are on the admin listener only.
 //
 // Without this, a path such as /v1/kv/ns/../../etc/passwd was routed by its
 // normalised form (/v1/etc/passwd, a passthrough) and forwarded raw, with
@@ -165,11 +168,11 @@ func validEscapes(p []byte) bool {
 	return true
 }
 
-// forwardable reports whether a /v1 path that is not a sidecar route may go
-// to the upstream as sent: no dot segment, no malformed escape, and every
+// forwardable reports whether a path that is not a sidecar route may go to
+// the upstream as sent: no dot segment, no malformed escape, and no
 // reading a server may give it — norm (fasthttp's normalisation), and the
-// path fully decoded with backslashes as slashes and cleaned — stays under
-// /v1 and names no sidecar route.
+// path fully decoded with backslashes as slashes and cleaned — names a
+// sidecar route.
 func forwardable(raw, norm []byte) bool {
 	if hasDotSegment(raw) || !validEscapes(raw) {
 		return false
@@ -183,14 +186,21 @@ func forwardable(raw, norm []byte) bool {
 	}
 	loose := path.Clean(strings.ReplaceAll(dec, `\`, "/"))
 	for _, reading := range [][]byte{norm, []byte(loose)} {
-		if !bytes.HasPrefix(reading, []byte("/v1/")) {
-			return false
-		}
-		if _, _, owned := ownedRoute(reading); owned {
+		if _, _, owned := ownedRoute(reading); owned || sidecarPath(reading) {
 			return false
 		}
 	}
 	return true
+}
+
+// sidecarPath reports whether p is one of the sidecar's own exact paths on
+// the main listener.
+func sidecarPath(p []byte) bool {
+	switch string(p) {
+	case "/healthz", "/readyz", "/mcp":
+		return true
+	}
+	return false
 }
 
 // pathSegments decodes the segments of tail ("/a/b%2Fc" → ["a", "b/c"]).

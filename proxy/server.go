@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/pprofhandler"
 
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/frontdoor"
@@ -29,6 +30,8 @@ type Server struct {
 	log     *slog.Logger
 	metrics *Metrics
 	srv     *fasthttp.Server
+	// adminSrv serves the operational endpoints (ServeAdmin).
+	adminSrv *fasthttp.Server
 	// engine is the hooks of Options.Engine; nil without one.
 	engine *engine.Hooks
 
@@ -145,6 +148,19 @@ func New(opts Options) (*Server, error) {
 		CloseOnShutdown: true,
 		Logger:          fasthttpLogger{opts.Logger},
 	}
+	s.adminSrv = &fasthttp.Server{
+		Handler:               s.handleAdminListener,
+		ErrorHandler:          s.handleParseError,
+		NoDefaultServerHeader: true,
+		NoDefaultContentType:  true,
+		MaxRequestBodySize:    maxAdminBody,
+		ReadBufferSize:        2 * frontdoor.DefaultMaxHead,
+		ReadTimeout:           opts.ReadTimeout,
+		WriteTimeout:          max(opts.WriteTimeout, time.Minute), // a CPU profile takes 30 s
+		IdleTimeout:           opts.IdleTimeout,
+		CloseOnShutdown:       true,
+		Logger:                fasthttpLogger{opts.Logger},
+	}
 	return s, nil
 }
 
@@ -201,6 +217,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		loop.shutdown(ctx)
 	}
 	err := s.srv.ShutdownWithContext(ctx)
+	err = errors.Join(err, s.adminSrv.ShutdownWithContext(ctx))
 	for _, ln := range served {
 		_ = ln.Close() // one fasthttp had not taken yet
 	}
@@ -270,11 +287,14 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	s.metrics.countRequest(routeNotFound, status, 0)
 }
 
-// classify names the /v1 route of a raw path that is not the sidecar's
+// classify names the OpenAI route of a raw path that is not the sidecar's
 // own, segment by segment after decoding (routing and the upstream read
-// "/v1/chat/c%6Fmpletions" alike).
+// "/v1/chat/c%6Fmpletions" alike); any other path is a pass-through.
 func classify(raw []byte) route {
-	_, rest, _ := nextSegment(raw) // "v1", checked by the caller
+	v1, rest, _ := nextSegment(raw)
+	if !segmentIs(v1, "v1") {
+		return routePassthrough
+	}
 	a, rest, ok := nextSegment(rest)
 	if !ok {
 		return routePassthrough
@@ -320,35 +340,25 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 }
 
 // dispatch serves ctx by its path and returns its route; streaming is true
-// when a relay finishes the request.
+// when a relay finishes the request. The main listener's own surface is
+// /healthz, /readyz, /mcp (404 without Options.MCP) and the client APIs under
+// /v1/sessions, /v1/pool and /v1/kv; every other path is the engine's and
+// is forwarded as sent (route.go's rules aside), whatever its method.
+// The sidecar's operational endpoints live on the admin listener
+// (ServeAdmin), so none of them shadows an engine route such as /metrics.
 func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) (r route, streaming bool) {
 	// One reading of the path for routing and handling: the path as sent.
 	raw := ctx.URI().PathOriginal()
 	switch string(raw) {
 	case "/healthz":
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"status":"ok"}`)
+		s.handleHealth(ctx)
 		return routeHealthz, false
 	case "/readyz":
 		s.handleReady(ctx)
 		return routeReadyz, false
-	case "/metrics":
-		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
-		s.metrics.WritePrometheus(ctx)
-		return routeMetrics, false
-	case "/mcp":
+	case "/mcp": // no engine serves it (llama.cpp, vLLM, SGLang, Ollama): the sidecar's, on or off
 		s.handleMCP(ctx)
 		return routeMCP, false
-	}
-	if string(raw) == "/ui" || bytes.HasPrefix(raw, []byte("/ui/")) {
-		s.handleConsole(ctx, raw)
-		return routeConsole, false
-	}
-	if string(raw) == "/admin/v1" || bytes.HasPrefix(raw, []byte("/admin/v1/")) {
-		if !s.tooLarge(ctx, min(s.opts.MaxBodyBytes, maxAdminBody)) {
-			s.handleAdmin(ctx, raw[len("/admin/v1"):])
-		}
-		return routeAdmin, false
 	}
 	if r, tail, ok := ownedRoute(raw); ok {
 		limit := s.opts.MaxBodyBytes
@@ -370,10 +380,6 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) (r route, s
 		}
 		return r, false
 	}
-	if seg0, rest, _ := nextSegment(raw); !segmentIs(seg0, "v1") || len(rest) == 0 {
-		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found", "no route for this method and path")
-		return routeNotFound, false
-	}
 	if !forwardable(raw, ctx.Path()) {
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_path",
 			"the path holds dot segments or escapes that servers read differently; send it normalised")
@@ -384,6 +390,76 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) (r route, s
 		return r, false
 	}
 	return r, s.forward(ctx, r, start)
+}
+
+// ServeAdmin serves the sidecar's operational endpoints on ln until
+// Shutdown (the convention of sidecar proxies: Envoy's admin port,
+// Linkerd's 4191): /healthz, /readyz, /metrics (the sidecar's own
+// Prometheus metrics), the console (/ui) and its API (/admin/v1) with
+// Options.AdminToken, and Go's /debug/pprof with Options.Pprof. None of
+// them is on the main listener, where those paths are the engine's. It
+// returns nil after a clean shutdown.
+func (s *Server) ServeAdmin(ln net.Listener) error {
+	s.loopMu.Lock()
+	if s.stopping.Err() != nil {
+		s.loopMu.Unlock()
+		_ = ln.Close()
+		return nil
+	}
+	s.served = append(s.served, ln)
+	s.loopMu.Unlock()
+	err := s.adminSrv.Serve(frontdoor.NewListener(rawListener{ln}, s.frontOptions()))
+	if err != nil && s.stopping.Err() != nil {
+		err = nil
+	}
+	return err
+}
+
+// handleAdminListener is the admin listener's handler.
+func (s *Server) handleAdminListener(ctx *fasthttp.RequestCtx) {
+	start := time.Now()
+	s.metrics.inFlight.Add(1)
+	r := s.dispatchAdmin(ctx)
+	s.finish(r, ctx.Response.StatusCode(), start)
+}
+
+func (s *Server) dispatchAdmin(ctx *fasthttp.RequestCtx) route {
+	raw := ctx.URI().PathOriginal()
+	switch string(raw) {
+	case "/healthz":
+		s.handleHealth(ctx)
+		return routeHealthz
+	case "/readyz":
+		s.handleReady(ctx)
+		return routeReadyz
+	case "/metrics":
+		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
+		s.metrics.WritePrometheus(ctx)
+		return routeMetrics
+	}
+	if string(raw) == "/ui" || bytes.HasPrefix(raw, []byte("/ui/")) {
+		s.handleConsole(ctx, raw)
+		return routeConsole
+	}
+	if string(raw) == "/admin/v1" || bytes.HasPrefix(raw, []byte("/admin/v1/")) {
+		if !s.tooLarge(ctx, min(s.opts.MaxBodyBytes, maxAdminBody)) {
+			s.handleAdmin(ctx, raw[len("/admin/v1"):])
+		}
+		return routeAdmin
+	}
+	if s.opts.Pprof && bytes.HasPrefix(raw, []byte("/debug/pprof/")) {
+		pprofhandler.PprofHandler(ctx)
+		return routeAdmin
+	}
+	writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found",
+		"no such path on the admin listener: /healthz, /readyz, /metrics, /ui/, /admin/v1/ and, with --admin-pprof, /debug/pprof/")
+	return routeNotFound
+}
+
+// handleHealth answers /healthz: the process is up.
+func (s *Server) handleHealth(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("application/json")
+	ctx.SetBodyString(`{"status":"ok"}`)
 }
 
 // tooLarge answers 413 when the body exceeds limit; the server reads up to

@@ -206,7 +206,7 @@ func TestSnapshotExportImport(t *testing.T) {
 	}
 
 	// Counted.
-	resp, body = doReq(t, http.MethodGet, b+"/metrics", nil, nil)
+	resp, body = doReq(t, http.MethodGet, adminURL(t, b)+"/metrics", nil, nil)
 	for _, want := range []string{`sidecar_snapshots_total{outcome="imported"} 2`, `sidecar_snapshots_total{outcome="refused"} 12`} {
 		if !strings.Contains(string(body), want) {
 			t.Fatalf("metrics lack %s:\n%s", want, body)

@@ -156,7 +156,7 @@ t0 = time.time()
 with concurrent.futures.ThreadPoolExecutor(32) as ex:
 	codes = collections.Counter(ex.map(one, range(4000)))
 print(f"4000 requests (2 per session, 32 in flight) in {time.time()-t0:.1f} s: {dict(codes)}")
-m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+m = urllib.request.urlopen(f"http://127.0.0.1:{int(port)+1000}/metrics").read().decode()  # the admin listener
 for l in m.splitlines():
 	if l.startswith(("sidecar_memory_bypassed_total", "sidecar_memory_turns_total", "sidecar_memory_open_files", "sidecar_memory_log_reopens_total")):
 		print(l)

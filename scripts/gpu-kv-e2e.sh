@@ -17,7 +17,7 @@ t1=$(date +%s%N)
 ok=0; for i in $(seq 1 16); do curl -s -D $D/h$i -o $D/g$i "${H[@]}" http://127.0.0.1:18080/v1/kv/e2e/k$i; cmp -s $D/t$i $D/g$i && ok=$((ok+1)); done
 t2=$(date +%s%N)
 echo "put 16x48MiB $(( (t1-t0)/1000000 )) ms, get $(( (t2-t1)/1000000 )) ms, identical $ok/16; tiers: $(grep -hi x-kv-tier $D/h* | sort | uniq -c | tr -s ' \r\n' ' ')"
-curl -s http://127.0.0.1:18080/metrics | grep -E "^sidecar_(kv_tier_bytes|kv_tier_blocks|kv_hits|device)" | head -12
+curl -s http://127.0.0.1:19080/metrics | grep -E "^sidecar_(kv_tier_bytes|kv_tier_blocks|kv_hits|device)" | head -12
 kill -9 $SCP; wait $SCP 2>/dev/null; start
 ok=0; for i in $(seq 1 16); do curl -s -D $D/h$i -o $D/g$i "${H[@]}" http://127.0.0.1:18080/v1/kv/e2e/k$i; cmp -s $D/t$i $D/g$i && ok=$((ok+1)); done
 echo "after kill -9 and restart: identical $ok/16; tiers: $(grep -hi x-kv-tier $D/h* | sort | uniq -c | tr -s ' \r\n' ' ')"

@@ -28,7 +28,7 @@ func (t *targetsFlag) Set(v string) error {
 	for _, opt := range parts[1:] {
 		switch {
 		case opt == "metrics":
-			pt.MetricsAddr = pt.Addr
+			pt.MetricsAddr = bench.AdminAddr(pt.Addr) // the sidecar's own /metrics, on its admin listener
 		case opt == "session":
 			pt.Session = true
 		case strings.HasPrefix(opt, "pid="):

@@ -62,7 +62,7 @@ func TestBenchServeRealLlamaDirectAndThroughSidecar(t *testing.T) {
 			t.Errorf("%s: cached tokens %d reported by %d requests, share %.2f", name, r.TotalCachedTokens, r.CachedReported, r.CachedShare)
 		}
 	}
-	m, err := bench.ScrapeMetrics(context.Background(), "http://"+addr+"/metrics")
+	m, err := bench.ScrapeMetrics(context.Background(), "http://"+bench.AdminAddr(addr)+"/metrics") // its own, on the admin listener
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestBenchProxyTargetFlag(t *testing.T) {
 	if f[0].Addr != "127.0.0.1:1" || f[0].Session || f[0].MetricsAddr != "" || len(f[0].PIDs) != 0 {
 		t.Errorf("%+v", f[0])
 	}
-	if s := f[1]; s.Name != "sidecar-session" || s.Addr != "127.0.0.1:2" || s.MetricsAddr != s.Addr || !s.Session || !slices.Equal(s.PIDs, []int{10, 11}) {
+	if s := f[1]; s.Name != "sidecar-session" || s.Addr != "127.0.0.1:2" || s.MetricsAddr != "127.0.0.1:1002" || !s.Session || !slices.Equal(s.PIDs, []int{10, 11}) {
 		t.Errorf("%+v", s)
 	}
 	for _, bad := range []string{"x", "=h:1", "a=", "a=h:1,pid=x", "a=h:1,what"} {

@@ -100,7 +100,7 @@ func backgroundNeverDelays(t *testing.T, llama *llamaserver.Server, eng string, 
 	})
 	s.startSidecar()
 	replay, replayTokens := dropInTurns(t, s.client, "replay", turns, 0)
-	replayWaits := metric(t, s.sc.addr, "sidecar_engine_client_waits_total")
+	replayWaits := metric(t, s.sc.admin, "sidecar_engine_client_waits_total")
 	paused, pausedTokens := dropInTurns(t, s.client, "paused", turns, time.Second)
 
 	// Let the background work finish: the server idle for 3 s running.
@@ -114,7 +114,7 @@ func backgroundNeverDelays(t *testing.T, llama *llamaserver.Server, eng string, 
 			quiet++
 		}
 	}
-	bgCalls := metric(t, s.sc.addr, "sidecar_engine_background_calls_total")
+	bgCalls := metric(t, s.sc.admin, "sidecar_engine_background_calls_total")
 	bgTokens := metric(t, llamaAddr, "llamacpp:tokens_predicted_total") - predictedBefore - float64(replayTokens+pausedTokens)
 	maxTokens := metric(t, llamaAddr, "llamacpp:n_tokens_max")
 	t.Logf("per-turn wall time, back to back: direct %v", directReplay)
@@ -122,8 +122,8 @@ func backgroundNeverDelays(t *testing.T, llama *llamaserver.Server, eng string, 
 	t.Logf("per-turn wall time, 1 s pauses:   direct %v", directPaused)
 	t.Logf("                                 sidecar %v", paused)
 	t.Logf("background calls %v, generating %v tokens; cancelled for a client %v; client waits %v; largest slot use %v tokens",
-		bgCalls, bgTokens, metric(t, s.sc.addr, "sidecar_engine_background_cancelled_total"),
-		metric(t, s.sc.addr, "sidecar_engine_client_waits_total"), maxTokens)
+		bgCalls, bgTokens, metric(t, s.sc.admin, "sidecar_engine_background_cancelled_total"),
+		metric(t, s.sc.admin, "sidecar_engine_client_waits_total"), maxTokens)
 	if bgCalls == 0 {
 		t.Fatal("no background call reached the server: the test did not exercise them")
 	}

@@ -437,11 +437,11 @@ func TestConsoleManagesMemoriesInBrowser(t *testing.T) {
 	chat("sk-console", "recipes", "bob", "My starter lives in the fridge.")
 	chat("sk-console", "recipes", "bob", "Rye flour gives it a tang.")
 	chat("sk-console", "trip-planning", "alice", "I want to plan a trip to Kyoto in April.")
-	tenant := tenantWith(t, sc.addr, "trip-planning")
+	tenant := tenantWith(t, sc.admin, "trip-planning")
 	q := "?tenant=" + url.QueryEscape(tenant) + "&session=trip-planning"
 	add := func(category, text string, importance float64) string {
 		t.Helper()
-		code, b := adminAPI(t, sc.addr, "POST", "memories"+q, map[string]any{"category": category, "text": text, "importance": importance})
+		code, b := adminAPI(t, sc.admin, "POST", "memories"+q, map[string]any{"category": category, "text": text, "importance": importance})
 		var m apiMemory
 		if code != 201 || json.Unmarshal(b, &m) != nil {
 			t.Fatalf("add: %d %s", code, b)
@@ -455,7 +455,7 @@ func TestConsoleManagesMemoriesInBrowser(t *testing.T) {
 	episode := add("episode", "Alice compared flights on Tuesday.", 0.7)
 	chat("sk-console", "trip-planning", "alice", "Which temples should I see in Kyoto?")
 
-	p := openConsole(t, sc.addr)
+	p := openConsole(t, sc.admin)
 	p.signIn()
 	p.choose("#tenant", tenant)
 
@@ -484,7 +484,7 @@ func TestConsoleManagesMemoriesInBrowser(t *testing.T) {
 	p.click("#edit-save")
 	p.waitText("#toast", "Saved "+factKyoto)
 	p.waitText(fmt.Sprintf(`#memories-table tr[data-id=%q]`, factKyoto), "Osaka")
-	if m := memoriesOf(t, sc.addr, tenant, "trip-planning")[factKyoto]; m.Content != "Alice plans a trip to Kyoto and Osaka in April." || m.Importance != 2.6 {
+	if m := memoriesOf(t, sc.admin, tenant, "trip-planning")[factKyoto]; m.Content != "Alice plans a trip to Kyoto and Osaka in April." || m.Importance != 2.6 {
 		t.Fatalf("after the edit the API has %+v", m)
 	}
 
@@ -497,7 +497,7 @@ func TestConsoleManagesMemoriesInBrowser(t *testing.T) {
 	p.waitText("#toast", "Added ")
 	p.waitCount("#memories-table tbody tr", 6)
 	var addedID string
-	for id, m := range memoriesOf(t, sc.addr, tenant, "trip-planning") {
+	for id, m := range memoriesOf(t, sc.admin, tenant, "trip-planning") {
 		if m.Content == "Alice booked a ryokan near Gion." {
 			addedID = id
 			if m.Category != "episode" || m.Importance != 0.8 {
@@ -518,7 +518,7 @@ func TestConsoleManagesMemoriesInBrowser(t *testing.T) {
 	p.waitText("#toast", "Deleted "+addedID)
 	p.waitCount("#memories-table tbody tr", 5)
 	p.do(chromedp.WaitNotVisible(chromedp.ID("edit-form"))) // nothing left to edit
-	if _, ok := memoriesOf(t, sc.addr, tenant, "trip-planning")[addedID]; ok {
+	if _, ok := memoriesOf(t, sc.admin, tenant, "trip-planning")[addedID]; ok {
 		t.Fatal("the deleted memory is still in the API")
 	}
 
@@ -530,7 +530,7 @@ func TestConsoleManagesMemoriesInBrowser(t *testing.T) {
 	p.waitText("#batch-skipped", "Skipped 2")
 	p.waitCount("#memories-table tbody tr", 3)
 	p.shot("04-memories-after-batch-delete")
-	left := memoriesOf(t, sc.addr, tenant, "trip-planning")
+	left := memoriesOf(t, sc.admin, tenant, "trip-planning")
 	if _, ok := left[core]; !ok {
 		t.Fatal("batch delete removed the core memory")
 	}
@@ -551,7 +551,7 @@ func TestConsoleManagesMemoriesInBrowser(t *testing.T) {
 	p.waitText(`#stats-table tr[data-category="fact"]`, "fact1")
 	p.click("#export-stats-csv")
 	csvFile := p.waitDownload("memory-stats.csv")
-	code, want := adminAPI(t, sc.addr, "GET", "stats"+q+"&format=csv", nil)
+	code, want := adminAPI(t, sc.admin, "GET", "stats"+q+"&format=csv", nil)
 	if code != 200 || !bytes.Equal(csvFile, want) {
 		t.Fatalf("exported CSV differs from the API's:\n%s\nAPI (%d):\n%s", csvFile, code, want)
 	}
@@ -569,13 +569,13 @@ func TestConsoleManagesMemoriesInBrowser(t *testing.T) {
 	}
 	p.click("#export-memories-csv")
 	memCSV := p.waitDownload("memories.csv")
-	if _, want := adminAPI(t, sc.addr, "GET", "memories"+q+"&format=csv", nil); !bytes.Equal(memCSV, want) {
+	if _, want := adminAPI(t, sc.admin, "GET", "memories"+q+"&format=csv", nil); !bytes.Equal(memCSV, want) {
 		t.Fatalf("exported memories differ from the API's:\n%s\n%s", memCSV, want)
 	}
 
 	// Knowledge: bob's triple, as the API lists it.
 	var ss struct{ Data []struct{ ID, User string } }
-	adminGet(t, sc.addr, "sessions?tenant="+url.QueryEscape(tenant), &ss)
+	adminGet(t, sc.admin, "sessions?tenant="+url.QueryEscape(tenant), &ss)
 	bob := ""
 	for _, x := range ss.Data {
 		if x.ID == "recipes" {
@@ -584,14 +584,14 @@ func TestConsoleManagesMemoriesInBrowser(t *testing.T) {
 	}
 	var kb struct{ Data []apiTriple }
 	waitUntil(t, func() bool {
-		adminGet(t, sc.addr, "triples?tenant="+url.QueryEscape(tenant)+"&user="+url.QueryEscape(bob), &kb)
+		adminGet(t, sc.admin, "triples?tenant="+url.QueryEscape(tenant)+"&user="+url.QueryEscape(bob), &kb)
 		return len(kb.Data) > 0
 	})
 	tr := kb.Data[0]
 	if len(kb.Data) != 1 || tr.Subject != "Bob" || tr.Predicate != "bakes" || tr.Object != "sourdough bread" || len(tr.Support) != 1 {
 		t.Fatalf("bob's triples in the API: %+v", kb.Data)
 	}
-	if m, ok := memoriesOf(t, sc.addr, tenant, "recipes")[tr.Support[0]]; !ok || m.Content != "Bob bakes sourdough bread every Sunday." {
+	if m, ok := memoriesOf(t, sc.admin, tenant, "recipes")[tr.Support[0]]; !ok || m.Content != "Bob bakes sourdough bread every Sunday." {
 		t.Fatalf("the triple's support %s is not bob's fact: %+v", tr.Support[0], m)
 	}
 	p.click("#tab-knowledge")
@@ -651,7 +651,7 @@ func TestConsoleKVViewInBrowser(t *testing.T) {
 	}
 	s.waitIdle()
 
-	p := openConsole(t, s.sc.addr)
+	p := openConsole(t, s.sc.admin)
 	p.signIn()
 	p.click("#tab-kv")
 	p.do(chromedp.WaitVisible(chromedp.ID("page-kv")))
@@ -676,7 +676,7 @@ func TestConsoleKVViewInBrowser(t *testing.T) {
 			}
 		}
 	}
-	adminGet(t, s.sc.addr, "kv", &v)
+	adminGet(t, s.sc.admin, "kv", &v)
 	if v.KV.Hits == 0 || v.Engine.Restores == 0 {
 		t.Fatalf("three sessions over one slot restored nothing: %+v", v)
 	}
@@ -690,7 +690,7 @@ func TestConsoleKVViewInBrowser(t *testing.T) {
 	p.waitCount("#plot-hitrate svg path", 3) // every series has values
 	p.distinctSwatches(9)
 	var th struct{ Thresholds []map[string]any }
-	adminGet(t, s.sc.addr, "kv", &th)
+	adminGet(t, s.sc.admin, "kv", &th)
 	for _, x := range th.Thresholds {
 		t.Logf("threshold %v: known %v, value %.4g (limit %v), breached %v", x["alert"], x["known"], x["value"], x["limit"], x["breached"])
 	}
@@ -825,12 +825,12 @@ func TestConsoleCleanLoadSwatchesAndNarrowWindowInBrowser(t *testing.T) {
 	_, _ = rand.NewChaCha8([32]byte{24}).Read(noise)
 	post("PUT", "/v1/kv/narrow/blob", "sk-narrow", noise, "Content-Type", "application/octet-stream")
 
-	p := openConsole(t, sc.addr) // no fault on the first load, and an icon
+	p := openConsole(t, sc.admin) // no fault on the first load, and an icon
 	p.do(chromedp.EmulateViewport(400, 900))
 	p.fits("sign-in page at 400 px")
 	p.signIn()
 	p.noProblems("sign in")
-	tenant := tenantWith(t, sc.addr, "walk-0")
+	tenant := tenantWith(t, sc.admin, "walk-0")
 	p.choose("#tenant", tenant)
 
 	p.click("#tab-sessions")
@@ -865,7 +865,7 @@ func TestConsoleCleanLoadSwatchesAndNarrowWindowInBrowser(t *testing.T) {
 			Known, Breached bool
 		}
 	}
-	adminGet(t, sc.addr, "kv", &v)
+	adminGet(t, sc.admin, "kv", &v)
 	breached := 0
 	for _, th := range v.Thresholds {
 		want := "ok"

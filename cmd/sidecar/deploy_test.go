@@ -421,7 +421,7 @@ func TestDeployMatchesLiveMetrics(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("chat: %d", resp.StatusCode)
 	}
-	body := getMetrics(t, sc.addr)
+	body := getMetrics(t, sc.admin)
 	live := scrapeSeries(t, body)
 
 	rules := readRules(t, deployRules)
@@ -484,7 +484,7 @@ func TestDeployMatchesLiveMetrics(t *testing.T) {
 	var kv struct {
 		Thresholds []struct{ Alert string }
 	}
-	adminGet(t, sc.addr, "kv", &kv)
+	adminGet(t, sc.admin, "kv", &kv)
 	var console []string
 	for _, th := range kv.Thresholds {
 		console = append(console, th.Alert)
@@ -546,5 +546,5 @@ func TestDeployPromtool(t *testing.T) {
 
 	up := newScriptedUpstream(t)
 	sc := startChild(t, nil, "--upstream", up.URL)
-	run(getMetrics(t, sc.addr), "check", "metrics")
+	run(getMetrics(t, sc.admin), "check", "metrics")
 }

@@ -115,7 +115,7 @@ func (s *embedStack) quiet() {
 
 func (s *embedStack) metric(name string) float64 {
 	s.t.Helper()
-	m, err := bench.ScrapeMetrics(context.Background(), "http://"+s.sc.addr+"/metrics")
+	m, err := bench.ScrapeMetrics(context.Background(), "http://"+s.sc.admin+"/metrics")
 	if err != nil {
 		s.t.Fatal(err)
 	}

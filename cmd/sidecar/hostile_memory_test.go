@@ -132,7 +132,7 @@ func TestHostileMemoryRows(t *testing.T) {
 		if r := chat(t, p.addr, append(session("damaged"), [2]string{"X-Session-Mode", "append"}), `{"model":"m","messages":[{"role":"user","content":"next"}]}`, 10*time.Second); r.status != 200 {
 			t.Fatalf("chat after damage: %d", r.status)
 		}
-		if m := scrape(t, p.addr); m["sidecar_memory_bypassed_total"] != 0 {
+		if m := scrape(t, p.admin); m["sidecar_memory_bypassed_total"] != 0 {
 			t.Fatalf("memory bypassed %v times", m["sidecar_memory_bypassed_total"])
 		}
 	})

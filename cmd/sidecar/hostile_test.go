@@ -108,7 +108,7 @@ func (p *child) stats(t *testing.T) procStats {
 			resp.Body.Close()
 		}
 	}
-	m := scrape(t, p.addr)
+	m := scrape(t, p.admin)
 	st.Goroutines = int(m["go_goroutines"])
 	st.HeapInuse = int64(m["go_memstats_heap_inuse_bytes"])
 	st.SessionsHeld = int(m["sidecar_memory_sessions_loaded"])
@@ -145,7 +145,7 @@ func (p *child) quiesce(t *testing.T) procStats {
 	var last procStats
 	stable := 0
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		if scrape(t, p.addr)["sidecar_http_in_flight_requests"] > 1 {
+		if scrape(t, p.admin)["sidecar_http_in_flight_requests"] > 1 {
 			stable = 0
 			continue
 		}
@@ -373,7 +373,7 @@ func TestHostile(t *testing.T) {
 		}()
 		<-ready
 	}
-	rep.Shutdown.OpenStream = int(scrape(t, p.addr)["sidecar_http_in_flight_requests"]) - 1
+	rep.Shutdown.OpenStream = int(scrape(t, p.admin)["sidecar_http_in_flight_requests"]) - 1
 	t0 := time.Now()
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

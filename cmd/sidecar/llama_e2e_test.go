@@ -111,7 +111,7 @@ func (s *realStack) waitIdle() {
 		}
 		time.Sleep(100 * time.Millisecond)
 		busy := false
-		if m, err := bench.ScrapeMetrics(ctx, "http://"+s.sc.addr+"/metrics"); err == nil {
+		if m, err := bench.ScrapeMetrics(ctx, "http://"+s.sc.admin+"/metrics"); err == nil {
 			q, ok := m.Get("sidecar_engine_queue_depth")
 			hasQueue = ok
 			busy = ok && q > 0
@@ -369,7 +369,7 @@ func TestRealEngineRefusesStateFromAnotherModel(t *testing.T) {
 // metric returns one of the sidecar's /metrics values (0 when absent).
 func (s *realStack) metric(name string) float64 {
 	s.t.Helper()
-	m, err := bench.ScrapeMetrics(context.Background(), "http://"+s.sc.addr+"/metrics")
+	m, err := bench.ScrapeMetrics(context.Background(), "http://"+s.sc.admin+"/metrics")
 	if err != nil {
 		s.t.Fatal(err)
 	}

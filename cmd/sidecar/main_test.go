@@ -36,6 +36,7 @@ func TestMain(m *testing.M) {
 type child struct {
 	cmd     *exec.Cmd
 	addr    string
+	admin   string                 // the admin listener's address (metrics, console)
 	pprof   atomic.Pointer[string] // the pprof address, when started with --pprof
 	logPath string                 // where its stderr goes ("" for nowhere)
 	done    chan struct{}          // closed when the process exited; err and exited are then set
@@ -83,6 +84,8 @@ func startCmd(t *testing.T, cmd *exec.Cmd, logPath string) *child {
 			var l struct{ Msg, Listen, Addr string }
 			if json.Unmarshal(line, &l) == nil {
 				switch l.Msg {
+				case "admin listening": // before "sidecar listening"
+					c.admin = l.Addr
 				case "sidecar listening":
 					addr <- l.Listen
 				case "pprof listening":

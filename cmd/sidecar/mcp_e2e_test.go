@@ -105,7 +105,7 @@ func TestMCPRealClient(t *testing.T) {
 		say(p[0], p[1], "hello")
 		for _, f := range plan.Facts {
 			q := "memories?tenant=" + url.QueryEscape(apiTenant(key)) + "&session=" + url.QueryEscape(p[0])
-			if code, b := adminAPI(t, sc.addr, "POST", q, map[string]any{"category": "fact", "text": f, "importance": 1}); code != 200 && code != 201 {
+			if code, b := adminAPI(t, sc.admin, "POST", q, map[string]any{"category": "fact", "text": f, "importance": 1}); code != 200 && code != 201 {
 				t.Fatalf("add memory: %d %s", code, b)
 			}
 		}
@@ -139,7 +139,7 @@ func TestMCPRealClient(t *testing.T) {
 	}
 
 	// /metrics counts the calls.
-	m := string(getMetrics(t, sc.addr))
+	m := string(getMetrics(t, sc.admin))
 	for _, want := range []string{`outcome="full"`, `outcome="reuse"`, `outcome="not_found"`} {
 		if !strings.Contains(m, "sidecar_mcp_tool_calls_total{tool=\"session_recall\","+want) {
 			t.Fatalf("/metrics lacks the MCP calls (%s)", want)

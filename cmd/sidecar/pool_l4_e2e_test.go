@@ -120,7 +120,7 @@ func TestL4MergesThroughTheBinary(t *testing.T) {
 			t.Fatalf("the refused merge's fact %q is gone: %+v", suffix, facts)
 		}
 	}
-	metrics := metricsText(t, sc.addr)
+	metrics := metricsText(t, sc.admin)
 	for _, want := range []string{`sidecar_memory_l4_merges_total{outcome="kept"} 2`, `sidecar_memory_l4_merges_total{outcome="rejected"} 1`,
 		`sidecar_memory_l4_facts_merged_total 6`, `sidecar_memory_background_calls_total{kind="l4_merge"} 3`} {
 		if !strings.Contains(metrics, want) {

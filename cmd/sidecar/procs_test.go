@@ -108,7 +108,7 @@ func TestSidecarSchedulerFollowsItsLoad(t *testing.T) {
 	t0 := time.Now()
 	tuned := startChild(t, nil, "--upstream", "http://127.0.0.1:1")
 	procs := func(c *child) int {
-		resp, err := http.Get("http://" + c.addr + "/metrics")
+		resp, err := http.Get("http://" + c.admin + "/metrics")
 		if err != nil {
 			t.Fatal(err)
 		}

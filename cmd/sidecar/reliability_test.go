@@ -60,7 +60,7 @@ func TestSIGTERMEndsWithinGraceDuringTokenization(t *testing.T) {
 		resp.Body.Close()
 		answered <- resp.StatusCode
 	}()
-	waitUntil(t, func() bool { return metric(t, sc.addr, "sidecar_http_in_flight_requests") >= 2 }) // it and /metrics
+	waitUntil(t, func() bool { return metric(t, sc.admin, "sidecar_http_in_flight_requests") >= 2 }) // it and /metrics
 	start := time.Now()
 	if err := sc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -125,13 +125,13 @@ func TestSessionsUnderUlimit1024(t *testing.T) {
 	if codes[200] != sessions {
 		t.Fatalf("answers %v", codes)
 	}
-	if n := metric(t, sc.addr, "sidecar_memory_bypassed_total"); n != 0 {
+	if n := metric(t, sc.admin, "sidecar_memory_bypassed_total"); n != 0 {
 		t.Fatalf("%v requests skipped memory", n)
 	}
-	if n := metric(t, sc.addr, "sidecar_memory_turns_total"); n != sessions {
+	if n := metric(t, sc.admin, "sidecar_memory_turns_total"); n != sessions {
 		t.Fatalf("%v turns went through memory, want %d", n, sessions)
 	}
-	if open, max := metric(t, sc.addr, "sidecar_memory_open_files"), metric(t, sc.addr, "sidecar_memory_open_files_max"); open > max || max != 256 {
+	if open, max := metric(t, sc.admin, "sidecar_memory_open_files"), metric(t, sc.admin, "sidecar_memory_open_files_max"); open > max || max != 256 {
 		t.Fatalf("open logs %v, bound %v (want 256 under ulimit 1024)", open, max)
 	}
 }

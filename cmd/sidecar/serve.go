@@ -87,6 +87,8 @@ type serveConfig struct {
 	memoryModel    string
 	memoryUpstream string
 	pprof          string
+	adminListen    string
+	adminPprof     bool
 	allowAnonymous bool
 	contextProbe   bool
 	adminToken     string
@@ -164,10 +166,12 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.slotDir, "llamacpp-slot-dir", "", "the llama.cpp server's --slot-save-path, shared with the sidecar (--engine llamacpp)")
 	fs.IntVar(&c.slots, "llamacpp-slots", 1, "the llama.cpp server's -np (parallel slots)")
 	fs.BoolVar(&c.preload, "llamacpp-preload", true, "predictive preload: while no client request is in flight, restore the saved KV of the session expected to speak next (from the sessions' arrival history) into an idle slot, so its restore leaves the request path")
-	fs.StringVar(&c.pprof, "pprof", "", "serve Go's /debug/pprof on this loopback address, e.g. 127.0.0.1:6060 (heap dumps hold prompts: any other address is refused; off when empty)")
+	fs.StringVar(&c.pprof, "pprof", "", "serve Go's /debug/pprof on a listener of its own at this loopback address, e.g. 127.0.0.1:6060 (heap dumps hold prompts: any other address is refused; off when empty); --admin-pprof serves it on the admin listener instead")
+	fs.StringVar(&c.adminListen, "admin-listen", "", "address of the admin listener: the sidecar's own /metrics, the console (/ui), its API (/admin/v1), /healthz and /readyz; the main port's /metrics, /health and / are the engine's (default: 127.0.0.1 at the --listen port + 1000, e.g. 9080 for 8080; port 0 when --listen has port 0; off: none)")
+	fs.BoolVar(&c.adminPprof, "admin-pprof", false, "serve Go's /debug/pprof on the admin listener (heap dumps hold prompts: keep the admin listener on loopback)")
 	fs.BoolVar(&c.contextProbe, "context-probe", true, "ask the upstream for its context size and token counts (GET /props and /v1/models, POST /tokenize; at start and every few minutes) so memory is added only within what the engine holds; off: learned from answers and context errors alone")
 	fs.BoolVar(&c.allowAnonymous, "allow-anonymous", false, "let requests without an API key share one tenant named \"anonymous\" (sessions, pool, KV open to every such client); off: they keep no state and the state APIs answer 401")
-	fs.StringVar(&c.adminToken, "admin-token", "", "turn the operator console on at /ui, with its admin API under /admin/v1, for requests carrying Authorization: Bearer <this token> (at least 16 bytes; it sees every tenant); empty: both answer 404")
+	fs.StringVar(&c.adminToken, "admin-token", "", "turn the operator console on at /ui of the admin listener, with its admin API under /admin/v1, for requests carrying Authorization: Bearer <this token> (at least 16 bytes; it sees every tenant); empty: both answer 404")
 	fs.BoolVar(&c.mcp, "mcp", true, "serve the MCP endpoint at /mcp (Streamable HTTP): the tool session_recall(query, session_id) over the caller's own session memory, API key and X-User-ID as on every route")
 	fs.DurationVar(&c.consoleEvery, "console-sample-every", 5*time.Second, "period of the console's KV time series (hit rate, tier occupancy); the last 720 samples are kept")
 	fs.StringVar(&c.remote, "remote", "", "shared store of a fleet of sidecars: redis://[user:pass@]host:port/db, rediss://… (TLS), or redis://host1:port1?addr=host2:port2 (Redis Cluster); sessions and engine states are written through to it and any replica serves any session (empty: this machine only)")
@@ -483,6 +487,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		AllowAnonymous:     c.allowAnonymous,
 		NoContextProbe:     !c.contextProbe,
 		AdminToken:         c.adminToken,
+		Pprof:              c.adminPprof,
 		ConsoleSampleEvery: c.consoleEvery,
 		Knowledge:          mem,
 		Logger:             log,
@@ -506,10 +511,22 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	for _, w := range exposureWarnings(ln.Addr(), c.allowAnonymous) {
 		log.Warn(w, "listen", ln.Addr().String())
 	}
-	if c.adminToken != "" {
-		log.Info("console on", "url", "http://"+ln.Addr().String()+"/ui/")
-		if !isLoopback(ln.Addr()) {
-			log.Warn("THE CONSOLE IS ON A NON-LOOPBACK ADDRESS over plain HTTP: the admin token, which reads and edits every tenant's memories, crosses the network in clear; put a TLS proxy in front or listen on 127.0.0.1", "listen", ln.Addr().String())
+	var aln net.Listener
+	if addr := adminAddress(c.adminListen, c.listen); addr != "" {
+		if aln, err = net.Listen("tcp", addr); err != nil {
+			return fmt.Errorf("--admin-listen %s: %w (give another address, or --admin-listen off)", addr, err)
+		}
+		log.Info("admin listening", "addr", aln.Addr().String(), "metrics", "http://"+aln.Addr().String()+"/metrics")
+		if !isLoopback(aln.Addr()) {
+			log.Warn("the admin listener is not on loopback: the sidecar's metrics (and, with --admin-token, the console) are reachable from the network", "addr", aln.Addr().String())
+		}
+	} else if c.adminToken != "" {
+		log.Warn("--admin-token is set but the admin listener is off (--admin-listen off): the console is unreachable")
+	}
+	if c.adminToken != "" && aln != nil {
+		log.Info("console on", "url", "http://"+aln.Addr().String()+"/ui/")
+		if !isLoopback(aln.Addr()) {
+			log.Warn("THE CONSOLE IS ON A NON-LOOPBACK ADDRESS over plain HTTP: the admin token, which reads and edits every tenant's memories, crosses the network in clear; put a TLS proxy in front or listen on 127.0.0.1", "listen", aln.Addr().String())
 		}
 	}
 	log.Info("sidecar listening", "version", versionString(), "listen", ln.Addr().String(),
@@ -520,6 +537,12 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	adminErr := make(chan error, 1)
+	if aln != nil {
+		go func() { adminErr <- srv.ServeAdmin(aln) }()
+	} else {
+		adminErr <- nil
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -540,11 +563,34 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	if serr := <-errc; serr != nil && err == nil {
 		err = serr
 	}
+	if aerr := <-adminErr; aerr != nil && err == nil {
+		err = aerr
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		log.Warn("shutdown grace ran out; remaining connections were closed")
 		err = nil
 	}
 	return err
+}
+
+// adminAddress is where the admin listener listens: flag as given ("off":
+// nowhere), else 127.0.0.1 at the main listener's port + 1000, or port 0
+// when the main port is 0 or too high.
+func adminAddress(flag, listen string) string {
+	switch flag {
+	case "off", "none", "false":
+		return ""
+	case "":
+	default:
+		return flag
+	}
+	port := 0
+	if _, p, err := net.SplitHostPort(listen); err == nil {
+		if n, err := strconv.Atoi(p); err == nil && n > 0 && n+1000 <= 65535 {
+			port = n + 1000
+		}
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }
 
 // listenLoopback listens on addr only if it is a loopback address

@@ -69,9 +69,9 @@ func TestTriplesThroughTheProxy(t *testing.T) {
 	for _, m := range []string{"My terrier Rex has a favourite thing to chase.", "We go out early.", "He is three years old."} {
 		send(ada, m)
 	}
-	tenant := tenantWith(t, sc.addr, "dog")
+	tenant := tenantWith(t, sc.admin, "dog")
 	var ss struct{ Data []struct{ ID, User string } }
-	adminGet(t, sc.addr, "sessions?tenant="+url.QueryEscape(tenant), &ss)
+	adminGet(t, sc.admin, "sessions?tenant="+url.QueryEscape(tenant), &ss)
 	if len(ss.Data) != 1 {
 		t.Fatalf("sessions %+v", ss.Data)
 	}
@@ -82,7 +82,7 @@ func TestTriplesThroughTheProxy(t *testing.T) {
 			Data      []apiTriple
 			Available bool
 		}
-		adminGet(t, sc.addr, "triples?tenant="+url.QueryEscape(tenant)+"&user="+url.QueryEscape(user), &r)
+		adminGet(t, sc.admin, "triples?tenant="+url.QueryEscape(tenant)+"&user="+url.QueryEscape(user), &r)
 		if !r.Available {
 			t.Fatal("the console has no knowledge base")
 		}
@@ -94,7 +94,7 @@ func TestTriplesThroughTheProxy(t *testing.T) {
 	}
 	var kb map[string]apiTriple
 	waitUntil(t, func() bool { kb = triples(tenant); return len(kb) > 0 })
-	mems := memoriesOf(t, sc.addr, tenant, "dog")
+	mems := memoriesOf(t, sc.admin, tenant, "dog")
 	var ball, dawn string
 	for id, m := range mems {
 		switch m.Content {
@@ -111,7 +111,7 @@ func TestTriplesThroughTheProxy(t *testing.T) {
 		t.Fatalf("triples %+v, memories %+v", kb, mems)
 	}
 
-	if m := scrape(t, sc.addr); m["sidecar_memory_triples_total"] != 2 || m["sidecar_memory_triples_rejected_total"] != 4 || m["sidecar_memory_fact_ops_rejected_total"] != 1 {
+	if m := scrape(t, sc.admin); m["sidecar_memory_triples_total"] != 2 || m["sidecar_memory_triples_rejected_total"] != 4 || m["sidecar_memory_fact_ops_rejected_total"] != 1 {
 		t.Fatalf("metrics: %v triples, %v rejected, %v fact ops rejected", m["sidecar_memory_triples_total"], m["sidecar_memory_triples_rejected_total"], m["sidecar_memory_fact_ops_rejected_total"])
 	}
 
@@ -128,7 +128,7 @@ func TestTriplesThroughTheProxy(t *testing.T) {
 	// Another tenant (API key) with the same session and user sees nothing.
 	send(client("sk-eve"), "Hello there.")
 	var tenants struct{ Data []struct{ Tenant string } }
-	adminGet(t, sc.addr, "tenants", &tenants)
+	adminGet(t, sc.admin, "tenants", &tenants)
 	if len(tenants.Data) != 2 {
 		t.Fatalf("tenants %+v", tenants.Data)
 	}
@@ -139,14 +139,14 @@ func TestTriplesThroughTheProxy(t *testing.T) {
 		if got := triples(x.Tenant); len(got) != 0 {
 			t.Fatalf("tenant %s sees %+v", x.Tenant, got)
 		}
-		if code, b := adminAPI(t, sc.addr, "DELETE", "triples/"+url.PathEscape(walk.ID)+"?tenant="+url.QueryEscape(x.Tenant)+"&user="+url.QueryEscape(user), nil); code != 404 {
+		if code, b := adminAPI(t, sc.admin, "DELETE", "triples/"+url.PathEscape(walk.ID)+"?tenant="+url.QueryEscape(x.Tenant)+"&user="+url.QueryEscape(user), nil); code != 404 {
 			t.Fatalf("delete from another tenant: %d %s", code, b)
 		}
 	}
 
 	// Deleting the ball fact cascades: the toy triple goes, the walk
 	// triple keeps the dawn fact.
-	if code, b := adminAPI(t, sc.addr, "DELETE", "memories/"+url.PathEscape(ball)+"?tenant="+url.QueryEscape(tenant)+"&session=dog", nil); code != 200 {
+	if code, b := adminAPI(t, sc.admin, "DELETE", "memories/"+url.PathEscape(ball)+"?tenant="+url.QueryEscape(tenant)+"&session=dog", nil); code != 200 {
 		t.Fatalf("delete memory: %d %s", code, b)
 	}
 	kb = triples(tenant)
@@ -158,10 +158,10 @@ func TestTriplesThroughTheProxy(t *testing.T) {
 	})
 	// An operator deletes the last one.
 	path := "triples/" + url.PathEscape(walk.ID) + "?tenant=" + url.QueryEscape(tenant) + "&user=" + url.QueryEscape(user)
-	if code, b := adminAPI(t, sc.addr, "DELETE", path, nil); code != 200 {
+	if code, b := adminAPI(t, sc.admin, "DELETE", path, nil); code != 200 {
 		t.Fatalf("delete triple: %d %s", code, b)
 	}
-	if code, _ := adminAPI(t, sc.addr, "DELETE", path, nil); code != 404 {
+	if code, _ := adminAPI(t, sc.admin, "DELETE", path, nil); code != 404 {
 		t.Fatalf("second delete: %d", code)
 	}
 	if kb = triples(tenant); len(kb) != 0 {

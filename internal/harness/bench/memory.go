@@ -477,9 +477,10 @@ func (r *memRun) trimmed(msgs []memMsg) (promptInfo, error) {
 	return r.parsePrompt(p)
 }
 
-// metrics scrapes the sidecar's /metrics into name{labels} → value.
+// metrics scrapes the sidecar's /metrics (on its admin listener) into
+// name{labels} → value.
 func (r *memRun) metrics() (map[string]float64, error) {
-	resp, err := r.http.Get(r.o.Sidecar + "/metrics")
+	resp, err := r.http.Get(AdminURL(r.o.Sidecar) + "/metrics")
 	if err != nil {
 		return nil, err
 	}

@@ -275,6 +275,9 @@ func startSidecar(ctx context.Context, command, args, env []string, upURL string
 
 func (p *sidecarProc) url() string { return "http://" + p.proc.Addr() }
 
+// adminURL is the sidecar's admin listener (its own /metrics).
+func (p *sidecarProc) adminURL() string { return AdminURL(p.url()) }
+
 // kill sends SIGKILL and waits until the sidecar is reaped.
 func (p *sidecarProc) kill() { p.proc.Kill() }
 
@@ -291,7 +294,7 @@ func (p *sidecarProc) close() {
 func (p *sidecarProc) drain(ctx context.Context) string {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		m, err := ScrapeMetrics(ctx, p.url()+"/metrics")
+		m, err := ScrapeMetrics(ctx, p.adminURL()+"/metrics")
 		if err != nil {
 			time.Sleep(time.Second)
 			return "1 s after the round (the sidecar's /metrics failed: " + err.Error() + ")"

@@ -317,7 +317,7 @@ func RunScale(ctx context.Context, o ScaleOptions) (*ScaleReport, error) {
 		b.DiskBytes, b.DiskFiles = dirUsage(dataDir)
 		b.DiskBytesPerSession = float64(b.DiskBytes) / float64(held)
 		b.FilesPerSession = float64(b.DiskFiles) / float64(held)
-		if m, err := ScrapeMetrics(ctx, r.base+"/metrics"); err == nil {
+		if m, err := ScrapeMetrics(ctx, AdminURL(r.base)+"/metrics"); err == nil {
 			v, _ := m.Get("sidecar_memory_sessions_loaded")
 			b.LoadedSessions = int(v)
 			v, _ = m.Get("sidecar_memory_users_loaded")

@@ -332,7 +332,7 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 		for _, s := range []*side{direct, via} {
 			m0[s], _ = ScrapeMetrics(ctx, s.llama.URL()+"/metrics")
 		}
-		scBefore, _ := ScrapeMetrics(ctx, sc.url()+"/metrics")
+		scBefore, _ := ScrapeMetrics(ctx, sc.adminURL()+"/metrics")
 		recBefore := via.rec.Len()
 		var ttft = map[*side][]time.Duration{}
 		questions := 1
@@ -359,7 +359,7 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 					}
 					var before Metrics
 					if s == via {
-						before, _ = ScrapeMetrics(ctx, sc.url()+"/metrics")
+						before, _ = ScrapeMetrics(ctx, sc.adminURL()+"/metrics")
 					}
 					msgs := append(s.hist[i], chatMsg{Role: "user", Content: q})
 					session := fmt.Sprintf("bench-%03d", i)
@@ -390,7 +390,7 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 					case s == direct && recomputed:
 						recomputedTTFT = append(recomputedTTFT, tr.TTFT)
 					case s == via:
-						after, _ := ScrapeMetrics(ctx, sc.url()+"/metrics")
+						after, _ := ScrapeMetrics(ctx, sc.adminURL()+"/metrics")
 						restored := counterDelta(before, after, "sidecar_engine_restores_total") > 0
 						if restored && !recomputed {
 							restoredTTFT = append(restoredTTFT, tr.TTFT)
@@ -434,7 +434,7 @@ func RunSessions(ctx context.Context, o SessionsOptions) (SessionsReport, error)
 		}
 		rs.Sidecar.OwnGenerations, rs.Sidecar.OwnUnbounded = OwnGenerations(via.rec.Requests()[recBefore:],
 			func(r recordup.Request) bool { return strings.HasPrefix(r.Header.Get("X-Session-ID"), "bench-") })
-		scAfter, err := ScrapeMetrics(ctx, sc.url()+"/metrics")
+		scAfter, err := ScrapeMetrics(ctx, sc.adminURL()+"/metrics")
 		if err == nil {
 			fillEngineFigures(&rs.Sidecar, scBefore, scAfter)
 		}
