@@ -1,13 +1,15 @@
 package proxy
 
 // Every route of an engine passes through as if direct: a scripted
-// upstream with routes shaped after llama.cpp's, vLLM's, SGLang's and
-// Ollama's servers (their paths, methods, streaming formats and metrics,
-// from their sources: llama.cpp tools/server/server.cpp, vLLM
-// vllm/entrypoints/openai/api_server.py, SGLang
-// python/sglang/srt/entrypoints/http_server.py, Ollama server/routes.go)
-// is asked each request direct and through the sidecar; the answers must
-// match: status, end-to-end headers, body, and streams as they arrive.
+// upstream with routes shaped after llama.cpp's (its route table in
+// tools/server/server.cpp at 3f545becc), vLLM's, SGLang's and Ollama's
+// (the native routes their docs list: /health, /version, /tokenize,
+// /pooling, /score; /generate, /get_model_info, /flush_cache; /api/chat
+// and /api/generate streaming NDJSON, /api/tags, /api/show) is asked each
+// request direct and through the sidecar; the answers must match: status,
+// end-to-end headers, body, and streams as they arrive. The real
+// llama-server is asked the same way in cmd/sidecar (native_e2e_test.go)
+// and by its own suite (scripts/llama-suite.sh).
 
 import (
 	"bufio"

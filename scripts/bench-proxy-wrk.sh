@@ -4,7 +4,8 @@
 # directly, through nginx (one worker, keep-alive pool, buffering off) and through the sidecar,
 # alternated twice. Environment: C (8), D (8 s), TURNS (0: one short message; N: a chat history
 # of N turns, ~0.7 KB each), SIDECAR_ENV (e.g. GOMAXPROCS=1), SIDECAR_ARGS (e.g.
-# --event-loop=false), BIN.
+# --event-loop=false), BIN, OLD (a second sidecar binary, e.g. one built from an earlier commit,
+# measured in the same rounds as "sidecar-old").
 # Needs wrk and nginx (Debian packages).
 set -u
 cd "$(dirname "$0")/.."
@@ -12,6 +13,11 @@ BIN=${BIN:-bin/sidecar}; C=${C:-8}; D=${D:-8}; W=$(mktemp -d)
 UP=19100; SC=19180; NG=19190
 $BIN bench upstream --listen 127.0.0.1:$UP 2>/dev/null & P1=$!
 env ${SIDECAR_ENV:-} $BIN serve --listen 127.0.0.1:$SC --upstream http://127.0.0.1:$UP --data-dir $W/d --log-level warn ${SIDECAR_ARGS:-} 2>/dev/null & P2=$!
+TARGETS="direct:$UP nginx:$NG sidecar:$SC"; P4=""
+if [ -n "${OLD:-}" ]; then
+  env ${SIDECAR_ENV:-} $OLD serve --listen 127.0.0.1:19181 --upstream http://127.0.0.1:$UP --data-dir $W/d2 --log-level warn ${SIDECAR_ARGS:-} 2>/dev/null & P4=$!
+  TARGETS="$TARGETS sidecar_old:19181"
+fi
 # shellcheck source=scripts/nginx-conf.sh
 . scripts/nginx-conf.sh
 nginx_conf $W $NG $UP
@@ -34,7 +40,7 @@ echo "body: $(($(wc -c < $W/post.lua) - 90)) bytes"
 sleep 1
 # us converts wrk's latency (e.g. 182.00us, 2.84ms, 1.01s) to microseconds.
 us() { awk -v v="$1" 'BEGIN{n=v+0; if (v ~ /us$/) print n; else if (v ~ /ms$/) print n*1000; else if (v ~ /s$/) print n*1000000; else print n}'; }
-for round in 1 2; do for t in direct:$UP nginx:$NG sidecar:$SC; do
+for round in 1 2; do for t in $TARGETS; do
   n=${t%%:*}; p=${t##*:}
   wrk -t1 -c$C -d${D}s --latency -s $W/post.lua http://127.0.0.1:$p/v1/chat/completions > $W/out 2>&1
   p50=$(awk '$1=="50%"{print $2}' $W/out); p99=$(awk '$1=="99%"{print $2}' $W/out); rps=$(awk '/Requests\/sec/{print $2}' $W/out); non2=$(awk '/Non-2xx/{print $4}' $W/out)
@@ -44,5 +50,10 @@ done
   # shellcheck disable=SC2154 # set by the eval above
   awk -v d="$direct_p50" -v n50="$nginx_p50" -v s50="$sidecar_p50" -v n99="$nginx_p99" -v s99="$sidecar_p99" -v nr="$nginx_rps" -v sr="$sidecar_rps" -v r="$round" \
     'BEGIN{printf "round %s sidecar/nginx: added p50 %.2f, p99 %.2f, req/s %.2f\n", r, (n50>d ? (s50-d)/(n50-d) : 0), (n99>0 ? s99/n99 : 0), (nr>0 ? sr/nr : 0)}'
+  if [ -n "$P4" ]; then
+    # shellcheck disable=SC2154 # set by the eval above
+    awk -v d="$direct_p50" -v n50="$nginx_p50" -v s50="$sidecar_old_p50" -v n99="$nginx_p99" -v s99="$sidecar_old_p99" -v nr="$nginx_rps" -v sr="$sidecar_old_rps" -v r="$round" \
+      'BEGIN{printf "round %s sidecar-old/nginx: added p50 %.2f, p99 %.2f, req/s %.2f\n", r, (n50>d ? (s50-d)/(n50-d) : 0), (n99>0 ? s99/n99 : 0), (nr>0 ? sr/nr : 0)}'
+  fi
 done
-kill $P1 $P2 $P3; wait 2>/dev/null; rm -rf $W
+kill $P1 $P2 $P3 $P4; wait 2>/dev/null; rm -rf $W

@@ -36,6 +36,41 @@ func TestRealEngineNativeRequestsBesideSessions(t *testing.T) {
 		_ = json.Unmarshal(b, &v)
 		return resp.StatusCode, v
 	}
+	// The engine's own surface on the main port: its web UI, health,
+	// props and metrics, byte for byte as direct (metrics: the same
+	// series; their values move between two scrapes).
+	get := func(url string) (int, string, []byte) {
+		t.Helper()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Content-Type"), b
+	}
+	for _, path := range []string{"/", "/health", "/props", "/v1/models", "/slots"} {
+		dc, dt, db := get(s.llama.URL() + path)
+		tc, tt, tb := get(base + path)
+		if dc != tc || dt != tt || (path != "/slots" && string(db) != string(tb)) {
+			t.Errorf("%s: direct %d %s %d bytes, through %d %s %d bytes", path, dc, dt, len(db), tc, tt, len(tb))
+		}
+	}
+	series := func(b []byte) string {
+		var names []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) == 2 && !strings.HasPrefix(l, "#") {
+				names = append(names, f[0])
+			}
+		}
+		return strings.Join(names, ",")
+	}
+	dc, _, dm := get(s.llama.URL() + "/metrics")
+	tc, _, tm := get(base + "/metrics")
+	if dc != 200 || tc != 200 || series(dm) != series(tm) || !strings.Contains(string(tm), "llamacpp:") || strings.Contains(string(tm), "sidecar_") {
+		t.Errorf("/metrics through the main port is not the engine's: %d %d\n%s\n%s", dc, tc, series(dm), series(tm))
+	}
+
 	cs := s.convos("native", 2, 40)
 	for _, c := range cs {
 		s.say(c, "What is the first item?")
