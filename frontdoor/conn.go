@@ -348,12 +348,15 @@ func appendCanonical(dst []byte, h *Head, b []byte) []byte {
 	}
 	for i := range h.NumFields() {
 		k, v := h.Field(b, i)
-		if bytes.IndexByte(v, '%') >= 0 && foldEq(k, "Host") {
-			continue // nginx lets it by; fasthttp reads it as an escape and refuses it; nothing behind the door uses it
-		}
 		dst = append(dst, k...)
 		dst = append(dst, ": "...)
-		dst = append(dst, v...)
+		if bytes.IndexByte(v, '%') >= 0 && foldEq(k, "Host") {
+			// nginx lets "%" by in a Host; fasthttp unescapes the host
+			// and refuses a bad escape: it reads this one back as sent.
+			dst = append(dst, bytes.ReplaceAll(v, []byte("%"), []byte("%25"))...)
+		} else {
+			dst = append(dst, v...)
+		}
 		dst = append(dst, "\r\n"...)
 	}
 	switch {

@@ -343,7 +343,11 @@ func frontDoorCorpus() []fdCase {
 	single("no host", "GET /v1/models HTTP/1.1\r\n"+id("no host")+"\r\n", 400)
 	for i, h := range []string{"a b", "", "%x", "a..b", "a/b", "[::1]:80", "sidecar."} {
 		name := fmt.Sprintf("host %d", i)
-		single(name, "GET /v1/models HTTP/1.1\r\nHost: "+h+"\r\n"+id(name)+"\r\n", 0)
+		want := 0
+		if h == "%x" {
+			want = 200 // as nginx: a request that works without a session works with one
+		}
+		single(name, "GET /v1/models HTTP/1.1\r\nHost: "+h+"\r\n"+id(name)+"\r\n", want)
 	}
 	single("5 KiB head", get("5 KiB head", "Cookie: "+strings.Repeat("c", 5<<10)+"\r\n"), 200)
 	single("20 KiB head", get("20 KiB head", strings.Repeat("X-Pad: "+strings.Repeat("p", 4000)+"\r\n", 5)), 200)
@@ -494,8 +498,11 @@ func TestFrontDoorAgainstNginx(t *testing.T) {
 			}
 		}
 	}
-	if t.Failed() {
+	if t.Failed() || testing.Verbose() {
 		for i, c := range corpus {
+			if strings.HasPrefix(c.name, "split at ") && !t.Failed() {
+				continue
+			}
 			t.Logf("%-32q nginx %v | loop %v | fasthttp %v", c.name, results[i][0].statuses, results[i][1].statuses, results[i][2].statuses)
 		}
 	}
