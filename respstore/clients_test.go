@@ -38,7 +38,7 @@ func requireTool(t *testing.T, name string) string {
 // then speaks RESP3: a missing key is "_", which it reads as redis.Nil.
 // RESP2 (Protocol: 2) starts with AUTH instead.
 func TestGoRedis(t *testing.T) {
-	_, addr := start(t, Options{})
+	s, addr := start(t, Options{})
 	for _, proto := range []int{3, 2} {
 		t.Run("resp"+strconv.Itoa(proto), func(t *testing.T) {
 			ctx := context.Background()
@@ -90,6 +90,9 @@ func TestGoRedis(t *testing.T) {
 				t.Fatalf("the connection after an unknown command: %v", err)
 			}
 		})
+	}
+	if cmds := s.Stats().Commands; cmds["HELLO"] < 2 { // HELLO 3 AUTH …, and HELLO 2 AUTH … with Protocol: 2
+		t.Fatalf("go-redis connected without HELLO: %v", cmds)
 	}
 }
 

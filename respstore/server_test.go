@@ -3,9 +3,12 @@ package respstore
 import (
 	"bytes"
 	"crypto/rand"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kvsidecar/kvsidecar/internal/obs"
 )
 
 // The replies LMCache's native resp connector compares byte for byte
@@ -94,4 +97,36 @@ func TestTenantsApart(t *testing.T) {
 	a.do("+OK\r\n", "SELECT", "1")
 	a.do("$-1\r\n", "GET", "shared-name")
 	a.do("-ERR DB index is out of range\r\n", "SELECT", "16")
+}
+
+// /metrics shows each tenant's hits, misses, bytes by tier and evictions,
+// and the store's tiers, through the sidecar's one registry.
+func TestMetrics(t *testing.T) {
+	reg := obs.New()
+	_, addr := start(t, Options{Metrics: reg, Quota: 1 << 10})
+	r := dial(t, addr)
+	r.do("+OK\r\n", "AUTH", "pw")
+	r.do("+OK\r\n", "SET", "a", strings.Repeat("x", 600))
+	r.do("+OK\r\n", "SET", "b", strings.Repeat("y", 600)) // evicts a
+	r.do("$-1\r\n", "GET", "a")
+	r.do(bulk(strings.Repeat("y", 600)), "GET", "b")
+	var b bytes.Buffer
+	reg.WritePrometheus(&b)
+	tenant := `tenant="t_` // the hash of "pw"
+	for _, want := range []string{
+		"sidecar_resp_tenant_hits_total{" + tenant,
+		"sidecar_resp_tenant_misses_total{" + tenant,
+		"sidecar_resp_tenant_evictions_total{" + tenant,
+		`sidecar_resp_tenant_bytes{` + tenant,
+		`sidecar_resp_tier_bytes{tier="working"} 600`,
+		`sidecar_resp_commands_total{command="SET"} 2`,
+		"# HELP sidecar_resp_tenant_hits_total GETs that found a value",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if !regexp.MustCompile(`sidecar_resp_tenant_evictions_total\{tenant="t_[0-9a-f]{16}"\} 1\n`).MatchString(b.String()) {
+		t.Errorf("eviction not counted:\n%s", b.String())
+	}
 }
