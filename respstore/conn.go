@@ -528,9 +528,23 @@ func storeError(err error) string {
 	return "ERR " + err.Error()
 }
 
+// get answers GET. A value decoded from the Archive keeps its reader
+// slot until it is written: the slots bound that memory.
 func (c *conn) get(args [][]byte) bool {
-	v, _, err := c.s.st.get(c.tenant, c.db, args[1])
+	return c.getOne(args[1], false)
+}
+
+func (c *conn) getOne(key []byte, inArray bool) (quit bool) {
+	c.s.st.acquireReader()
+	v, tier, err := c.s.st.get(c.tenant, c.db, key)
+	if v == nil || !ownBuffer(tier) {
+		c.s.st.releaseReader()
+	} else {
+		defer c.s.st.releaseReader()
+	}
 	switch {
+	case err != nil && inArray:
+		c.w.null() // MGET answers nil for what it cannot read
 	case err != nil:
 		c.w.error(storeError(err))
 	case v == nil:
@@ -544,12 +558,7 @@ func (c *conn) get(args [][]byte) bool {
 func (c *conn) mget(args [][]byte) bool {
 	c.w.array(len(args) - 1)
 	for _, k := range args[1:] {
-		v, _, err := c.s.st.get(c.tenant, c.db, k)
-		if err != nil || v == nil {
-			c.w.null() // MGET answers nil for what it cannot read
-			continue
-		}
-		if c.bulk(v) {
+		if c.getOne(k, true) {
 			return true
 		}
 	}

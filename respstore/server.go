@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -56,14 +57,19 @@ type Options struct {
 	// Fsync is when a SET's value reaches the disk. Empty: FsyncBackground.
 	Fsync Fsync
 	// MaxUnsyncedBytes bounds the acknowledged bytes not yet on disk
-	// (FsyncBackground). Zero: 256 MiB.
+	// (FsyncBackground). Zero: 64 MiB.
 	MaxUnsyncedBytes int64
 	// MaxValueBytes caps one value (and any argument). Zero: 512 MiB.
 	MaxValueBytes int64
 	// MaxInflightBytes bounds the memory every connection together holds
 	// for values being received, before they are stored: a large argument
-	// waits until its bytes fit. Zero: twice MaxValueBytes.
+	// waits until its bytes fit. Zero: MaxValueBytes.
 	MaxInflightBytes int64
+	// MaxReaders bounds the GETs reading their values from the tiers at
+	// once: a value read from the Archive is decoded into buffers of its
+	// size, so this bounds that memory (writing replies is not bounded by
+	// it). Zero: twice the CPUs, at least 4.
+	MaxReaders int
 	// MaxConns caps open connections; one more is answered "-ERR max
 	// number of clients reached" and closed. Zero: 1024.
 	MaxConns int
@@ -114,7 +120,7 @@ func (o *Options) validate() error {
 			return errors.New("respstore: negative size")
 		}
 	}
-	if o.MaxConns < 0 || o.ReadTimeout < 0 || o.WriteTimeout < 0 {
+	if o.MaxConns < 0 || o.MaxReaders < 0 || o.ReadTimeout < 0 || o.WriteTimeout < 0 {
 		return errors.New("respstore: negative MaxConns or timeout")
 	}
 	switch o.Fsync {
@@ -128,19 +134,22 @@ func (o *Options) validate() error {
 		o.RAMBytes = 1 << 30
 	}
 	if o.MaxUnsyncedBytes == 0 {
-		o.MaxUnsyncedBytes = 256 << 20
+		o.MaxUnsyncedBytes = 64 << 20
 	}
 	if o.MaxValueBytes == 0 {
 		o.MaxValueBytes = 512 << 20
 	}
 	if o.MaxInflightBytes == 0 {
-		o.MaxInflightBytes = 2 * o.MaxValueBytes
+		o.MaxInflightBytes = o.MaxValueBytes
 	}
 	if o.MaxInflightBytes < o.MaxValueBytes {
 		return fmt.Errorf("respstore: MaxInflightBytes (%d) below MaxValueBytes (%d): a largest value could never be received", o.MaxInflightBytes, o.MaxValueBytes)
 	}
 	if o.MaxConns == 0 {
 		o.MaxConns = 1024
+	}
+	if o.MaxReaders == 0 {
+		o.MaxReaders = max(4, 2*runtime.GOMAXPROCS(0))
 	}
 	if o.ReadTimeout == 0 {
 		o.ReadTimeout = time.Minute

@@ -39,7 +39,9 @@ type store struct {
 	clock  clock.Clock
 	log    *slog.Logger
 	sync   bool // FsyncAlways: a SET is answered once its value is on disk
-	seed   maphash.Seed
+	// readers bounds the GETs in the tiers at once (Options.MaxReaders).
+	readers chan struct{}
+	seed    maphash.Seed
 	// stripes serialise SET, DEL and eviction of one key with the index.
 	stripes [256]sync.Mutex
 
@@ -76,7 +78,7 @@ type pending struct {
 func newStore(cache *kv.Cache, ix *index, opts *Options) *store {
 	s := &store{cache: cache, ix: ix, remote: opts.Remote, clock: opts.Clock, log: opts.Logger,
 		sync: opts.Fsync == FsyncAlways, seed: maphash.MakeSeed(), maxUnsynced: opts.MaxUnsyncedBytes,
-		done: make(chan struct{}), missAt: map[string]time.Time{}}
+		done: make(chan struct{}), missAt: map[string]time.Time{}, readers: make(chan struct{}, opts.MaxReaders)}
 	s.cond = sync.NewCond(&s.mu)
 	return s
 }
@@ -207,7 +209,9 @@ func (s *store) evict(victims []victim, held *sync.Mutex) {
 }
 
 // get returns t's value under key, nil when there is none. The bytes are
-// shared with the tiers: read-only.
+// shared with the tiers: read-only. The caller holds a reader slot
+// (acquireReader) from before get until it no longer needs a value that
+// did not come from a memory tier: such a value is a buffer of its own.
 func (s *store) get(t *tenant, db int, key []byte) ([]byte, tiers.Tier, error) {
 	bk := blobKey(t.name, db, key)
 	expiry, listed := s.ix.lookup(t, bk)
@@ -506,6 +510,15 @@ func (s *store) sweeper() {
 		}
 	}
 }
+
+// acquireReader takes one of Options.MaxReaders slots; release gives it
+// back.
+func (s *store) acquireReader() { s.readers <- struct{}{} }
+func (s *store) releaseReader() { <-s.readers }
+
+// ownBuffer reports whether a value served from tier is a buffer decoded
+// for this read (the Archive, the Remote) rather than a memory tier's.
+func ownBuffer(tier tiers.Tier) bool { return tier != tiers.TierFocus && tier != tiers.TierWorking }
 
 // unsynced returns the bytes acknowledged and not yet on disk.
 func (s *store) unsynced() int64 {

@@ -38,7 +38,7 @@ func respFlags(fs *flag.FlagSet, r *resp) {
 	fs.Var(&r.ramBytes, "kv-ram-bytes", "host RAM for the values of --resp-listen (the Working tier); beyond it the least used go to disk only; bytes or with a unit, e.g. 8GiB")
 	fs.Var(&r.diskBytes, "resp-disk-bytes", "disk for the values of --resp-listen (the Archive); beyond it the least recently used are deleted (0: 16GiB)")
 	fs.StringVar(&r.fsync, "resp-fsync", "background", "when a SET's value reaches the disk: background (answered once in RAM, written right behind; at most --resp-unsynced-bytes of answered values wait for the disk) or always (answered once fsynced)")
-	r.unsynced = 256 << 20
+	r.unsynced = 64 << 20
 	fs.Var(&r.unsynced, "resp-unsynced-bytes", "with --resp-fsync background: most bytes of answered SETs not yet on disk (SETs wait beyond it); what a kill -9 can lose")
 	r.maxValue = 512 << 20
 	fs.Var(&r.maxValue, "resp-max-value-bytes", "largest value a SET may carry (a protocol error beyond, as Redis's proto-max-bulk-len)")
@@ -114,7 +114,7 @@ func openRESP(c serveConfig, dataDir string, dev gpu.Device, rs *remote.Store, r
 			log.Warn("--allow-anonymous ON A NON-LOOPBACK RESP ADDRESS: every client on the network that never AUTHs shares one tenant's keys", "resp_listen", ln.Addr().String())
 		}
 	}
-	limit := respMemoryLimit(opts)
+	limit := respMemoryLimit(opts, c.engine == "llamacpp")
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(limit)
 	}
@@ -124,17 +124,17 @@ func openRESP(c serveConfig, dataDir string, dev gpu.Device, rs *remote.Store, r
 }
 
 // respMemoryLimit is the Go runtime's soft memory limit with the RESP
-// listener on: what the budgets hold (the RESP values in RAM, the values
-// being received, the engine states' KV cache in RAM, session memory) and
-// 512 MiB for the rest. Without it the garbage of replaced and evicted
-// values would let the heap grow to twice what is live before a
-// collection; with it the collector keeps the process near its budgets.
-// GOMEMLIMIT in the environment wins.
-func respMemoryLimit(o respstore.Options) int64 {
-	const kvRAM, kvFocus = 1 << 30, 256 << 20 // the engine states' cache (tiers' defaults)
-	inflight := o.MaxInflightBytes
-	if inflight == 0 {
-		inflight = 2 * o.MaxValueBytes
+// listener on: its values in RAM (--kv-ram-bytes) and an eighth more for
+// values being received and decoded from disk, the engine states' KV
+// cache when a llama.cpp connector fills it, and 320 MiB for the rest of
+// the sidecar (the codec's pooled buffers, session memory). Without it the garbage of replaced and evicted values lets
+// the heap grow to twice what is live before a collection; with it the
+// collector keeps the process near its budget (docs/BENCHMARKS.md
+// measures the peak RSS). GOMEMLIMIT in the environment wins.
+func respMemoryLimit(o respstore.Options, engineStates bool) int64 {
+	limit := o.RAMBytes + o.RAMBytes/8 + 320<<20
+	if engineStates {
+		limit += 1<<30 + 256<<20 // the states' cache: the tiers' Working and Focus defaults
 	}
-	return o.RAMBytes + inflight + kvRAM + kvFocus + 256<<20 + 512<<20
+	return limit
 }
