@@ -57,7 +57,9 @@ type Options struct {
 	// Fsync is when a SET's value reaches the disk. Empty: FsyncBackground.
 	Fsync Fsync
 	// MaxUnsyncedBytes bounds the acknowledged bytes not yet on disk
-	// (FsyncBackground). Zero: 64 MiB.
+	// (FsyncBackground): what a kill -9 can lose, and the burst of SETs
+	// answered at the speed of RAM before they wait for the disk. Zero:
+	// half of RAMBytes.
 	MaxUnsyncedBytes int64
 	// MaxValueBytes caps one value (and any argument). Zero: 512 MiB.
 	MaxValueBytes int64
@@ -134,7 +136,7 @@ func (o *Options) validate() error {
 		o.RAMBytes = 1 << 30
 	}
 	if o.MaxUnsyncedBytes == 0 {
-		o.MaxUnsyncedBytes = 64 << 20
+		o.MaxUnsyncedBytes = o.RAMBytes / 2
 	}
 	if o.MaxValueBytes == 0 {
 		o.MaxValueBytes = 512 << 20

@@ -83,10 +83,16 @@ func newStore(cache *kv.Cache, ix *index, opts *Options) *store {
 	return s
 }
 
-// start launches the persister and the expiry sweeper.
+// persisters is how many values are written to disk at once: one
+// compresses while another waits for its fsync.
+const persisters = 2
+
+// start launches the persisters and the expiry sweeper.
 func (s *store) start() {
-	s.wg.Add(2)
-	go s.persister()
+	s.wg.Add(persisters + 1)
+	for range persisters {
+		go s.persister()
+	}
 	go s.sweeper()
 }
 
