@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -53,8 +54,10 @@ type RESPOptions struct {
 	Sizes []int64
 	Conns []int
 	// CellBytes is what one grid cell writes (at least one value per
-	// connection). Zero: 512 MiB.
+	// connection). Zero: 256 MiB. Rounds is how many times each cell runs,
+	// the servers taking turns. Zero: 3.
 	CellBytes int64
+	Rounds    int
 	// GridRAM is the sidecar's --kv-ram-bytes in the grid. Zero: 2 GiB.
 	GridRAM int64
 	// WSRAM is the RAM budget of the working-set phase, WSFactor the
@@ -94,7 +97,10 @@ func (o *RESPOptions) validate() error {
 		o.Conns = []int{1, 8, 32}
 	}
 	if o.CellBytes == 0 {
-		o.CellBytes = 512 << 20
+		o.CellBytes = 256 << 20
+	}
+	if o.Rounds == 0 {
+		o.Rounds = 3
 	}
 	if o.GridRAM == 0 {
 		o.GridRAM = 2 << 30
@@ -114,7 +120,7 @@ func (o *RESPOptions) validate() error {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
-	if o.CellBytes < 0 || o.GridRAM < 0 || o.WSRAM < 0 || o.WSFactor < 0 || o.WSValue <= 0 || o.KillAfter < 0 {
+	if o.CellBytes < 0 || o.Rounds < 0 || o.GridRAM < 0 || o.WSRAM < 0 || o.WSFactor < 0 || o.WSValue <= 0 || o.KillAfter < 0 {
 		return errors.New("bench: resp: negative option")
 	}
 	return nil
@@ -130,16 +136,19 @@ type RESPReport struct {
 
 // RESPCell is one server, operation, value size and connection count.
 type RESPCell struct {
-	Server     string  `json:"server"`
-	Op         string  `json:"op"`
-	ValueBytes int64   `json:"value_bytes"`
-	Conns      int     `json:"conns"`
-	Ops        int     `json:"ops"`
-	Seconds    float64 `json:"seconds"`
-	GBps       float64 `json:"gb_per_s"`
-	P50ms      float64 `json:"p50_ms"`
-	P99ms      float64 `json:"p99_ms"`
-	Errors     int     `json:"errors"`
+	Server     string `json:"server"`
+	Op         string `json:"op"`
+	ValueBytes int64  `json:"value_bytes"`
+	Conns      int    `json:"conns"`
+	Ops        int    `json:"ops"`
+	// Rounds is how many times the cell ran, the servers alternating;
+	// GBps is the median of the rounds, the latencies are of every op.
+	Rounds  int     `json:"rounds"`
+	Seconds float64 `json:"seconds"`
+	GBps    float64 `json:"gb_per_s"`
+	P50ms   float64 `json:"p50_ms"`
+	P99ms   float64 `json:"p99_ms"`
+	Errors  int     `json:"errors"`
 	// PersistWait is, for the sidecar's SETs, how long its persister took
 	// after the last SET to have every value on disk.
 	PersistWait float64 `json:"persist_wait_s,omitempty"`
@@ -407,89 +416,122 @@ func pct(lat []time.Duration, p float64) float64 {
 func gbps(b int64, d time.Duration) float64 { return float64(b) / d.Seconds() / 1e9 }
 
 func respGrid(ctx context.Context, o *RESPOptions, pool valuePool, rep *RESPReport) error {
-	type target struct {
-		s     *respServer
-		start func() (*respServer, error)
+	var servers []*respServer
+	defer func() {
+		for _, s := range servers {
+			s.close()
+		}
+	}()
+	rs, err := o.startRedis(ctx, "redis-server", "no", "--appendonly", "no", "--save", "")
+	if err != nil {
+		return err
 	}
-	targets := []target{
-		{start: func() (*respServer, error) {
-			return o.startRedis(ctx, "redis-server", "no", "--appendonly", "no", "--save", "")
-		}},
-		{start: func() (*respServer, error) {
-			return o.startSidecar(ctx, "sidecar", "--kv-ram-bytes", strconv.FormatInt(o.GridRAM, 10))
-		}},
+	servers = append(servers, rs)
+	sc, err := o.startSidecar(ctx, "sidecar", "--kv-ram-bytes", strconv.FormatInt(o.GridRAM, 10))
+	if err != nil {
+		return err
 	}
-	for _, name := range slices.Sorted(func(yield func(string) bool) {
-		for k := range o.Extra {
-			if !yield(k) {
-				return
+	servers = append(servers, sc)
+	for _, name := range slices.Sorted(maps.Keys(o.Extra)) {
+		servers = append(servers, &respServer{name: name, addr: o.Extra[name], pid: func() int { return 0 }, close: func() {}})
+	}
+	for _, size := range o.Sizes {
+		for _, conns := range o.Conns {
+			n := max(conns, int(o.CellBytes/size))
+			type acc struct {
+				set, get         opResult
+				setRate, getRate []float64
+				setS, getS, wait float64
 			}
-		}
-	}) {
-		addr := o.Extra[name]
-		targets = append(targets, target{start: func() (*respServer, error) {
-			return &respServer{name: name, addr: addr, pid: func() int { return 0 }, close: func() {}}, nil
-		}})
-	}
-	for _, tg := range targets {
-		s, err := tg.start()
-		if err != nil {
-			return err
-		}
-		for _, size := range o.Sizes {
-			for _, conns := range o.Conns {
-				n := max(conns, int(o.CellBytes/size))
-				set, el, err := runOps(s.addr, conns, n, func(c *respConn, w, i int, _ *[]byte) (int64, error) {
-					v := pool.value(i, size)
-					return int64(len(v)), c.set(fmt.Sprintf("bench@%08x@0@%064x", w, i), v)
-				})
-				if err != nil {
-					s.close()
-					return err
-				}
-				wait, err := waitPersisted(s)
-				if err != nil {
-					s.close()
-					return err
-				}
-				rep.Grid = append(rep.Grid, RESPCell{Server: s.name, Op: "SET", ValueBytes: size, Conns: conns, Ops: n,
-					Seconds: el.Seconds(), GBps: gbps(set.bytes, el), P50ms: pct(set.lat, .5), P99ms: pct(set.lat, .99),
-					Errors: set.errors, PersistWait: wait.Seconds()})
-				get, el, err := runOps(s.addr, conns, n, func(c *respConn, w, i int, buf *[]byte) (int64, error) {
-					got, err := c.get(fmt.Sprintf("bench@%08x@0@%064x", w, i), *buf)
+			accs := make([]acc, len(servers))
+			// Rounds alternate the servers (each round starts with the next
+			// one), so that a machine's drift falls on all of them alike.
+			for round := range o.Rounds {
+				for k := range servers {
+					j := (k + round) % len(servers)
+					s, a := servers[j], &accs[j]
+					set, el, err := runOps(s.addr, conns, n, func(c *respConn, w, i int, _ *[]byte) (int64, error) {
+						v := pool.value(i, size)
+						return int64(len(v)), c.set(fmt.Sprintf("bench@%08x@0@%064x", w, i), v)
+					})
 					if err != nil {
-						return 0, err
+						return err
 					}
-					*buf = got
-					if i < conns && !bytes.Equal(got, pool.value(i, size)) { // one check a connection
-						return 0, errBadValue
+					wait, err := waitPersisted(s)
+					if err != nil {
+						return err
 					}
-					return int64(len(got)), nil
-				})
-				if err != nil {
-					s.close()
-					return err
+					a.set.lat = append(a.set.lat, set.lat...)
+					a.set.errors += set.errors
+					a.setRate = append(a.setRate, gbps(set.bytes, el))
+					a.setS += el.Seconds()
+					a.wait += wait.Seconds()
+					get, el, err := runOps(s.addr, conns, n, func(c *respConn, w, i int, buf *[]byte) (int64, error) {
+						got, err := c.get(fmt.Sprintf("bench@%08x@0@%064x", w, i), *buf)
+						if err != nil {
+							return 0, err
+						}
+						*buf = got
+						if i < conns && !bytes.Equal(got, pool.value(i, size)) { // one check a connection
+							return 0, errBadValue
+						}
+						return int64(len(got)), nil
+					})
+					if err != nil {
+						return err
+					}
+					a.get.lat = append(a.get.lat, get.lat...)
+					a.get.errors += get.errors + get.misses + get.bad
+					a.getRate = append(a.getRate, gbps(get.bytes, el))
+					a.getS += el.Seconds()
+					c, err := dialRESP(s.addr, "", respPass)
+					if err == nil {
+						_, err = c.do("FLUSHALL")
+						c.Close()
+					}
+					if err != nil {
+						return fmt.Errorf("%s: FLUSHALL: %w", s.name, err)
+					}
 				}
-				rep.Grid = append(rep.Grid, RESPCell{Server: s.name, Op: "GET", ValueBytes: size, Conns: conns, Ops: n,
-					Seconds: el.Seconds(), GBps: gbps(get.bytes, el), P50ms: pct(get.lat, .5), P99ms: pct(get.lat, .99),
-					Errors: get.errors + get.misses + get.bad})
-				c, err := dialRESP(s.addr, "", respPass)
-				if err == nil {
-					_, err = c.do("FLUSHALL")
-					c.Close()
-				}
-				if err != nil {
-					s.close()
-					return fmt.Errorf("%s: FLUSHALL: %w", s.name, err)
-				}
-				last := rep.Grid[len(rep.Grid)-2:]
-				fmt.Fprintf(o.Progress, "%-14s %3d MiB x%2d  SET %6.2f GB/s p99 %7.1f ms  GET %6.2f GB/s p99 %7.1f ms\n",
-					s.name, size>>20, conns, last[0].GBps, last[0].P99ms, last[1].GBps, last[1].P99ms)
+			}
+			for j, s := range servers {
+				a := accs[j]
+				set := RESPCell{Server: s.name, Op: "SET", ValueBytes: size, Conns: conns, Ops: n * o.Rounds, Rounds: o.Rounds,
+					Seconds: a.setS, GBps: median(a.setRate), P50ms: pct(a.set.lat, .5), P99ms: pct(a.set.lat, .99),
+					Errors: a.set.errors, PersistWait: a.wait / float64(o.Rounds)}
+				get := RESPCell{Server: s.name, Op: "GET", ValueBytes: size, Conns: conns, Ops: n * o.Rounds, Rounds: o.Rounds,
+					Seconds: a.getS, GBps: median(a.getRate), P50ms: pct(a.get.lat, .5), P99ms: pct(a.get.lat, .99),
+					Errors: a.get.errors}
+				rep.Grid = append(rep.Grid, set, get)
+				fmt.Fprintf(o.Progress, "%-14s %3d MiB x%2d  SET %6.2f GB/s p99 %7.1f ms  GET %6.2f GB/s p99 %7.1f ms  (medians of %d rounds: GET %s)\n",
+					s.name, size>>20, conns, set.GBps, set.P99ms, get.GBps, get.P99ms, o.Rounds, rates(a.getRate))
 			}
 		}
-		s.close()
 	}
 	return nil
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func rates(xs []float64) string {
+	var b strings.Builder
+	for i, x := range xs {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%.2f", x)
+	}
+	return b.String()
 }
 
 func respWorkingSet(ctx context.Context, o *RESPOptions, pool valuePool, rep *RESPReport) error {
@@ -667,7 +709,7 @@ func procHWM(pid int) int64 {
 // WriteRESPTables prints the report for people.
 func WriteRESPTables(w io.Writer, r RESPReport) error {
 	if len(r.Grid) > 0 {
-		fmt.Fprintf(w, "SET and GET, one client per connection (%d cores)\n", r.Cores)
+		fmt.Fprintf(w, "SET and GET, one client per connection (%d cores); GB/s: the median of the rounds, the servers taking turns\n", r.Cores)
 		fmt.Fprintf(w, "%-14s %-4s %7s %5s %6s %9s %9s %9s %8s\n", "server", "op", "value", "conns", "ops", "GB/s", "p50 ms", "p99 ms", "errors")
 		for _, c := range r.Grid {
 			extra := ""
