@@ -195,6 +195,10 @@ func TestRestartAndCorruption(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
+	inv, err := Inspect(dir)
+	if err != nil || inv.Values != 5 || len(inv.Tenants) != 1 || inv.Tenants[0].Keys != 5 || inv.Bytes != 5*100_000+10 {
+		t.Fatalf("inspect: %+v %v", inv, err)
+	}
 	// Corrupt one block file: flip a byte in its payload.
 	var files []string
 	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
