@@ -316,6 +316,27 @@ func (s *Store) put(key string, v Value, o PutOptions) error {
 // serialised with it by the key's stripe: the Archive's copy is always the
 // value the memory tier holds (see the package invariants).
 func (s *Store) Persist(key string) error {
+	return s.persist(key, true)
+}
+
+// Stage is Persist without fsyncs (Archive.Stage): from when it returns
+// nil the value survives kill -9 of the process, and a power loss once
+// SyncArchive ran after it. It is for a caller that answers before the
+// disk has the bytes and bounds what it has not staged yet.
+func (s *Store) Stage(key string) error {
+	return s.persist(key, false)
+}
+
+// SyncArchive fsyncs what Stage wrote (Archive.Sync); nothing without an
+// Archive.
+func (s *Store) SyncArchive() error {
+	if s.archive == nil {
+		return nil
+	}
+	return s.archive.Sync()
+}
+
+func (s *Store) persist(key string, sync bool) error {
 	if err := s.checkKey(key); err != nil {
 		return fmt.Errorf("tiers: persist: %w", err)
 	}
@@ -339,7 +360,11 @@ func (s *Store) Persist(key string) error {
 		if !ok {
 			continue
 		}
-		if err := s.archive.Put(key, v, e.lossy); err != nil {
+		put := s.archive.Put
+		if !sync {
+			put = s.archive.Stage
+		}
+		if err := put(key, v, e.lossy); err != nil {
 			return fmt.Errorf("tiers: persist: %w", err)
 		}
 		return nil

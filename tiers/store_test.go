@@ -163,6 +163,29 @@ func TestStorePersist(t *testing.T) {
 	if got, tier, err := s.Get("k"); err != nil || tier != TierWorking || !bytes.Equal(got.Data, v) {
 		t.Fatalf("get after persist: tier %v err %v equal %v", tier, err, bytes.Equal(got.Data, v))
 	}
+	// Stage writes without fsync: a second store on the folder (as after
+	// a kill -9, the page cache survives) finds it; SyncArchive fsyncs it.
+	staged := value("staged", 8192)
+	if err := s.Put("s", Value{Meta: Meta{DType: DTypeF16}, Data: staged}, PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Stage("s"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(s.archive.staged); n != 1 {
+		t.Fatalf("%d files staged, want 1", n)
+	}
+	other, err := Open(Options{Dir: dir, DisableFocus: true, NoFlushOnClose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, tier, err := other.Get("s"); err != nil || tier != TierArchive || !bytes.Equal(got.Data, staged) {
+		t.Fatalf("a staged value from another store: tier %v err %v", tier, err)
+	}
+	other.Close()
+	if err := s.SyncArchive(); err != nil || len(s.archive.staged) != 0 {
+		t.Fatalf("sync: %v, %d still staged", err, len(s.archive.staged))
+	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
