@@ -149,6 +149,31 @@ func (c *Cache) PersistBlob(ns, key string) error {
 	return nil
 }
 
+// StageBlob is PersistBlob without fsyncs (tiers.Store.Stage): from when
+// it returns nil the blob survives kill -9 of the process, and a power loss
+// once SyncBlobs ran after it.
+func (c *Cache) StageBlob(ns, key string) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	k, err := blobKey(ns, key)
+	if err != nil {
+		return fmt.Errorf("kv: stage blob: %w", err)
+	}
+	if err := c.store.Stage(k); err != nil {
+		return blobError("stage", ns, key, err)
+	}
+	return nil
+}
+
+// SyncBlobs fsyncs what StageBlob wrote (tiers.Store.SyncArchive).
+func (c *Cache) SyncBlobs() error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	return c.store.SyncArchive()
+}
+
 // ContainsBlob reports in O(1), without I/O, whether any tier holds the
 // blob. An Archive file is not read: one that fails its checks is found
 // here and is ErrNotFound to GetBlob.
