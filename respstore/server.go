@@ -26,9 +26,12 @@ type Fsync string
 
 const (
 	// FsyncBackground (the default) answers a SET once its value is in
-	// RAM and served; the persister writes it to the Archive (fsynced)
-	// right behind, and at most Options.MaxUnsyncedBytes of acknowledged
-	// values are waiting for the disk at any time: what a kill -9 loses.
+	// RAM and served; the persisters write it to the Archive right behind
+	// (staged: in the file system, surviving kill -9), and a syncer
+	// fsyncs what they wrote every second. At most
+	// Options.MaxUnsyncedBytes of answered values wait to be written: what
+	// a kill -9 can lose; a power loss can lose the last second too, as
+	// with Redis's appendfsync everysec.
 	FsyncBackground Fsync = "background"
 	// FsyncAlways answers a SET only once its value is in the Archive,
 	// fsynced: a kill -9 loses nothing acknowledged.
@@ -56,10 +59,10 @@ type Options struct {
 	Strategy string
 	// Fsync is when a SET's value reaches the disk. Empty: FsyncBackground.
 	Fsync Fsync
-	// MaxUnsyncedBytes bounds the acknowledged bytes not yet on disk
-	// (FsyncBackground): what a kill -9 can lose, and the burst of SETs
-	// answered at the speed of RAM before they wait for the disk. Zero:
-	// half of RAMBytes.
+	// MaxUnsyncedBytes bounds the answered bytes not yet written to the
+	// file system (FsyncBackground): what a kill -9 can lose, and the
+	// burst of SETs answered at the speed of RAM before they wait for the
+	// persisters. Zero: 256 MiB, at most half of RAMBytes.
 	MaxUnsyncedBytes int64
 	// MaxValueBytes caps one value (and any argument). Zero: 512 MiB.
 	MaxValueBytes int64
@@ -136,7 +139,7 @@ func (o *Options) validate() error {
 		o.RAMBytes = 1 << 30
 	}
 	if o.MaxUnsyncedBytes == 0 {
-		o.MaxUnsyncedBytes = o.RAMBytes / 2
+		o.MaxUnsyncedBytes = min(256<<20, o.RAMBytes/2)
 	}
 	if o.MaxValueBytes == 0 {
 		o.MaxValueBytes = 512 << 20

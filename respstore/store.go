@@ -54,6 +54,9 @@ type store struct {
 	closed      bool
 
 	persisted, persistErrors, remoteErrors, remoteHits atomic.Int64
+	// staged is set when a persister wrote a value the syncer has not
+	// fsynced yet.
+	staged atomic.Bool
 
 	// missMu protects missAt: when a lookup last missed a key, so that the
 	// SET that follows (the client computed the value: an engine's
@@ -83,20 +86,50 @@ func newStore(cache *kv.Cache, ix *index, opts *Options) *store {
 	return s
 }
 
-// persisters is how many values are written to disk at once: one
-// compresses while another waits for its fsync.
+// persisters is how many values are written at once: one compresses
+// while another waits for the disk.
 const persisters = 2
 
-// start launches the persisters and the expiry sweeper.
+// syncEvery is how often what the persisters staged is fsynced, as Redis's
+// appendfsync everysec.
+const syncEvery = time.Second
+
+// start launches the persisters, the syncer and the expiry sweeper.
 func (s *store) start() {
-	s.wg.Add(persisters + 1)
+	s.wg.Add(persisters + 2)
 	for range persisters {
 		go s.persister()
 	}
+	go s.syncer()
 	go s.sweeper()
 }
 
-// close stops both goroutines after the persister wrote what it holds.
+// syncer fsyncs what the persisters staged, every syncEvery and at close.
+func (s *store) syncer() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.done:
+			s.syncNow()
+			return
+		case <-time.After(syncEvery):
+			s.syncNow()
+		}
+	}
+}
+
+func (s *store) syncNow() {
+	if s.staged.Swap(false) {
+		if err := s.cache.SyncBlobs(); err != nil {
+			s.staged.Store(true)
+			s.persistErrors.Add(1)
+			s.log.Warn("resp: fsync", "err", err)
+		}
+	}
+}
+
+// close stops the goroutines after the persisters wrote what they hold and
+// the syncer fsynced it.
 func (s *store) close() {
 	s.mu.Lock()
 	s.closed = true
@@ -387,9 +420,10 @@ func (s *store) flush(t *tenant, db int) error {
 	return errors.Join(errs...)
 }
 
-// enqueue hands a key to the persister. While more than maxUnsynced bytes
-// are acknowledged and not yet on disk, it waits: that bound is what a
-// kill -9 can lose.
+// enqueue hands a key to the persisters. While more than maxUnsynced
+// bytes are acknowledged and not yet written to the file system, it
+// waits: that bound is what a kill -9 can lose (a power loss can also lose
+// the last syncEvery of what was written).
 func (s *store) enqueue(p pending) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -421,10 +455,14 @@ func (s *store) persister() {
 		s.mu.Unlock()
 
 		if p.size > 0 {
-			err := s.cache.PersistBlob(blobNS, p.bk)
+			// Staged: written to the file system without an fsync, so it
+			// survives kill -9 from now on; the syncer fsyncs it within
+			// syncEvery.
+			err := s.cache.StageBlob(blobNS, p.bk)
 			switch {
 			case err == nil:
 				s.persisted.Add(1)
+				s.staged.Store(true)
 			case errors.Is(err, kv.ErrNotFound):
 				// Deleted or evicted meanwhile.
 			default:

@@ -37,8 +37,8 @@ func respFlags(fs *flag.FlagSet, r *resp) {
 	r.ramBytes = 1 << 30
 	fs.Var(&r.ramBytes, "kv-ram-bytes", "host RAM for the values of --resp-listen (the Working tier); beyond it the least used go to disk only; bytes or with a unit, e.g. 8GiB")
 	fs.Var(&r.diskBytes, "resp-disk-bytes", "disk for the values of --resp-listen (the Archive); beyond it the least recently used are deleted (0: 16GiB)")
-	fs.StringVar(&r.fsync, "resp-fsync", "background", "when a SET's value reaches the disk: background (answered once in RAM, written right behind; at most --resp-unsynced-bytes of answered values wait for the disk) or always (answered once fsynced)")
-	fs.Var(&r.unsynced, "resp-unsynced-bytes", "with --resp-fsync background: most bytes of answered SETs not yet on disk (SETs wait beyond it): what a kill -9 can lose, and the burst answered at RAM speed (0: half of --kv-ram-bytes)")
+	fs.StringVar(&r.fsync, "resp-fsync", "background", "when a SET's value reaches the disk: background (answered once in RAM, written to the file system right behind and fsynced every second: a kill -9 loses at most --resp-unsynced-bytes, a power loss also the last second) or always (answered once fsynced)")
+	fs.Var(&r.unsynced, "resp-unsynced-bytes", "with --resp-fsync background: most bytes of answered SETs not yet written to the file system (SETs wait beyond it): what a kill -9 can lose, and the burst answered at RAM speed (0: 256MiB, at most half of --kv-ram-bytes)")
 	r.maxValue = 512 << 20
 	fs.Var(&r.maxValue, "resp-max-value-bytes", "largest value a SET may carry (a protocol error beyond, as Redis's proto-max-bulk-len)")
 	fs.Var(&r.quota, "resp-quota", "bytes each RESP tenant's keys may hold; past it the tenant's own least recently used keys are evicted (0: none; --resp-users sets one per user)")
