@@ -15,7 +15,8 @@ package bench
 //     with SIGKILL mid-traffic and restarted on its files; how many of the
 //     acknowledged values are served again, byte-exact, and that none is
 //     served with other bytes. redis-server with AOF (appendfsync
-//     everysec), the sidecar with --resp-fsync background and always.
+//     everysec), the sidecar with --resp-fsync background (the default
+//     --resp-unsynced-bytes, then 32 MiB) and always.
 
 import (
 	"bytes"
@@ -608,6 +609,9 @@ func respKill(ctx context.Context, o *RESPOptions, pool valuePool, rep *RESPRepo
 		},
 		func() (*respServer, error) {
 			return o.startSidecar(ctx, "sidecar-fsync-background", "--resp-fsync", "background")
+		},
+		func() (*respServer, error) {
+			return o.startSidecar(ctx, "sidecar-unsynced-32MiB", "--resp-fsync", "background", "--resp-unsynced-bytes", "32MiB")
 		},
 		func() (*respServer, error) {
 			return o.startSidecar(ctx, "sidecar-fsync-always", "--resp-fsync", "always")
