@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -62,7 +63,7 @@ func TestRESPKill9(t *testing.T) {
 							return
 						default:
 						}
-						data := make([]byte, 64<<10+rng.IntN(448<<10))
+						data := make([]byte, 16<<10+rng.IntN(128<<10))
 						for j := range data {
 							data[j] = byte(rng.Uint32())
 						}
@@ -76,7 +77,19 @@ func TestRESPKill9(t *testing.T) {
 					}
 				})
 			}
-			waitUntil(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(acked) >= 150 })
+			// The race detector makes the Archive's compression slow: wait
+			// for acknowledgements by count with room to spare.
+			for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				mu.Lock()
+				n := len(acked)
+				mu.Unlock()
+				if n >= 80 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d SETs acknowledged in 90 s", n)
+				}
+			}
 			if err := sc.cmd.Process.Kill(); err != nil {
 				t.Fatal(err)
 			}
@@ -113,7 +126,7 @@ func TestRESPKill9(t *testing.T) {
 			if mode == "always" && lost > 0 {
 				t.Fatalf("--resp-fsync always lost %d acknowledged values", lost)
 			}
-			if lostBytes > unsynced+512<<10 {
+			if lostBytes > unsynced+144<<10 {
 				t.Fatalf("lost %d bytes, over --resp-unsynced-bytes (%d) and one value", lostBytes, unsynced)
 			}
 		})
