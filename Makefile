@@ -14,7 +14,7 @@ export SIDECAR_UPSTREAM ?= http://127.0.0.1:8000
 export SIDECAR_LISTEN   ?= 127.0.0.1:8080
 export SIDECAR_DATA_DIR ?= ./data
 
-.PHONY: help build run test test-race test-hostile test-differential test-llama-suite test-mcp bench-mcp bench bench-proxy bench-proxy-wrk bench-proxy-ceiling bench-kv bench-policy bench-recall bench-archive bench-preload bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet bench-scale fleet docker-cuda fuzz lint check-deploy clean
+.PHONY: help build run test test-race test-hostile test-differential test-llama-suite test-mcp bench-mcp bench bench-resp bench-proxy bench-proxy-wrk bench-proxy-ceiling bench-kv bench-policy bench-recall bench-archive bench-preload bench-memory bench-memory-e2e bench-reliability bench-amortization bench-sessions bench-fleet bench-scale fleet docker-cuda fuzz lint check-deploy clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -34,6 +34,7 @@ test: ## vet, then every test with the race detector (bench/simulator and bench/
 	cd bench/simulator && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd bench/ceiling && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd bench/redisclients && $(GO) vet ./...
+	cd bench/respparser && $(GO) vet ./...
 
 test-race: test ## same as test (the race detector is always on)
 
@@ -67,6 +68,12 @@ bench-proxy-wrk: build ## issue 25's own comparison: wrk -t1 -c8 (C=64 for more;
 
 bench-proxy-ceiling: build ## the pass-through beside nginx and three Go yardsticks (bench/ceiling: an epoll event loop, net.Conn, bare fasthttp): req/s, p99, CPU per request, C=8 (needs wrk, nginx, perf)
 	scripts/bench-proxy-ceiling.sh
+
+bench-resp: build ## the RESP listener (--resp-listen) beside redis-server and a redcon yardstick (bench/respparser): SET/GET GB/s and p50/p99 at 1/8/32 MiB x 1/8/32 connections, a working set 4x RAM, kill -9
+	cd bench/respparser && $(GO) build -o $(CURDIR)/$(dir $(BIN))respparser .
+	@port=$$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'); \
+	  $(dir $(BIN))respparser -listen 127.0.0.1:$$port & pid=$$!; \
+	  $(BIN) bench resp --extra redcon=127.0.0.1:$$port $(RESP_ARGS); rc=$$?; kill $$pid; exit $$rc
 
 bench-amortization: build ## cost per turn of a session prefix's KV, T = 1..64 (plot in out/amortization.svg)
 	mkdir -p out

@@ -18,6 +18,7 @@ require (
 	github.com/tidwall/gjson v1.20.0
 	github.com/valyala/fasthttp v1.74.0
 	github.com/viterin/vek v0.4.2
+	golang.org/x/sync v0.23.0
 	gorgonia.org/tensor v0.9.24
 )
 
@@ -53,7 +54,6 @@ require (
 	go4.org/unsafe/assume-no-moving-gc v0.0.0-20231121144256-b99613f794b6 // indirect
 	golang.org/x/exp v0.0.0-20240506185415-9bf2ced13842 // indirect
 	golang.org/x/oauth2 v0.35.0 // indirect
-	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
 	golang.org/x/xerrors v0.0.0-20200804184101-5ec99f83aff1 // indirect

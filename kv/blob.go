@@ -85,6 +85,24 @@ func (m *BlobMeta) validate(size int) error {
 // it. Errors: ErrInvalid (bad name or metadata; shape and dtype, when both
 // given, must match len(data)), ErrTooLarge, or an I/O error.
 func (c *Cache) PutBlob(ns, key string, meta BlobMeta, data []byte) error {
+	return c.PutBlobWith(ns, key, meta, data, PutBlobOptions{})
+}
+
+// PutBlobOptions qualify PutBlobWith. The zero value is PutBlob: durable,
+// data copied.
+type PutBlobOptions struct {
+	// Cached returns once the blob is in a memory tier (Focus or Working;
+	// a blob too large for both goes to the Archive at once). It is not
+	// yet durable: PersistBlob writes it to the Archive, and otherwise it
+	// reaches the Archive when it is demoted or when the cache closes.
+	Cached bool
+	// Owned hands data to the cache instead of copying it: the caller
+	// must not modify it afterwards (GetBlob shares it with readers).
+	Owned bool
+}
+
+// PutBlobWith is PutBlob qualified by o.
+func (c *Cache) PutBlobWith(ns, key string, meta BlobMeta, data []byte, o PutBlobOptions) error {
 	if c.closed.Load() {
 		return ErrClosed
 	}
@@ -98,17 +116,73 @@ func (c *Cache) PutBlob(ns, key string, meta BlobMeta, data []byte) error {
 	if err := meta.validate(len(data)); err != nil {
 		return fmt.Errorf("kv: put blob: %w", err)
 	}
+	if !o.Owned {
+		data = append([]byte(nil), data...)
+	}
 	v := tiers.Value{
 		Meta: tiers.Meta{DType: meta.DType, Shape: append([]int64(nil), meta.Shape...), Aux: append([]byte(nil), meta.Aux...)},
-		Data: append([]byte(nil), data...),
+		Data: data,
 	}
-	if err := c.store.Put(k, v, tiers.PutOptions{Durable: true}); err != nil {
+	if err := c.store.Put(k, v, tiers.PutOptions{Durable: !o.Cached}); err != nil {
 		if errors.Is(err, tiers.ErrTooLarge) {
 			return fmt.Errorf("kv: put blob: %w: %w", ErrTooLarge, err)
 		}
 		return fmt.Errorf("kv: put blob: %w", err)
 	}
 	return nil
+}
+
+// PersistBlob writes a blob that PutBlobWith left only in memory to the
+// Archive, fsynced (tiers.Store.Persist); a blob already there costs a
+// lookup. A blob no longer stored is ErrNotFound.
+func (c *Cache) PersistBlob(ns, key string) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	k, err := blobKey(ns, key)
+	if err != nil {
+		return fmt.Errorf("kv: persist blob: %w", err)
+	}
+	if err := c.store.Persist(k); err != nil {
+		return blobError("persist", ns, key, err)
+	}
+	return nil
+}
+
+// StageBlob is PersistBlob without fsyncs (tiers.Store.Stage): from when
+// it returns nil the blob survives kill -9 of the process, and a power loss
+// once SyncBlobs ran after it.
+func (c *Cache) StageBlob(ns, key string) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	k, err := blobKey(ns, key)
+	if err != nil {
+		return fmt.Errorf("kv: stage blob: %w", err)
+	}
+	if err := c.store.Stage(k); err != nil {
+		return blobError("stage", ns, key, err)
+	}
+	return nil
+}
+
+// SyncBlobs fsyncs what StageBlob wrote (tiers.Store.SyncArchive).
+func (c *Cache) SyncBlobs() error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	return c.store.SyncArchive()
+}
+
+// ContainsBlob reports in O(1), without I/O, whether any tier holds the
+// blob. An Archive file is not read: one that fails its checks is found
+// here and is ErrNotFound to GetBlob.
+func (c *Cache) ContainsBlob(ns, key string) bool {
+	if c.closed.Load() {
+		return false
+	}
+	k, err := blobKey(ns, key)
+	return err == nil && c.store.Contains(k)
 }
 
 // GetBlob returns a blob, its metadata and the tier that served it

@@ -205,3 +205,48 @@ func TestGetOrComputeBlob(t *testing.T) {
 		t.Fatalf("stats %+v amortization %+v", st, a)
 	}
 }
+
+// A cached blob put is served at once, is not on disk until PersistBlob,
+// and owned data is kept without a copy.
+func TestPutBlobCachedThenPersist(t *testing.T) {
+	dir := t.TempDir()
+	open := func() *Cache {
+		c, err := Open(Options{Store: tiers.Options{Dir: dir, DisableFocus: true, NoFlushOnClose: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	c := open()
+	data := []byte("owned value")
+	if err := c.PutBlobWith("ns", "a", BlobMeta{}, data, PutBlobOptions{Cached: true, Owned: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PutBlobWith("ns", "b", BlobMeta{}, []byte("never persisted"), PutBlobOptions{Cached: true}); err != nil {
+		t.Fatal(err)
+	}
+	if !c.ContainsBlob("ns", "a") || c.ContainsBlob("ns", "zz") || c.ContainsBlob("other", "a") {
+		t.Fatal("ContainsBlob disagrees with what was put")
+	}
+	_, got, tier, err := c.GetBlob("ns", "a")
+	if err != nil || tier != tiers.TierWorking || string(got) != "owned value" || &got[0] != &data[0] {
+		t.Fatalf("get: %q tier %v err %v (shared: %v)", got, tier, err, err == nil && &got[0] == &data[0])
+	}
+	if err := c.PersistBlob("ns", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PersistBlob("ns", "missing"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("persist of a missing blob: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c = open()
+	defer c.Close()
+	if _, got, tier, err := c.GetBlob("ns", "a"); err != nil || tier != tiers.TierArchive || string(got) != "owned value" {
+		t.Fatalf("after reopen: %q tier %v err %v", got, tier, err)
+	}
+	if _, _, _, err := c.GetBlob("ns", "b"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("an unpersisted blob survived a close without flush: %v", err)
+	}
+}

@@ -112,6 +112,7 @@ type Archive struct {
 	raw     int64      // the blocks' bytes before compression
 	tokens  int64
 	shards  map[string]bool // shard folders known to exist
+	staged  map[string]bool // files Staged and not yet Synced
 	reports []Quarantine
 	closed  bool
 }
@@ -196,6 +197,59 @@ func (a *Archive) stripe(key string) *sync.Mutex {
 // fsync, rename over the old block, folder fsync). lossy allows q8
 // quantisation of 16-bit float data.
 func (a *Archive) Put(key string, v Value, lossy bool) error {
+	return a.put(key, v, lossy, true)
+}
+
+// Stage is Put without its fsyncs (durable.WriteAtomicFSNoSync): the
+// block is in place, checked by its CRC on every read, and survives kill -9
+// of the process; it survives a power loss once Sync ran after it.
+func (a *Archive) Stage(key string, v Value, lossy bool) error {
+	return a.put(key, v, lossy, false)
+}
+
+// Sync fsyncs every block Staged since the last Sync and the folders
+// holding them; what it returns nil for survives a power loss.
+func (a *Archive) Sync() error {
+	a.mu.Lock()
+	staged := a.staged
+	a.staged = nil
+	a.mu.Unlock()
+	var errs []error
+	dirs := map[string]bool{}
+	for name := range staged {
+		dirs[path.Dir(name)] = true
+		f, err := a.fs.Open(name)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // replaced or deleted since
+		}
+		if err == nil {
+			err = f.Sync()
+			f.Close()
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("archive: sync %s: %w", path.Base(name), err))
+		}
+	}
+	for d := range dirs {
+		if err := a.fs.SyncDir(d); err != nil {
+			errs = append(errs, fmt.Errorf("archive: sync: %w", err))
+		}
+	}
+	if len(errs) > 0 {
+		// Stage them again: the next Sync tries once more.
+		a.mu.Lock()
+		for name := range staged {
+			if a.staged == nil {
+				a.staged = map[string]bool{}
+			}
+			a.staged[name] = true
+		}
+		a.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}
+
+func (a *Archive) put(key string, v Value, lossy, sync bool) error {
 	if len(key) == 0 || len(key) > MaxKeyLen {
 		return fmt.Errorf("archive: put: key of %d bytes, want 1 to %d", len(key), MaxKeyLen)
 	}
@@ -229,7 +283,11 @@ func (a *Archive) Put(key string, v Value, lossy bool) error {
 		return err
 	}
 	crc := crc32.Update(crc32.Checksum(header, castagnoli), castagnoli, payload)
-	err := durable.WriteAtomicFS(a.fs, name, func(w io.Writer) error {
+	write := durable.WriteAtomicFS
+	if !sync {
+		write = durable.WriteAtomicFSNoSync
+	}
+	err := write(a.fs, name, func(w io.Writer) error {
 		for _, p := range [][]byte{header, payload, binary.LittleEndian.AppendUint32(nil, crc)} {
 			if _, err := w.Write(p); err != nil {
 				return err
@@ -247,6 +305,14 @@ func (a *Archive) Put(key string, v Value, lossy bool) error {
 	}
 	a.index(key, name, h, size)
 	a.puts.Add(1)
+	if !sync {
+		a.mu.Lock()
+		if a.staged == nil {
+			a.staged = map[string]bool{}
+		}
+		a.staged[name] = true
+		a.mu.Unlock()
+	}
 	return nil
 }
 
@@ -530,5 +596,5 @@ func (a *Archive) Close() error {
 	for i := range a.stripes {
 		a.stripes[i].Unlock()
 	}
-	return nil
+	return a.Sync() // what was Staged is made durable before the process goes
 }

@@ -31,7 +31,9 @@
 //     up and record the access, and promotes only under TryLock and only
 //     into room that exists.
 //   - A durable Put that returned nil is on disk: written with
-//     durable.WriteAtomicFS (temporary file, fsync, rename, folder fsync). A
+//     durable.WriteAtomicFS (temporary file, fsync, rename, folder fsync);
+//     a Stage wrote the same file without the fsyncs (it survives kill -9,
+//     and a power loss once SyncArchive ran after it). A
 //     file that fails any check is moved to quarantine/ and reported, never
 //     served and never fatal; temporary files left by a crash are removed on
 //     open. A shared disk budget trims the archive by plain deletion, least

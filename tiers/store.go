@@ -308,6 +308,70 @@ func (s *Store) put(key string, v Value, o PutOptions) error {
 	return nil
 }
 
+// Persist writes key's value to the Archive, fsynced, when only Focus or
+// Working holds it, so that it survives a crash of the process from then
+// on; the value stays where it is. A value the Archive already holds costs
+// a map lookup. It returns ErrNotFound when no tier holds key and
+// ErrNoArchive without an Archive. A put of a newer value meanwhile is
+// serialised with it by the key's stripe: the Archive's copy is always the
+// value the memory tier holds (see the package invariants).
+func (s *Store) Persist(key string) error {
+	return s.persist(key, true)
+}
+
+// Stage is Persist without fsyncs (Archive.Stage): from when it returns
+// nil the value survives kill -9 of the process, and a power loss once
+// SyncArchive ran after it. It is for a caller that answers before the
+// disk has the bytes and bounds what it has not staged yet.
+func (s *Store) Stage(key string) error {
+	return s.persist(key, false)
+}
+
+// SyncArchive fsyncs what Stage wrote (Archive.Sync); nothing without an
+// Archive.
+func (s *Store) SyncArchive() error {
+	if s.archive == nil {
+		return nil
+	}
+	return s.archive.Sync()
+}
+
+func (s *Store) persist(key string, sync bool) error {
+	if err := s.checkKey(key); err != nil {
+		return fmt.Errorf("tiers: persist: %w", err)
+	}
+	if s.archive == nil {
+		return fmt.Errorf("tiers: persist: %w", ErrNoArchive)
+	}
+	mu := s.stripe(key)
+	mu.Lock()
+	defer mu.Unlock()
+	if s.archive.Contains(key) {
+		return nil
+	}
+	for _, t := range []*memTier{s.focus, s.working} {
+		if t == nil {
+			continue
+		}
+		e, v, ok, err := t.take(key)
+		if err != nil {
+			return fmt.Errorf("tiers: persist: %w", err)
+		}
+		if !ok {
+			continue
+		}
+		put := s.archive.Put
+		if !sync {
+			put = s.archive.Stage
+		}
+		if err := put(key, v, e.lossy); err != nil {
+			return fmt.Errorf("tiers: persist: %w", err)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: %q", ErrNotFound, key)
+}
+
 // Get returns key's value and the tier that served it. The value is shared:
 // do not modify it. A corrupt archive block is never served: the error then
 // matches durable.ErrCorrupt as well as ErrNotFound.

@@ -135,3 +135,80 @@ func TestStoreOptions(t *testing.T) {
 		}
 	}
 }
+
+// Persist writes a cached value to the Archive once, leaves it served from
+// memory, and a reopened store (no flush on close) serves it from disk.
+func TestStorePersist(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, DisableFocus: true, NoFlushOnClose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := value("persisted", 4096)
+	if err := s.Put("k", Value{Meta: Meta{DType: DTypeF16}, Data: v}, PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put("lost", Value{Data: value("lost", 100)}, PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Persist("k"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Persist("k"); err != nil {
+		t.Fatalf("second persist: %v", err)
+	}
+	if err := s.Persist("absent"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("persist of an absent key: %v, want ErrNotFound", err)
+	}
+	if got, tier, err := s.Get("k"); err != nil || tier != TierWorking || !bytes.Equal(got.Data, v) {
+		t.Fatalf("get after persist: tier %v err %v equal %v", tier, err, bytes.Equal(got.Data, v))
+	}
+	// Stage writes without fsync: a second store on the folder (as after
+	// a kill -9, the page cache survives) finds it; SyncArchive fsyncs it.
+	staged := value("staged", 8192)
+	if err := s.Put("s", Value{Meta: Meta{DType: DTypeF16}, Data: staged}, PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Stage("s"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(s.archive.staged); n != 1 {
+		t.Fatalf("%d files staged, want 1", n)
+	}
+	other, err := Open(Options{Dir: dir, DisableFocus: true, NoFlushOnClose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, tier, err := other.Get("s"); err != nil || tier != TierArchive || !bytes.Equal(got.Data, staged) {
+		t.Fatalf("a staged value from another store: tier %v err %v", tier, err)
+	}
+	other.Close()
+	if err := s.SyncArchive(); err != nil || len(s.archive.staged) != 0 {
+		t.Fatalf("sync: %v, %d still staged", err, len(s.archive.staged))
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(Options{Dir: dir, DisableFocus: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got, tier, err := s.Get("k"); err != nil || tier != TierArchive || !bytes.Equal(got.Data, v) {
+		t.Fatalf("after reopen: tier %v err %v", tier, err)
+	}
+	if _, _, err := s.Get("lost"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a value never persisted survived a close without flush: %v", err)
+	}
+	mem, err := Open(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	if err := mem.Put("k", Value{Data: v}, PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mem.Persist("k"); !errors.Is(err, ErrNoArchive) {
+		t.Fatalf("persist without an archive: %v", err)
+	}
+}

@@ -37,6 +37,7 @@ workloads:
   fleet      sessions moving between replicas (sidecar + llama-server each) with and without a shared Redis store
   scale      sessions in batches up to 100,000 on a scripted upstream: turn latency, RSS, open files, disk per session
   serve      a serving benchmark of your own deployment: multi-turn streamed conversations, TTFT/ITL/E2EL as vLLM reports them (--target URL ...)
+  resp       the RESP listener (--resp-listen) beside redis-server: SET/GET GB/s and p50/p99 at 1/8/32 MiB and 1/8/32 connections, a working set 4x RAM, kill -9
   upstream   serve a scripted OpenAI-compatible upstream (for proxy benchmarks and demos)
 
 With no workload, sidecar bench runs amortization (about 20 s on 2 cores). --json prints one JSON
@@ -81,6 +82,8 @@ func run(args []string) int {
 		err = benchScale(args)
 	case "archive":
 		err = benchArchive(args)
+	case "resp":
+		err = benchRESP(args)
 	case "help", "-h", "--help":
 		fmt.Print(benchUsage)
 		return 0

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/kvsidecar/kvsidecar/respstore"
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
@@ -30,6 +31,8 @@ type inspectReport struct {
 		Bytes       int64              `json:"bytes"`
 		Quarantined []tiers.Quarantine `json:"quarantined"`
 	} `json:"kv"`
+	// RESP is the store of --resp-listen (--data-dir/resp), when there is one.
+	RESP *respstore.Inventory `json:"resp,omitempty"`
 }
 
 // cmdInspect reports what a data dir holds: session logs and indexes, and
@@ -111,6 +114,14 @@ func inspect(dir string) (inspectReport, error) {
 			return r, fmt.Errorf("kv archive: %w", err)
 		}
 	}
+	respDir := filepath.Join(dir, "resp")
+	if _, err := os.Stat(respDir); err == nil {
+		inv, err := respstore.Inspect(respDir)
+		if err != nil {
+			return r, err
+		}
+		r.RESP = &inv
+	}
 	return r, nil
 }
 
@@ -124,6 +135,16 @@ func writeInspect(w io.Writer, r inspectReport) error {
 	fmt.Fprintf(tw, "KV quarantined\t%d\n", len(r.KV.Quarantined))
 	for _, q := range r.KV.Quarantined {
 		fmt.Fprintf(tw, "  %s\t%s\n", q.File, q.Reason)
+	}
+	if v := r.RESP; v != nil {
+		fmt.Fprintf(tw, "RESP values\t%d (%d bytes, %d on disk)\n", v.Values, v.Bytes, v.FileBytes)
+		for _, t := range v.Tenants {
+			fmt.Fprintf(tw, "  tenant %s\t%d keys, %d bytes, %d salts\n", t.Tenant, t.Keys, t.Bytes, t.Salts)
+		}
+		fmt.Fprintf(tw, "RESP quarantined\t%d\n", len(v.Quarantined))
+		for _, q := range v.Quarantined {
+			fmt.Fprintf(tw, "  %s\t%s\n", q.File, q.Reason)
+		}
 	}
 	return tw.Flush()
 }

@@ -99,6 +99,8 @@ type serveConfig struct {
 	maxDiskBytes int64
 	memoryBudget byteSize
 
+	resp resp
+
 	remote         string
 	remotePrefix   string
 	remoteOwner    string
@@ -179,6 +181,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.remoteOwner, "remote-owner", "", "this replica's address as the other replicas see it, written into its session leases (default: the --listen address); must be unique in the fleet")
 	fs.DurationVar(&c.remoteLeaseTTL, "remote-lease-ttl", 10*time.Second, "how long a session lease outlives a replica that died holding it")
 	fs.IntVar(&c.remoteChunk, "remote-chunk-bytes", 4<<20, "chunk size of engine states in the --remote store")
+	respFlags(fs, &c.resp)
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
 	return fs
@@ -287,6 +290,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	log.Info("opened device", "ms", time.Since(t).Milliseconds(), "device", dev.Name(), "kind", dev.Kind().String())
 
 	var fl *fleet.Fleet
+	var rstore *remote.Store
 	var ln net.Listener
 	if c.remote != "" {
 		// Listen first: the lease owner's default is the bound address
@@ -311,6 +315,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 			return fmt.Errorf("--remote: %w", err)
 		}
 		onClose("remote store", rs.Close) // last: memory and the engine write through it until they close
+		rstore = rs
 		if fl, err = fleet.New(fleet.Options{Store: rs, Logger: log}); err != nil {
 			return err
 		}
@@ -348,6 +353,10 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	}
 	onClose("KV cache", kvc.Close)
 	log.Info("opened KV cache", "ms", time.Since(t).Milliseconds(), "dir", filepath.Join(dataDir, "kv"), "quarantined", len(kvc.Store().Quarantined()))
+
+	if err := openRESP(c, dataDir, focusDev, rstore, reg, log, onClose); err != nil {
+		return err
+	}
 
 	ec := engine.Config{BaseURL: c.upstream, Cache: kvc, Logger: log, SlotDir: c.slotDir, Slots: c.slots, Preload: c.preload}
 	if fl != nil {

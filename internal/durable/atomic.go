@@ -63,6 +63,21 @@ func WriteFile(path string, data []byte) error {
 // The folder must exist; a folder created just before needs its own entry
 // made durable (MkdirAll does that).
 func WriteAtomicFS(fsys FS, path string, write func(w io.Writer) error) (err error) {
+	return writeAtomic(fsys, path, write, true)
+}
+
+// WriteAtomicFSNoSync is WriteAtomicFS without its two fsyncs: when it
+// returns nil, path holds exactly the new bytes for every reader and keeps
+// them across kill -9 of the process (they are the kernel's), but a power
+// loss or a kernel crash before the file and its folder are fsynced (File
+// Sync and SyncDir, or the kernel's own writeback) may bring the old file
+// back, or leave the new one with a hole its owner's checksum must catch.
+// The write costs a copy into the page cache instead of two disk flushes.
+func WriteAtomicFSNoSync(fsys FS, path string, write func(w io.Writer) error) error {
+	return writeAtomic(fsys, path, write, false)
+}
+
+func writeAtomic(fsys FS, path string, write func(w io.Writer) error, sync bool) (err error) {
 	var f File
 	var tmp string
 	for range 8 {
@@ -87,8 +102,10 @@ func WriteAtomicFS(fsys FS, path string, write func(w io.Writer) error) (err err
 	if err = bw.Flush(); err != nil {
 		return fmt.Errorf("durable: write %s: %w", path, err)
 	}
-	if err = f.Sync(); err != nil {
-		return fmt.Errorf("durable: write %s: fsync: %w", path, err)
+	if sync {
+		if err = f.Sync(); err != nil {
+			return fmt.Errorf("durable: write %s: fsync: %w", path, err)
+		}
 	}
 	cerr := f.Close()
 	f = nil
@@ -99,6 +116,9 @@ func WriteAtomicFS(fsys FS, path string, write func(w io.Writer) error) (err err
 	if err := fsys.Rename(tmp, path); err != nil {
 		fsys.Remove(tmp)
 		return fmt.Errorf("durable: write %s: rename: %w", path, err)
+	}
+	if !sync {
+		return nil
 	}
 	if err := fsys.SyncDir(filepath.Dir(path)); err != nil {
 		return fmt.Errorf("durable: write %s: %w: %w", path, ErrUnsyncedRename, err)

@@ -118,3 +118,27 @@ func TestNewCorruptMatchesErrCorrupt(t *testing.T) {
 		t.Fatal("sentinels do not classify")
 	}
 }
+
+// WriteAtomicFSNoSync puts the new bytes in place without an fsync of the
+// file or of its folder (both would fail here); a failed rename still
+// keeps the old bytes.
+func TestWriteAtomicNoSync(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	if err := WriteFile(path, []byte("old")); err != nil {
+		t.Fatal(err)
+	}
+	write := func(w io.Writer) error { _, err := w.Write([]byte("staged")); return err }
+	if err := WriteAtomicFSNoSync(&failFS{failSync: true, failSyncDir: true}, path, write); err != nil {
+		t.Fatalf("no-sync write called fsync: %v", err)
+	}
+	if got, _ := os.ReadFile(path); string(got) != "staged" {
+		t.Fatalf("file holds %q", got)
+	}
+	if err := WriteAtomicFSNoSync(&failFS{failRename: true}, path, func(w io.Writer) error { _, err := w.Write([]byte("x")); return err }); !errors.Is(err, errInjected) {
+		t.Fatalf("rename failure: %v", err)
+	}
+	if got, _ := os.ReadFile(path); string(got) != "staged" {
+		t.Fatalf("after a failed rename the file holds %q", got)
+	}
+}

@@ -211,3 +211,6 @@ func (s *Server) removeTmp() {
 
 // LogTail returns at most the last n bytes of the server's log.
 func (s *Server) LogTail(n int) string { return launch.Tail(s.LogPath(), n) }
+
+// Pid is the running server's process id, 0 when none runs.
+func (s *Server) Pid() int { return s.proc.Pid() }
