@@ -30,10 +30,12 @@ import (
 //
 // The admin token sees every tenant; each call about sessions, memories or
 // knowledge names one with ?tenant= (the tenant ids the sidecar stores:
-// "t_" and 16 hex digits, a hash of the API key, or "anonymous"). The
+// "t_" and 16 hex digits, a hash of the API key or of a RESP client's
+// AUTH credentials, "u_<name>" for a --resp-users account, or
+// "anonymous"). The
 // normal routes are untouched: an API key still sees only its own tenant.
 //
-//	GET    /admin/v1/tenants                          tenants with stored sessions
+//	GET    /admin/v1/tenants                          tenants with stored sessions or RESP keys
 //	GET    /admin/v1/sessions?tenant=&user=           a tenant's sessions (of one user)
 //	GET    /admin/v1/sessions/{id}?tenant=            history, window tiers, last window and recall, engine
 //	DELETE /admin/v1/sessions/{id}?tenant=            delete the session (and its KV)
@@ -49,6 +51,7 @@ import (
 //	DELETE /admin/v1/triples/{id}?tenant=&user=
 //	GET    /admin/v1/reviews?tenant=&user=            the memory reviewer's decisions
 //	GET    /admin/v1/kv                               KV cache, engine and memory counters, time series
+//	GET    /admin/v1/resp[?tenant=]                   the RESP listener: store, totals, tenants, one tenant
 
 const (
 	// adminMaxSessions bounds the sessions one user-wide memory listing
@@ -147,7 +150,7 @@ func (s *Server) handleAdmin(ctx *fasthttp.RequestCtx, tail []byte) {
 	case "kv":
 		a.only(len(segs) == 1, "GET").kv()
 	case "tenants":
-		a.only(len(segs) == 1, "GET").memory().tenants()
+		a.only(len(segs) == 1, "GET").tenants()
 	case "sessions":
 		switch len(segs) {
 		case 1:
@@ -183,6 +186,8 @@ func (s *Server) handleAdmin(ctx *fasthttp.RequestCtx, tail []byte) {
 		}
 	case "reviews":
 		a.only(len(segs) == 1, "GET").tenant().reviews()
+	case "resp":
+		a.only(len(segs) == 1, "GET").resp()
 	default:
 		a.notFound()
 	}
@@ -326,18 +331,6 @@ func (a *adminReq) ok(status int, v any) {
 func list(v any) map[string]any { return map[string]any{"object": "list", "data": v} }
 
 // --- tenants and sessions
-
-func (a *adminReq) tenants() {
-	if a.done {
-		return
-	}
-	ts, err := a.s.admin.Tenants()
-	if err != nil {
-		a.storeErr(err)
-		return
-	}
-	a.ok(fasthttp.StatusOK, list(ts))
-}
 
 // userInfo is one user of a tenant with its sessions.
 type userInfo struct {

@@ -6,7 +6,8 @@
 // It depends on session memory and the KV cache only through interfaces it
 // owns, each as small as its callers (options.go): Memory for the chat path,
 // the sessions API and the pool; AdminMemory, a Memory that can also list
-// and edit, for the console; KV for /v1/kv, the KV metrics and the console.
+// and edit, for the console; KV for /v1/kv, the KV metrics and the console;
+// RESP, the RESP listener's Stats (package respstore), for the console.
 // Every connection is read through package frontdoor (server.go wraps the
 // listener fasthttp serves; evloop_linux.go reads heads with its Head): one
 // strict reader decides each request's framing and header lines before any
@@ -20,7 +21,8 @@
 // relay.go and stream.go (SSE), background.go (the work left after
 // responses), memory.go (windows and recording), pool.go and
 // poolevents.go (the shared pool's API and its event stream), admin*.go
-// and console.go (the console), rawio_linux.go (the client's and the
+// and console.go (the console; admin_resp.go its view of the RESP
+// listener), rawio_linux.go (the client's and the
 // upstream's TCP connections read and written with raw system calls
 // through their poller; a stream's last writes held into one; an upstream
 // request sent in the read that waits for its answer).

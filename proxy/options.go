@@ -13,6 +13,7 @@ import (
 	"github.com/kvsidecar/kvsidecar/internal/obs"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
+	"github.com/kvsidecar/kvsidecar/respstore"
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
@@ -160,6 +161,13 @@ type Options struct {
 	// Knowledge serves the console's triples and reviewer panels. Nil: the
 	// panels are empty. Read only when AdminToken is set.
 	Knowledge Knowledge
+
+	// RESP is the RESP listener (--resp-listen), usually a
+	// *respstore.Server: the console shows its store and each tenant's
+	// figures (GET /admin/v1/resp) and lists its tenants beside memory's.
+	// Nil: the listener is off, and the console says so. Read only when
+	// AdminToken is set. The Server does not close it.
+	RESP RESP
 
 	// ConsoleSampleEvery is the period of the console's KV time series
 	// (hit rate, tier occupancy), kept for the last ConsoleSamples
@@ -344,7 +352,16 @@ type KV interface {
 	AmortizationStats() kv.AmortizationStats
 }
 
+// RESP is what the console needs of the RESP listener (package
+// respstore's Server): a snapshot of its figures, per tenant. Stats may
+// walk every key (no value is read); the console calls it once per page
+// refresh.
+type RESP interface {
+	Stats() respstore.Stats
+}
+
 var (
 	_ AdminMemory = (*memory.Store)(nil)
 	_ KV          = (*kv.Cache)(nil)
+	_ RESP        = (*respstore.Server)(nil)
 )
