@@ -49,26 +49,26 @@ func respFlags(fs *flag.FlagSet, r *resp) {
 }
 
 // openRESP opens the RESP listener when --resp-listen is set and serves it
-// until the sidecar closes.
-func openRESP(c serveConfig, dataDir string, dev gpu.Device, rs *remote.Store, reg *obs.Registry, log *slog.Logger, onClose func(string, func() error)) error {
+// until the sidecar closes; nil when it is off.
+func openRESP(c serveConfig, dataDir string, dev gpu.Device, rs *remote.Store, reg *obs.Registry, log *slog.Logger, onClose func(string, func() error)) (*respstore.Server, error) {
 	r := c.resp
 	if r.listen == "" {
-		return nil
+		return nil, nil
 	}
 	t := time.Now()
 	var users []respstore.User
 	if r.usersFile != "" {
 		f, err := os.Open(r.usersFile)
 		if err != nil {
-			return fmt.Errorf("--resp-users: %w", err)
+			return nil, fmt.Errorf("--resp-users: %w", err)
 		}
 		users, err = respstore.ParseUsers(f)
 		f.Close()
 		if err != nil {
-			return fmt.Errorf("--resp-users: %w", err)
+			return nil, fmt.Errorf("--resp-users: %w", err)
 		}
 		if users == nil {
-			return errors.New("--resp-users: the file lists no account")
+			return nil, errors.New("--resp-users: the file lists no account")
 		}
 	}
 	opts := respstore.Options{
@@ -84,17 +84,17 @@ func openRESP(c serveConfig, dataDir string, dev gpu.Device, rs *remote.Store, r
 	}
 	for _, v := range []byteSize{r.ramBytes, r.diskBytes, r.unsynced, r.maxValue, r.quota, r.saltQuota, r.focusBytes} {
 		if v < 0 {
-			return errors.New("--kv-ram-bytes and the --resp-* sizes must not be negative")
+			return nil, errors.New("--kv-ram-bytes and the --resp-* sizes must not be negative")
 		}
 	}
 	srv, err := respstore.Open(opts)
 	if err != nil {
-		return fmt.Errorf("--resp-listen: %w", err)
+		return nil, fmt.Errorf("--resp-listen: %w", err)
 	}
 	ln, err := net.Listen("tcp", r.listen)
 	if err != nil {
 		srv.Close()
-		return fmt.Errorf("--resp-listen %s: %w", r.listen, err)
+		return nil, fmt.Errorf("--resp-listen %s: %w", r.listen, err)
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -119,7 +119,7 @@ func openRESP(c serveConfig, dataDir string, dev gpu.Device, rs *remote.Store, r
 	}
 	log.Info("RESP listening", "resp_listen", ln.Addr().String(), "ms", time.Since(t).Milliseconds(), "dir", opts.Dir,
 		"loaded", srv.Loaded(), "ram_bytes", int64(r.ramBytes), "fsync", r.fsync, "users", len(users), "go_memory_limit", limit)
-	return nil
+	return srv, nil
 }
 
 // respMemoryLimit is the Go runtime's soft memory limit with the RESP

@@ -354,7 +354,8 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	onClose("KV cache", kvc.Close)
 	log.Info("opened KV cache", "ms", time.Since(t).Milliseconds(), "dir", filepath.Join(dataDir, "kv"), "quarantined", len(kvc.Store().Quarantined()))
 
-	if err := openRESP(c, dataDir, focusDev, rstore, reg, log, onClose); err != nil {
+	respSrv, err := openRESP(c, dataDir, focusDev, rstore, reg, log, onClose)
+	if err != nil {
 		return err
 	}
 
@@ -477,6 +478,10 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		}
 		mcpSrv = ms
 	}
+	var respView proxy.RESP // a nil *respstore.Server would be a non-nil interface
+	if respSrv != nil {
+		respView = respSrv
+	}
 	srv, err := proxy.New(proxy.Options{
 		MCP:                mcpSrv,
 		Fleet:              pf,
@@ -499,6 +504,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		Pprof:              c.adminPprof,
 		ConsoleSampleEvery: c.consoleEvery,
 		Knowledge:          mem,
+		RESP:               respView,
 		Logger:             log,
 		Metrics:            reg,
 
