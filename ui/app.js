@@ -137,6 +137,13 @@
     while (v >= 1024 && i < u.length - 1) { v /= 1024; i++; }
     return (i ? v.toFixed(1) : String(v)) + " " + u[i];
   }
+  // fmtDur formats nanoseconds (a Go time.Duration in JSON).
+  function fmtDur(ns) {
+    if (ns === undefined || ns === null || !isFinite(ns) || ns <= 0) return "–";
+    if (ns < 1e6) return (ns / 1e3).toFixed(ns < 1e4 ? 1 : 0) + " µs";
+    if (ns < 1e9) return (ns / 1e6).toFixed(ns < 1e7 ? 2 : 1) + " ms";
+    return (ns / 1e9).toFixed(2) + " s";
+  }
   function fmtTime(s) {
     if (!s) return "–";
     const d = new Date(s);
@@ -186,7 +193,10 @@
     const sel = $("tenant");
     const prev = state.tenant;
     sel.textContent = "";
-    for (const t of r.data) sel.appendChild(h("option", {value: t.tenant}, `${t.tenant} (${t.sessions} sessions)`));
+    for (const t of r.data) {
+      const what = [t.sessions || !t.resp_keys ? `${t.sessions} sessions` : "", t.resp_keys ? `${t.resp_keys} RESP keys` : ""].filter(Boolean).join(", ");
+      sel.appendChild(h("option", {value: t.tenant}, `${t.tenant} (${what})`));
+    }
     if (r.data.length === 0) sel.appendChild(h("option", {value: ""}, "no tenants yet"));
     state.tenant = r.data.some(t => t.tenant === prev) ? prev : (r.data[0] ? r.data[0].tenant : "");
     sel.value = state.tenant;
@@ -215,7 +225,7 @@
   const userSessions = () => state.sessions.filter(s => state.user === null || s.user === state.user);
 
   async function showTab(tab) {
-    if (!["sessions", "memories", "knowledge", "kv"].includes(tab)) tab = "sessions";
+    if (!["sessions", "memories", "knowledge", "kv", "resp"].includes(tab)) tab = "sessions";
     state.tab = tab;
     if (location.hash !== "#" + tab) history.replaceState(null, "", "#" + tab);
     for (const b of document.querySelectorAll("#tabs button")) b.classList.toggle("active", b.dataset.tab === tab);
@@ -226,6 +236,7 @@
       if (tab === "memories") await renderMemoriesPage();
       if (tab === "knowledge") await renderKnowledge();
       if (tab === "kv") await renderKV();
+      if (tab === "resp") await renderRESP();
     } catch (e) {
       toast(e.message, true);
     }
@@ -710,6 +721,142 @@
       series: [{name: "prompt tokens reused (engine)", color: SERIES_COLORS.engineReused, points: samples.map(s => [t(s), s.cached_tokens])},
         {name: "prompt tokens prefilled", color: SERIES_COLORS.prefilled, points: samples.map(s => [t(s), s.prefilled_tokens])},
         {name: "reused thanks to restores", color: SERIES_COLORS.restored, points: samples.map(s => [t(s), s.reused_tokens])}]});
+  }
+
+  // ---- RESP store
+
+  // The RESP store's tiers as an operator names them.
+  const RESP_TIERS = [["working", "RAM"], ["archive", "disk"], ["focus", "GPU"]];
+  const respTierName = t => (RESP_TIERS.find(x => x[0] === t) || [t, t])[1] + " (" + t + ")";
+
+  async function renderRESP() {
+    await refreshRESP();
+    const every = Math.max(1000, state.kvEvery || 5000);
+    state.kvTimer = setInterval(() => { if (state.tab === "resp" && !document.hidden) refreshRESP().catch(e => toast(e.message, true)); }, every);
+  }
+
+  // tierStack draws bytes by tier as one bar with its legend.
+  function tierStack(el, tierBytes) {
+    el.textContent = "";
+    const total = RESP_TIERS.reduce((n, [t]) => n + (tierBytes[t] || 0), 0);
+    const stack = h("div", {class: "stack"});
+    const legend = h("div", {class: "legend"});
+    for (const [t] of RESP_TIERS) {
+      const n = tierBytes[t] || 0;
+      if (n > 0) {
+        const sp = h("span", {title: respTierName(t) + ": " + fmtBytes(n)}, respTierName(t));
+        sp.style.flex = String(n / total);
+        sp.style.background = TIER_COLORS[t];
+        stack.appendChild(sp);
+      }
+      const sw = h("i");
+      sw.style.background = TIER_COLORS[t];
+      legend.appendChild(h("span", {"data-tier": t}, sw, respTierName(t) + " " + fmtBytes(n)));
+    }
+    el.appendChild(stack);
+    el.appendChild(legend);
+  }
+
+  async function refreshRESP() {
+    const current = latest("resp");
+    const d = await api("GET", "resp", {tenant: state.tenant || undefined});
+    if (!current()) return;
+    $("resp-off").hidden = d.enabled;
+    $("resp-on").hidden = !d.enabled;
+    if (!d.enabled) return;
+
+    // The tenant picked above.
+    const x = d.tenant;
+    $("resp-tenant").hidden = !x;
+    if (x) {
+      $("resp-tenant-name").textContent = x.tenant;
+      const idle = !x.keys && !x.hits && !x.misses && !x.sets;
+      $("resp-tenant-note").textContent = idle ? "holds no keys in the RESP store and made no lookups" : "";
+      const cards = $("resp-tenant-cards");
+      cards.textContent = "";
+      cards.appendChild(statCard("resp-card-hitratio", "Hit ratio", fmtPct(x.hit_ratio), `${fmtInt(x.hits)} hits, ${fmtInt(x.misses)} misses`));
+      cards.appendChild(statCard("resp-card-keys", "Keys", fmtInt(x.keys), `${fmtBytes(x.bytes)}; ${fmtInt(x.salts)} cache salts`));
+      cards.appendChild(statCard("resp-card-evictions", "Evictions", fmtInt(x.evictions), `${fmtBytes(x.evicted_bytes)} evicted to keep the quota`));
+      const quota = x.quota > 0 ? fmtBytes(x.quota) : "none";
+      cards.appendChild(statCard("resp-card-quota", "Quota", quota,
+        (x.quota > 0 ? fmtPct(x.bytes / x.quota) + " used; " : "") + `${fmtInt(x.quota_refusals)} SETs refused (larger than the quota)`));
+      tierStack($("resp-tenant-tiers"), x.tier_bytes || {});
+      const facts = $("resp-tenant-facts");
+      facts.textContent = "";
+      const add = (k, v) => { facts.appendChild(h("dt", {}, k)); facts.appendChild(h("dd", {}, v)); };
+      add("Stored", `${fmtInt(x.sets)} SETs, ${fmtBytes(x.bytes_in)} written`);
+      add("Served", `${fmtBytes(x.bytes_out)} read by GET`);
+      add("Deleted", `${fmtInt(x.deletes)} by DEL, ${fmtInt(x.expired)} expired, ${fmtInt(x.lost)} lost by the tiers`);
+    }
+
+    // The whole store.
+    const tot = d.totals, am = d.amortization;
+    const cards = $("resp-cards");
+    cards.textContent = "";
+    cards.appendChild(statCard("resp-card-total-hitratio", "Hit ratio, all tenants", fmtPct(tot.hit_ratio),
+      `${fmtInt(tot.hits)} hits, ${fmtInt(tot.misses)} misses; ${fmtInt(tot.tenants)} tenants`));
+    cards.appendChild(statCard("resp-card-conns", "Connections", fmtInt(d.connections),
+      `${fmtInt(d.refused_connections)} refused, ${fmtInt(d.auth_failures)} AUTH failures, ${fmtInt(d.protocol_errors)} protocol errors`));
+    cards.appendChild(statCard("resp-card-unsynced", "Unsynced bytes", fmtBytes(d.unsynced_bytes),
+      `--resp-fsync ${d.fsync}; ${fmtInt(d.persisted)} values written behind` + (d.persist_errors ? `, ${fmtInt(d.persist_errors)} failed` : "")));
+    cards.appendChild(statCard("resp-card-total-keys", "Keys", fmtInt(tot.keys), `${fmtBytes(tot.bytes)}; ${fmtInt(d.loaded)} found on disk at start`));
+    cards.appendChild(statCard("resp-card-total-evictions", "Evictions", fmtInt(tot.evictions), `${fmtBytes(tot.evicted_bytes)}; ${fmtInt(tot.quota_refusals)} SETs over a whole quota`));
+    cards.appendChild(statCard("resp-card-amortized", "Amortized cost per turn", fmtDur(am.amortized_cost_per_turn_ns),
+      am.computes ? `C_compute ${fmtDur(am.mean_compute_ns)}, C_load ${fmtDur(am.mean_load_all_ns)}, T ${fmtNum(am.turns_per_compute)}` : "no compute measured yet (a miss, then the SET of that key)"));
+
+    const tb = $("resp-tiers-table").tBodies[0];
+    tb.textContent = "";
+    for (const t of (d.cache && d.cache.tiers) || []) {
+      const occ = t.max_bytes > 0 ? t.bytes / t.max_bytes : 0;
+      const bar = h("span", {class: "occ"}, h("i"));
+      bar.firstChild.style.width = Math.min(100, 100 * occ) + "%";
+      bar.firstChild.style.background = TIER_COLORS[t.tier] || "#64748b";
+      tb.appendChild(h("tr", {"data-tier": t.tier}, h("td", {class: "nowrap"}, h("span", {class: "badge " + t.tier, title: t.tier}, (RESP_TIERS.find(x => x[0] === t.tier) || [t.tier, t.tier])[1])), h("td", {class: "num"}, fmtInt(t.entries)),
+        h("td", {class: "num"}, fmtBytes(t.bytes)), h("td", {class: "num"}, t.max_bytes > 0 ? fmtBytes(t.max_bytes) : "none"),
+        h("td", {class: "nowrap"}, bar, t.max_bytes > 0 ? fmtPct(occ) : "–"), h("td", {class: "num"}, fmtInt(t.hits)), h("td", {class: "num"}, fmtInt(t.misses)),
+        h("td", {class: "num"}, fmtInt(t.quarantined || 0))));
+    }
+
+    const af = $("resp-amortization");
+    af.textContent = "";
+    const add = (k, v) => { af.appendChild(h("dt", {}, k)); af.appendChild(h("dd", {}, v)); };
+    add("Loads", fmtInt(am.loads) + " GETs served from the tiers instead of a compute");
+    add("Computes", fmtInt(am.computes) + " misses followed by the SET of that key");
+    add("C_compute", fmtDur(am.mean_compute_ns) + " (a miss to its SET: the engine's prefill and the transfer)");
+    const loads = RESP_TIERS.filter(([t]) => am.mean_load_ns && am.mean_load_ns[t]).map(([t]) => respTierName(t) + " " + fmtDur(am.mean_load_ns[t]));
+    add("C_load", fmtDur(am.mean_load_all_ns) + (loads.length ? " (" + loads.join(", ") + ")" : ""));
+    add("T", am.computes ? fmtNum(am.turns_per_compute) + " lookups per compute" : "–");
+    add("Per turn", fmtDur(am.amortized_cost_per_turn_ns) + " = (C_compute + (T−1)·C_load) / T");
+    if (d.remote_hits || d.remote_errors) add("--remote", `${fmtInt(d.remote_hits)} hits, ${fmtInt(d.remote_errors)} errors`);
+
+    const cb = $("resp-commands").tBodies[0];
+    cb.textContent = "";
+    for (const [name, n] of Object.entries(d.commands || {}).sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1))) {
+      cb.appendChild(h("tr", {"data-command": name}, h("td", {}, name), h("td", {class: "num"}, fmtInt(n))));
+    }
+
+    const rt = $("resp-tenants-table").tBodies[0];
+    rt.textContent = "";
+    $("resp-tenants-count").textContent = "(" + (d.tenants.length < d.tenants_total ? d.tenants.length + " of " : "") + d.tenants_total + ", most bytes first)";
+    $("resp-tenants-empty").hidden = d.tenants.length > 0;
+    for (const t of d.tenants) {
+      const tiers = t.tier_bytes || {};
+      const tr = h("tr", {"data-tenant": t.tenant, title: "Show " + t.tenant, onclick: () => pickTenant(t.tenant)},
+        h("td", {class: "id"}, t.tenant), h("td", {class: "num"}, fmtInt(t.keys)), h("td", {class: "num"}, fmtBytes(t.bytes)),
+        h("td", {class: "num"}, fmtBytes(tiers.working || 0)), h("td", {class: "num"}, fmtBytes(tiers.archive || 0)), h("td", {class: "num"}, fmtBytes(tiers.focus || 0)),
+        h("td", {class: "num"}, fmtPct(t.hit_ratio)), h("td", {class: "num"}, fmtInt(t.hits)), h("td", {class: "num"}, fmtInt(t.misses)),
+        h("td", {class: "num"}, fmtInt(t.evictions)), h("td", {class: "num"}, t.quota > 0 ? fmtBytes(t.quota) : "none"), h("td", {class: "num"}, fmtInt(t.quota_refusals)));
+      if (t.tenant === state.tenant) tr.classList.add("selected");
+      rt.appendChild(tr);
+    }
+  }
+
+  // pickTenant makes tenant the one the page shows, as the picker does.
+  async function pickTenant(tenant) {
+    const sel = $("tenant");
+    if (![...sel.options].some(o => o.value === tenant)) sel.appendChild(h("option", {value: tenant}, tenant));
+    sel.value = tenant;
+    sel.dispatchEvent(new Event("change"));
   }
 
   // ---- wiring
