@@ -51,6 +51,9 @@ type respView struct {
 	TenantsTotal int          `json:"tenants_total"`
 	Totals       respTotals   `json:"totals"`
 	Tenant       *respTenant  `json:"tenant,omitempty"`
+	// SampleEveryMs is how often the page asks again (the console's
+	// sample period).
+	SampleEveryMs int64 `json:"sample_every_ms"`
 }
 
 func hitRatio(hits, misses int64) *float64 {
@@ -87,7 +90,7 @@ func (a *adminReq) resp() {
 	}
 	st := r.Stats()
 	v := respView{Object: "resp", Enabled: true, Stats: st, Tenants: []respTenant{}, TenantsTotal: len(st.Tenants),
-		Totals: respTotals{Tenants: len(st.Tenants), TierBytes: map[string]int64{}}}
+		Totals: respTotals{Tenants: len(st.Tenants), TierBytes: map[string]int64{}}, SampleEveryMs: a.s.opts.ConsoleSampleEvery.Milliseconds()}
 	v.Stats.Tenants = nil
 	for i, t := range st.Tenants {
 		rt := newRESPTenant(t)

@@ -82,7 +82,8 @@ type apiRESP struct {
 		Evictions     int64
 		QuotaRefusals int64 `json:"quota_refusals"`
 	}
-	Tenant *apiRESPTenant
+	Tenant        *apiRESPTenant
+	SampleEveryMs int64 `json:"sample_every_ms"`
 }
 
 // TestAdminRESP: the console's RESP view reports, per tenant, what real
@@ -163,7 +164,7 @@ func TestAdminRESP(t *testing.T) {
 		t.Fatalf("totals in the RESP view: %+v", v.Totals)
 	}
 	if v.Connections == nil || *v.Connections < 2 || v.Unsynced == nil || v.Fsync != "background" || v.Commands["SET"] != 6 || v.Commands["GET"] != 4 ||
-		v.Cache == nil || len(v.Cache.Tiers) == 0 {
+		v.Cache == nil || len(v.Cache.Tiers) == 0 || v.SampleEveryMs != 5000 {
 		t.Fatalf("the store in the RESP view: %+v", v)
 	}
 	// The amortization: GET d missed, its SET followed (one compute); the

@@ -761,6 +761,7 @@
     const current = latest("resp");
     const d = await api("GET", "resp", {tenant: state.tenant || undefined});
     if (!current()) return;
+    if (d.sample_every_ms) state.kvEvery = d.sample_every_ms;
     $("resp-off").hidden = d.enabled;
     $("resp-on").hidden = !d.enabled;
     if (!d.enabled) return;
