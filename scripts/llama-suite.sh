@@ -74,8 +74,10 @@ make -s build >/dev/null
 SIDECAR=$(pwd)/bin/sidecar
 
 # The "server" the suite starts through the sidecar: llama-server on a port
-# of its own, the sidecar on the port the test asked for (this process,
-# exec'd, so the suite's terminate reaches it; llama-server dies with it).
+# of its own, the sidecar on the port the test asked for; when either ends
+# the other is stopped and the wrapper exits (a llama-server that cannot
+# start fails the test at once, as direct); the suite's terminate reaches
+# both, and a kill of the wrapper takes them along (pdeathsig).
 cat >"$WORK/through.sh" <<'SH'
 #!/usr/bin/env bash
 args=(); host=127.0.0.1; port=8080; slots=""
@@ -89,11 +91,16 @@ while [ $# -gt 0 ]; do
   esac
 done
 up=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-setpriv --pdeathsig KILL "$KVS_LLAMA_SERVER" "${args[@]}" --host 127.0.0.1 --port "$up" &
+setpriv --pdeathsig KILL "$KVS_LLAMA_SERVER" "${args[@]}" --host 127.0.0.1 --port "$up" & L=$!
 data=$(mktemp -d)
-exec "$KVS_SIDECAR" serve --listen "$host:$port" --upstream "http://127.0.0.1:$up" --data-dir "$data" \
+setpriv --pdeathsig KILL "$KVS_SIDECAR" serve --listen "$host:$port" --upstream "http://127.0.0.1:$up" --data-dir "$data" \
   --engine "$KVS_ENGINE" --llamacpp-slot-dir "${slots:-$data}" --llamacpp-slots "${np:-1}" \
-  --admin-listen off --shutdown-timeout 2s --log-level warn --log-format text
+  --admin-listen off --shutdown-timeout 2s --log-level warn --log-format text & S=$!
+trap 'kill -TERM $S $L 2>/dev/null; wait; rm -rf "$data"; exit 143' TERM INT
+wait -n $L $S; code=$?
+kill -TERM $S $L 2>/dev/null; wait
+rm -rf "$data"
+exit $code
 SH
 chmod +x "$WORK/through.sh"
 
