@@ -120,6 +120,13 @@ func NewConn(c net.Conn, o *Options) *Conn {
 	return &Conn{Conn: c, o: o}
 }
 
+// Resume reads c through the front door when read holds bytes already read
+// from it (the event loop's hand-over): they are the start of what Read
+// parses. Resume keeps read.
+func Resume(c net.Conn, o *Options, read []byte) *Conn {
+	return &Conn{Conn: c, o: o, buf: read, w: len(read)}
+}
+
 // Unwrap returns the client connection.
 func (c *Conn) Unwrap() net.Conn { return c.Conn }
 

@@ -22,10 +22,10 @@
 // responses), memory.go (windows and recording), pool.go and
 // poolevents.go (the shared pool's API and its event stream), admin*.go
 // and console.go (the console; admin_resp.go its view of the RESP
-// listener), rawio_linux.go (the client's and the
-// upstream's TCP connections read and written with raw system calls
-// through their poller; a stream's last writes held into one; an upstream
-// request sent in the read that waits for its answer).
+// listener). The client's and the upstream's TCP connections are read and
+// written with raw system calls through their poller (package
+// internal/rawconn): a stream's last writes held into one, an upstream
+// request sent in the read that waits for its answer.
 //
 // Invariants:
 //   - Every error a client sees is OpenAI-shaped JSON

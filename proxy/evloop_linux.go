@@ -44,6 +44,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/frontdoor"
+	"github.com/kvsidecar/kvsidecar/internal/rawconn"
 )
 
 const (
@@ -144,6 +145,7 @@ type evLoop struct {
 	host   []byte
 	engine bool // the engine connector's hooks run (generic)
 	lim    frontdoor.Limits
+	front  frontdoor.Options // the handed-over connections'
 
 	conns []*evConn // by fd
 	free  []*evConn
@@ -235,20 +237,21 @@ func (s *Server) loopEligible(ln net.Listener) string {
 }
 
 // startLoop starts the loop on ln when Options.EventLoop asks and the
-// server allows; it returns the listener fasthttp serves (ln itself
-// without the loop) and the loop. Serve calls it with loopMu held.
+// server allows; it returns the listener fasthttp serves (ln through the
+// front door without the loop) and the loop. Serve calls it with loopMu
+// held.
 func (s *Server) startLoop(ln net.Listener) (net.Listener, *evLoop) {
 	if !s.opts.EventLoop {
-		return rawListener{ln}, nil
+		return s.frontListener(ln), nil
 	}
 	if why := s.loopEligible(ln); why != "" {
 		s.log.Warn("event loop off: "+why+"; serving on Go's poller", "upstream", s.opts.Upstream)
-		return rawListener{ln}, nil
+		return s.frontListener(ln), nil
 	}
 	l, err := newEvLoop(s, ln.(*net.TCPListener))
 	if err != nil {
 		s.log.Warn("event loop off; serving on Go's poller", "err", err)
-		return rawListener{ln}, nil
+		return s.frontListener(ln), nil
 	}
 	s.loop = l
 	go l.run()
@@ -259,7 +262,7 @@ func newEvLoop(s *Server, ln *net.TCPListener) (*evLoop, error) {
 	l := &evLoop{s: s, ln: ln, epfd: -1, lfd: -1, wakeR: -1, wakeW: -1,
 		conns: make([]*evConn, 256), epoch: time.Now(),
 		stopFlag: make(chan struct{}), forceFlag: make(chan struct{}), done: make(chan struct{}),
-		engine: s.engine != nil, lim: s.frontLimits(),
+		engine: s.engine != nil, lim: s.frontLimits(), front: s.frontOptions(),
 	}
 	l.hand = &handListener{addr: ln.Addr(), conns: make(chan net.Conn, 256), closed: make(chan struct{})}
 	port, _ := strconv.Atoi(s.base.Port())
@@ -678,7 +681,7 @@ func (l *evLoop) step(c *evConn) {
 				c.buf = nb
 			}
 			want := len(c.buf) - c.rlen
-			n, e := sysRead(uintptr(c.fd), c.buf[c.rlen:])
+			n, e := rawconn.SysRead(uintptr(c.fd), c.buf[c.rlen:])
 			switch {
 			case e == syscall.EAGAIN:
 				c.readable = false
@@ -721,7 +724,7 @@ func (l *evLoop) step(c *evConn) {
 			if !u.writable {
 				return
 			}
-			n, e := sysWrite(uintptr(u.fd), c.out[c.sent:])
+			n, e := rawconn.SysWrite(uintptr(u.fd), c.out[c.sent:])
 			switch {
 			case e == syscall.EAGAIN:
 				u.writable = false
@@ -757,7 +760,7 @@ func (l *evLoop) step(c *evConn) {
 				u.buf = nb
 			}
 			want := len(u.buf) - u.rlen
-			n, e := sysRead(uintptr(u.fd), u.buf[u.rlen:])
+			n, e := rawconn.SysRead(uintptr(u.fd), u.buf[u.rlen:])
 			switch {
 			case e == syscall.EAGAIN:
 				u.readable = false
@@ -781,7 +784,7 @@ func (l *evLoop) step(c *evConn) {
 			if !c.writable {
 				return
 			}
-			n, e := sysWrite(uintptr(c.fd), c.out[c.sent:])
+			n, e := rawconn.SysWrite(uintptr(c.fd), c.out[c.sent:])
 			switch {
 			case e == syscall.EAGAIN:
 				c.writable = false
@@ -910,29 +913,7 @@ func (l *evLoop) handOff(c *evConn) {
 		l.s.log.Warn("event loop: handing a connection over failed", "err", err)
 		return
 	}
-	rc := newRawConn(nc)
-	if x, ok := rc.(*rawConn); ok {
-		x.lazyDeadline()
-		x.pre = pre
-	} else {
-		rc = &prefixConn{Conn: rc, pre: pre}
-	}
-	l.hand.push(rc)
-}
-
-// prefixConn reads pre before its connection.
-type prefixConn struct {
-	net.Conn
-	pre []byte
-}
-
-func (p *prefixConn) Read(b []byte) (int, error) {
-	if len(p.pre) > 0 {
-		n := copy(b, p.pre)
-		p.pre = p.pre[n:]
-		return n, nil
-	}
-	return p.Conn.Read(b)
+	l.hand.push(frontdoor.Resume(rawconn.Server(nc), &l.front, pre))
 }
 
 // serve starts the request in c.buf[:c.reqLen] upstream, or hands the
@@ -1132,7 +1113,7 @@ func (l *evLoop) failBody(c *evConn, timedOut bool, err error) {
 // It returns true when c is gone.
 func (l *evLoop) clientGone(c *evConn) bool {
 	var b [1]byte
-	n, e := peekByte(uintptr(c.fd), &b)
+	n, e := rawconn.Peek(uintptr(c.fd), &b)
 	if e == 0 && n > 0 || e == syscall.EAGAIN {
 		c.rdhup = e == 0 // a pipelined byte: the peek finds the end later
 		return false

@@ -18,5 +18,5 @@ func (s *Server) startLoop(ln net.Listener) (net.Listener, *evLoop) {
 	if s.opts.EventLoop {
 		s.log.Warn("event loop off: it runs on Linux only; serving on Go's poller")
 	}
-	return rawListener{ln}, nil
+	return s.frontListener(ln), nil
 }

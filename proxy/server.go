@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/frontdoor"
+	"github.com/kvsidecar/kvsidecar/internal/rawconn"
 )
 
 // Server is the sidecar's HTTP front. Make one with New, serve with Serve,
@@ -194,7 +195,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	fl, loop := s.startLoop(ln)
 	s.served = append(s.served, fl)
 	s.loopMu.Unlock()
-	err := s.srv.Serve(frontdoor.NewListener(fl, s.frontOptions()))
+	err := s.srv.Serve(fl)
 	if loop != nil {
 		<-loop.done // Shutdown stopped it: Serve returned
 	}
@@ -245,6 +246,12 @@ func (s *Server) frontOptions() frontdoor.Options {
 		ReadTimeout: s.opts.ReadTimeout,
 		Reject:      s.frontReject,
 	}
+}
+
+// frontListener serves ln's connections through the front door, read and
+// written with raw system calls (package rawconn).
+func (s *Server) frontListener(ln net.Listener) net.Listener {
+	return frontdoor.NewListener(rawconn.Listener{Listener: ln}, s.frontOptions())
 }
 
 func (s *Server) frontLimits() frontdoor.Limits {
@@ -408,7 +415,7 @@ func (s *Server) ServeAdmin(ln net.Listener) error {
 	}
 	s.served = append(s.served, ln)
 	s.loopMu.Unlock()
-	err := s.adminSrv.Serve(frontdoor.NewListener(rawListener{ln}, s.frontOptions()))
+	err := s.adminSrv.Serve(s.frontListener(ln))
 	if err != nil && s.stopping.Err() != nil {
 		err = nil
 	}

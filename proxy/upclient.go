@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvsidecar/kvsidecar/internal/rawconn"
 )
 
 // upClient is the pooled HTTP/1.1 client to the one upstream. It is built on
@@ -94,12 +96,12 @@ func keepDeadline(set, want time.Time, timeout time.Duration) bool {
 }
 
 // lazyDeadliner is a connection that sets a deadline on its socket only
-// when the one set there would fire later (rawConn).
-type lazyDeadliner interface{ lazyDeadline() }
+// when the one set there would fire later (rawconn.Conn).
+type lazyDeadliner interface{ LazyDeadline() }
 
 // onReadSender is a connection that can send a request in the read that
-// waits for its answer (rawConn).
-type onReadSender interface{ sendOnRead() }
+// waits for its answer (rawconn.Conn).
+type onReadSender interface{ SendOnRead() }
 
 // dialError is a failure to connect (or to complete a TLS handshake): the
 // upstream never saw the request.
@@ -151,9 +153,9 @@ func (u *upClient) dial() (*upConn, error) {
 	if err != nil {
 		return nil, &dialError{err}
 	}
-	c = newRawConn(c)
+	c = rawconn.New(c)
 	if rc, ok := c.(lazyDeadliner); ok {
-		rc.lazyDeadline() // arm's read deadlines alternate between two bounds
+		rc.LazyDeadline() // arm's read deadlines alternate between two bounds
 	}
 	uc := &upConn{c: c, br: bufio.NewReaderSize(c, 32<<10), bw: bufio.NewWriterSize(c, 32<<10)}
 	uc.probe.init(c)
@@ -346,7 +348,7 @@ func (u *upClient) exchange(uc *upConn, now time.Time, req *fasthttp.Request, re
 		uc.arm(true, now, writeTimeout)
 	}
 	if s, ok := uc.c.(onReadSender); ok {
-		s.sendOnRead() // the request leaves in the Peek below
+		s.SendOnRead() // the request leaves in the Peek below
 	}
 	if err := req.Write(uc.bw); err != nil {
 		return &noResponseError{err}
