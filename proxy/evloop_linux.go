@@ -230,8 +230,8 @@ func (s *Server) loopEligible(ln net.Listener) string {
 	if ip := net.ParseIP(host); ip == nil {
 		return "the upstream is named, not an IP address"
 	}
-	if s.opts.Engine != nil && s.opts.Engine.Name() != "generic" {
-		return "the engine connector's hooks may block"
+	if !s.engine.NeverBlocks() {
+		return "the engine connector's hooks may block (it does not say engine.NonBlocking)"
 	}
 	return ""
 }

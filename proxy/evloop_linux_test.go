@@ -400,8 +400,8 @@ func TestEventLoopPoolKeepsAtMostMaxIdle(t *testing.T) {
 	}
 }
 
-// hookCounter is an engine connector named generic that records what its
-// hooks hear.
+// hookCounter is an engine connector whose hooks never block
+// (engine.NonBlocking) that records what they hear.
 type hookCounter struct {
 	mu      sync.Mutex
 	before  []string // tenant, model
@@ -409,7 +409,9 @@ type hookCounter struct {
 	rewrite []byte
 }
 
-func (h *hookCounter) Name() string { return "generic" }
+func (h *hookCounter) Name() string { return "counter" }
+
+func (h *hookCounter) NeverBlocks() bool { return true }
 
 func (h *hookCounter) Before(_ context.Context, r *engine.Request) ([]byte, error) {
 	h.mu.Lock()
@@ -546,5 +548,40 @@ func TestEventLoopBodyInPieces(t *testing.T) {
 	}
 	if reqs := ul.requests(); len(reqs) != 1 || !bytes.HasSuffix([]byte(reqs[0]), []byte(body)) {
 		t.Fatal("the upstream did not receive the body whole")
+	}
+}
+
+// namedGeneric has the generic connector's name and hooks, but not its
+// word that they never block.
+type namedGeneric struct{ hookCounter }
+
+func (*namedGeneric) Name() string      { return "generic" }
+func (*namedGeneric) NeverBlocks() bool { return false }
+
+// TestEventLoopNeedsNonBlockingHooks: the loop runs with a connector that
+// says its hooks never block (engine.NonBlocking), or none; not with one
+// that does not, whatever its name.
+func TestEventLoopNeedsNonBlockingHooks(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, c := range []struct {
+		name string
+		eng  engine.Plugin
+		on   bool
+	}{
+		{"none", nil, true},
+		{"non-blocking", &hookCounter{}, true},
+		{"named generic, may block", &namedGeneric{}, false},
+	} {
+		s, err := New(Options{Upstream: "http://127.0.0.1:1", Engine: c.eng, NoContextProbe: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if why := s.loopEligible(ln); (why == "") != c.on {
+			t.Errorf("%s: the loop's eligibility says %q, want on: %v", c.name, why, c.on)
+		}
 	}
 }
