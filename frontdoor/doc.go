@@ -16,8 +16,9 @@
 //   - Head.Parse: a request head read as nginx 1.22 reads it, refusing what
 //     nginx refuses (a stricter 400 where nginx lets something by that a
 //     server behind it could read another way). See Parse for the rules.
-//   - Chunked: a strict decoder of chunked request bodies; trailers are read,
-//     checked and dropped, never merged into the head.
+//   - Chunked: the decoder of chunked bodies: strict for a request, whose
+//     trailers are read, checked and dropped, never merged into the head;
+//     lenient (Chunked.Lenient) for an upstream's answer to the event loop.
 //   - Conn and Listener: a client connection whose Read returns one
 //     canonical request at a time (the head rewritten from what Parse kept,
 //     a chunked body decoded with its length), answering refused requests

@@ -122,8 +122,8 @@ type evConn struct {
 	status    int
 	framing   uint8
 	remain    int64
-	chunk     evChunk
-	body      []byte // the answer's body, decoded
+	chunk     frontdoor.Chunked // Lenient: an answer
+	body      []byte            // the answer's body, decoded
 	noReuse   bool
 	closeConn bool // the answer said Connection: close, or HTTP/1.0
 }
@@ -1001,7 +1001,7 @@ func (l *evLoop) attach(c, u *evConn, reused bool) {
 	u.client, c.up = c, u
 	u.reused = reused
 	u.rlen, u.got, u.headDone, u.noReuse, u.closeConn = 0, false, false, false, false
-	u.status, u.framing, u.remain, u.chunk = 0, frLength, 0, evChunk{}
+	u.status, u.framing, u.remain, u.chunk = 0, frLength, 0, frontdoor.Chunked{Lenient: true}
 	u.head, u.body = u.head[:0], u.body[:0]
 }
 
@@ -1191,8 +1191,8 @@ func (l *evLoop) onAnswer(c *evConn) bool {
 		u.body = append(u.body, data[:k]...)
 		u.remain -= k
 	case frChunked:
-		n, end, bad := u.chunk.feed(data, &u.body)
-		if bad {
+		n, end, err := u.chunk.Feed(data, &u.body, 0, 0)
+		if err != nil {
 			l.failBody(c, false, errors.New("malformed chunked body")) // broken, as fasthttp's body reader says
 			return false
 		}
@@ -1464,117 +1464,4 @@ func appendHeaderKey(dst, k []byte) []byte {
 		dst = append(dst, ch)
 	}
 	return dst
-}
-
-// evChunk decodes a chunked body.
-type evChunk struct {
-	st     uint8
-	digits uint8
-	size   uint64
-}
-
-const (
-	ckSize = iota
-	ckExt
-	ckData
-	ckDataCR
-	ckDataLF
-	ckTrailerStart
-	ckTrailerLine
-	ckFinalLF
-)
-
-// feed decodes b, appending the data to out. It returns how many bytes of
-// b belong to the body, whether the body ended and whether its framing is
-// invalid.
-func (d *evChunk) feed(b []byte, out *[]byte) (int, bool, bool) {
-	i := 0
-	for i < len(b) {
-		switch d.st {
-		case ckSize:
-			ch := b[i]
-			var v byte
-			switch {
-			case ch >= '0' && ch <= '9':
-				v = ch - '0'
-			case ch >= 'a' && ch <= 'f':
-				v = ch - 'a' + 10
-			case ch >= 'A' && ch <= 'F':
-				v = ch - 'A' + 10
-			case ch == '\r' || ch == ';' || ch == ' ' || ch == '\t' || ch == '\n':
-				if d.digits == 0 {
-					return i, false, true
-				}
-				d.st = ckExt
-				continue
-			default:
-				return i, false, true
-			}
-			if d.digits >= 15 {
-				return i, false, true
-			}
-			d.size = d.size<<4 | uint64(v)
-			d.digits++
-			i++
-		case ckExt:
-			j := bytes.IndexByte(b[i:], '\n')
-			if j < 0 {
-				return len(b), false, false
-			}
-			i += j + 1
-			d.digits = 0
-			if d.size == 0 {
-				d.st = ckTrailerStart
-			} else {
-				d.st = ckData
-			}
-		case ckData:
-			n := min(uint64(len(b)-i), d.size)
-			*out = append(*out, b[i:i+int(n)]...)
-			i += int(n)
-			d.size -= n
-			if d.size == 0 {
-				d.st = ckDataCR
-			}
-		case ckDataCR:
-			switch b[i] {
-			case '\r':
-				d.st = ckDataLF
-			case '\n':
-				d.st = ckSize
-			default:
-				return i, false, true
-			}
-			i++
-		case ckDataLF:
-			if b[i] != '\n' {
-				return i, false, true
-			}
-			d.st = ckSize
-			i++
-		case ckTrailerStart:
-			switch b[i] {
-			case '\r':
-				d.st = ckFinalLF
-			case '\n':
-				return i + 1, true, false
-			default:
-				d.st = ckTrailerLine
-			}
-			i++
-		case ckTrailerLine:
-			j := bytes.IndexByte(b[i:], '\n')
-			if j < 0 {
-				return len(b), false, false
-			}
-			i += j + 1
-			d.st = ckTrailerStart
-		case ckFinalLF:
-			if b[i] != '\n' {
-				return i, false, true
-			}
-			return i + 1, true, false
-		}
-	}
-	return i, false, false
 }
