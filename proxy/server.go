@@ -20,7 +20,6 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/frontdoor"
-	"github.com/kvsidecar/kvsidecar/internal/rawconn"
 )
 
 // Server is the sidecar's HTTP front. Make one with New, serve with Serve,
@@ -78,11 +77,11 @@ type Server struct {
 	samplerOnce sync.Once
 	sampler     sync.WaitGroup
 
-	// loop serves the pass-through on an event loop of its own
-	// (Options.EventLoop, evloop_linux.go); nil without one. Serve sets
-	// it, unless Shutdown began; Shutdown stops it.
+	// loop serves the pass-through on the front door's event loop
+	// (Options.EventLoop, loop.go); nil without one. Serve sets it,
+	// unless Shutdown began; Shutdown stops it.
 	loopMu sync.Mutex
-	loop   *evLoop
+	loop   *frontdoor.Loop
 	served []net.Listener // what Serve serves; Shutdown closes them
 }
 
@@ -197,7 +196,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.loopMu.Unlock()
 	err := s.srv.Serve(fl)
 	if loop != nil {
-		<-loop.done // Shutdown stopped it: Serve returned
+		<-loop.Done() // Shutdown stopped it: Serve returned
 	}
 	if err != nil && s.stopping.Err() != nil {
 		err = nil // the listener Shutdown closed
@@ -215,7 +214,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	loop, served := s.loop, s.served
 	s.loopMu.Unlock()
 	if loop != nil {
-		loop.shutdown(ctx)
+		loop.Shutdown(ctx)
 	}
 	err := s.srv.ShutdownWithContext(ctx)
 	err = errors.Join(err, s.adminSrv.ShutdownWithContext(ctx))
@@ -248,10 +247,9 @@ func (s *Server) frontOptions() frontdoor.Options {
 	}
 }
 
-// frontListener serves ln's connections through the front door, read and
-// written with raw system calls (package rawconn).
+// frontListener serves ln's connections through the front door.
 func (s *Server) frontListener(ln net.Listener) net.Listener {
-	return frontdoor.NewListener(rawconn.Listener{Listener: ln}, s.frontOptions())
+	return frontdoor.NewListener(ln, s.frontOptions())
 }
 
 func (s *Server) frontLimits() frontdoor.Limits {

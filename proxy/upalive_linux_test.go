@@ -142,8 +142,7 @@ func TestConnProbeOnRawConn(t *testing.T) {
 }
 
 // TestProxyConnectionsAreRaw: the upstream's connections are rawconn
-// Conns (every test's clients reach the Server through the front door's
-// listener, over rawconn.Listener).
+// Conns, and so are the clients' under the front door's Conn.
 func TestProxyConnectionsAreRaw(t *testing.T) {
 	u := newPoolUpstream(t, "127.0.0.1:0")
 	base, s := startSidecar(t, "http://"+u.addr, func(o *Options) { o.EventLoop = false }) // the loop has a pool of its own
@@ -155,5 +154,24 @@ func TestProxyConnectionsAreRaw(t *testing.T) {
 	}
 	if _, ok := s.up.idle[0].c.(*rawconn.Conn); !ok {
 		t.Fatalf("the upstream connection is %T", s.up.idle[0].c)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+			defer c.Close()
+			time.Sleep(time.Second)
+		}
+	}()
+	c, err := s.frontListener(ln).Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if h, ok := asTailHolder(c); !ok {
+		t.Fatalf("the client connection under %T is no rawconn.Conn (%T)", c, h)
 	}
 }

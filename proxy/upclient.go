@@ -14,6 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvsidecar/kvsidecar/frontdoor"
 	"github.com/kvsidecar/kvsidecar/internal/rawconn"
 )
 
@@ -380,7 +381,7 @@ func (u *upClient) exchange(uc *upConn, now time.Time, req *fasthttp.Request, re
 	}
 	// A head fasthttp refuses for its size or its framing headers is read
 	// again, whole, with its framing repaired the way lenient clients read
-	// it (see repairFraming). Any other is refused now: its bytes may
+	// it (see frontdoor.RepairFraming). Any other is refused now: its bytes may
 	// never reach an end of head to wait for.
 	buffered, _ := uc.br.Peek(uc.br.Buffered())
 	if !errors.As(err, &small) && !errors.Is(err, fasthttp.ErrDuplicateContentLength) && !hasHeaderLine(buffered, "Transfer-Encoding") {
@@ -409,7 +410,7 @@ func rereadHead(uc *upConn, resp *fasthttp.Response, skipBody bool) error {
 	if err != nil {
 		return err
 	}
-	head = repairFraming(head)
+	head = frontdoor.RepairFraming(head)
 	br := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(head), uc.br), len(head)+4096)
 	resp.StreamBody = true
 	resp.SkipBody = skipBody

@@ -11,7 +11,7 @@
 #   netproxy  a goroutine per connection on net.Conn and bufio (Go's poller, nothing else)
 #   fhproxy   a bare fasthttp server calling fasthttp.HostClient (fasthttp's reverse proxy)
 # Each runs with GOMAXPROCS=1 (nginx runs one worker); the sidecar as shipped (the pass-through
-# on its event loop, proxy/evloop_linux.go) and with --event-loop=false (on Go's poller). Environment: C (8), D (6 s), R (2), BIN. Needs wrk, nginx
+# on the front door's event loop, frontdoor/loop_linux.go) and with --event-loop=false (on Go's poller). Environment: C (8), D (6 s), R (2), BIN. Needs wrk, nginx
 # and perf (Debian packages: wrk, nginx, linux-perf).
 set -u
 cd "$(dirname "$0")/.."

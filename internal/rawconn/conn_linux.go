@@ -363,21 +363,8 @@ func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
 // CloseWrite half-closes, as net.TCPConn's.
 func (c *Conn) CloseWrite() error { return c.tc.CloseWrite() }
 
-// Listener hands out its TCP connections as Conns with lazy deadlines: a
-// server's connections, whose deadlines move on with each request.
-type Listener struct{ net.Listener }
-
-// Accept returns the next connection, a *Conn when it is TCP.
-func (l Listener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return Server(c), nil
-}
-
 // Server is New(c) with lazy deadlines (LazyDeadline): a server's
-// connection.
+// connection, whose deadlines move on with each request.
 func Server(c net.Conn) net.Conn {
 	c = New(c)
 	if rc, ok := c.(*Conn); ok {

@@ -26,10 +26,11 @@ func rawPair(t *testing.T) (raw net.Conn, peer *net.TCPConn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := Listener{ln}.Accept()
+	a, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)
 	}
+	s := Server(a)
 	if _, ok := s.(*Conn); !ok {
 		t.Fatalf("accepted %T, want *Conn", s)
 	}

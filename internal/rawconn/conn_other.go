@@ -8,8 +8,5 @@ import "net"
 // reads and writes serve.
 func New(c net.Conn) net.Conn { return c }
 
-// Listener is the listener it came from.
-type Listener struct{ net.Listener }
-
 // Server is c.
 func Server(c net.Conn) net.Conn { return c }
