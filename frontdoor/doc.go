@@ -17,9 +17,11 @@
 // Why a loop: on a small machine the proxy's CPU per request is its
 // latency, and Go's poller wakes a goroutine per socket event. One thread
 // on its own edge-triggered epoll loop (nginx's worker, in Go) serves the
-// pass-through at nginx's requests/s and tail, where the fasthttp path
-// reaches about 0.8 of its requests/s at 1.3–1.6 times its CPU per request
-// (make bench-proxy-wrk and bench-proxy-ceiling, docs/BENCHMARKS.md).
+// pass-through at or above nginx's requests/s, where the fasthttp path
+// behind the same front door serves about three quarters of them at 1.4
+// times the loop's CPU per request and nearly twice its p99 (make
+// bench-proxy-wrk and bench-proxy-ceiling; docs/BENCHMARKS.md, "The event
+// loop behind the strict front door").
 //
 // What it owns:
 //   - Head.Parse: a request head read as nginx 1.22 reads it, refusing what
