@@ -7,8 +7,10 @@
 //     (Before: may rewrite the JSON body), PostResponse (After, exactly
 //     once per Before), Settler, Reporter and SessionReporter (stats),
 //     Forgetter, MetricsExporter (its /metrics families), ConsoleReporter
-//     (its console facts, console.go) and Snapshotter (snapshot.go). A
-//     connector implements those it needs.
+//     (its console facts, console.go) and Snapshotter (snapshot.go); and
+//     one capability, NonBlocking (its client hooks never block, so they
+//     may run on the front door's event loop). A connector implements
+//     those it needs.
 //   - Hooks, the proxy's handle on one connector: each hook it has, the
 //     default of a connector that keeps nothing for each it lacks.
 //   - Request, Response and the errors of the hooks (request.go); Stats,

@@ -109,6 +109,17 @@ const (
 	RouteSlotAction
 )
 
+// NonBlocking is a connector's word that its Before and After never block
+// for a client's request (Request.Background false): no I/O with the
+// engine, no wait for a slot, no lock held across either. The proxy then
+// calls them on the front door's event loop, one thread serving every
+// connection, where a hook that waited would stall them all (package
+// frontdoor). A connector that saves and restores KV on the request path
+// (llama.cpp's) does not have it.
+type NonBlocking interface {
+	NeverBlocks() bool
+}
+
 // Hooks is the proxy's handle on one connector: each of its hooks, and for
 // a hook it lacks the default of a connector that keeps nothing (Before
 // forwards the body, Forget forgets nothing, Report is Stats with its name,
@@ -126,6 +137,8 @@ type Hooks struct {
 	console ConsoleReporter
 	router  Router
 	closer  io.Closer
+	// inline: Before and After never block for a client (NeverBlocks).
+	inline bool
 }
 
 // Wrap returns the hooks of connector p; nil for nil (no connector). Wrap
@@ -148,6 +161,8 @@ func Wrap(p Plugin) *Hooks {
 	h.console, _ = p.(ConsoleReporter)
 	h.router, _ = p.(Router)
 	h.closer, _ = p.(io.Closer)
+	nb, ok := p.(NonBlocking)
+	h.inline = ok && nb.NeverBlocks() || h.pre == nil && h.post == nil
 	return h
 }
 
@@ -157,6 +172,11 @@ func (h *Hooks) Plugin() Plugin { return h.p }
 
 // Name is the connector's name.
 func (h *Hooks) Name() string { return h.p.Name() }
+
+// NeverBlocks reports whether Before and After never block for a client's
+// request: the connector says so (NonBlocking), or it has neither hook.
+// Nil Hooks (no connector) never block.
+func (h *Hooks) NeverBlocks() bool { return h == nil || h.inline }
 
 // Before runs the connector's PreRequest hook; without one the body goes
 // as it is.

@@ -75,6 +75,32 @@ func TestHooksDefaults(t *testing.T) {
 	}
 }
 
+// inline says its hooks never block; blocking has hooks and says nothing.
+type inline struct{ beforeOnly }
+
+func (*inline) NeverBlocks() bool { return true }
+
+type blocking struct{ beforeOnly }
+
+// TestHooksNeverBlocks: the capability is the connector's word (or the
+// absence of both request hooks), never its name.
+func TestHooksNeverBlocks(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		h    *Hooks
+		want bool
+	}{
+		{"no connector", Wrap(nil), true},
+		{"no request hooks", Wrap(bare{}), true},
+		{"hooks, no word", Wrap(&blocking{}), false},
+		{"hooks and the word", Wrap(&inline{}), true},
+	} {
+		if got := c.h.NeverBlocks(); got != c.want {
+			t.Errorf("%s: NeverBlocks = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
 func TestFormat(t *testing.T) {
 	for n, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -12345: "-12,345"} {
 		if got := FormatCount(n); got != want {

@@ -2,13 +2,31 @@ package frontdoor
 
 import "bytes"
 
-// Chunked decodes a request's chunked body (RFC 9112 §7.1) strictly, as
-// nginx's ngx_http_parse_chunked does: hex sizes (leading zeros allowed,
-// a size that overflows refused), chunk extensions skipped, CRLF or a bare
-// LF after a size and after data, the trailer section read and dropped —
-// trailer fields never become header fields. The zero value is ready; Reset
-// readies it for another body.
+// Chunked decodes a chunked body (RFC 9112 §7.1): the one decoder of the
+// front door, for a client's request and for an upstream's answer to the
+// event loop.
+//
+// A request's body is decoded strictly, as nginx's ngx_http_parse_chunked
+// does: hex sizes (leading zeros allowed, a size that overflows refused),
+// chunk extensions skipped (a control character in one refused), CRLF or
+// a bare LF after a size and after data, each size and trailer line
+// bounded, the trailer section checked and dropped — trailer fields never
+// become header fields.
+//
+// An answer's body is decoded leniently (Lenient), as the event loop has
+// read upstreams since it was built (TestEventLoopMatchesFasthttp holds it
+// to the forward path's client on the answers it knows): a size line ends
+// at its LF whatever comes between the size and it, trailer lines are
+// skipped unread, no line is bounded — an upstream is not a client, and
+// refusing its answer only turns it into a 502. The size, the data's line
+// end and the body's end are read as strictly as a request's.
+//
+// The zero value decodes a request; Reset readies it for another body of
+// the same kind.
 type Chunked struct {
+	// Lenient decodes an upstream's answer (above).
+	Lenient bool
+
 	st     uint8
 	digits uint8
 	size   int64 // the chunk's size, then what is left of its data
@@ -30,13 +48,14 @@ const (
 	ckFinalLF
 )
 
-// Reset readies d for another body.
-func (d *Chunked) Reset() { *d = Chunked{} }
+// Reset readies d for another body of the same kind.
+func (d *Chunked) Reset() { *d = Chunked{Lenient: d.Lenient} }
 
-// Feed decodes b, appending the data to *out within lim (maxBody; 0: no
-// bound) and bounding each size and trailer line by maxLine. It returns how
-// many bytes of b it consumed, whether the body ended (then the bytes
-// after n belong to the next request), or an *Error.
+// Feed decodes b, appending the data to *out (out nil: the data is
+// skipped) within maxBody (0: no bound) and bounding each size and trailer
+// line by maxLine (0: DefaultMaxLine; Lenient: none). It returns how many
+// bytes of b it consumed, whether the body ended (then the bytes after n
+// belong to the next request or answer), or an *Error.
 func (d *Chunked) Feed(b []byte, out *[]byte, maxBody int64, maxLine int) (n int, done bool, err error) {
 	if maxLine <= 0 {
 		maxLine = DefaultMaxLine
@@ -56,6 +75,9 @@ func (d *Chunked) Feed(b []byte, out *[]byte, maxBody int64, maxLine int) (n int
 				d.digits++
 			case d.digits == 0:
 				return i, false, errBadRequest("a chunk size is not hexadecimal")
+			case d.Lenient && (ch == '\r' || ch == '\n' || ch == ';' || ch == ' ' || ch == '\t'):
+				d.st = ckExt // the size line ends at its LF
+				continue
 			case ch == '\r':
 				d.st = ckSizeCR
 			case ch == '\n':
@@ -68,6 +90,15 @@ func (d *Chunked) Feed(b []byte, out *[]byte, maxBody int64, maxLine int) (n int
 			i++
 			d.line++
 		case ckExt:
+			if d.Lenient {
+				j := bytes.IndexByte(b[i:], '\n')
+				if j < 0 {
+					return len(b), false, nil
+				}
+				i += j + 1
+				d.endSize()
+				continue
+			}
 			j := bytes.IndexAny(b[i:], "\r\n")
 			if j < 0 {
 				j = len(b) - i
@@ -98,7 +129,9 @@ func (d *Chunked) Feed(b []byte, out *[]byte, maxBody int64, maxLine int) (n int
 			if maxBody > 0 && d.total+int64(k) > maxBody {
 				return i, false, errTooLarge(maxBody)
 			}
-			*out = append(*out, b[i:i+k]...)
+			if out != nil {
+				*out = append(*out, b[i:i+k]...)
+			}
 			i += k
 			d.size -= int64(k)
 			d.total += int64(k)
@@ -128,7 +161,12 @@ func (d *Chunked) Feed(b []byte, out *[]byte, maxBody int64, maxLine int) (n int
 			case '\n':
 				return i + 1, true, nil
 			case ' ', '\t':
-				return i, false, errBadRequest("a trailer line continues the one before it (obs-fold)")
+				if !d.Lenient {
+					return i, false, errBadRequest("a trailer line continues the one before it (obs-fold)")
+				}
+				d.st = ckTrailerLine
+				d.line = 0
+				continue
 			default:
 				d.st = ckTrailerLine
 				d.line = 0
@@ -136,6 +174,15 @@ func (d *Chunked) Feed(b []byte, out *[]byte, maxBody int64, maxLine int) (n int
 			}
 			i++
 		case ckTrailerLine:
+			if d.Lenient { // skipped unread
+				j := bytes.IndexByte(b[i:], '\n')
+				if j < 0 {
+					return len(b), false, nil
+				}
+				i += j + 1
+				d.st = ckTrailer
+				continue
+			}
 			// A trailer field is checked as a header field would be
 			// (a token, a colon, a value without control characters),
 			// and dropped.
@@ -170,7 +217,7 @@ func (d *Chunked) Feed(b []byte, out *[]byte, maxBody int64, maxLine int) (n int
 			}
 			return i + 1, true, nil
 		}
-		if d.line > maxLine {
+		if d.line > maxLine && !d.Lenient {
 			return i, false, errBadRequest("a chunk size or trailer line is too long")
 		}
 	}

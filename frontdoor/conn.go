@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/rawconn"
 )
 
 // Options configure the connections of a Listener (or made by NewConn).
@@ -27,6 +29,14 @@ type Options struct {
 	// destroys the answer before the client reads it (nginx's lingering
 	// close). Default 2 s; negative: no lingering.
 	Linger time.Duration
+}
+
+// reject renders the answer to e (Reject, else PlainReject).
+func (o *Options) reject(dst []byte, e *Error) []byte {
+	if o.Reject == nil {
+		return PlainReject(dst, e)
+	}
+	return o.Reject(dst, e)
 }
 
 // PlainReject renders e as a JSON error with Connection: close.
@@ -59,7 +69,9 @@ func StatusText(status int) string {
 	return "Error"
 }
 
-// Listener is a net.Listener whose connections are Conns.
+// Listener is a net.Listener whose connections are Conns over raw system
+// calls (rawconn.Server: a TCP connection's reads and writes skip the
+// runtime's system-call entry, its deadlines are lazy).
 type Listener struct {
 	net.Listener
 	opts Options
@@ -77,7 +89,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewConn(c, &l.opts), nil
+	return NewConn(rawconn.Server(c), &l.opts), nil
 }
 
 // Conn is a client connection read through the front door: its Read
@@ -118,6 +130,13 @@ type Conn struct {
 // NewConn reads c through the front door.
 func NewConn(c net.Conn, o *Options) *Conn {
 	return &Conn{Conn: c, o: o}
+}
+
+// Resume reads c through the front door when read holds bytes already read
+// from it (the event loop's hand-over): they are the start of what Read
+// parses. Resume keeps read.
+func Resume(c net.Conn, o *Options, read []byte) *Conn {
+	return &Conn{Conn: c, o: o, buf: read, w: len(read)}
 }
 
 // Unwrap returns the client connection.
@@ -289,13 +308,9 @@ func (c *Conn) refuse(e error) error {
 	if !ok {
 		fe = errBadRequest("the request could not be read")
 	}
-	reject := c.o.Reject
-	if reject == nil {
-		reject = PlainReject
-	}
 	c.err = io.EOF
 	c.out, c.outAt, c.body = c.out[:0], 0, 0
-	if _, err := c.Conn.Write(reject(nil, fe)); err != nil {
+	if _, err := c.Conn.Write(c.o.reject(nil, fe)); err != nil {
 		return c.err
 	}
 	c.linger()

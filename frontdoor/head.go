@@ -476,10 +476,8 @@ func (h *Head) settle(b []byte, lim Limits) error {
 // listed reports whether a Connection field lists name.
 func (h *Head) listed(b, name []byte) bool {
 	for _, v := range h.conn {
-		for tok := range tokens(v.of(b)) {
-			if foldEq(tok, string(name)) {
-				return true
-			}
+		if listedIn(v.of(b), name) {
+			return true
 		}
 	}
 	return false
@@ -592,7 +590,7 @@ var tokenChar = func() (t [256]bool) {
 func isDigit(ch byte) bool { return '0' <= ch && ch <= '9' }
 
 // foldEq reports whether b equals s, ASCII letters compared without case.
-func foldEq(b []byte, s string) bool {
+func foldEq[S ~string | ~[]byte](b []byte, s S) bool {
 	if len(b) != len(s) {
 		return false
 	}

@@ -162,57 +162,91 @@ func TestParseSplitAnywhere(t *testing.T) {
 	}
 }
 
+// feedChunked feeds body and "NEXT" to d in pieces of step bytes: the data
+// decoded, whether the body ended, the status of an error, what follows.
+func feedChunked(t *testing.T, d *Chunked, body string, step int) (out []byte, done bool, status int, rest string) {
+	t.Helper()
+	b := []byte(body + "NEXT")
+	at := 0
+	for at < len(b) && !done {
+		end := min(at+step, len(b))
+		n, dn, err := d.Feed(b[at:end], &out, 64, 32)
+		at += n
+		done = dn
+		if err != nil {
+			var fe *Error
+			errors.As(err, &fe)
+			return out, false, fe.Status, ""
+		}
+		if !dn && n != end-(at-n) {
+			t.Fatalf("consumed %d of %d without ending", n, end-(at-n))
+		}
+	}
+	return out, done, 0, string(b[at:])
+}
+
 func TestChunked(t *testing.T) {
-	f := func(name, body, want string, status int) {
+	f := func(name, body, want string, status int, lenient bool) {
 		t.Helper()
 		for _, step := range []int{1, 2, 3, len(body)} {
-			var d Chunked
-			var out []byte
-			b := []byte(body + "NEXT")
-			at, done, status2 := 0, false, 0
-			for at < len(b) && !done {
-				end := min(at+step, len(b))
-				n, dn, err := d.Feed(b[at:end], &out, 64, 32)
-				at += n
-				done = dn
-				if err != nil {
-					var fe *Error
-					errors.As(err, &fe)
-					status2 = fe.Status
-					break
-				}
-				if !dn && n != end-(at-n) {
-					t.Fatalf("%s: consumed %d of %d without ending", name, n, end-(at-n))
-				}
-			}
+			d := Chunked{Lenient: lenient}
+			out, done, status2, rest := feedChunked(t, &d, body, step)
 			if status2 != status {
-				t.Errorf("%s (step %d): status %d, want %d", name, step, status2, status)
+				t.Errorf("%s (step %d, lenient %v): status %d, want %d", name, step, lenient, status2, status)
 				continue
 			}
-			if status == 0 && (!done || string(out) != want || string(b[at:]) != "NEXT") {
-				t.Errorf("%s (step %d): done %v out %q rest %q", name, step, done, out, b[at:])
+			if status == 0 && (!done || string(out) != want || rest != "NEXT") {
+				t.Errorf("%s (step %d, lenient %v): done %v out %q rest %q", name, step, lenient, done, out, rest)
 			}
 		}
 	}
-	f("plain", "3\r\nabc\r\n0\r\n\r\n", "abc", 0)
-	f("two chunks", "1\r\na\r\n2\r\nbc\r\n0\r\n\r\n", "abc", 0)
-	f("bare LF", "3\nabc\n0\n\n", "abc", 0)
-	f("extension", "3;name=val ue\r\nabc\r\n0;x\r\n\r\n", "abc", 0)
-	f("leading zeros, upper hex", "00A\r\n0123456789\r\n0\r\n\r\n", "0123456789", 0)
-	f("trailers dropped", "3\r\nabc\r\n0\r\nX-Session-ID: from-trailer\r\nX-User-ID: alice\r\n\r\n", "abc", 0)
-	f("no size", "\r\nabc\r\n0\r\n\r\n", "", 400)
-	f("junk size", "g\r\nabc\r\n0\r\n\r\n", "", 400)
-	f("negative size", "-3\r\nabc\r\n0\r\n\r\n", "", 400)
-	f("overflow", "fffffffffffffffff\r\n", "", 400)
-	f("data longer than size", "2\r\nabc\r\n0\r\n\r\n", "", 400)
-	f("CR without LF", "3\rabc\r\n0\r\n\r\n", "", 400)
-	f("folded trailer", "0\r\nX: a\r\n b\r\n\r\n", "", 400)
-	f("trailer without colon", "0\r\nX\r\n\r\n", "", 400)
-	f("trailer name with space", "0\r\nX Y: a\r\n\r\n", "", 400)
-	f("NUL in trailer", "0\r\nX: a\x00\r\n\r\n", "", 400)
-	f("NUL in extension", "3;a\x00\r\nabc\r\n0\r\n\r\n", "", 400)
-	f("over the body limit", "41\r\n"+strings.Repeat("a", 65)+"\r\n0\r\n\r\n", "", 413)
-	f("long extension", "3;"+strings.Repeat("e", 40)+"\r\nabc\r\n0\r\n\r\n", "", 400)
+	// strict, and lenient: an upstream's answer is read as a client's
+	// request where the strict rules hold for it too.
+	both := func(name, body, want string, status int) {
+		t.Helper()
+		f(name, body, want, status, false)
+		f(name, body, want, status, true)
+	}
+	both("plain", "3\r\nabc\r\n0\r\n\r\n", "abc", 0)
+	both("two chunks", "1\r\na\r\n2\r\nbc\r\n0\r\n\r\n", "abc", 0)
+	both("bare LF", "3\nabc\n0\n\n", "abc", 0)
+	both("extension", "3;name=val ue\r\nabc\r\n0;x\r\n\r\n", "abc", 0)
+	both("leading zeros, upper hex", "00A\r\n0123456789\r\n0\r\n\r\n", "0123456789", 0)
+	both("trailers dropped", "3\r\nabc\r\n0\r\nX-Session-ID: from-trailer\r\nX-User-ID: alice\r\n\r\n", "abc", 0)
+	both("no size", "\r\nabc\r\n0\r\n\r\n", "", 400)
+	both("junk size", "g\r\nabc\r\n0\r\n\r\n", "", 400)
+	both("negative size", "-3\r\nabc\r\n0\r\n\r\n", "", 400)
+	both("overflow", "fffffffffffffffff\r\n", "", 400)
+	both("data longer than size", "2\r\nabc\r\n0\r\n\r\n", "", 400)
+	both("CR without LF after data", "3\r\nabc\rx0\r\n\r\n", "", 400)
+	both("over the body limit", "41\r\n"+strings.Repeat("a", 65)+"\r\n0\r\n\r\n", "", 413)
+	// strict only: a client's request; an upstream's answer passes.
+	for _, c := range []struct{ name, body, want string }{
+		{"CR without LF", "3\rabc\r\n0\r\n\r\n", ""}, // the size line ends at the LF: "3" and its data
+		{"folded trailer", "0\r\nX: a\r\n b\r\n\r\n", ""},
+		{"trailer without colon", "0\r\nX\r\n\r\n", ""},
+		{"trailer name with space", "0\r\nX Y: a\r\n\r\n", ""},
+		{"NUL in trailer", "0\r\nX: a\x00\r\n\r\n", ""},
+		{"NUL in extension", "3;a\x00\r\nabc\r\n0\r\n\r\n", "abc"},
+		{"long extension", "3;" + strings.Repeat("e", 40) + "\r\nabc\r\n0\r\n\r\n", "abc"},
+		{"long trailer", "0\r\nX: " + strings.Repeat("t", 40) + "\r\n\r\n", ""},
+	} {
+		f(c.name, c.body, "", 400, false)
+		if c.name != "CR without LF" {
+			f(c.name, c.body, c.want, 0, true)
+		}
+	}
+	f("CR without LF", "3\rjunk\nabc\r\n0\r\n\r\n", "abc", 0, true)
+
+	// Reset keeps the kind; out nil skips the data.
+	d := Chunked{Lenient: true}
+	d.Reset()
+	if !d.Lenient {
+		t.Fatal("Reset forgot Lenient")
+	}
+	if n, done, err := d.Feed([]byte("3\r\nabc\r\n0\r\n\r\n"), nil, 0, 0); n != 13 || !done || err != nil {
+		t.Fatalf("Feed without out: %d %v %v", n, done, err)
+	}
 }
 
 // FuzzParse: whatever the bytes, Parse ends within the head's bounds, and
@@ -266,6 +300,12 @@ func FuzzParse(f *testing.F) {
 			n, _, _ := d.Feed(b[h.Len:], &out, 1<<20, 512)
 			if n > len(b)-h.Len || len(out) > len(b) {
 				t.Fatalf("chunked decoder read past its input")
+			}
+			d = Chunked{Lenient: true} // as an upstream's answer
+			out = out[:0]
+			n, _, _ = d.Feed(b[h.Len:], &out, 0, 0)
+			if n > len(b)-h.Len || len(out) > len(b) {
+				t.Fatalf("lenient chunked decoder read past its input")
 			}
 		}
 	})

@@ -8,24 +8,28 @@
 // the sessions API and the pool; AdminMemory, a Memory that can also list
 // and edit, for the console; KV for /v1/kv, the KV metrics and the console;
 // RESP, the RESP listener's Stats (package respstore), for the console.
-// Every connection is read through package frontdoor (server.go wraps the
-// listener fasthttp serves; evloop_linux.go reads heads with its Head): one
-// strict reader decides each request's framing and header lines before any
-// handler acts, and hands fasthttp one canonical request per Read.
+// Every connection is read through package frontdoor: one strict reader
+// decides each request's framing and header lines before any handler acts,
+// and hands fasthttp one canonical request per Read. With
+// Options.EventLoop the front door's event loop serves the pass-through
+// itself and hands every other connection to fasthttp; the proxy is its
+// Backend (loop.go): it alone decides which requests the loop serves, and
+// starts and ends each as the forward path does (engine hooks, metrics,
+// OpenAI-shaped errors).
 //
 // Files: server.go (lifecycle, routing, the front door's options and its
-// refusals' answer), evloop_linux.go (the pass-through on an event loop of
-// its own, --event-loop), forward.go (the forward path: a
-// /v1 request as a pipeline of steps, route, session, memory, engine,
-// upstream, relay and record, and the one release of what they hold),
-// relay.go and stream.go (SSE), background.go (the work left after
+// refusals' answer), loop.go (the event loop's Backend: eligibility,
+// hooks, metrics and error bodies; --event-loop), forward.go (the forward
+// path: a /v1 request as a pipeline of steps, route, session, memory,
+// engine, upstream, relay and record, and the one release of what they
+// hold), relay.go and stream.go (SSE), background.go (the work left after
 // responses), memory.go (windows and recording), pool.go and
 // poolevents.go (the shared pool's API and its event stream), admin*.go
 // and console.go (the console; admin_resp.go its view of the RESP
-// listener), rawio_linux.go (the client's and the
-// upstream's TCP connections read and written with raw system calls
-// through their poller; a stream's last writes held into one; an upstream
-// request sent in the read that waits for its answer).
+// listener). The upstream's TCP connections are read and written with raw
+// system calls through their poller (package internal/rawconn), as the
+// front door's client connections are: a stream's last writes held into
+// one, an upstream request sent in the read that waits for its answer.
 //
 // Invariants:
 //   - Every error a client sees is OpenAI-shaped JSON
@@ -54,8 +58,8 @@
 //     byte is sent again, once, on a freshly dialed one. A fresh
 //     connection's failure is one 502.
 //   - No error message a client reads quotes the upstream's bytes. A
-//     response head that even a lenient reading refuses (upstream.go,
-//     repairFraming) is a 502 upstream_bad_response.
+//     response head that even a lenient reading refuses (upclient.go,
+//     frontdoor.RepairFraming) is a 502 upstream_bad_response.
 //   - No *fasthttp.RequestCtx is kept after its handler returns.
 //   - No error body quotes the request: its path, headers, ids or keys.
 //

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/rawconn"
 )
 
 // goneDelay is how long a request waits on its upstream before the client
@@ -91,9 +93,9 @@ func (w *goneWatch) run() {
 		closed := false
 		// Control, not Read: a read deadline that passed (fasthttp's
 		// ReadTimeout, during a long answer) would end a Read before
-		// its peek, and a lazy one (rawConn) may pass early.
+		// its peek, and a lazy one (rawconn.Conn) may pass early.
 		_ = rc.Control(func(fd uintptr) {
-			n, err := peekByte(fd, &b)
+			n, err := rawconn.Peek(fd, &b)
 			closed = n == 0 && err == 0 || err != 0 && err != syscall.EAGAIN && err != syscall.EINTR
 		})
 		if closed {

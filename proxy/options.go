@@ -60,8 +60,9 @@ type Options struct {
 	// completions POST without a session — on an event loop of its own
 	// (one locked thread on epoll, Linux), and every other request on the
 	// fasthttp server as before. It needs a TCP listener, a plain-HTTP
-	// upstream at an IP address and no engine connector, or the generic
-	// one; otherwise it stays off (logged). Default off.
+	// upstream at an IP address and no engine connector, or one whose
+	// hooks never block (engine.NonBlocking: the generic one); otherwise
+	// it stays off (logged). Default off.
 	EventLoop bool
 
 	// MaxIdleConnsPerHost is the upstream connection pool size.

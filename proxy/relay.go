@@ -233,11 +233,11 @@ func (r *relay) fillOnce() bool {
 }
 
 // tailHolder is a client connection that can hold writes back
-// (rawConn): the stream's last bytes, fasthttp's terminating chunk and
+// (rawconn.Conn): the stream's last bytes, fasthttp's terminating chunk and
 // its final CRLF, three writes each flushed, then leave in one.
 type tailHolder interface {
-	holdWrites()
-	releaseHeld()
+	HoldWrites()
+	ReleaseHeld()
 }
 
 // asTailHolder finds the tailHolder under c, the front door's connection.
@@ -254,7 +254,7 @@ func asTailHolder(c net.Conn) (tailHolder, bool) {
 // the final CRLF.
 func (r *relay) holdTail() {
 	if h, ok := asTailHolder(r.conn); ok {
-		h.holdWrites()
+		h.HoldWrites()
 	}
 }
 
@@ -382,7 +382,7 @@ func (r *relay) CloseWithError(err error) error {
 		return nil
 	}
 	if h, ok := asTailHolder(r.conn); ok {
-		h.releaseHeld()
+		h.ReleaseHeld()
 	}
 	r.x.stopWatch()
 	if !r.body.eof {

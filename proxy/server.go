@@ -77,11 +77,11 @@ type Server struct {
 	samplerOnce sync.Once
 	sampler     sync.WaitGroup
 
-	// loop serves the pass-through on an event loop of its own
-	// (Options.EventLoop, evloop_linux.go); nil without one. Serve sets
-	// it, unless Shutdown began; Shutdown stops it.
+	// loop serves the pass-through on the front door's event loop
+	// (Options.EventLoop, loop.go); nil without one. Serve sets it,
+	// unless Shutdown began; Shutdown stops it.
 	loopMu sync.Mutex
-	loop   *evLoop
+	loop   *frontdoor.Loop
 	served []net.Listener // what Serve serves; Shutdown closes them
 }
 
@@ -194,9 +194,9 @@ func (s *Server) Serve(ln net.Listener) error {
 	fl, loop := s.startLoop(ln)
 	s.served = append(s.served, fl)
 	s.loopMu.Unlock()
-	err := s.srv.Serve(frontdoor.NewListener(fl, s.frontOptions()))
+	err := s.srv.Serve(fl)
 	if loop != nil {
-		<-loop.done // Shutdown stopped it: Serve returned
+		<-loop.Done() // Shutdown stopped it: Serve returned
 	}
 	if err != nil && s.stopping.Err() != nil {
 		err = nil // the listener Shutdown closed
@@ -214,7 +214,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	loop, served := s.loop, s.served
 	s.loopMu.Unlock()
 	if loop != nil {
-		loop.shutdown(ctx)
+		loop.Shutdown(ctx)
 	}
 	err := s.srv.ShutdownWithContext(ctx)
 	err = errors.Join(err, s.adminSrv.ShutdownWithContext(ctx))
@@ -245,6 +245,11 @@ func (s *Server) frontOptions() frontdoor.Options {
 		ReadTimeout: s.opts.ReadTimeout,
 		Reject:      s.frontReject,
 	}
+}
+
+// frontListener serves ln's connections through the front door.
+func (s *Server) frontListener(ln net.Listener) net.Listener {
+	return frontdoor.NewListener(ln, s.frontOptions())
 }
 
 func (s *Server) frontLimits() frontdoor.Limits {
@@ -408,7 +413,7 @@ func (s *Server) ServeAdmin(ln net.Listener) error {
 	}
 	s.served = append(s.served, ln)
 	s.loopMu.Unlock()
-	err := s.adminSrv.Serve(frontdoor.NewListener(rawListener{ln}, s.frontOptions()))
+	err := s.adminSrv.Serve(s.frontListener(ln))
 	if err != nil && s.stopping.Err() != nil {
 		err = nil
 	}

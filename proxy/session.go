@@ -85,15 +85,23 @@ func (s *Server) requireTenant(ctx *fasthttp.RequestCtx) (string, bool) {
 	return t, ok
 }
 
+// sessionKey is the session a request names: its X-Session-ID header
+// (the value as sent), else its body's prompt_cache_key; "" for none, a
+// stateless request. The event loop serves only requests without one
+// (loopBackend.Start).
+func sessionKey(header []byte, info requestInfo) string {
+	if len(header) > 0 {
+		return string(header)
+	}
+	return info.PromptCacheKey
+}
+
 // sessionOf finds the request's session: the X-Session-ID header, else the
 // body's prompt_cache_key. It returns the zero sessionRef when neither is
 // set, and also, with anonymous true, for a request that names a session
 // but has no tenant (see Server.tenant): it goes through statelessly.
 func (s *Server) sessionOf(ctx *fasthttp.RequestCtx, info requestInfo) (ref sessionRef, anonymous bool, err error) {
-	id := string(ctx.Request.Header.Peek("X-Session-ID"))
-	if id == "" {
-		id = info.PromptCacheKey
-	}
+	id := sessionKey(ctx.Request.Header.Peek("X-Session-ID"), info)
 	if id == "" {
 		return sessionRef{}, false, nil
 	}

@@ -6,6 +6,8 @@ import (
 	"crypto/tls"
 	"net"
 	"syscall"
+
+	"github.com/kvsidecar/kvsidecar/internal/rawconn"
 )
 
 // connProbe tells whether a pooled upstream connection is still open
@@ -38,7 +40,7 @@ func (p *connProbe) init(c net.Conn) {
 	}
 	p.rc = rc
 	p.peek = func(fd uintptr) {
-		switch _, err := peekByte(fd, &p.b); {
+		switch _, err := rawconn.Peek(fd, &p.b); {
 		case err == syscall.EAGAIN || err == syscall.EINTR:
 			p.dead = false
 		default: // bytes waiting, end of file (0 bytes, no error) or an error

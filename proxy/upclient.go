@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvsidecar/kvsidecar/frontdoor"
+	"github.com/kvsidecar/kvsidecar/internal/rawconn"
 )
 
 // upClient is the pooled HTTP/1.1 client to the one upstream. It is built on
@@ -94,12 +97,12 @@ func keepDeadline(set, want time.Time, timeout time.Duration) bool {
 }
 
 // lazyDeadliner is a connection that sets a deadline on its socket only
-// when the one set there would fire later (rawConn).
-type lazyDeadliner interface{ lazyDeadline() }
+// when the one set there would fire later (rawconn.Conn).
+type lazyDeadliner interface{ LazyDeadline() }
 
 // onReadSender is a connection that can send a request in the read that
-// waits for its answer (rawConn).
-type onReadSender interface{ sendOnRead() }
+// waits for its answer (rawconn.Conn).
+type onReadSender interface{ SendOnRead() }
 
 // dialError is a failure to connect (or to complete a TLS handshake): the
 // upstream never saw the request.
@@ -151,9 +154,9 @@ func (u *upClient) dial() (*upConn, error) {
 	if err != nil {
 		return nil, &dialError{err}
 	}
-	c = newRawConn(c)
+	c = rawconn.New(c)
 	if rc, ok := c.(lazyDeadliner); ok {
-		rc.lazyDeadline() // arm's read deadlines alternate between two bounds
+		rc.LazyDeadline() // arm's read deadlines alternate between two bounds
 	}
 	uc := &upConn{c: c, br: bufio.NewReaderSize(c, 32<<10), bw: bufio.NewWriterSize(c, 32<<10)}
 	uc.probe.init(c)
@@ -346,7 +349,7 @@ func (u *upClient) exchange(uc *upConn, now time.Time, req *fasthttp.Request, re
 		uc.arm(true, now, writeTimeout)
 	}
 	if s, ok := uc.c.(onReadSender); ok {
-		s.sendOnRead() // the request leaves in the Peek below
+		s.SendOnRead() // the request leaves in the Peek below
 	}
 	if err := req.Write(uc.bw); err != nil {
 		return &noResponseError{err}
@@ -378,7 +381,7 @@ func (u *upClient) exchange(uc *upConn, now time.Time, req *fasthttp.Request, re
 	}
 	// A head fasthttp refuses for its size or its framing headers is read
 	// again, whole, with its framing repaired the way lenient clients read
-	// it (see repairFraming). Any other is refused now: its bytes may
+	// it (see frontdoor.RepairFraming). Any other is refused now: its bytes may
 	// never reach an end of head to wait for.
 	buffered, _ := uc.br.Peek(uc.br.Buffered())
 	if !errors.As(err, &small) && !errors.Is(err, fasthttp.ErrDuplicateContentLength) && !hasHeaderLine(buffered, "Transfer-Encoding") {
@@ -407,7 +410,7 @@ func rereadHead(uc *upConn, resp *fasthttp.Response, skipBody bool) error {
 	if err != nil {
 		return err
 	}
-	head = repairFraming(head)
+	head = frontdoor.RepairFraming(head)
 	br := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(head), uc.br), len(head)+4096)
 	resp.StreamBody = true
 	resp.SkipBody = skipBody

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/frontdoor"
 )
 
 // poolUpstream is a net/http upstream on loopback whose connections the
@@ -587,8 +589,8 @@ func TestReadHeadAndRepairFraming(t *testing.T) {
 			t.Errorf("readHead(%q) = %q, %v; want %q", c.in, head, err, c.head)
 			continue
 		}
-		if got := repairFraming(head); string(got) != c.out {
-			t.Errorf("repairFraming(%q) = %q, want %q", head, got, c.out)
+		if got := frontdoor.RepairFraming(head); string(got) != c.out {
+			t.Errorf("RepairFraming(%q) = %q, want %q", head, got, c.out)
 		}
 	}
 	if _, err := readHead(bufio.NewReaderSize(strings.NewReader("HTTP/1.1 200 OK\r\nA: "+strings.Repeat("b", 100)+"\r\n\r\n"), 16), 64); err != errHeadTooLarge {
@@ -618,7 +620,7 @@ func FuzzRepairFraming(f *testing.F) {
 		if err != nil {
 			return
 		}
-		out := repairFraming(head)
+		out := frontdoor.RepairFraming(head)
 		first := bytes.SplitAfter(head, []byte("\n"))[0]
 		if !bytes.HasPrefix(out, first) {
 			t.Fatalf("status line lost: %q -> %q", head, out)

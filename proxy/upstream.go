@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvsidecar/kvsidecar/frontdoor"
 )
 
 // hopHeader reports whether k, in any case, names a hop-by-hop header
@@ -211,8 +213,8 @@ func readLimited(r io.Reader, limit int64, emit func([]byte)) error {
 }
 
 // maxHeadBytes bounds a response head read by rereadHead, past the
-// connection buffer's 32 KiB (curl takes up to 300 KiB).
-const maxHeadBytes = 256 << 10
+// connection buffer's 32 KiB: the event loop's bound too.
+const maxHeadBytes = frontdoor.MaxAnswerHead
 
 var errHeadTooLarge = errors.New("response head too large")
 
@@ -240,96 +242,18 @@ func readHead(br *bufio.Reader, limit int) ([]byte, error) {
 	}
 }
 
-// repairFraming rewrites the framing headers of a response head the way
-// lenient clients (curl 8, Python's http.client) read them, where
-// fasthttp refuses the head:
-//   - a Transfer-Encoding whose last coding is chunked becomes one
-//     "Transfer-Encoding: chunked" and any Content-Length goes (chunked
-//     wins, RFC 9112 §6.3); the codings before it are not undone;
-//   - any other Transfer-Encoding (an unknown coding, "identity") is
-//     ignored: Content-Length frames the body or, without one, the
-//     connection's end does;
-//   - a Content-Length repeated with one value ("5" twice, "5, 5") is
-//     kept once. Lengths that disagree are left for the parser to refuse.
-//
-// Every other line is kept byte for byte. head is a whole head from
-// readHead; the result may share its memory.
-func repairFraming(head []byte) []byte {
-	var te, cl [][]byte
-	found := false
-	lines := splitLines(head)
-	for _, l := range lines[1:] {
-		k, v, ok := bytes.Cut(l, []byte(":"))
-		if !ok {
-			continue
-		}
-		k = bytes.TrimRight(k, " \t")
-		isTE, isCL := bytes.EqualFold(k, []byte("Transfer-Encoding")), bytes.EqualFold(k, []byte("Content-Length"))
-		if !isTE && !isCL {
-			continue
-		}
-		found = true
-		for _, f := range bytes.Split(bytes.TrimRight(v, "\r\n"), []byte(",")) {
-			if f = bytes.Trim(f, " \t"); len(f) == 0 {
-				continue
-			}
-			if isTE {
-				te = append(te, f)
-			} else {
-				cl = append(cl, f)
-			}
-		}
-	}
-	if !found {
-		return head
-	}
-	var framing string
-	switch {
-	case len(te) > 0 && bytes.EqualFold(te[len(te)-1], []byte("chunked")):
-		framing = "Transfer-Encoding: chunked\r\n"
-	case len(cl) > 0:
-		for _, v := range cl[1:] {
-			if !bytes.Equal(v, cl[0]) {
-				return head // conflicting lengths
-			}
-		}
-		framing = "Content-Length: " + string(cl[0]) + "\r\n"
-	}
-	out := make([]byte, 0, len(head)+len(framing))
-	out = append(out, lines[0]...)
-	for _, l := range lines[1 : len(lines)-1] {
-		k, _, _ := bytes.Cut(l, []byte(":"))
-		k = bytes.TrimRight(k, " \t")
-		if bytes.EqualFold(k, []byte("Transfer-Encoding")) || bytes.EqualFold(k, []byte("Content-Length")) {
-			continue
-		}
-		out = append(out, l...)
-	}
-	out = append(out, framing...)
-	return append(out, lines[len(lines)-1]...)
-}
-
 // hasHeaderLine reports whether a line of b (after the first) names the
 // header name, in any case.
 func hasHeaderLine(b []byte, name string) bool {
-	for _, l := range splitLines(b)[min(1, len(b)):] {
+	first := true
+	for l := range bytes.Lines(b) {
+		if first {
+			first = false
+			continue
+		}
 		if k, _, ok := bytes.Cut(l, []byte(":")); ok && bytes.EqualFold(bytes.TrimRight(k, " \t"), []byte(name)) {
 			return true
 		}
 	}
 	return false
-}
-
-// splitLines cuts b after each '\n'.
-func splitLines(b []byte) [][]byte {
-	var lines [][]byte
-	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n') + 1
-		if i == 0 {
-			i = len(b)
-		}
-		lines = append(lines, b[:i])
-		b = b[i:]
-	}
-	return lines
 }

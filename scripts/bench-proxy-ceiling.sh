@@ -11,7 +11,9 @@
 #   netproxy  a goroutine per connection on net.Conn and bufio (Go's poller, nothing else)
 #   fhproxy   a bare fasthttp server calling fasthttp.HostClient (fasthttp's reverse proxy)
 # Each runs with GOMAXPROCS=1 (nginx runs one worker); the sidecar as shipped (the pass-through
-# on its event loop, proxy/evloop_linux.go) and with --event-loop=false (on Go's poller). Environment: C (8), D (6 s), R (2), BIN. Needs wrk, nginx
+# on the front door's event loop, frontdoor/loop_linux.go) and with --event-loop=false (on Go's poller). Environment: C (8), D (6 s), R (2), BIN,
+# OLD (a second sidecar binary, e.g. built from an earlier commit, measured as sidecarOld), ONLY (the
+# targets run beside nginx, e.g. "sidecar sidecarGo sidecarOld"; default all). Needs wrk, nginx
 # and perf (Debian packages: wrk, nginx, linux-perf).
 set -u
 cd "$(dirname "$0")/.."
@@ -25,6 +27,7 @@ nginx_conf $W $NG $UP
 nginx -c $W/nginx.conf -p $W 2>/dev/null & NGP=$!; PIDS="$PIDS $NGP"
 start() { # name port command...
   local n=$1 p=$2; shift 2
+  case " ${ONLY:-$n} " in *" $n "*) ;; *) return ;; esac
   env "$@" >/dev/null 2>&1 & PIDS="$PIDS $!"; TARGETS="$TARGETS $n:$p:$!"
 }
 TARGETS=""
@@ -34,6 +37,9 @@ start evloop 19382 GOMAXPROCS=1 $W/evloop -listen 127.0.0.1:19382 -upstream 127.
 start evwork 19385 GOMAXPROCS=1 $W/evloop -listen 127.0.0.1:19385 -upstream 127.0.0.1:$UP -work
 start netproxy 19383 GOMAXPROCS=1 $W/netproxy -listen 127.0.0.1:19383 -upstream 127.0.0.1:$UP
 start fhproxy 19384 GOMAXPROCS=1 $W/fhproxy -listen 127.0.0.1:19384 -upstream 127.0.0.1:$UP
+if [ -n "${OLD:-}" ]; then
+  start sidecarOld 19386 $OLD serve --listen 127.0.0.1:19386 --upstream http://127.0.0.1:$UP --data-dir $W/d3 --log-level warn
+fi
 cat > $W/post.lua <<'LUA'
 wrk.method = "POST"
 wrk.body = '{"model":"m","messages":[{"role":"user","content":"Say something short."}]}'

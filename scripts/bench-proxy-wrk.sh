@@ -5,7 +5,8 @@
 # alternated twice. Environment: C (8), D (8 s), TURNS (0: one short message; N: a chat history
 # of N turns, ~0.7 KB each), SIDECAR_ENV (e.g. GOMAXPROCS=1), SIDECAR_ARGS (e.g.
 # --event-loop=false), BIN, OLD (a second sidecar binary, e.g. one built from an earlier commit,
-# measured in the same rounds as "sidecar-old").
+# measured in the same rounds as "sidecar-old"; OLD=$BIN with OLD_ARGS=--event-loop=false measures
+# one binary both ways), OLD_ARGS (the second binary's arguments; default SIDECAR_ARGS), R (rounds, 2).
 # Needs wrk and nginx (Debian packages).
 set -u
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ $BIN bench upstream --listen 127.0.0.1:$UP 2>/dev/null & P1=$!
 env ${SIDECAR_ENV:-} $BIN serve --listen 127.0.0.1:$SC --upstream http://127.0.0.1:$UP --data-dir $W/d --log-level warn ${SIDECAR_ARGS:-} 2>/dev/null & P2=$!
 TARGETS="direct:$UP nginx:$NG sidecar:$SC"; P4=""
 if [ -n "${OLD:-}" ]; then
-  env ${SIDECAR_ENV:-} $OLD serve --listen 127.0.0.1:19181 --upstream http://127.0.0.1:$UP --data-dir $W/d2 --log-level warn ${SIDECAR_ARGS:-} 2>/dev/null & P4=$!
+  env ${SIDECAR_ENV:-} $OLD serve --listen 127.0.0.1:19181 --upstream http://127.0.0.1:$UP --data-dir $W/d2 --log-level warn ${OLD_ARGS-${SIDECAR_ARGS:-}} 2>/dev/null & P4=$!
   TARGETS="$TARGETS sidecar_old:19181"
 fi
 # shellcheck source=scripts/nginx-conf.sh
@@ -40,7 +41,7 @@ echo "body: $(($(wc -c < $W/post.lua) - 90)) bytes"
 sleep 1
 # us converts wrk's latency (e.g. 182.00us, 2.84ms, 1.01s) to microseconds.
 us() { awk -v v="$1" 'BEGIN{n=v+0; if (v ~ /us$/) print n; else if (v ~ /ms$/) print n*1000; else if (v ~ /s$/) print n*1000000; else print n}'; }
-for round in 1 2; do for t in $TARGETS; do
+for round in $(seq 1 "${R:-2}"); do for t in $TARGETS; do
   n=${t%%:*}; p=${t##*:}
   wrk -t1 -c$C -d${D}s --latency -s $W/post.lua http://127.0.0.1:$p/v1/chat/completions > $W/out 2>&1
   p50=$(awk '$1=="50%"{print $2}' $W/out); p99=$(awk '$1=="99%"{print $2}' $W/out); rps=$(awk '/Requests\/sec/{print $2}' $W/out); non2=$(awk '/Non-2xx/{print $4}' $W/out)

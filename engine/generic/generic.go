@@ -8,7 +8,7 @@
 // Invariants: Before returns req.Body unchanged (ErrBusy aside, for a
 // background call that found no free slot); the connector owns no
 // goroutine; a client request never waits for a background call it can
-// cancel.
+// cancel, nor for anything else (NeverBlocks: engine.NonBlocking).
 package generic
 
 import (
@@ -121,6 +121,11 @@ func New(opts Options) *Connector {
 
 // Name returns "generic".
 func (g *Connector) Name() string { return Name }
+
+// NeverBlocks is true: a client request's Before and After take the
+// connector's lock for a few counters, never a wait (engine.NonBlocking).
+// A background call's Before waits, but none comes from the event loop.
+func (g *Connector) NeverBlocks() bool { return true }
 
 // Before returns req.Body unchanged. A client request on an engine whose
 // slots are all busy takes one from a background call; a background call

@@ -159,3 +159,11 @@ func TestGeneric(t *testing.T) {
 		_ engine.Reporter     = g
 	)
 }
+
+// TestGenericNeverBlocks: the generic connector's hooks may run on the
+// front door's event loop.
+func TestGenericNeverBlocks(t *testing.T) {
+	if !engine.Wrap(New(Options{})).NeverBlocks() {
+		t.Fatal("the generic connector does not say its hooks never block")
+	}
+}

@@ -40,6 +40,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/kvsidecar/kvsidecar/frontdoor"
 )
 
 const (
@@ -87,128 +89,17 @@ var (
 	crlf2   = []byte("\r\n\r\n")
 )
 
-// chunkDec tracks (without modifying) a chunked message body to find its end.
-type chunkDec struct {
-	st     uint8
-	digits uint8
-	size   uint64
-}
-
-const (
-	csSize = iota
-	csExt
-	csData
-	csDataCR
-	csDataLF
-	csTrailerStart
-	csTrailerLine
-	csFinalLF
-)
+// chunkDec finds the end of a chunked answer with the sidecar's own
+// decoder (frontdoor.Chunked, lenient as for an upstream's answer), its
+// data skipped: the yardstick relays the body as it came.
+type chunkDec struct{ d frontdoor.Chunked }
 
 // feed consumes bytes of a chunked body. It returns how many bytes belong to
 // the body, whether the body ended, and whether the framing was invalid.
-func (d *chunkDec) feed(b []byte) (int, bool, bool) {
-	i := 0
-	for i < len(b) {
-		switch d.st {
-		case csSize:
-			ch := b[i]
-			var v byte
-			switch {
-			case ch >= '0' && ch <= '9':
-				v = ch - '0'
-			case ch >= 'a' && ch <= 'f':
-				v = ch - 'a' + 10
-			case ch >= 'A' && ch <= 'F':
-				v = ch - 'A' + 10
-			case ch == '\n':
-				if d.digits == 0 {
-					return i, false, true
-				}
-				i++
-				d.endSizeLine()
-				continue
-			default:
-				if d.digits == 0 {
-					return i, false, true
-				}
-				d.st = csExt // ';' extension, whitespace or '\r'
-				i++
-				continue
-			}
-			if d.size > (1<<60) || d.digits > 16 {
-				return i, false, true
-			}
-			d.size = d.size<<4 | uint64(v)
-			d.digits++
-			i++
-		case csExt:
-			j := bytes.IndexByte(b[i:], '\n')
-			if j < 0 {
-				return len(b), false, false
-			}
-			i += j + 1
-			d.endSizeLine()
-		case csData:
-			n := uint64(len(b) - i)
-			if n > d.size {
-				n = d.size
-			}
-			i += int(n)
-			d.size -= n
-			if d.size == 0 {
-				d.st = csDataCR
-			}
-		case csDataCR:
-			switch b[i] {
-			case '\r':
-				d.st = csDataLF
-			case '\n':
-				d.st = csSize
-			default:
-				return i, false, true
-			}
-			i++
-		case csDataLF:
-			if b[i] != '\n' {
-				return i, false, true
-			}
-			d.st = csSize
-			i++
-		case csTrailerStart:
-			switch b[i] {
-			case '\r':
-				d.st = csFinalLF
-			case '\n':
-				return i + 1, true, false
-			default:
-				d.st = csTrailerLine
-			}
-			i++
-		case csTrailerLine:
-			j := bytes.IndexByte(b[i:], '\n')
-			if j < 0 {
-				return len(b), false, false
-			}
-			i += j + 1
-			d.st = csTrailerStart
-		case csFinalLF:
-			if b[i] != '\n' {
-				return i, false, true
-			}
-			return i + 1, true, false
-		}
-	}
-	return i, false, false
-}
-
-func (d *chunkDec) endSizeLine() {
-	if d.size == 0 {
-		d.st = csTrailerStart
-	} else {
-		d.st = csData
-	}
-	d.digits = 0
+func (c *chunkDec) feed(b []byte) (int, bool, bool) {
+	c.d.Lenient = true
+	n, done, err := c.d.Feed(b, nil, 0, 0)
+	return n, done, err != nil
 }
 
 type conn struct {

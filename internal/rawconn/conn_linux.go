@@ -1,6 +1,6 @@
 //go:build linux
 
-package proxy
+package rawconn
 
 import (
 	"errors"
@@ -13,7 +13,7 @@ import (
 	"unsafe"
 )
 
-// rawConn reads and writes a TCP connection with raw system calls through
+// Conn reads and writes a TCP connection with raw system calls through
 // its poller (syscall.RawConn): the same non-blocking read or write, the
 // same wait for readiness, deadlines and Close as net.TCPConn, without
 // the runtime's entry into a system call around each one. That entry is
@@ -26,63 +26,59 @@ import (
 //
 // One Read and one Write may run at a time (each keeps its state in the
 // connection); every other method is net.TCPConn's. Built with the race
-// detector, the calls are syscall's again (rawio_race_linux.go), so it
+// detector, the calls are syscall's again (sys_race_linux.go), so it
 // sees what they read and write and the order the socket gives.
-type rawConn struct {
+type Conn struct {
 	net.Conn
 	tc *net.TCPConn
 	rc syscall.RawConn
 	r  rawOp
 	w  rawOp
 
-	// held are the bytes of writes held back (holdWrites); the first
-	// write after releaseHeld sends them with its own, in one call.
+	// held are the bytes of writes held back (HoldWrites); the first
+	// write after ReleaseHeld sends them with its own, in one call.
 	held    []byte
 	heldBuf *[]byte // held's pooled buffer
 	holding bool
 	// readSends: the next Read sends what was held, then waits for the
-	// answer (sendOnRead); send is what that Read's first call has left
+	// answer (SendOnRead); send is what that Read's first call has left
 	// to write.
 	readSends bool
 	send      []byte
 	sendErr   syscall.Errno
 
 	// lazyDL: deadlines are kept as asked (rdl, wdl) and set on the socket
-	// only when the one set there would fire late (lazyDeadline).
+	// only when the one set there would fire late (LazyDeadline).
 	lazyDL bool
 	dlMu   sync.Mutex // rdl, rset, wdl, wset: a deadline may be set from another goroutine
 	rdl    time.Time  // the read deadline asked for
 	rset   time.Time  // the read deadline set on the socket
 	wdl    time.Time
 	wset   time.Time
-
-	// pre are bytes read before the connection was made a rawConn (the
-	// event loop's hand-over): Read returns them first.
-	pre []byte
 }
 
 // heldBufs are the buffers of held writes, pooled: a connection keeps one
 // only while it holds bytes.
 var heldBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
 
-// holdMax bounds what holdWrites keeps back: a write that would pass it
+// holdMax bounds what HoldWrites keeps back: a write that would pass it
 // goes out at once, with what was held.
 const holdMax = 64 << 10
 
-// holdWrites holds the writes that follow in the connection until the
-// first one after releaseHeld, which carries them all in one system call.
-// The relay holds a stream's last bytes this way: fasthttp writes the last
+// HoldWrites holds the writes that follow in the connection until the
+// first one after ReleaseHeld, which carries them all in one system call.
+// The proxy's relay holds a stream's last bytes this way: fasthttp writes the last
 // chunk, then its terminator, then the final CRLF, each flushed on its
 // own, and each would wake the client. fasthttp flushes that CRLF as soon
 // as the response is written, unless the client pipelined its next request
-// (then with that one's first write, as it did the CRLF before:
-// TestPipelinedStreamsStayWhole).
-func (c *rawConn) holdWrites() { c.holding = true }
+// (then with that one's first write, as it did the CRLF before: the
+// proxy's TestPipelinedStreamsStayWhole).
+func (c *Conn) HoldWrites() { c.holding = true }
 
-// releaseHeld lets the next write send what was held, before its own bytes.
-func (c *rawConn) releaseHeld() { c.holding = false }
+// ReleaseHeld lets the next write send what was held, before its own bytes.
+func (c *Conn) ReleaseHeld() { c.holding = false }
 
-// sendOnRead holds the writes that follow until the next Read, which
+// SendOnRead holds the writes that follow until the next Read, which
 // sends them and then waits for the socket to be readable without first
 // trying a read that would find nothing: the upstream's answer cannot be
 // there before its request was sent. That saves one read(2), EAGAIN, per
@@ -94,7 +90,7 @@ func (c *rawConn) releaseHeld() { c.holding = false }
 // already waiting would not be read until more came; and no Write may run
 // beside that Read, which writes. Writes go on as they came when they pass
 // holdMax, or the send finds the socket's buffer full.
-func (c *rawConn) sendOnRead() { c.holding, c.readSends = true, true }
+func (c *Conn) SendOnRead() { c.holding, c.readSends = true, true }
 
 // rawOp is one Read's or Write's state, and the function the poller calls
 // with the socket, made once per connection so a call allocates nothing.
@@ -105,9 +101,9 @@ type rawOp struct {
 	fn  func(fd uintptr) bool
 }
 
-// newRawConn returns c with raw reads and writes when it is a TCP
+// New returns c with raw reads and writes when it is a TCP
 // connection, else c.
-func newRawConn(c net.Conn) net.Conn {
+func New(c net.Conn) net.Conn {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
 		return c
@@ -116,11 +112,11 @@ func newRawConn(c net.Conn) net.Conn {
 	if err != nil {
 		return c
 	}
-	x := &rawConn{Conn: c, tc: tc, rc: rc}
+	x := &Conn{Conn: c, tc: tc, rc: rc}
 	x.r.fn = func(fd uintptr) bool {
 		if x.send != nil {
 			for len(x.send) > 0 {
-				n, e := sysWrite(fd, x.send)
+				n, e := SysWrite(fd, x.send)
 				switch e {
 				case 0:
 					x.send = x.send[n:]
@@ -136,7 +132,7 @@ func newRawConn(c net.Conn) net.Conn {
 			return false // the poller waits for the answer
 		}
 		for {
-			n, e := sysRead(fd, x.r.p)
+			n, e := SysRead(fd, x.r.p)
 			switch e {
 			case 0:
 				x.r.n = n
@@ -153,7 +149,7 @@ func newRawConn(c net.Conn) net.Conn {
 	x.w.fn = func(fd uintptr) bool {
 		for x.w.n < len(x.w.p) {
 			rest := x.w.p[x.w.n:]
-			n, e := sysWrite(fd, rest)
+			n, e := SysWrite(fd, rest)
 			switch e {
 			case 0:
 				x.w.n += n
@@ -170,16 +166,9 @@ func newRawConn(c net.Conn) net.Conn {
 	return x
 }
 
-func (c *rawConn) Read(p []byte) (int, error) {
+func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
-	}
-	if len(c.pre) > 0 {
-		n := copy(p, c.pre)
-		if c.pre = c.pre[n:]; len(c.pre) == 0 {
-			c.pre = nil
-		}
-		return n, nil
 	}
 	if c.readSends {
 		if n, err := c.sendThenRead(p); n > 0 || err != nil {
@@ -204,11 +193,11 @@ func (c *rawConn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// sendThenRead is Read after sendOnRead: the held bytes are sent in the
+// sendThenRead is Read after SendOnRead: the held bytes are sent in the
 // poller call of the read that waits for their answer. It returns 0, nil
 // when nothing was held, or the send stopped short and the rest went out
 // as Write sends it: Read reads as usual then.
-func (c *rawConn) sendThenRead(p []byte) (int, error) {
+func (c *Conn) sendThenRead(p []byte) (int, error) {
 	c.readSends, c.holding = false, false
 	if len(c.held) == 0 {
 		return 0, nil
@@ -240,7 +229,7 @@ func (c *rawConn) sendThenRead(p []byte) (int, error) {
 }
 
 // putHeld returns the buffer of held writes to its pool.
-func (c *rawConn) putHeld() {
+func (c *Conn) putHeld() {
 	if cap(c.held) <= 2*holdMax {
 		*c.heldBuf = c.held[:0]
 		heldBufs.Put(c.heldBuf)
@@ -248,7 +237,7 @@ func (c *rawConn) putHeld() {
 	c.held, c.heldBuf = nil, nil
 }
 
-func (c *rawConn) Write(p []byte) (int, error) {
+func (c *Conn) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -271,7 +260,7 @@ func (c *rawConn) Write(p []byte) (int, error) {
 	return c.write(p)
 }
 
-func (c *rawConn) write(p []byte) (int, error) {
+func (c *Conn) write(p []byte) (int, error) {
 	c.w.p, c.w.n, c.w.err = p, 0, 0
 	err := c.rc.Write(c.w.fn)
 	for err != nil && c.rearm(err, true) {
@@ -297,23 +286,23 @@ func (c *rawConn) write(p []byte) (int, error) {
 // which sets the deadline asked for and waits again (rearm). So a deadline
 // never fires late, and a connection serving one request after another
 // sets each deadline about once per timeout instead of once per request.
-func (c *rawConn) lazyDeadline() { c.lazyDL = true }
+func (c *Conn) LazyDeadline() { c.lazyDL = true }
 
-func (c *rawConn) SetDeadline(t time.Time) error {
+func (c *Conn) SetDeadline(t time.Time) error {
 	if !c.lazyDL {
 		return c.Conn.SetDeadline(t)
 	}
 	return errors.Join(c.SetReadDeadline(t), c.SetWriteDeadline(t))
 }
 
-func (c *rawConn) SetReadDeadline(t time.Time) error {
+func (c *Conn) SetReadDeadline(t time.Time) error {
 	if !c.lazyDL {
 		return c.Conn.SetReadDeadline(t)
 	}
 	return c.setDeadline(&c.rdl, &c.rset, t, c.Conn.SetReadDeadline)
 }
 
-func (c *rawConn) SetWriteDeadline(t time.Time) error {
+func (c *Conn) SetWriteDeadline(t time.Time) error {
 	if !c.lazyDL {
 		return c.Conn.SetWriteDeadline(t)
 	}
@@ -323,7 +312,7 @@ func (c *rawConn) SetWriteDeadline(t time.Time) error {
 // setDeadline records t as the deadline asked for and sets it on the
 // socket unless the one set there fires no later (a zero t is always set,
 // as is any deadline when none is set).
-func (c *rawConn) setDeadline(asked, set *time.Time, t time.Time, apply func(time.Time) error) error {
+func (c *Conn) setDeadline(asked, set *time.Time, t time.Time, apply func(time.Time) error) error {
 	c.dlMu.Lock()
 	*asked = t
 	if !t.IsZero() && !set.IsZero() && !set.After(t) {
@@ -343,7 +332,7 @@ func (c *rawConn) setDeadline(asked, set *time.Time, t time.Time, apply func(tim
 // rearm reports whether a Read (write: a Write) that failed with err must
 // wait again: the deadline set on the socket passed before the one asked
 // for, which is then set.
-func (c *rawConn) rearm(err error, write bool) bool {
+func (c *Conn) rearm(err error, write bool) bool {
 	if !c.lazyDL || !errors.Is(err, os.ErrDeadlineExceeded) {
 		return false
 	}
@@ -362,36 +351,32 @@ func (c *rawConn) rearm(err error, write bool) bool {
 }
 
 // opError is the error net.TCPConn returns for a failed call.
-func (c *rawConn) opError(op string, errno syscall.Errno) error {
+func (c *Conn) opError(op string, errno syscall.Errno) error {
 	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError(op, errno)}
 }
 
-// SyscallConn is the connection's own: a peek at its socket (goneWatch,
-// connProbe) works as on any TCP connection.
-func (c *rawConn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
+// SyscallConn is the connection's own: a peek at its socket (the proxy's
+// client-gone watch, its pooled connections' check) works as on any TCP
+// connection.
+func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
 
 // CloseWrite half-closes, as net.TCPConn's.
-func (c *rawConn) CloseWrite() error { return c.tc.CloseWrite() }
+func (c *Conn) CloseWrite() error { return c.tc.CloseWrite() }
 
-// rawListener hands out its TCP connections as rawConns.
-type rawListener struct{ net.Listener }
-
-func (l rawListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
+// Server is New(c) with lazy deadlines (LazyDeadline): a server's
+// connection, whose deadlines move on with each request.
+func Server(c net.Conn) net.Conn {
+	c = New(c)
+	if rc, ok := c.(*Conn); ok {
+		rc.LazyDeadline()
 	}
-	c = newRawConn(c)
-	if rc, ok := c.(lazyDeadliner); ok {
-		rc.lazyDeadline()
-	}
-	return c, nil
+	return c
 }
 
-// peekByte is recvfrom(MSG_PEEK|MSG_DONTWAIT) of one byte as a raw system
-// call (see rawConn): 1 when a byte waits, 0 at the end of the stream,
+// Peek is recvfrom(MSG_PEEK|MSG_DONTWAIT) of one byte as a raw system
+// call (see Conn): 1 when a byte waits, 0 at the end of the stream,
 // errno EAGAIN when the socket is open and quiet.
-func peekByte(fd uintptr, b *[1]byte) (int, syscall.Errno) {
+func Peek(fd uintptr, b *[1]byte) (int, syscall.Errno) {
 	n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1, syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
 	return int(n), e
 }

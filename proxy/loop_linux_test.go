@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/engine"
+	"github.com/kvsidecar/kvsidecar/frontdoor"
 )
 
 // scriptUpstream answers each request with the raw answer its X-Answer
@@ -180,11 +181,21 @@ func chatRequest(extra, body string) string {
 }
 
 // loopOf returns s's event loop once Serve started it.
-func loopOf(s *Server) *evLoop {
+func loopOf(s *Server) *frontdoor.Loop {
 	s.loopMu.Lock()
 	defer s.loopMu.Unlock()
 	return s.loop
 }
+
+// served is the number of requests s's loop served.
+func served(s *Server) uint64 {
+	n, _ := loopCounts(s)
+	return n
+}
+
+// loopCounts are the requests s's loop served and the connections it
+// handed over.
+func loopCounts(s *Server) (served, handed uint64) { return loopOf(s).Counts() }
 
 // startLoopPair starts two servers in front of two upstreams with the same
 // script: one with the event loop, one without.
@@ -236,6 +247,7 @@ func TestEventLoopMatchesFasthttp(t *testing.T) {
 		tc{name: "no user agent, empty value", raw: chatRequest("X-Empty:\r\n", chat), loop: true},
 		tc{name: "stream", raw: chatRequest("", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)},
 		tc{name: "session header", raw: chatRequest("X-Session-ID: s1\r\n", chat)},
+		tc{name: "empty session header", raw: chatRequest("X-Session-ID:\r\n", chat), loop: true}, // stateless on both paths (sessionKey)
 		tc{name: "prompt cache key", raw: chatRequest("", `{"model":"m","prompt_cache_key":"k","messages":[{"role":"user","content":"hi"}]}`)},
 		tc{name: "bad json", raw: chatRequest("", `{"model":`), noUp: true},
 		tc{name: "no messages", raw: chatRequest("", `{"model":"m"}`), noUp: true},
@@ -259,7 +271,7 @@ func TestEventLoopMatchesFasthttp(t *testing.T) {
 	ls, _, la, pa, ul, up := startLoopPair(t, nil)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			servedBefore, handedBefore := loopOf(ls).served.Load(), loopOf(ls).handed.Load()
+			servedBefore, handedBefore := loopCounts(ls)
 			nl, np := len(ul.requests()), len(up.requests())
 			got, want := rawExchange(t, la, c.raw), rawExchange(t, pa, c.raw)
 			if got != want {
@@ -272,7 +284,8 @@ func TestEventLoopMatchesFasthttp(t *testing.T) {
 			if c.noUp && len(gl) != 0 {
 				t.Errorf("%d requests reached the upstream, want none", len(gl))
 			}
-			served, handed := loopOf(ls).served.Load()-servedBefore, loopOf(ls).handed.Load()-handedBefore
+			served, handed := loopCounts(ls)
+			served, handed = served-servedBefore, handed-handedBefore
 			if c.loop && (served != 1 || handed != 0) || !c.loop && (served != 0 || handed != 1) {
 				t.Errorf("the loop served %d and handed over %d, want the loop to serve: %v", served, handed, c.loop)
 			}
@@ -313,7 +326,7 @@ func TestEventLoopKeepAliveAndHandOver(t *testing.T) {
 	_, _ = io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"+chatRequest("X-Answer: plain\r\n", chat))
 	read(200, `"status":"ok"`)
 	read(200, `"ok":true`)
-	if s, h := loopOf(ls).served.Load(), loopOf(ls).handed.Load(); s != 3 || h != 1 {
+	if s, h := loopCounts(ls); s != 3 || h != 1 {
 		t.Fatalf("the loop served %d and handed over %d, want 3 and 1", s, h)
 	}
 	if n, m := ls.metrics.requestCount("chat_completions", 200), ls.metrics.requestCount("chat_completions", 201); n != 3 || m != 1 {
@@ -332,8 +345,8 @@ func TestEventLoopUpstreamFailures(t *testing.T) {
 		_ = ln.Close()
 		b, s := startSidecar(t, "http://"+addr, func(o *Options) { o.EventLoop = true })
 		got := rawExchange(t, strings.TrimPrefix(b, "http://"), chatRequest("", chat))
-		if !strings.HasPrefix(got, "502") || !strings.Contains(got, "upstream_unreachable") || loopOf(s).served.Load() != 1 {
-			t.Fatalf("got %s (served %d)", got, loopOf(s).served.Load())
+		if !strings.HasPrefix(got, "502") || !strings.Contains(got, "upstream_unreachable") || served(s) != 1 {
+			t.Fatalf("got %s (served %d)", got, served(s))
 		}
 	})
 	t.Run("timeout", func(t *testing.T) {
@@ -400,8 +413,8 @@ func TestEventLoopPoolKeepsAtMostMaxIdle(t *testing.T) {
 	}
 }
 
-// hookCounter is an engine connector named generic that records what its
-// hooks hear.
+// hookCounter is an engine connector whose hooks never block
+// (engine.NonBlocking) that records what they hear.
 type hookCounter struct {
 	mu      sync.Mutex
 	before  []string // tenant, model
@@ -409,7 +422,9 @@ type hookCounter struct {
 	rewrite []byte
 }
 
-func (h *hookCounter) Name() string { return "generic" }
+func (h *hookCounter) Name() string { return "counter" }
+
+func (h *hookCounter) NeverBlocks() bool { return true }
 
 func (h *hookCounter) Before(_ context.Context, r *engine.Request) ([]byte, error) {
 	h.mu.Lock()
@@ -438,7 +453,7 @@ func TestEventLoopEngineHooks(t *testing.T) {
 	if !strings.HasPrefix(got, "200") {
 		t.Fatalf("got %s", got)
 	}
-	if loopOf(ls).served.Load() != 1 {
+	if served(ls) != 1 {
 		t.Fatal("the loop did not serve the request")
 	}
 	h.mu.Lock()
@@ -541,10 +556,45 @@ func TestEventLoopBodyInPieces(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != 200 || loopOf(ls).served.Load() != 1 {
-		t.Fatalf("status %d, served %d", resp.StatusCode, loopOf(ls).served.Load())
+	if resp.StatusCode != 200 || served(ls) != 1 {
+		t.Fatalf("status %d, served %d", resp.StatusCode, served(ls))
 	}
 	if reqs := ul.requests(); len(reqs) != 1 || !bytes.HasSuffix([]byte(reqs[0]), []byte(body)) {
 		t.Fatal("the upstream did not receive the body whole")
+	}
+}
+
+// namedGeneric has the generic connector's name and hooks, but not its
+// word that they never block.
+type namedGeneric struct{ hookCounter }
+
+func (*namedGeneric) Name() string      { return "generic" }
+func (*namedGeneric) NeverBlocks() bool { return false }
+
+// TestEventLoopNeedsNonBlockingHooks: the loop runs with a connector that
+// says its hooks never block (engine.NonBlocking), or none; not with one
+// that does not, whatever its name.
+func TestEventLoopNeedsNonBlockingHooks(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, c := range []struct {
+		name string
+		eng  engine.Plugin
+		on   bool
+	}{
+		{"none", nil, true},
+		{"non-blocking", &hookCounter{}, true},
+		{"named generic, may block", &namedGeneric{}, false},
+	} {
+		s, err := New(Options{Upstream: "http://127.0.0.1:1", Engine: c.eng, NoContextProbe: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, why := s.loopOptions(ln); (why == "") != c.on {
+			t.Errorf("%s: the loop's eligibility says %q, want on: %v", c.name, why, c.on)
+		}
 	}
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package proxy
+package rawconn
 
 import (
 	"bytes"
@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// rawPair is a loopback TCP connection: the accepted side as a rawConn
+// rawPair is a loopback TCP connection: the accepted side as a Conn
 // and the dialed side as it is.
 func rawPair(t *testing.T) (raw net.Conn, peer *net.TCPConn) {
 	t.Helper()
@@ -26,12 +26,13 @@ func rawPair(t *testing.T) (raw net.Conn, peer *net.TCPConn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := rawListener{ln}.Accept()
+	a, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := s.(*rawConn); !ok {
-		t.Fatalf("accepted %T, want *rawConn", s)
+	s := Server(a)
+	if _, ok := s.(*Conn); !ok {
+		t.Fatalf("accepted %T, want *Conn", s)
 	}
 	t.Cleanup(func() { s.Close(); c.Close() })
 	return s, c.(*net.TCPConn)
@@ -69,7 +70,7 @@ func TestRawConnBehavesAsTCPConn(t *testing.T) {
 		_ = raw.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 		_, err := raw.Read(make([]byte, 8))
 		var ne net.Error
-		if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) || !isTimeout(err) {
+		if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Fatalf("Read past its deadline: %v", err)
 		}
 		_ = raw.SetReadDeadline(time.Time{})
@@ -78,7 +79,7 @@ func TestRawConnBehavesAsTCPConn(t *testing.T) {
 		raw, _ := rawPair(t) // the peer never reads: the buffers fill
 		_ = raw.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 		n, err := raw.Write(make([]byte, 64<<20))
-		if !isTimeout(err) || n >= 64<<20 {
+		if !errors.Is(err, os.ErrDeadlineExceeded) || n >= 64<<20 {
 			t.Fatalf("Write past its deadline: %d, %v", n, err)
 		}
 	})
@@ -93,11 +94,47 @@ func TestRawConnBehavesAsTCPConn(t *testing.T) {
 		_ = raw.Close()
 		select {
 		case err := <-done:
-			if !errors.Is(err, net.ErrClosed) || !connBroken(err) {
+			if !errors.Is(err, net.ErrClosed) {
 				t.Fatalf("Read on a closed connection: %v", err)
 			}
 		case <-time.After(5 * time.Second):
 			t.Fatal("Close did not wake a waiting Read")
+		}
+	})
+	t.Run("peek", func(t *testing.T) {
+		raw, peer := rawPair(t)
+		rc, err := raw.(*Conn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		peek := func() (n int, e syscall.Errno) {
+			_ = rc.Control(func(fd uintptr) {
+				var b [1]byte
+				n, e = Peek(fd, &b)
+			})
+			return n, e
+		}
+		if n, e := peek(); e != syscall.EAGAIN {
+			t.Fatalf("Peek of a quiet open connection = %d, %v; want EAGAIN", n, e)
+		}
+		_, _ = peer.Write([]byte("x"))
+		deadline := time.Now().Add(5 * time.Second)
+		for n, _ := peek(); n != 1; n, _ = peek() {
+			if time.Now().After(deadline) {
+				t.Fatal("Peek never saw the byte")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		b := make([]byte, 1)
+		if n, err := raw.Read(b); n != 1 || err != nil || b[0] != 'x' {
+			t.Fatalf("the peek consumed the byte: %d %q %v", n, b, err)
+		}
+		_ = peer.Close()
+		for n, e := peek(); n != 0 || e != 0; n, e = peek() {
+			if time.Now().After(deadline) {
+				t.Fatalf("Peek after the peer closed = %d, %v; want 0, 0", n, e)
+			}
+			time.Sleep(time.Millisecond)
 		}
 	})
 	t.Run("reset", func(t *testing.T) {
@@ -111,7 +148,7 @@ func TestRawConnBehavesAsTCPConn(t *testing.T) {
 			}
 		}
 		var op *net.OpError
-		if !errors.Is(err, syscall.ECONNRESET) || !errors.As(err, &op) || op.Op != "read" || !connBroken(err) {
+		if !errors.Is(err, syscall.ECONNRESET) || !errors.As(err, &op) || op.Op != "read" {
 			t.Fatalf("Read after a reset: %v", err)
 		}
 		for range 100 {
@@ -123,25 +160,8 @@ func TestRawConnBehavesAsTCPConn(t *testing.T) {
 			t.Fatalf("Write after a reset: %v", err)
 		}
 	})
-	t.Run("peek", func(t *testing.T) {
-		raw, peer := rawPair(t)
-		var p connProbe
-		p.init(raw)
-		if !p.alive() {
-			t.Fatal("an open, quiet connection is not alive")
-		}
-		_, _ = peer.Write([]byte("x"))
-		eventually(t, func() bool { return !p.alive() }) // bytes no request asked for
-		b := make([]byte, 1)
-		if n, err := raw.Read(b); n != 1 || err != nil || b[0] != 'x' {
-			t.Fatalf("the peek consumed the byte: %d %q %v", n, b, err)
-		}
-	})
 }
 
-// TestRawConnHoldsWritesBack: held writes reach the peer only with the
-// first write after releaseHeld, in order, in that one call; a hold past
-// holdMax goes out at once.
 // TestRawConnLazyDeadlines: a server connection sets a deadline on its
 // socket only when the one there would fire later, and a deadline that
 // fires before the one asked for does not end the Read or Write waiting.
@@ -154,7 +174,7 @@ func TestRawConnLazyDeadlines(t *testing.T) {
 	}
 	t.Run("a later deadline waits for its own time", func(t *testing.T) {
 		raw, peer := rawPair(t)
-		rc := raw.(*rawConn)
+		rc := raw.(*Conn)
 		start := time.Now()
 		_ = raw.SetReadDeadline(start.Add(100 * time.Millisecond))
 		_ = raw.SetReadDeadline(start.Add(400 * time.Millisecond)) // kept lazily
@@ -229,9 +249,12 @@ func TestRawConnLazyDeadlines(t *testing.T) {
 	})
 }
 
+// TestRawConnHoldsWritesBack: held writes reach the peer only with the
+// first write after ReleaseHeld, in order, in that one call; a hold past
+// holdMax goes out at once.
 func TestRawConnHoldsWritesBack(t *testing.T) {
 	raw, peer := rawPair(t)
-	rc := raw.(*rawConn)
+	rc := raw.(*Conn)
 	quiet := func() {
 		t.Helper()
 		_ = peer.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
@@ -240,14 +263,14 @@ func TestRawConnHoldsWritesBack(t *testing.T) {
 		}
 		_ = peer.SetReadDeadline(time.Time{})
 	}
-	rc.holdWrites()
+	rc.HoldWrites()
 	for _, s := range []string{"last chunk ", "0\r\n"} {
 		if n, err := raw.Write([]byte(s)); n != len(s) || err != nil {
 			t.Fatalf("held Write = %d, %v", n, err)
 		}
 	}
 	quiet()
-	rc.releaseHeld()
+	rc.ReleaseHeld()
 	quiet() // released to the next write, not sent by itself
 	if n, err := raw.Write([]byte("\r\n")); n != 2 || err != nil {
 		t.Fatalf("Write after release = %d, %v", n, err)
@@ -264,7 +287,7 @@ func TestRawConnHoldsWritesBack(t *testing.T) {
 		t.Fatalf("after the release: %q, %v", got[:4], err)
 	}
 
-	rc.holdWrites()
+	rc.HoldWrites()
 	_, _ = raw.Write([]byte("x"))
 	big := bytes.Repeat([]byte("y"), holdMax)
 	if n, err := raw.Write(big); n != len(big) || err != nil {
@@ -282,14 +305,14 @@ func TestRawConnHoldsWritesBack(t *testing.T) {
 	}
 }
 
-// TestRawConnSendsOnRead: after sendOnRead, writes wait for the next
+// TestRawConnSendsOnRead: after SendOnRead, writes wait for the next
 // Read, which sends them and returns the answer, however fast it comes;
 // a send larger than the socket's buffer, a peer that closes or resets,
 // and a read deadline behave as a Write then a Read would.
 func TestRawConnSendsOnRead(t *testing.T) {
 	t.Run("round trips, answered at once", func(t *testing.T) {
 		raw, peer := rawPair(t)
-		rc := raw.(*rawConn)
+		rc := raw.(*Conn)
 		go func() { // an echo that answers each request the moment it reads it
 			b := make([]byte, 64)
 			for {
@@ -304,7 +327,7 @@ func TestRawConnSendsOnRead(t *testing.T) {
 		}()
 		in := make([]byte, 64)
 		for i := range 2000 {
-			rc.sendOnRead()
+			rc.SendOnRead()
 			msg := []byte{'a' + byte(i%26), 'b', 'c'}
 			for _, part := range [][]byte{msg[:1], msg[1:]} {
 				if n, err := raw.Write(part); n != len(part) || err != nil {
@@ -319,8 +342,8 @@ func TestRawConnSendsOnRead(t *testing.T) {
 	})
 	t.Run("held until the read", func(t *testing.T) {
 		raw, peer := rawPair(t)
-		rc := raw.(*rawConn)
-		rc.sendOnRead()
+		rc := raw.(*Conn)
+		rc.SendOnRead()
 		if _, err := raw.Write([]byte("request")); err != nil {
 			t.Fatal(err)
 		}
@@ -343,7 +366,7 @@ func TestRawConnSendsOnRead(t *testing.T) {
 	})
 	t.Run("a send past the socket's buffer", func(t *testing.T) {
 		raw, peer := rawPair(t)
-		rc := raw.(*rawConn)
+		rc := raw.(*Conn)
 		_ = rc.tc.SetWriteBuffer(4096)
 		_ = peer.SetReadBuffer(4096)
 		big := bytes.Repeat([]byte("0123456789abcdef"), holdMax/16-1)
@@ -355,7 +378,7 @@ func TestRawConnSendsOnRead(t *testing.T) {
 			}
 			_ = peer.CloseWrite()
 		}()
-		rc.sendOnRead()
+		rc.SendOnRead()
 		if n, err := raw.Write(big); n != len(big) || err != nil {
 			t.Fatalf("held Write = %d, %v", n, err)
 		}
@@ -366,11 +389,11 @@ func TestRawConnSendsOnRead(t *testing.T) {
 	})
 	t.Run("a peer that reset", func(t *testing.T) {
 		raw, peer := rawPair(t)
-		rc := raw.(*rawConn)
+		rc := raw.(*Conn)
 		_ = peer.SetLinger(0)
 		_ = peer.Close()
 		time.Sleep(20 * time.Millisecond)
-		rc.sendOnRead()
+		rc.SendOnRead()
 		_, _ = raw.Write([]byte("request"))
 		_ = raw.SetReadDeadline(time.Now().Add(5 * time.Second))
 		if n, err := raw.Read(make([]byte, 16)); err == nil || isTimeout(err) {
@@ -379,8 +402,8 @@ func TestRawConnSendsOnRead(t *testing.T) {
 	})
 	t.Run("a deadline", func(t *testing.T) {
 		raw, peer := rawPair(t)
-		rc := raw.(*rawConn)
-		rc.sendOnRead()
+		rc := raw.(*Conn)
+		rc.SendOnRead()
 		_, _ = raw.Write([]byte("request"))
 		_ = raw.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 		if n, err := raw.Read(make([]byte, 16)); !isTimeout(err) {
@@ -435,7 +458,7 @@ func TestRawConnAllocatesNothing(t *testing.T) {
 		}
 	}()
 	allocs = testing.AllocsPerRun(200, func() {
-		raw.(*rawConn).sendOnRead()
+		raw.(*Conn).SendOnRead()
 		if _, err := raw.Write(msg); err != nil {
 			t.Fatal(err)
 		}
@@ -448,18 +471,8 @@ func TestRawConnAllocatesNothing(t *testing.T) {
 	}
 }
 
-// TestProxyConnectionsAreRaw: the upstream's connections go through
-// rawConn (every test's clients reach the Server through rawListener).
-func TestProxyConnectionsAreRaw(t *testing.T) {
-	u := newPoolUpstream(t, "127.0.0.1:0")
-	base, s := startSidecar(t, "http://"+u.addr, func(o *Options) { o.EventLoop = false }) // the loop has a pool of its own
-	burstOf(t, base, u, 1)
-	s.up.mu.Lock()
-	defer s.up.mu.Unlock()
-	if len(s.up.idle) == 0 {
-		t.Fatal("no pooled connection")
-	}
-	if _, ok := s.up.idle[0].c.(*rawConn); !ok {
-		t.Fatalf("the upstream connection is %T", s.up.idle[0].c)
-	}
+// isTimeout reports a deadline's error, as net.Error says it.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
