@@ -8,6 +8,10 @@ import (
 	"github.com/tidwall/gjson"
 )
 
+// describePrefix starts every described answer (and, quoted back in a
+// later request's history, is shown short).
+const describePrefix = "[demo upstream: no model here, this answer describes the request]"
+
 // describeLast is how many of the newest messages a described answer
 // quotes, and describeText how many bytes of each.
 const (
@@ -31,7 +35,7 @@ func Describe(body []byte) string {
 		roles[r]++
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "[demo upstream: no model here, this answer describes the request] I received %d message", len(msgs))
+	fmt.Fprintf(&b, "%s I received %d message", describePrefix, len(msgs))
 	if len(msgs) != 1 {
 		b.WriteByte('s')
 	}
@@ -52,7 +56,11 @@ func Describe(body []byte) string {
 		b.WriteByte(':')
 	}
 	for i, m := range msgs[first:] {
-		fmt.Fprintf(&b, "\n%d. %s: %s", first+i+1, m.Get("role").String(), oneLine(contentText(m), describeText))
+		text := contentText(m)
+		if strings.HasPrefix(text, describePrefix) {
+			text = "(an earlier answer of this demo upstream)"
+		}
+		fmt.Fprintf(&b, "\n%d. %s: %s", first+i+1, m.Get("role").String(), oneLine(text, describeText))
 	}
 	return b.String()
 }
@@ -105,7 +113,7 @@ func splitWords(s string, n int) []string {
 // DemoBackground answers the sidecar's own background calls in the demo,
 // a stand-in for a model with two simple rules: a fact extraction prompt
 // (it lists "Known facts:" and "New messages:") gets one "[ADD]" per new
-// user message, its text as the fact; a summary prompt ("New messages:"
+// user message that is not a question, its text as the fact; a summary prompt ("New messages:"
 // alone) gets "The user said: " and those messages. Everything else (a
 // review, a merge) gets "[SKIP]", which changes nothing.
 func DemoBackground(prompt string) string {
@@ -124,7 +132,16 @@ func DemoBackground(prompt string) string {
 		return "[SKIP]"
 	}
 	if strings.Contains(prompt, "Known facts:") {
-		return "[ADD] " + strings.Join(said, "\n[ADD] ")
+		var adds []string
+		for _, t := range said {
+			if !strings.HasSuffix(t, "?") {
+				adds = append(adds, "[ADD] "+t)
+			}
+		}
+		if len(adds) == 0 {
+			return "[SKIP]"
+		}
+		return strings.Join(adds, "\n")
 	}
 	return "The user said: " + strings.Join(said, "; ")
 }

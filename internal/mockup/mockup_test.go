@@ -42,7 +42,7 @@ func post(t *testing.T, url, session, body string) (*http.Response, string) {
 func TestDescribeAnswersWhatItReceived(t *testing.T) {
 	url := serve(t, Demo())
 	body := `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"my name is Ada"},` +
-		`{"role":"assistant","content":"hi"},{"role":"system","content":"Memory recalled:\n- likes Go"},{"role":"user","content":[{"type":"text","text":"what do I like?"}]}]`
+		`{"role":"assistant","content":"` + describePrefix + ` I received 1 message"},{"role":"system","content":"Memory recalled:\n- likes Go"},{"role":"user","content":[{"type":"text","text":"what do I like?"}]}]`
 	_, got := post(t, url, "s", body+`}`)
 	var r struct {
 		Choices []struct {
@@ -54,7 +54,7 @@ func TestDescribeAnswersWhatItReceived(t *testing.T) {
 	}
 	text := r.Choices[0].Message.Content
 	for _, want := range []string{"I received 5 messages (2 system, 2 user, 1 assistant); the newest 4:",
-		"\n2. user: my name is Ada", "\n4. system: Memory recalled: / - likes Go", "\n5. user: what do I like?"} {
+		"\n2. user: my name is Ada", "\n3. assistant: (an earlier answer of this demo upstream)", "\n4. system: Memory recalled: / - likes Go", "\n5. user: what do I like?"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("answer lacks %q:\n%s", want, text)
 		}
@@ -105,10 +105,11 @@ func TestCannedAnswerByDefault(t *testing.T) {
 
 func TestDemoBackground(t *testing.T) {
 	for _, c := range []struct{ prompt, want string }{
-		{"You maintain the long-term memory…\n\nKnown facts:\n(none)\n\nNew messages:\nuser: My name is Ada.\nassistant: Hello!\nuser:   I write Go  \n\nReply with memory operations only…",
+		{"You maintain the long-term memory…\n\nKnown facts:\n(none)\n\nNew messages:\nuser: My name is Ada.\nassistant: Hello!\nuser:   I write Go  \nuser: do I?\n\nReply with memory operations only…",
 			"[ADD] My name is Ada.\n[ADD] I write Go"},
 		{"Previous summary:\nold\n\nNew messages:\nuser: I moved to Lyon\nassistant: nice\n", "The user said: I moved to Lyon"},
 		{"New messages:\nassistant: only me\n", "[SKIP]"},
+		{"Known facts:\n(none)\n\nNew messages:\nuser: what now?\n", "[SKIP]"},
 		{"Review this fact: …", "[SKIP]"},
 	} {
 		if got := DemoBackground(c.prompt); got != c.want {
