@@ -141,8 +141,9 @@ bench-mcp: ## session_recall: full recalls per 10 messages on one topic and at t
 
 ##@ Deploy and clean up
 
-fleet: build ## Redis, two llama-servers and two sidecars sharing it (scripts/fleet.sh; Ctrl-C stops)
-	scripts/fleet.sh
+fleet: ## Redis, two llama-servers and two sidecars sharing it (scripts/fleet.sh; Ctrl-C stops)
+	$(GOBUILD) -o $(BIN) ./cmd/sidecar
+	SIDECAR=$(BIN) scripts/fleet.sh
 
 docker-cuda: ## build the CUDA image kvsidecar:cuda (needs Docker)
 	docker build -f Dockerfile.cuda --build-arg VERSION=$(VERSION) -t kvsidecar:cuda .
