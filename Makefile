@@ -15,7 +15,7 @@ PROMTOOL ?= promtool
 # from the environment (make run SIDECAR_UPSTREAM=http://127.0.0.1:8000
 # passes one); unset, serve's defaults hold.
 
-.PHONY: help run test build test-race test-hostile test-differential test-mcp fuzz lint check-deploy bench bench-proxy bench-proxy-wrk bench-proxy-ceiling bench-kv bench-policy bench-amortization bench-sessions bench-preload bench-fleet bench-scale bench-memory bench-memory-e2e bench-recall bench-archive bench-reliability bench-mcp fleet docker-cuda clean
+.PHONY: help run test demo-llama build test-race test-hostile test-differential test-mcp fuzz lint check-deploy bench bench-proxy bench-proxy-wrk bench-proxy-ceiling bench-kv bench-policy bench-amortization bench-sessions bench-preload bench-fleet bench-scale bench-memory bench-memory-e2e bench-recall bench-archive bench-reliability bench-mcp fleet docker-cuda clean
 
 ##@ Start here
 
@@ -34,6 +34,9 @@ test: ## go vet, then every test with the race detector (about 10 min on 2 cores
 	cd bench/simulator && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd bench/ceiling && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd bench/redisclients && $(GO) vet ./...
+
+demo-llama: build ## the sidecar before a real llama-server (../shared/llama or PATH): KV restored, memory recalled
+	$(BIN) bench demo-llama
 
 build: ## build bin/sidecar and bin/sidecar-bench (the benchmarks), static, no cgo
 	$(GOBUILD) -o $(BIN) ./cmd/sidecar

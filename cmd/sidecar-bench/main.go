@@ -38,6 +38,7 @@ workloads:
   scale      sessions in batches up to 100,000 on a scripted upstream: turn latency, RSS, open files, disk per session
   serve      a serving benchmark of your own deployment: multi-turn streamed conversations, TTFT/ITL/E2EL as vLLM reports them (--target URL ...)
   upstream   serve a scripted OpenAI-compatible upstream (for proxy benchmarks and demos)
+  demo-llama a demo on a real llama-server: three people, two slots, KV restored, memory recalled (make demo-llama)
 
 With no workload, sidecar bench runs amortization (about 20 s on 2 cores). --json prints one JSON
 object on stdout instead of tables. The workloads that start sidecars (memory, sessions, fleet, scale)
@@ -81,6 +82,8 @@ func run(args []string) int {
 		err = benchScale(args)
 	case "archive":
 		err = benchArchive(args)
+	case "demo-llama":
+		err = benchDemoLlama(args)
 	case "help", "-h", "--help":
 		fmt.Print(benchUsage)
 		return 0
