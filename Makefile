@@ -26,14 +26,8 @@ run: ## build and start bin/sidecar; with no SIDECAR_UPSTREAM and nothing at :80
 	$(GOBUILD) -o $(BIN) ./cmd/sidecar
 	$(BIN) serve --log-format text --demo
 
-test: ## go vet, then every test with the race detector (about 10 min on 2 cores)
-	$(GO) vet $(PKGS)
-	$(GO) test -race -count=1 -timeout 20m $(PKGS)
-	SIDECAR_TEST_EVENT_LOOP=1 $(GO) test -race -count=1 ./proxy/ # again with the event loop on (the binary's default)
-	SIDECAR_TEST_EVENT_LOOP=1 $(GO) test -count=1 ./proxy/ # as shipped: the race detector's build makes rawConn's calls syscall's (rawio_race_linux.go)
-	cd bench/simulator && $(GO) vet ./... && $(GO) test -race -count=1 ./...
-	cd bench/ceiling && $(GO) vet ./... && $(GO) test -race -count=1 ./...
-	cd bench/redisclients && $(GO) vet ./...
+test: ## go vet, then every test with the race detector, in parallel groups (scripts/test.sh)
+	GO=$(GO) scripts/test.sh
 
 demo-llama: build ## the sidecar before a real llama-server (../shared/llama or PATH): KV restored, memory recalled
 	$(BIN) bench demo-llama
@@ -66,7 +60,7 @@ fuzz: ## every fuzz target for $(FUZZTIME) each
 
 lint: ## gofmt and go vet (every module), then check-deploy
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) vet $(PKGS)
+	$(GO) vet -race $(PKGS) # -race: the build make test reuses
 	cd bench/simulator && $(GO) vet ./...
 	cd bench/ceiling && $(GO) vet ./...
 	cd bench/redisclients && $(GO) vet ./...
@@ -76,7 +70,7 @@ check-deploy: ## promtool on deploy/prometheus, then the rules and dashboard aga
 	@command -v $(PROMTOOL) >/dev/null || { echo "check-deploy needs promtool (apt-get install prometheus, or PROMTOOL=path)"; exit 1; }
 	$(PROMTOOL) check rules deploy/prometheus/*.rules.yml
 	cd deploy/prometheus && $(PROMTOOL) test rules *.rules.test.yml
-	KVSIDECAR_REQUIRE_PROMTOOL=1 KVSIDECAR_PROMTOOL=$$(command -v $(PROMTOOL)) $(GO) test -count=1 -run 'TestSelectors|TestDeploy' ./cmd/sidecar
+	KVSIDECAR_REQUIRE_PROMTOOL=1 KVSIDECAR_PROMTOOL=$$(command -v $(PROMTOOL)) $(GO) test -race -count=1 -run 'TestSelectors|TestDeploy' ./cmd/sidecar
 
 ##@ Benchmarks (numbers and commands in docs/BENCHMARKS.md)
 

@@ -80,6 +80,7 @@ func fleetScript(t *testing.T, ports []int) (*exec.Cmd, io.Reader) {
 // sidecars up; a session written through one sidecar is read through the
 // other; SIGTERM stops every process.
 func TestFleetScriptComesUpAndStops(t *testing.T) {
+	t.Parallel() // waits on five processes: run beside the real-engine tests
 	ports := freePorts(t, 5)
 	cmd, out := fleetScript(t, ports)
 	lines := make(chan string, 64)
