@@ -6,7 +6,7 @@
 #
 #   sidecar     go test -race ./cmd/sidecar, the binary end to end (its
 #               real-engine tests run beside each other: t.Parallel,
-#               -parallel 3); the longest group, started first
+#               -parallel 2); the longest group, started first
 #   packages    go test -race on every other package
 #   proxy-loop  ./proxy again with the event loop on (the binary's default),
 #               then as shipped, without the race detector (its build makes
@@ -63,7 +63,7 @@ modules() {
 pids=()
 others=$($GO list ./... | grep -v '/cmd/sidecar$') || exit 1
 echo "== go test -race: sidecar, packages, proxy-loop and modules at once"
-group sidecar $GO test -race -count=1 -timeout "$TIMEOUT" -parallel 3 ./cmd/sidecar/
+group sidecar $GO test -race -count=1 -timeout "$TIMEOUT" -parallel 2 ./cmd/sidecar/
 # shellcheck disable=SC2086 # one argument per package
 group packages $GO test -race -count=1 -timeout "$TIMEOUT" $others
 group proxy-loop proxy_loop

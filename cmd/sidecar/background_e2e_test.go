@@ -46,8 +46,9 @@ func dropInTurns(t *testing.T, c openai.Client, session string, n int, pause tim
 			t.Fatalf("turn %d: %v", i, err)
 		}
 		// A hang guard, not a speed goal: a turn behind an uncapped
-		// background call waited minutes.
-		if d > 20*time.Second {
+		// background call waited minutes. (20 s was exceeded once on two
+		// cores running make test's other groups.)
+		if d > time.Minute {
 			t.Fatalf("turn %d took %v", i, d)
 		}
 		took = append(took, d)
