@@ -11,17 +11,20 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvsidecar/kvsidecar/gpu/gputest"
 )
 
 // Tests against a real GPU. They skip, saying why, where the driver or a
-// GPU is missing; scripts/gpu-test.sh builds this package's test binary to
-// run them on a GPU host.
+// GPU is missing, or fail under KVSIDECAR_REQUIRE_GPU=1 (gputest.NoCUDA);
+// scripts/gpu-test.sh builds this package's test binary to run them on a
+// GPU host, with that variable set.
 
 func openCUDA(t *testing.T, opts CUDAOptions) *CUDA {
 	t.Helper()
 	c, err := NewCUDA(opts)
 	if errors.Is(err, ErrNoCUDA) {
-		t.Skipf("no usable CUDA on this host, skipping a GPU test: %v", err)
+		gputest.NoCUDA(t, "%v", err)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +40,7 @@ func openCUDA(t *testing.T, opts CUDAOptions) *CUDA {
 func TestCUDADevices(t *testing.T) {
 	info, err := CUDADevices("")
 	if errors.Is(err, ErrNoCUDA) {
-		t.Skipf("no usable CUDA on this host: %v", err)
+		gputest.NoCUDA(t, "%v", err)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -257,7 +260,7 @@ func TestCUDAVisibleDevices(t *testing.T) {
 		return
 	}
 	if _, err := CUDADevices(""); errors.Is(err, ErrNoCUDA) {
-		t.Skipf("no usable CUDA on this host: %v", err)
+		gputest.NoCUDA(t, "%v", err)
 	}
 	run := func(visible string) string {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestCUDAVisibleDevices$")

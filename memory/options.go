@@ -25,7 +25,10 @@ var (
 	ErrInvalid = memerr.ErrInvalid
 	// ErrContextTooLarge: the client's system messages, the newest user
 	// message and what follows it, and the tools do not fit the hard limit
-	// even with nothing else. The proxy answers 400 (context_length_exceeded).
+	// even with nothing else. Prepare does not fail with it: such a turn is
+	// recorded and forwarded exactly as sent, with no memory added
+	// (TurnStats.AsSent), so the engine decides as it would on a direct
+	// request.
 	ErrContextTooLarge = errors.New("memory: context too large for the window")
 	// ErrUserMismatch: the request names an end user other than the one
 	// the session belongs to. Nothing was written; the proxy forwards the

@@ -487,6 +487,10 @@ func (s *Server) handleSessions(ctx *fasthttp.RequestCtx, tail []byte) {
 		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "memory_disabled", "session memory is disabled on this sidecar")
 		return
 	}
+	if len(tail) == 0 {
+		s.listSessions(ctx) // GET /v1/sessions
+		return
+	}
 	// tail is what follows /v1/sessions: "/{id}", "/{id}/memory" or
 	// "/{id}/snapshot", the id one escaped segment (so ".." is a name
 	// here, not a step up).
@@ -494,7 +498,7 @@ func (s *Server) handleSessions(ctx *fasthttp.RequestCtx, tail []byte) {
 	wantMemory := len(segs) == 2 && segs[1] == "memory"
 	wantSnapshot := len(segs) == 2 && segs[1] == "snapshot"
 	if err != nil || len(segs) == 0 || len(segs) > 2 || len(segs) == 2 && !wantMemory && !wantSnapshot {
-		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_path", "session path must be /v1/sessions/{id}[/memory|/snapshot] with the id URL-escaped")
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_path", "session path must be /v1/sessions (the list) or /v1/sessions/{id}[/memory|/snapshot] with the id URL-escaped")
 		return
 	}
 	id := segs[0]
@@ -536,8 +540,8 @@ func (s *Server) handleSessions(ctx *fasthttp.RequestCtx, tail []byte) {
 		err = s.deleteSession(ctx, tenant, id)
 		v = map[string]any{"id": id, "object": "session.deleted", "deleted": err == nil}
 	default:
-		ctx.Response.Header.Set("Allow", "GET, DELETE")
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "use GET or DELETE")
+		ctx.Response.Header.Set("Allow", "GET, DELETE") // after writeError, which resets the response
 		return
 	}
 	if errors.Is(err, memory.ErrNotFound) {

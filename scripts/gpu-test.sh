@@ -35,8 +35,9 @@
 #   CUDA_VISIBLE_DEVICES=1 ./out/sidecar gpu    # another GPU
 #
 # Test binaries run in their package's folder: tests read testdata/. `run`
-# fails when a CUDA test skips: on a GPU host a skip means the driver could
-# not be used, which is the failure being looked for.
+# sets KVSIDECAR_REQUIRE_GPU=1, so a CUDA test that finds no usable device
+# fails instead of skipping: on a GPU host that is the failure being looked
+# for.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -76,6 +77,8 @@ run() {
 		nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv || true
 	fi
 
+	# A CUDA test that cannot open the device fails instead of skipping.
+	export KVSIDECAR_REQUIRE_GPU=1
 	echo "== gpu: CUDA tests"
 	log="$tmp/gpu.log"
 	(cd gpu && "$out/gpu.test" -test.v -test.count=1 -test.run CUDA) | tee "$log"

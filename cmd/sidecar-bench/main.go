@@ -39,6 +39,7 @@ workloads:
   serve      a serving benchmark of your own deployment: multi-turn streamed conversations, TTFT/ITL/E2EL as vLLM reports them (--target URL ...)
   resp       the RESP listener (--resp-listen) beside redis-server: SET/GET GB/s and p50/p99 at 1/8/32 MiB and 1/8/32 connections, a working set 4x RAM, kill -9
   upstream   serve a scripted OpenAI-compatible upstream (for proxy benchmarks and demos)
+  demo-llama a demo on a real llama-server: three people, two slots, KV restored, memory recalled (make demo-llama)
 
 With no workload, sidecar bench runs amortization (about 20 s on 2 cores). --json prints one JSON
 object on stdout instead of tables. The workloads that start sidecars (memory, sessions, fleet, scale)
@@ -84,6 +85,8 @@ func run(args []string) int {
 		err = benchArchive(args)
 	case "resp":
 		err = benchRESP(args)
+	case "demo-llama":
+		err = benchDemoLlama(args)
 	case "help", "-h", "--help":
 		fmt.Print(benchUsage)
 		return 0

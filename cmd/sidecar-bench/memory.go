@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/internal/mockup"
 )
 
 func benchMemory(args []string) error {
@@ -43,13 +44,13 @@ func benchMemory(args []string) error {
 		return errors.New("--data FILE is required")
 	}
 	upstream := *engineURL
-	var up *bench.MockUpstream
+	var up *mockup.Server
 	if upstream == "" {
 		ln, err := net.Listen("tcp", *upListen)
 		if err != nil {
 			return err
 		}
-		mo := bench.MockUpstreamOptions{KeepPrompts: true, BackgroundReply: "[SKIP]"}
+		mo := mockup.Options{KeepPrompts: true, BackgroundReply: "[SKIP]"}
 		if *triples {
 			convs, err := bench.LoadLocomo(*data)
 			if err != nil {
@@ -57,7 +58,7 @@ func benchMemory(args []string) error {
 			}
 			mo.Background = bench.LocomoExtraction(convs)
 		}
-		up = bench.NewMockUpstream(mo)
+		up = mockup.New(mo)
 		go func() { _ = up.Serve(ln) }()
 		defer up.Close()
 		upstream = "http://" + ln.Addr().String()

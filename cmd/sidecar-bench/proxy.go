@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/internal/mockup"
 )
 
 // targetsFlag collects --target name=host:port[,metrics][,session][,pid=N…]
@@ -81,7 +82,7 @@ func benchUpstream(args []string) error {
 	if err != nil {
 		return err
 	}
-	m := bench.NewMockUpstream(bench.MockUpstreamOptions{StreamEvents: *events, EventGap: *gap})
+	m := mockup.New(mockup.Options{StreamEvents: *events, EventGap: *gap})
 	fmt.Fprintf(os.Stderr, "mock upstream listening on http://%s\n", ln.Addr())
 	go func() {
 		ch := make(chan os.Signal, 1)

@@ -46,8 +46,9 @@ func dropInTurns(t *testing.T, c openai.Client, session string, n int, pause tim
 			t.Fatalf("turn %d: %v", i, err)
 		}
 		// A hang guard, not a speed goal: a turn behind an uncapped
-		// background call waited minutes.
-		if d > 20*time.Second {
+		// background call waited minutes. (20 s was exceeded once on two
+		// cores running make test's other groups.)
+		if d > time.Minute {
 			t.Fatalf("turn %d took %v", i, d)
 		}
 		took = append(took, d)
@@ -67,6 +68,7 @@ func dropInTurns(t *testing.T, c openai.Client, session string, n int, pause tim
 // pauses), and every background call generates at most its max_tokens.
 // The same client straight to the server gives the direct figures.
 func TestRealEngineBackgroundNeverDelaysClient(t *testing.T) {
+	t.Parallel() // mostly the clients' pauses: run beside the other real-engine tests
 	// A model slow enough that an uncapped call holds the slot for tens
 	// of seconds (about 160 tokens/s on one thread), like the issue's.
 	model := llamatest.Model(t, 512, 4, 4, 4, 1408)

@@ -79,6 +79,7 @@ type diffVariant struct {
 
 func TestDifferentialAgainstRealEngine(t *testing.T) {
 	llamatest.Require(t)
+	t.Parallel() // waits on engines and idle pauses: run beside the other real-engine tests
 	if testing.Short() {
 		t.Skip("a real-engine run of about a minute per variant")
 	}

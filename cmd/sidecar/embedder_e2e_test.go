@@ -175,6 +175,7 @@ func (s *embedStack) recalled(id, want, what string) {
 }
 
 func TestRealEngineEmbedderUpstream(t *testing.T) {
+	t.Parallel() // waits on the engine and its restarts: run beside the other real-engine tests
 	s := newEmbedStack(t)
 	alice := newConvo("alice", "You are a helpful assistant.")
 	bob := newConvo("bob", "You are a helpful assistant.")

@@ -168,7 +168,8 @@ func (hw *hostileWorker) rowRequest() {
 		{"5", "GET", "/v1/sessions/../../etc/passwd", [][2]string{auth}, "", want4xx},
 		{"5", "DELETE", "/v1//kv/ns/key", [][2]string{auth}, "", want4xx},
 		{"5", "GET", "/v1/pool%2F..%2Fx", [][2]string{auth}, "", want4xx},
-		{"5", "GET", "/v1/sessions", [][2]string{auth}, "", want4xx},
+		{"5", "GET", "/v1/sessions/", [][2]string{auth}, "", want4xx},
+		{"5", "DELETE", "/v1/sessions", [][2]string{auth}, "", want4xx}, // GET lists the key's own sessions
 		{"7", "GET", "/v1/sessions/w0-s0", nil, "", wantStatus(401)},
 		{"7", "DELETE", "/v1/sessions/w1-s0", [][2]string{{"Authorization", "Bearer"}}, "", wantStatus(401)},
 		{"7", "GET", "/v1/pool", [][2]string{{"Authorization", ""}}, "", wantStatus(401)},

@@ -42,8 +42,9 @@ type inspectReport struct {
 func cmdInspect(args []string) int {
 	fset := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	asJSON := fset.Bool("json", false, "print one JSON object")
+	dataDir := fset.String("data-dir", "", "the data dir to inspect, as serve's --data-dir (or give it as DIR)")
 	fset.Usage = func() {
-		fmt.Fprintln(fset.Output(), "usage: sidecar inspect [--json] DIR")
+		fmt.Fprintln(fset.Output(), "usage: sidecar inspect [--json] DIR\n       sidecar inspect [--json] --data-dir DIR")
 		fset.PrintDefaults()
 	}
 	if err := fset.Parse(args); err != nil {
@@ -52,11 +53,12 @@ func cmdInspect(args []string) int {
 		}
 		return 2
 	}
-	if fset.NArg() != 1 {
+	dir, ok := inspectDir(*dataDir, fset.Args())
+	if !ok {
 		fset.Usage()
 		return 2
 	}
-	r, err := inspect(fset.Arg(0))
+	r, err := inspect(dir)
 	if err == nil {
 		err = emit(*asJSON, r, writeInspect)
 	}
@@ -65,6 +67,20 @@ func cmdInspect(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// inspectDir is the folder inspect reads: --data-dir's or the one
+// argument, or both when they name the same; ok is false otherwise.
+func inspectDir(flagDir string, args []string) (string, bool) {
+	switch {
+	case len(args) > 1:
+		return "", false
+	case len(args) == 1 && flagDir != "" && filepath.Clean(args[0]) != filepath.Clean(flagDir):
+		return "", false
+	case len(args) == 1:
+		return args[0], true
+	}
+	return flagDir, flagDir != ""
 }
 
 func inspect(dir string) (inspectReport, error) {

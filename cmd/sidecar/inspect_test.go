@@ -101,3 +101,33 @@ func TestInspectReportsAndQuarantinesCorruptBlocks(t *testing.T) {
 		t.Fatalf("%d blocks served after corrupting one of two", okCount)
 	}
 }
+
+// TestInspectTakesServesFlag: `sidecar inspect --data-dir DIR` reads the
+// folder `sidecar serve --data-dir DIR` wrote, as `sidecar inspect DIR`.
+func TestInspectTakesServesFlag(t *testing.T) {
+	for _, c := range []struct {
+		flag string
+		args []string
+		dir  string
+		ok   bool
+	}{
+		{"", []string{"data"}, "data", true},
+		{"data", nil, "data", true},
+		{"data", []string{"./data/"}, "./data/", true},
+		{"data", []string{"other"}, "", false},
+		{"", nil, "", false},
+		{"", []string{"a", "b"}, "", false},
+	} {
+		if dir, ok := inspectDir(c.flag, c.args); dir != c.dir || ok != c.ok {
+			t.Errorf("inspectDir(%q, %q) = %q, %v; want %q, %v", c.flag, c.args, dir, ok, c.dir, c.ok)
+		}
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "inspect", "--json", "--data-dir", dir)
+	cmd.Env = append(os.Environ(), "SIDECAR_TEST_MAIN=1")
+	out, err := cmd.Output()
+	var r inspectReport
+	if err != nil || json.Unmarshal(out, &r) != nil || r.Dir != dir {
+		t.Fatalf("inspect --data-dir %s: %v\n%s", dir, err, out)
+	}
+}

@@ -310,6 +310,7 @@ func TestRealEngineBackgroundCallsEvictNoOne(t *testing.T) {
 	cs := s.convos("background", 2, 40)
 	background := func() int64 { return s.serverPromptTokens() - s.clientPromptN }
 	for round := 1; round <= 4; round++ {
+		before := background() // the model fingerprint's probe counts too
 		for _, c := range cs {
 			tt := s.say(c, fmt.Sprintf("Question %d: which item is the longest?", round))
 			if round > 1 {
@@ -317,7 +318,7 @@ func TestRealEngineBackgroundCallsEvictNoOne(t *testing.T) {
 			}
 		}
 		if round == 3 { // extraction is due after 6 messages: let it reach the server and finish
-			for deadline := time.Now().Add(20 * time.Second); background() == 0 && time.Now().Before(deadline); {
+			for deadline := time.Now().Add(30 * time.Second); background() == before && time.Now().Before(deadline); {
 				time.Sleep(100 * time.Millisecond)
 			}
 			s.waitIdle()
@@ -383,6 +384,7 @@ func (s *realStack) metric(name string) float64 {
 // KV in the slot: no restore on its request path, its earlier prompt
 // reused.
 func TestRealEnginePreloadsTheSessionDueNext(t *testing.T) {
+	t.Parallel() // mostly pauses between turns: run beside the other real-engine tests
 	s := newRealStack(t, 1, llamatest.Model(t), "--extract=false")
 	cs := s.convos("preload", 3, 40)
 	for round := 1; round <= 3; round++ {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -36,6 +37,10 @@ import (
 // serveConfig is everything `sidecar serve` reads from flags and environment.
 type serveConfig struct {
 	listen, upstream, dataDir string
+	upstreamSet               bool      // --upstream or SIDECAR_UPSTREAM given
+	demo                      bool      // --demo: see startDemo
+	demoLookAt                string    // where --demo looks for a running upstream; "": defaultUpstream
+	hints                     io.Writer // --demo's commands to try; nil: stderr
 	upstreamTimeout, idleTO   time.Duration
 	upstreamIdle              time.Duration
 	upstreamMaxIdle           int
@@ -111,8 +116,9 @@ type serveConfig struct {
 func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address to listen on")
-	fs.StringVar(&c.upstream, "upstream", "http://127.0.0.1:8000", "base URL of the OpenAI-compatible upstream")
+	fs.StringVar(&c.upstream, "upstream", defaultUpstream, "base URL of the OpenAI-compatible upstream")
 	fs.StringVar(&c.dataDir, "data-dir", "./data", "folder for sessions, KV archive and indexes")
+	fs.BoolVar(&c.demo, "demo", false, "with no --upstream given and none answering at "+defaultUpstream+", serve in front of an embedded demo upstream (no model: its answers describe what the sidecar sent it, and facts are extracted after every turn; data in <data-dir>/demo, the console on) and print commands to try; make run sets it")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 10*time.Minute, "wait for the upstream's response headers before answering 504")
 	fs.DurationVar(&c.idleTO, "stream-idle-timeout", 5*time.Minute, "longest silence inside an upstream response body before it is aborted")
 	fs.DurationVar(&c.upstreamIdle, "upstream-idle-timeout", 2*time.Second, "pooled upstream connections idle this long are closed (keep it below the upstream's keep-alive timeout: 5s for llama-server, vLLM, SGLang)")
@@ -202,10 +208,20 @@ func newLogger(level, format string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("log format %q: want json or text", format)
 }
 
-func cmdServe(args []string) int {
+// parseServe reads serve's configuration from args and the environment.
+func parseServe(args []string, getenv func(string) string) (serveConfig, error) {
 	var c serveConfig
 	fs := serveFlags(&c)
-	if err := parseFlags(fs, args, os.Getenv); err != nil {
+	if err := parseFlags(fs, args, getenv); err != nil {
+		return c, err
+	}
+	fs.Visit(func(f *flag.Flag) { c.upstreamSet = c.upstreamSet || f.Name == "upstream" })
+	return c, nil
+}
+
+func cmdServe(args []string) int {
+	c, err := parseServe(args, os.Getenv)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
@@ -233,6 +249,16 @@ func cmdServe(args []string) int {
 // nil, receives the listening address once the server accepts.
 func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- string) error {
 	t0 := time.Now()
+	var demo demoStart
+	if c.demo {
+		d, err := startDemo(&c, log) // first: it decides the upstream and says so
+		if err != nil {
+			return err
+		}
+		if demo = d; d.close != nil {
+			defer func() { log.Info("closed demo upstream", "err", d.close()) }()
+		}
+	}
 	dataDir, err := filepath.Abs(c.dataDir)
 	if err != nil {
 		return fmt.Errorf("data dir: %w", err)
@@ -442,7 +468,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		Dir: filepath.Join(dataDir, "sessions"), Fsync: fsyncPolicy, SharedLog: sharedLog, MemoryBudget: int64(c.memoryBudget),
 		Window:      memory.WindowOptions{Limit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy, EvictTo: c.evictTo},
 		Recall:      memory.RecallOptions{Index: idx, Share: share, K: c.recallK, MinCoverage: c.recallCoverage, TenantUserScope: tenantScope},
-		Extraction:  memory.ExtractionOptions{Summarizer: bg, Extractor: extractor},
+		Extraction:  memory.ExtractionOptions{Summarizer: bg, Extractor: extractor, Every: demo.extractEvery},
 		Reviewer:    memory.ReviewerOptions{Enabled: c.review},
 		ToolContext: memory.ToolContextOptions{Enabled: c.toolContext},
 		L4:          memory.L4Options{Enabled: c.l4, Threshold: c.l4Threshold, Similarity: c.l4Similarity, Fidelity: c.l4Fidelity},
@@ -539,13 +565,26 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		log.Warn("--admin-token is set but the admin listener is off (--admin-listen off): the console is unreachable")
 	}
 	if c.adminToken != "" && aln != nil {
-		log.Info("console on", "url", "http://"+aln.Addr().String()+"/ui/")
+		log.Info("console on", "url", consoleURL(aln.Addr().String()))
 		if !isLoopback(aln.Addr()) {
 			log.Warn("THE CONSOLE IS ON A NON-LOOPBACK ADDRESS over plain HTTP: the admin token, which reads and edits every tenant's memories, crosses the network in clear; put a TLS proxy in front or listen on 127.0.0.1", "listen", aln.Addr().String())
 		}
 	}
 	log.Info("sidecar listening", "version", versionString(), "listen", ln.Addr().String(),
 		"upstream", c.upstream, "data_dir", dataDir, "start_ms", time.Since(t0).Milliseconds())
+	if demo.embedded {
+		hints := c.hints
+		if hints == nil {
+			hints = os.Stderr
+		}
+		consoleAddr := ""
+		if aln != nil {
+			consoleAddr = aln.Addr().String()
+		}
+		writeDemoHints(hints, ln.Addr().String(), consoleAddr, c.adminToken)
+	} else if err := dialUpstream(c.upstream, upstreamDialTimeout); err != nil {
+		log.Warn(unreachableWarning(c.upstream, err))
+	}
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}

@@ -73,6 +73,7 @@ func sessionJSON(t *testing.T, s *realStack, path, user string) string {
 }
 
 func TestRealEngineSnapshotMovesSession(t *testing.T) {
+	t.Parallel() // two stacks of its own: run beside the other real-engine tests
 	model := llamatest.Model(t)
 	a := newRealStack(t, 2, model)
 	b := newRealStack(t, 2, model)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvsidecar/kvsidecar/gpu"
+	"github.com/kvsidecar/kvsidecar/gpu/gputest"
 	"github.com/kvsidecar/kvsidecar/gpu/probe"
 )
 
@@ -30,10 +31,11 @@ func TestRunGPUOnCPU(t *testing.T) {
 
 // TestRunGPUOnCUDA runs the benchmark on a real GPU and logs its tables
 // (go test -v, or bench.test -test.v on a GPU host; KVSIDECAR_BENCH_FULL=1
-// for the full run). It skips where CUDA is unusable.
+// for the full run). It skips where CUDA is unusable (fails under
+// KVSIDECAR_REQUIRE_GPU=1).
 func TestRunGPUOnCUDA(t *testing.T) {
 	if _, err := gpu.CUDADevices(""); errors.Is(err, gpu.ErrNoCUDA) {
-		t.Skipf("no usable CUDA on this host: %v", err)
+		gputest.NoCUDA(t, "%v", err)
 	}
 	r, err := probe.Run(probe.Options{Kind: "cuda", Quick: os.Getenv("KVSIDECAR_BENCH_FULL") != "1", Latency: FocusLatency})
 	if err != nil {

@@ -1,7 +1,7 @@
 package bench
 
 // Memory end to end: LoCoMo conversations replayed through a running
-// sidecar whose upstream is the scripted MockUpstream (it answers each user
+// sidecar whose upstream is the scripted upstream of internal/mockup (it answers each user
 // message with the other speaker's recorded turns), then LoCoMo's questions
 // asked the same way. Context recall is the share of a question's evidence
 // turns whose text is in the prompt the upstream receives.
@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/internal/mockup"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
@@ -29,7 +30,7 @@ type MemoryOptions struct {
 	// Sidecar is the base URL of the running sidecar. Required.
 	Sidecar string
 	// Upstream is the sidecar's upstream, made with KeepPrompts. Required.
-	Upstream *MockUpstream
+	Upstream *mockup.Server
 	// Model is the requests' model. Empty: "locomo-replay" (cl100k_base).
 	Model string
 	// WindowTokens is the sidecar's window limit, for the trimming
@@ -211,7 +212,7 @@ func (r *memRun) chat(session, user string, msgs []memMsg, reply string) ([]byte
 	req.Header.Set("Authorization", "Bearer bench-memory")
 	req.Header.Set("X-Session-ID", session)
 	req.Header.Set("X-User-ID", user)
-	req.Header.Set(ReplyHeader, base64.RawURLEncoding.EncodeToString([]byte(reply)))
+	req.Header.Set(mockup.ReplyHeader, base64.RawURLEncoding.EncodeToString([]byte(reply)))
 	resp, err := r.http.Do(req)
 	if err != nil {
 		return nil, err
@@ -272,7 +273,7 @@ func (r *memRun) parsePrompt(p []byte) (promptInfo, error) {
 // each client and reports context recall, prompt prefix sharing and the
 // sidecar's own calls.
 func RunMemory(o MemoryOptions) (MemoryReport, error) {
-	if o.Data == "" || o.Sidecar == "" || o.Upstream == nil || !o.Upstream.opts.KeepPrompts {
+	if o.Data == "" || o.Sidecar == "" || o.Upstream == nil || !o.Upstream.Options().KeepPrompts {
 		return MemoryReport{}, errors.New("bench: memory: Data, Sidecar and an Upstream with KeepPrompts are required")
 	}
 	if o.Model == "" {

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"slices"
 	"testing"
+
+	"github.com/kvsidecar/kvsidecar/internal/mockup"
 )
 
 func TestParseStat(t *testing.T) {
@@ -48,7 +50,7 @@ func TestRunProxyPathsAndLevels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	up := NewMockUpstream(MockUpstreamOptions{StreamEvents: 4, KeepPrompts: true})
+	up := mockup.New(mockup.Options{StreamEvents: 4, KeepPrompts: true})
 	go func() { _ = up.Serve(ln) }()
 	defer up.Close()
 	addr := ln.Addr().String()
@@ -94,9 +96,7 @@ func TestRunProxyPathsAndLevels(t *testing.T) {
 	// the session path sent as many requests as the direct one, in 5
 	// batches per level (warm-up, 2 rounds each streamed or not) of 1 and
 	// 4 clients, each client's last session possibly short.
-	up.mu.Lock()
-	sessions := len(up.prompts)
-	up.mu.Unlock()
+	sessions := up.Sessions()
 	if lo, hi := direct/5, direct/5+5*(1+4); sessions < lo || sessions > hi {
 		t.Errorf("%d sessions, want %d to %d", sessions, lo, hi)
 	}

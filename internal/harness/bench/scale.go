@@ -1,7 +1,7 @@
 package bench
 
 // Sessions at scale (issue 22): one sidecar, run as a child process on its
-// defaults with --fsync always, in front of the scripted MockUpstream;
+// defaults with --fsync always, in front of the scripted upstream of internal/mockup;
 // drop-in clients (a system message and the newest user message, with
 // X-Session-ID) create new sessions in batches, 3 turns each, 8 clients at
 // once, each session its own end user (X-User-ID) unless NoUser. After
@@ -29,6 +29,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/internal/mockup"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
@@ -222,7 +223,7 @@ func RunScale(ctx context.Context, o ScaleOptions) (*ScaleReport, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	up := NewMockUpstream(MockUpstreamOptions{})
+	up := mockup.New(mockup.Options{})
 	upLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err

@@ -17,6 +17,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/internal/mockup"
 	"github.com/tidwall/gjson"
 )
 
@@ -298,7 +299,7 @@ func TestServeAgainstScriptedUpstream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	up := NewMockUpstream(MockUpstreamOptions{StreamEvents: 5})
+	up := mockup.New(mockup.Options{StreamEvents: 5})
 	go func() { _ = up.Serve(ln) }()
 	defer up.Close()
 	rep, err := RunServe(context.Background(), ServeOptions{
