@@ -90,10 +90,13 @@
 //     does the same within a deadline.
 //   - A RAG index (package index, hybrid BM25 + vectors, index.DefaultRerank)
 //     per session over its memory units — evicted turns (each indexed with
-//     the message before it), replies, summaries, facts, episodes — kept
-//     next to the log as <hash>.idx, saved atomically by the worker and on
-//     Close, and rebuilt from the units when missing, corrupt or stale
-//     (ragindex.go).
+//     the message before it), replies, summaries, facts, episodes — and the
+//     messages still in the window (under the id and text their unit gets
+//     when they leave it), kept next to the log as <hash>.idx, saved
+//     atomically by the worker and on Close, and rebuilt from the units and
+//     the history when missing, corrupt or stale (ragindex.go). The recall
+//     block searches units only (it shows what the window does not);
+//     Store.Recall (the MCP tool) searches every turn.
 //   - User memory (users.go; its index documents userdocs.go): a user is
 //     a scope inside a tenant (TurnRequest.UserID; "" is the tenant's
 //     default user). One index per

@@ -341,6 +341,7 @@ func (wb *windowBuilder) evict(sess *session, e *entry, importance float64, p wi
 	}
 	if sess.redundant(e) {
 		sess.drops = append(sess.drops, e.seq) // no unit: remember it left (dedupe.go)
+		sess.forgetEntryDoc(e)
 		return
 	}
 	if importance == 0 {
