@@ -122,11 +122,12 @@ func (s *shiftState) reset() {
 	s.noRun.Store(0)
 }
 
-// ShiftsKV reports whether the server was seen moving the KV a prompt
-// keeps past a change (KV shifting, see Options.CacheReuse), for the
-// model it serves (model is not consulted: a server serves one). False
-// until an answer showed it, and once answers showed the moved pieces
-// computed again.
+// ShiftsKV reports whether the server moves the KV a prompt keeps past a
+// change (KV shifting, see Options.CacheReuse), for the model it serves
+// (model is not consulted: a server serves one). True until answers showed
+// the kept pieces computed again, twice in a row: most models' KV moves,
+// and a wrong guess costs the first two evictions of the server's life
+// a prefill each, where a late one would cost every session its first.
 func (c *Connector) ShiftsKV(model string) bool {
-	return c.shift.verdict.Load() == shiftYes
+	return c.shift.verdict.Load() != shiftNo
 }

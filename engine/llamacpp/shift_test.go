@@ -115,14 +115,17 @@ func TestConnectorLearnsKVShifting(t *testing.T) {
 				return tm
 			}
 			send(turns[:4]...)
-			if h.c.ShiftsKV("m") {
-				t.Fatal("a verdict before any eviction")
+			if !h.c.ShiftsKV("m") || h.c.Stats().ShiftsKV {
+				t.Fatal("before any eviction: not presumed shifting, or a verdict")
 			}
 			tm := send(turns[2:5]...) // the first two turns left
-			if shifts != h.c.ShiftsKV("m") {
-				t.Fatalf("after an eviction: ShiftsKV %v, cache_n %d", h.c.ShiftsKV("m"), tm.CacheN)
+			if !h.c.ShiftsKV("m") {
+				t.Fatalf("after one eviction: ShiftsKV false, cache_n %d", tm.CacheN)
 			}
 			send(turns[3:6]...)
+			if shifts != h.c.ShiftsKV("m") {
+				t.Fatalf("after two evictions: ShiftsKV %v", h.c.ShiftsKV("m"))
+			}
 			st := h.c.Stats()
 			if st.ShiftsKV != shifts || (shifts && st.KVShifts != 2) || (!shifts && st.KVShiftMisses != 2) {
 				t.Fatalf("stats %+v", st)
