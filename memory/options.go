@@ -229,6 +229,20 @@ type WindowOptions struct {
 	// the prompt's start (the engine reprocesses what follows it); a large,
 	// rare step costs the least reprocessing for the same recall.
 	EvictTo float64
+	// EngineShifts, when set, tells whether the engine serving model moves
+	// KV it already holds to new positions (llama.cpp's KV shifting, which
+	// its connector asks for and detects): history that stays in the
+	// window after an eviction is then taken from the engine's cache, not
+	// computed again. Eviction then keeps the newest turns whole and in
+	// order (one chunk the engine shifts) and cuts only to ShiftEvictTo,
+	// so the window stays full. Nil, or false: the engine recomputes what
+	// follows the first change, so history leaves in the large steps of
+	// EvictTo, by Strategy.
+	EngineShifts func(model string) bool
+	// ShiftEvictTo is EvictTo while the engine shifts: the step can be
+	// small, the engine reuses what stays. In (0, 1]. Zero: 0.9 (a step of
+	// a tenth of the budget: room for a turn or two and a recall block).
+	ShiftEvictTo float64
 	// StableMaxTokens caps the stable memory block after the client's
 	// system messages (pinned system and core memories, summaries);
 	// negative: none of them. Zero: 1024. The shared pool a request names
@@ -254,6 +268,9 @@ func (o *WindowOptions) ensureDefaults() {
 	}
 	if o.EvictTo == 0 {
 		o.EvictTo = 0.3
+	}
+	if o.ShiftEvictTo == 0 {
+		o.ShiftEvictTo = 0.9
 	}
 	if o.StableMaxTokens == 0 {
 		o.StableMaxTokens = 1024
@@ -286,6 +303,9 @@ func (o *WindowOptions) validate(recallShare float64) error {
 	}
 	if !(o.EvictTo > 0 && o.EvictTo <= 1) {
 		return fmt.Errorf("memory: Window.EvictTo %v not in (0, 1]", o.EvictTo)
+	}
+	if !(o.ShiftEvictTo > 0 && o.ShiftEvictTo <= 1) {
+		return fmt.Errorf("memory: Window.ShiftEvictTo %v not in (0, 1]", o.ShiftEvictTo)
 	}
 	if o.Encoding != "" {
 		if _, ok := encodingByName(o.Encoding); !ok {

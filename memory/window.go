@@ -64,7 +64,9 @@ type windowParams struct {
 	limit    int
 	tools    int
 	strategy Strategy
-	now      time.Time
+	// shifts: the engine moves the KV it holds (WindowOptions.EngineShifts).
+	shifts bool
+	now    time.Time
 	// toolCtx is the condensed tool context to show in the recall block
 	// (toolctx.go), "" for none.
 	toolCtx string
@@ -236,11 +238,16 @@ func (wb *windowBuilder) shareLimit(p windowParams, sysTokens, turnCost, stableC
 }
 
 // evictOverflow drops whole turns until the history is at most
-// Window.EvictTo × its budget, by the strategy's order. It returns how many
-// messages left.
+// Window.EvictTo × its budget, by the strategy's order; when the engine
+// shifts its KV, the oldest turns first until Window.ShiftEvictTo × the
+// budget (what stays is one chunk of the engine's cache, moved, not
+// computed). It returns how many messages left.
 func (wb *windowBuilder) evictOverflow(sess *session, groups []group, total, histBudget int, query string, p windowParams) int {
-	target := int(float64(max(histBudget, 0)) * wb.opts.Window.EvictTo)
-	strategy := p.strategy
+	to, strategy := wb.opts.Window.EvictTo, p.strategy
+	if p.shifts {
+		to, strategy = wb.opts.Window.ShiftEvictTo, StrategyTail
+	}
+	target := int(float64(max(histBudget, 0)) * to)
 	if strategy == StrategySummary {
 		strategy = StrategyImportance
 		if sess.coveredSeq > 0 {
