@@ -331,6 +331,12 @@ type RecallOptions struct {
 	// at the default limit it holds about 10–20 recalled conversation
 	// turns. Negative: no recall block. Zero: 0.08.
 	Share float64
+	// StatementShare is the part of Share a message that asks nothing (no
+	// question mark) gets: recall pays most where the reply depends on
+	// what was said before, and each recalled token costs the engine a
+	// prefill on the turn it appears. In [0, 1]. Zero: 0.25; negative:
+	// none (no block for such messages).
+	StatementShare float64
 	// K is the most memories one block may show (the block's token share
 	// usually binds first). Zero: 20; negative: none.
 	K int
@@ -412,6 +418,9 @@ func (o *RecallOptions) ensureDefaults(clk clock.Clock) {
 	if o.K == 0 {
 		o.K = 20
 	}
+	if o.StatementShare == 0 {
+		o.StatementShare = 0.25
+	}
 	if o.MinScore == 0 {
 		o.MinScore = 0.15
 	}
@@ -462,9 +471,15 @@ func (o *RecallOptions) ensureDefaults(clk clock.Clock) {
 // share is the block's share of the window, 0 when the block is off.
 func (o *RecallOptions) share() float64 { return max(o.Share, 0) }
 
+// statementShare is StatementShare, 0 for none.
+func (o *RecallOptions) statementShare() float64 { return max(o.StatementShare, 0) }
+
 func (o *RecallOptions) validate() error {
 	if o.Share > 0.5 {
 		return fmt.Errorf("memory: Recall.Share %v above 0.5", o.Share)
+	}
+	if o.StatementShare > 1 {
+		return fmt.Errorf("memory: Recall.StatementShare %v above 1", o.StatementShare)
 	}
 	if o.MinCoverage > 1 {
 		return errors.New("memory: Recall.MinCoverage must be at most 1")

@@ -48,6 +48,7 @@ type serveConfig struct {
 
 	windowTokens    int
 	recallShare     float64
+	statementShare  float64
 	recallK         int
 	recallCoverage  float64
 	evictTo         float64
@@ -124,6 +125,7 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.Int64Var(&c.maxResponse, "max-response-bytes", 256<<20, "largest non-streamed upstream response relayed (502 beyond; streams are not bounded as a whole)")
 	fs.IntVar(&c.windowTokens, "window-tokens", 8192, "hard token limit of the window sent upstream (the Focus window)")
 	fs.Float64Var(&c.recallShare, "recall-share", 0.08, "share of the window for the per-turn recall block next to the newest user message (0 turns recall off)")
+	fs.Float64Var(&c.statementShare, "recall-statement-share", 0, "the part of --recall-share a message that asks nothing (no question mark) gets (0: the default, 0.25; negative: no block for such messages)")
 	fs.IntVar(&c.recallK, "recall-k", 0, "most memories one recall block shows (0: the default)")
 	fs.Float64Var(&c.recallCoverage, "recall-min-coverage", 0, "share of the question's information a memory must hold to be recalled on its words (0: the default)")
 	fs.Float64Var(&c.evictTo, "evict-to", 0, "when history overflows the window it is cut to this share of its budget, in one step (0: the default)")
@@ -446,7 +448,8 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		Dir: filepath.Join(dataDir, "sessions"), Fsync: fsyncPolicy, SharedLog: sharedLog, MemoryBudget: int64(c.memoryBudget),
 		Window: memory.WindowOptions{Limit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy, EvictTo: c.evictTo,
 			EngineShifts: shifts, ShiftEvictTo: c.shiftEvictTo},
-		Recall:      memory.RecallOptions{Index: idx, Share: share, K: c.recallK, MinCoverage: c.recallCoverage, TenantUserScope: tenantScope},
+		Recall: memory.RecallOptions{Index: idx, Share: share, StatementShare: c.statementShare, K: c.recallK, MinCoverage: c.recallCoverage,
+			TenantUserScope: tenantScope},
 		Extraction:  memory.ExtractionOptions{Summarizer: bg, Extractor: extractor},
 		Reviewer:    memory.ReviewerOptions{Enabled: c.review},
 		ToolContext: memory.ToolContextOptions{Enabled: c.toolContext},
