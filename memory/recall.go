@@ -60,13 +60,18 @@ func (rt *retriever) recallLocked(ctx context.Context, sess *session, um *userMe
 	wm.expire(now, o.ActiveSetDecay)
 	if len(wm.active) > 0 && o.ProbeK > 0 {
 		// The probe tells the topic: every lexical hit counts there, the
-		// weak ones included; only those passing the gate are shown.
-		probe := rt.searchAll(ctx, sess, um, query, o.ProbeK, index.ModeBM25, skip)
+		// weak ones included; only those passing the gate are shown. On
+		// the active topic the lexical search stands for the full one
+		// (no query embedding, no graph): its K best that pass the gate
+		// are shown with the previous set, so a new question on the topic
+		// still finds what only it asks about.
+		words := rt.searchAll(ctx, sess, um, query, max(o.K, o.ProbeK), index.ModeBM25, skip)
+		probe := words[:min(len(words), o.ProbeK)]
 		hood := wm.neighbourhood(now, o.LinkHalfLife)
 		if len(probe) > 0 && overlap(itemIDs(probe), hood) >= o.ReuseOverlap {
 			rt.stats.probeReuses.Add(1)
-			items := append(strong(probe), strong(rt.gated(ctx, sess, um, query, rt.itemsFor(sess, um, wm.injected, skip)))...)
-			items = uniqueItems(items, o.K+len(probe))
+			items := append(strong(words), strong(rt.gated(ctx, sess, um, query, rt.itemsFor(sess, um, wm.injected, skip)))...)
+			items = uniqueItems(items, o.K+len(words))
 			var active []string
 			for _, it := range probe {
 				if hood[it.id] {

@@ -363,3 +363,38 @@ func TestRecallOfWindowByWordsWhileNotEmbedded(t *testing.T) {
 		t.Errorf("endpoint up: %+v, %v", res, err)
 	}
 }
+
+// TestReuseSearchesTheTopicsWords: on the active topic the working memory
+// skips the full retrieval, not the words: a new question on the topic
+// still finds a memory only its own words reach, beyond the probe's few
+// hits and the previous set.
+func TestReuseSearchesTheTopicsWords(t *testing.T) {
+	s := openStore(t, t.TempDir(), func(o *Options) { o.Recall.K = 7 })
+	say(t, s, "t", "s", "", "hello", "hi")
+	for _, f := range []string{
+		"Etna volcano eruption lava flow red hot river one",
+		"Etna volcano eruption lava flow red hot river two",
+		"Etna volcano eruption lava flow red hot river three",
+		"Etna volcano eruption lava flow red hot river four",
+		"Etna volcano eruption lava flow red hot river five",
+		"Etna volcano eruption lava flow red hot river six",
+		"The Etna volcano eruption left ash on the Catania airport",
+		"an ash tree grows in the garden",
+		"ash wood makes good baseball bats",
+	} {
+		if _, err := s.AddMemory("t", "s", CategoryFact, f, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, err := s.Recall(context.Background(), "t", "s", "", "lava flow red hot river")
+	if err != nil || first.Mode != "full" || recalls(first, "Catania") {
+		t.Fatalf("first recall: %+v, %v", first, err)
+	}
+	next, err := s.Recall(context.Background(), "t", "s", "", "Etna volcano eruption lava flow red hot river, and the ash?")
+	if err != nil || next.Mode != "reuse" {
+		t.Fatalf("the same topic: %+v, %v", next, err)
+	}
+	if !recalls(next, "Catania airport") {
+		t.Fatalf("the topic's new memory is not found: %+v", next)
+	}
+}
