@@ -83,7 +83,12 @@
 //     (the newest user message and what follows it). History leaves in
 //     large steps (Window.EvictTo), so the prompt's start moves rarely and
 //     the upstream's prefix cache keeps hitting; only the tail changes
-//     with the recall block.
+//     with the recall block. While the engine moves the KV a prompt keeps
+//     (Window.EngineShifts: llama.cpp's KV shifting), the oldest turns
+//     leave in small steps instead (Window.ShiftEvictTo): what stays is one
+//     run of the previous prompt, which the engine moves, not computes. A
+//     message that asks nothing gets Recall.StatementShare of the recall
+//     block.
 //   - A background worker goroutine that persists memory units, access counts
 //     and summaries after the response (Turn.Complete), plus the summarizer
 //     goroutines it starts. Close stops and waits for all of them; Shutdown
