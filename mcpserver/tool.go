@@ -15,14 +15,17 @@ import (
 
 const instructions = "Session memory of the kvsidecar in front of your LLM server. " +
 	"session_recall(query, session_id) searches what a conversation of yours (the X-Session-ID or prompt_cache_key " +
-	"of its chat requests) remembers: its earlier turns, facts and episodes, and, for a named end user " +
-	"(X-User-ID), that user's other sessions. Calls on the same topic reuse the session's working memory."
+	"of its chat requests) remembers: every turn it recorded (in the model's context or out of it), facts and " +
+	"episodes, and, for a named end user (X-User-ID), that user's other sessions. Calls on the same topic reuse " +
+	"the session's working memory."
 
 var recallTool = &mcp.Tool{
 	Name:  "session_recall",
 	Title: "Recall from session memory",
-	Description: "Recall what a conversation remembers about query: memories of the session session_id (and, for a " +
-		"named end user, the user's other sessions), best first, each with its id, role, text and date. mode says " +
+	Description: "Recall what a conversation remembers about query: memories of the session session_id (its turns, " +
+		"found as soon as they are recorded, its facts and episodes; for a named end user also the user's other " +
+		"sessions), best first, each with its id, role, text and date. When memories hold some of the query's " +
+		"words but none is close enough, the best few are shown all the same. mode says " +
 		"how the session's working memory answered: full (a full retrieval: first recall, or a new topic), reuse " +
 		"(the active topic's set, refreshed) or none (nothing matched). Only the caller's own sessions (API key, " +
 		"X-User-ID) are found.",

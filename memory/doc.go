@@ -83,17 +83,25 @@
 //     (the newest user message and what follows it). History leaves in
 //     large steps (Window.EvictTo), so the prompt's start moves rarely and
 //     the upstream's prefix cache keeps hitting; only the tail changes
-//     with the recall block.
+//     with the recall block. While the engine moves the KV a prompt keeps
+//     (Window.EngineShifts: llama.cpp's KV shifting), the oldest turns
+//     leave in small steps instead (Window.ShiftEvictTo): what stays is one
+//     run of the previous prompt, which the engine moves, not computes. A
+//     message that asks nothing gets Recall.StatementShare of the recall
+//     block.
 //   - A background worker goroutine that persists memory units, access counts
 //     and summaries after the response (Turn.Complete), plus the summarizer
 //     goroutines it starts. Close stops and waits for all of them; Shutdown
 //     does the same within a deadline.
 //   - A RAG index (package index, hybrid BM25 + vectors, index.DefaultRerank)
 //     per session over its memory units — evicted turns (each indexed with
-//     the message before it), replies, summaries, facts, episodes — kept
-//     next to the log as <hash>.idx, saved atomically by the worker and on
-//     Close, and rebuilt from the units when missing, corrupt or stale
-//     (ragindex.go).
+//     the message before it), replies, summaries, facts, episodes — and the
+//     messages still in the window (under the id and text their unit gets
+//     when they leave it), kept next to the log as <hash>.idx, saved
+//     atomically by the worker and on Close, and rebuilt from the units and
+//     the history when missing, corrupt or stale (ragindex.go). The recall
+//     block searches units only (it shows what the window does not);
+//     Store.Recall (the MCP tool) searches every turn.
 //   - User memory (users.go; its index documents userdocs.go): a user is
 //     a scope inside a tenant (TurnRequest.UserID; "" is the tenant's
 //     default user). One index per

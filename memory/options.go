@@ -232,6 +232,20 @@ type WindowOptions struct {
 	// the prompt's start (the engine reprocesses what follows it); a large,
 	// rare step costs the least reprocessing for the same recall.
 	EvictTo float64
+	// EngineShifts, when set, tells whether the engine serving model moves
+	// KV it already holds to new positions (llama.cpp's KV shifting, which
+	// its connector asks for and detects): history that stays in the
+	// window after an eviction is then taken from the engine's cache, not
+	// computed again. Eviction then keeps the newest turns whole and in
+	// order (one chunk the engine shifts) and cuts only to ShiftEvictTo,
+	// so the window stays full. Nil, or false: the engine recomputes what
+	// follows the first change, so history leaves in the large steps of
+	// EvictTo, by Strategy.
+	EngineShifts func(model string) bool
+	// ShiftEvictTo is EvictTo while the engine shifts: the step can be
+	// small, the engine reuses what stays. In (0, 1]. Zero: 0.9 (a step of
+	// a tenth of the budget: room for a turn or two and a recall block).
+	ShiftEvictTo float64
 	// StableMaxTokens caps the stable memory block after the client's
 	// system messages (pinned system and core memories, summaries);
 	// negative: none of them. Zero: 1024. The shared pool a request names
@@ -257,6 +271,9 @@ func (o *WindowOptions) ensureDefaults() {
 	}
 	if o.EvictTo == 0 {
 		o.EvictTo = 0.3
+	}
+	if o.ShiftEvictTo == 0 {
+		o.ShiftEvictTo = 0.9
 	}
 	if o.StableMaxTokens == 0 {
 		o.StableMaxTokens = 1024
@@ -290,6 +307,9 @@ func (o *WindowOptions) validate(recallShare float64) error {
 	if !(o.EvictTo > 0 && o.EvictTo <= 1) {
 		return fmt.Errorf("memory: Window.EvictTo %v not in (0, 1]", o.EvictTo)
 	}
+	if !(o.ShiftEvictTo > 0 && o.ShiftEvictTo <= 1) {
+		return fmt.Errorf("memory: Window.ShiftEvictTo %v not in (0, 1]", o.ShiftEvictTo)
+	}
 	if o.Encoding != "" {
 		if _, ok := encodingByName(o.Encoding); !ok {
 			return fmt.Errorf("memory: unknown encoding %q", o.Encoding)
@@ -314,6 +334,12 @@ type RecallOptions struct {
 	// at the default limit it holds about 10–20 recalled conversation
 	// turns. Negative: no recall block. Zero: 0.08.
 	Share float64
+	// StatementShare is the part of Share a message that asks nothing (no
+	// question mark) gets: recall pays most where the reply depends on
+	// what was said before, and each recalled token costs the engine a
+	// prefill on the turn it appears. In [0, 1]. Zero: 0.25; negative:
+	// none (no block for such messages).
+	StatementShare float64
 	// K is the most memories one block may show (the block's token share
 	// usually binds first). Zero: 20; negative: none.
 	K int
@@ -395,6 +421,9 @@ func (o *RecallOptions) ensureDefaults(clk clock.Clock) {
 	if o.K == 0 {
 		o.K = 20
 	}
+	if o.StatementShare == 0 {
+		o.StatementShare = 0.25
+	}
 	if o.MinScore == 0 {
 		o.MinScore = 0.15
 	}
@@ -445,9 +474,15 @@ func (o *RecallOptions) ensureDefaults(clk clock.Clock) {
 // share is the block's share of the window, 0 when the block is off.
 func (o *RecallOptions) share() float64 { return max(o.Share, 0) }
 
+// statementShare is StatementShare, 0 for none.
+func (o *RecallOptions) statementShare() float64 { return max(o.StatementShare, 0) }
+
 func (o *RecallOptions) validate() error {
 	if o.Share > 0.5 {
 		return fmt.Errorf("memory: Recall.Share %v above 0.5", o.Share)
+	}
+	if o.StatementShare > 1 {
+		return fmt.Errorf("memory: Recall.StatementShare %v above 1", o.StatementShare)
 	}
 	if o.MinCoverage > 1 {
 		return errors.New("memory: Recall.MinCoverage must be at most 1")

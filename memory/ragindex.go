@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/kvsidecar/kvsidecar/index"
@@ -27,6 +28,15 @@ import (
 // Each message unit is indexed together with the message before it (a
 // question and its answer retrieve each other); the unit's own text is what
 // gets injected.
+//
+// Messages still in the window are documents too, under the id their unit
+// gets when they leave it (msg-<seq>) and in the same text, so the unit
+// takes the document over without a new embedding: Store.Recall (the MCP
+// tool) finds what the session said as soon as it is recorded, extraction
+// or not. The recall block, which shows only what the window does not,
+// searches units alone (searchSession). A message that leaves the history
+// (a failed turn undone) or the window without a unit of its own takes its
+// document with it (forgetEntryDoc).
 
 // maxDocBytes bounds the text of one indexed document.
 const maxDocBytes = 16 << 10
@@ -35,13 +45,60 @@ func indexPath(sess *session) string { return strings.TrimSuffix(sess.path, ".lo
 
 // docText is the indexed text of u.
 func (sess *session) docText(u *Unit) string {
-	text := u.Content
-	if (u.Type == UnitTask || u.Type == UnitContext) && u.FromSeq == u.ToSeq && u.FromSeq > 1 {
-		if prev := sess.prevMessageText(u.FromSeq); prev != "" {
+	if (u.Type == UnitTask || u.Type == UnitContext) && u.FromSeq == u.ToSeq {
+		return sess.messageDocText(u.Content, u.FromSeq)
+	}
+	return sanitize.Truncate(u.Content, maxDocBytes)
+}
+
+// messageDocText is the indexed text of message seq holding text: the text,
+// then the message before it.
+func (sess *session) messageDocText(text string, seq uint64) string {
+	if seq > 1 {
+		if prev := sess.prevMessageText(seq); prev != "" {
 			text += "\n" + prev
 		}
 	}
 	return sanitize.Truncate(text, maxDocBytes)
+}
+
+// msgSeq parses a message unit id (msgUnitID).
+func msgSeq(id string) (uint64, bool) {
+	rest, ok := strings.CutPrefix(id, "msg-")
+	if !ok || len(rest) != 12 {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(rest, 10, 64)
+	return n, err == nil
+}
+
+// windowEntry returns the history message still in the window whose
+// document id is id (a message without a unit yet), or nil.
+func (sess *session) windowEntry(id string) *entry {
+	seq, ok := msgSeq(id)
+	if !ok || sess.units[id] != nil {
+		return nil
+	}
+	if i := sess.histIndex(seq); i >= 0 && !sess.hist[i].dropped {
+		return sess.hist[i]
+	}
+	return nil
+}
+
+// windowDoc is the document of e, a message in the window.
+func (sess *session) windowDoc(e *entry) index.Doc {
+	return index.Doc{ID: msgUnitID(e.seq), Text: sess.messageDocText(e.text(), e.seq), Meta: index.Meta{Time: e.at}}
+}
+
+// forgetEntryDoc removes the window document of e, a message leaving the
+// history, or the window without a unit of its own. Called with sess.mu
+// held.
+func (sess *session) forgetEntryDoc(e *entry) {
+	e.indexed = false
+	id := msgUnitID(e.seq)
+	if sess.ix != nil && sess.units[id] == nil && sess.ix.Delete(id) {
+		sess.ixVer++
+	}
 }
 
 // prevMessageText is the text of the history message before seq.
@@ -129,6 +186,27 @@ func (rt *retriever) loadIndexLocked(ctx context.Context, sess *session) {
 		keep = append(keep, index.Doc{ID: u.ID, Text: text, Meta: m, Vector: d.Vector})
 		u.indexed = true
 	}
+	for _, e := range sess.hist {
+		id := msgUnitID(e.seq)
+		if e.dropped || sess.units[id] != nil {
+			continue
+		}
+		d, ok := x.Get(id)
+		if !ok {
+			continue
+		}
+		w := sess.windowDoc(e)
+		if d.Text != w.Text {
+			stale = true
+			continue
+		}
+		if !metaEqual(d.Meta, w.Meta) {
+			stale = true
+		}
+		w.Vector = d.Vector
+		keep = append(keep, w)
+		e.indexed = true
+	}
 	if stale || x.Len() != len(keep) {
 		// Documents of deleted or changed units: rebuild from the rest,
 		// reusing their vectors (no embedding).
@@ -136,6 +214,9 @@ func (rt *retriever) loadIndexLocked(ctx context.Context, sess *session) {
 			rt.opts.Logger.Warn("memory: reconcile session index", "err", err)
 			for _, u := range sess.units {
 				u.indexed = false
+			}
+			for _, e := range sess.hist {
+				e.indexed = false
 			}
 			x, _ = index.New(rt.ixOpts)
 		}
@@ -145,21 +226,33 @@ func (rt *retriever) loadIndexLocked(ctx context.Context, sess *session) {
 }
 
 // pendingDocsLocked returns the documents of units whose latest state is
-// not indexed, reusing stored vectors when the text is unchanged.
+// not indexed and of messages in the window not indexed yet, reusing
+// stored vectors when the text is unchanged.
 func (rt *retriever) pendingDocsLocked(sess *session) []index.Doc {
 	if sess.ix == nil {
 		return nil
 	}
 	var docs []index.Doc
-	for _, u := range sess.units {
-		if u.indexed {
-			continue
-		}
-		d := index.Doc{ID: u.ID, Text: sess.docText(u), Meta: unitMeta(u)}
-		if old, ok := sess.ix.Get(u.ID); ok && old.Text == d.Text {
+	add := func(d index.Doc) {
+		if old, ok := sess.ix.Get(d.ID); ok && old.Text == d.Text {
 			d.Vector = old.Vector
 		}
 		docs = append(docs, d)
+	}
+	for _, u := range sess.units {
+		if !u.indexed {
+			add(index.Doc{ID: u.ID, Text: sess.docText(u), Meta: unitMeta(u)})
+		}
+	}
+	for _, e := range sess.hist {
+		if e.indexed || e.dropped || sess.units[msgUnitID(e.seq)] != nil || sess.deleted[msgUnitID(e.seq)] {
+			continue
+		}
+		if strings.TrimSpace(e.text()) == "" {
+			e.indexed = true // nothing to find
+			continue
+		}
+		add(sess.windowDoc(e))
 	}
 	slices.SortFunc(docs, func(a, b index.Doc) int { return strings.Compare(a.ID, b.ID) })
 	return docs
@@ -169,14 +262,19 @@ func (rt *retriever) pendingDocsLocked(sess *session) []index.Doc {
 // state are indexed; documents of units deleted meanwhile are removed.
 func (rt *retriever) markIndexedLocked(sess *session, x *index.Index, docs []index.Doc) {
 	for _, d := range docs {
-		u := sess.units[d.ID]
-		if u == nil {
-			x.Delete(d.ID)
+		if u := sess.units[d.ID]; u != nil {
+			if sess.docText(u) == d.Text && metaEqual(unitMeta(u), d.Meta) {
+				u.indexed = true
+			}
 			continue
 		}
-		if sess.docText(u) == d.Text && metaEqual(unitMeta(u), d.Meta) {
-			u.indexed = true
+		if e := sess.windowEntry(d.ID); e != nil {
+			if w := sess.windowDoc(e); w.Text == d.Text && metaEqual(w.Meta, d.Meta) {
+				e.indexed = true
+			}
+			continue
 		}
+		x.Delete(d.ID)
 	}
 	sess.ixVer++
 }

@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -36,8 +37,19 @@ import (
 // recallQuery is what recall searches for: text ranks the memories (the
 // newest user message, with a little context when it is short), focus
 // gates them (the newest user message alone: a memory must cover enough
-// of it, see Recall.MinCoverage).
-type recallQuery struct{ text, focus string }
+// of it, see Recall.MinCoverage). window also searches the messages still
+// in the window (Store.Recall: the caller does not see the window; the
+// recall block shows only what the window does not) and never answers
+// nothing when a memory holds the query's words: the gate then lets the
+// best few of them through.
+type recallQuery struct {
+	text, focus string
+	window      bool
+}
+
+// minShown is how many memories a window query shows at least when
+// memories hold some of its words but none passes the gate.
+const minShown = 3
 
 func (rt *retriever) recallLocked(ctx context.Context, sess *session, um *userMem, query recallQuery, now time.Time, skip map[string]bool) ([]recallItem, string) {
 	o := &rt.opts.Recall
@@ -48,29 +60,40 @@ func (rt *retriever) recallLocked(ctx context.Context, sess *session, um *userMe
 	wm.expire(now, o.ActiveSetDecay)
 	if len(wm.active) > 0 && o.ProbeK > 0 {
 		// The probe tells the topic: every lexical hit counts there, the
-		// weak ones included; only those passing the gate are shown.
-		probe := rt.searchAll(ctx, sess, um, query, o.ProbeK, index.ModeBM25, skip)
+		// weak ones included; only those passing the gate are shown. On
+		// the active topic the lexical search stands for the full one
+		// (no query embedding, no graph): its K best that pass the gate
+		// are shown with the previous set, so a new question on the topic
+		// still finds what only it asks about.
+		words := rt.searchAll(ctx, sess, um, query, max(o.K, o.ProbeK), index.ModeBM25, skip)
+		probe := words[:min(len(words), o.ProbeK)]
 		hood := wm.neighbourhood(now, o.LinkHalfLife)
 		if len(probe) > 0 && overlap(itemIDs(probe), hood) >= o.ReuseOverlap {
 			rt.stats.probeReuses.Add(1)
-			items := append(strong(probe), strong(rt.gated(ctx, sess, um, query, rt.itemsFor(sess, um, wm.injected, skip)))...)
-			items = uniqueItems(items, o.K+len(probe))
+			items := append(strong(words), strong(rt.gated(ctx, sess, um, query, rt.itemsFor(sess, um, wm.injected, skip)))...)
+			items = uniqueItems(items, o.K+len(words))
 			var active []string
 			for _, it := range probe {
 				if hood[it.id] {
 					active = append(active, it.id)
 				}
 			}
-			wm.activate(active, now, o.ActiveSetSize)
-			wm.coactivate(active, now, o.LinkHalfLife)
-			wm.injected = slices.Sorted(slices.Values(itemIDs(items)))
-			return items, "reuse"
+			if len(items) > 0 || !query.window {
+				wm.activate(active, now, o.ActiveSetSize)
+				wm.coactivate(active, now, o.LinkHalfLife)
+				wm.injected = slices.Sorted(slices.Values(itemIDs(items)))
+				return items, "reuse"
+			}
+			// Nothing of the topic passes for this query: a full retrieval.
 		}
 	}
 	// Every hit joins the working memory (the topic), as before the gate;
 	// only those passing it are shown.
 	all := rt.searchAll(ctx, sess, um, query, o.K, index.ModeHybrid, skip)
 	full := strong(all)
+	if len(full) == 0 && query.window {
+		full = all[:min(len(all), minShown)]
+	}
 	if len(all) == 0 {
 		wm.injected = nil
 		return nil, ""
@@ -228,37 +251,100 @@ func unitItem(u *Unit) recallItem {
 // searchSession searches the session's own memory units.
 func (rt *retriever) searchSession(ctx context.Context, sess *session, query recallQuery, k int, mode index.Mode, skip map[string]bool) []recallItem {
 	usable := func(id string) bool {
-		u := sess.units[id]
-		return u != nil && !skip[id] && !u.Category.pinned()
+		if skip[id] {
+			return false
+		}
+		if u := sess.units[id]; u != nil {
+			return !u.Category.pinned()
+		}
+		return query.window && sess.windowEntry(id) != nil
+	}
+	item := func(id string) recallItem {
+		if u := sess.units[id]; u != nil {
+			return unitItem(u)
+		}
+		return entryItem(sess.windowEntry(id))
 	}
 	var out []recallItem
+	searched := false // the index answered
 	if x := rt.indexLocked(ctx, sess); x != nil && x.Len() > 0 {
 		rt.attachGraphLocked(sess, x)
 		hits, err := x.SearchFocus(ctx, query.text, query.gate(), k, mode, usable)
 		if err == nil {
+			searched = true
 			for _, h := range hits {
 				if found, weak := rt.gateHit(h); found {
-					it := unitItem(sess.units[h.ID])
+					it := item(h.ID)
 					it.weak = weak
 					out = append(out, it)
 				}
 			}
-			return out
+		} else {
+			rt.searchFailed(sess, x, "memory: index search failed, using the Recaller", err)
 		}
-		rt.searchFailed(sess, x, "memory: index search failed, using the Recaller", err)
 	}
-	sess.refreshIndex()
-	if len(sess.cands) == 0 {
+	if !searched {
+		sess.refreshIndex()
+		var hits []RecallHit
+		if len(sess.cands) > 0 {
+			var err error
+			if hits, err = rt.opts.Recall.Recaller.Recall(ctx, query.text, sess.cands, k+recallExtra); err != nil {
+				rt.opts.Logger.Warn("memory: recall failed", "err", err)
+			}
+		}
+		for _, h := range hits {
+			if u := sess.units[h.ID]; u != nil && usable(h.ID) && h.Score >= rt.opts.Recall.MinScore && len(out) < k {
+				out = append(out, unitItem(u))
+			}
+		}
+	}
+	if query.window {
+		out = append(out, rt.windowByWords(sess, query, k-len(out), skip, !searched)...)
+	}
+	return out
+}
+
+// entryItem makes the recall item of a message still in the window.
+func entryItem(e *entry) recallItem {
+	return recallItem{id: msgUnitID(e.seq), role: e.msg.Role, text: e.text(), at: e.at}
+}
+
+// windowByWords returns up to k messages in the window that the session's
+// index does not hold yet (with a remote embedder the worker indexes them
+// after the turn), or all of them when the index did not answer (off or
+// failing), found by their words: one holding enough of the query's focus
+// (Recall.MinCoverage of its terms) passes the gate, one holding less is
+// weak. Best first.
+func (rt *retriever) windowByWords(sess *session, query recallQuery, k int, skip map[string]bool, all bool) []recallItem {
+	if k <= 0 {
 		return nil
 	}
-	hits, err := rt.opts.Recall.Recaller.Recall(ctx, query.text, sess.cands, k+recallExtra)
-	if err != nil {
-		rt.opts.Logger.Warn("memory: recall failed", "err", err)
+	q := makeBow(query.text)
+	focus := makeBow(query.gate())
+	if q.norm == 0 {
+		return nil
 	}
-	for _, h := range hits {
-		if usable(h.ID) && h.Score >= rt.opts.Recall.MinScore && len(out) < k {
-			out = append(out, unitItem(sess.units[h.ID]))
+	type scoredEntry struct {
+		e     *entry
+		score float64
+		cover float64
+	}
+	var found []scoredEntry
+	for _, e := range sess.hist {
+		if (e.indexed && !all) || e.dropped || skip[msgUnitID(e.seq)] || sess.units[msgUnitID(e.seq)] != nil {
+			continue
 		}
+		e.features()
+		if sc := cosine(q, e.bow); sc > 0 {
+			found = append(found, scoredEntry{e, sc, bowCovered(focus, e.bow)})
+		}
+	}
+	slices.SortStableFunc(found, func(a, b scoredEntry) int { return cmp.Compare(b.score, a.score) })
+	out := make([]recallItem, 0, min(k, len(found)))
+	for _, f := range found[:min(k, len(found))] {
+		it := entryItem(f.e)
+		it.weak = !rt.relevant(f.cover, f.score)
+		out = append(out, it)
 	}
 	return out
 }
@@ -323,6 +409,8 @@ func (rt *retriever) itemsFor(sess *session, um *userMem, ids []string, skip map
 		}
 		if u := sess.units[id]; u != nil && !skip[id] && !u.Category.pinned() {
 			out = append(out, unitItem(u))
+		} else if e := sess.windowEntry(id); e != nil && !skip[id] {
+			out = append(out, entryItem(e))
 		}
 	}
 	return out

@@ -452,3 +452,29 @@ func TestReuseNeverShowsStaleMemory(t *testing.T) {
 		t.Fatalf("a deleted memory shown on reuse: %s", b.Block)
 	}
 }
+
+// TestStatementsGetASmallerRecallBlock: a message that asks nothing gets
+// Recall.StatementShare of the recall block's share; a question the whole.
+func TestStatementsGetASmallerRecallBlock(t *testing.T) {
+	for _, c := range []struct {
+		share     float64
+		statement bool
+	}{{0, false}, {1, true}} {
+		s := openStore(t, t.TempDir(), func(o *Options) {
+			smallWindow(o)
+			o.Recall.StatementShare = c.share
+		})
+		msgs := evictedSession(t, s)
+		msgs = msgs[:len(msgs)-1]
+		q := prepare(t, s, "t", "s", ModeFull, append(msgs, text("user", "which volcano is my favourite?"))...)
+		q.Abort()
+		st := prepare(t, s, "t", "s", ModeFull, append(msgs, text("user", "I keep thinking about my favourite volcano"))...)
+		st.Abort()
+		if !strings.Contains(string(q.Block), "Krakatoa") {
+			t.Errorf("share %v: the question's block lacks the memory: %s", c.share, q.Block)
+		}
+		if got := strings.Contains(string(st.Block), "Krakatoa"); got != c.statement {
+			t.Errorf("share %v: the statement's block shows the memory: %v, want %v (%s)", c.share, got, c.statement, st.Block)
+		}
+	}
+}

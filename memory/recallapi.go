@@ -95,7 +95,7 @@ func (s *Store) Recall(ctx context.Context, tenant, sessionID, user, query strin
 			}
 			return RecallResult{}, fmt.Errorf("memory: session %q keeps vanishing: %w", sessionID, ErrNotFound)
 		}
-		items, mode := s.recall.recallLocked(ctx, sess, um, recallQuery{text: query, focus: query}, s.opts.Clock.Now(), nil)
+		items, mode := s.recall.recallLocked(ctx, sess, um, recallQuery{text: query, focus: query, window: true}, s.opts.Clock.Now(), nil)
 		res := RecallResult{Mode: mode, Memories: make([]RecalledMemory, 0, len(items))}
 		for _, it := range items {
 			res.Memories = append(res.Memories, RecalledMemory{ID: it.id, Role: it.role, Text: it.text, At: it.at, OtherSession: it.cross})

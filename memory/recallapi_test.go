@@ -200,3 +200,201 @@ func TestRecallCrossSessionAndShared(t *testing.T) {
 		}
 	}
 }
+
+// recalls reports whether Recall's answer shows a memory containing want.
+func recalls(res RecallResult, want string) bool {
+	for _, m := range res.Memories {
+		if strings.Contains(m.Text, want) {
+			return true
+		}
+	}
+	return false
+}
+
+// say records one drop-in turn of session id (user "" when none).
+func say(t *testing.T, s *Store, tenant, id, user, q, a string) *Turn {
+	t.Helper()
+	turn := prepare2(t, s, tenant, id, user, text("user", q))
+	if err := turn.Complete(text("assistant", a)); err != nil {
+		t.Fatal(err)
+	}
+	return turn
+}
+
+// TestRecallFindsTheSessionsOwnTurns (issue 35): a short session whose turns
+// are all still in the window, with no memory model extracting anything,
+// finds what it said through Recall (what session_recall runs) as soon as
+// the turn is recorded, in the user's words or the question's; a failed
+// turn is not found; a restart keeps it; no other key or user finds it; and
+// the recall block of a chat turn still shows only what the window does
+// not.
+func TestRecallFindsTheSessionsOwnTurns(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir, nil)
+	say(t, s, "t", "s", "", "my telescope is named Orion-1 and it sits on the balcony", "what a lovely name")
+	if res, err := s.Recall(context.Background(), "t", "s", "", "telescope name Orion balcony"); err != nil || !recalls(res, "Orion-1") || res.Mode != "full" {
+		t.Fatalf("right after the turn: %+v, %v", res, err)
+	}
+	say(t, s, "t", "s", "", "I also bought a red kayak last summer", "nice")
+	say(t, s, "t", "s", "", "what should I cook tonight?", "pasta")
+	if v, err := s.Memory("t", "s"); err != nil || len(v.Units) != 0 {
+		t.Fatalf("the test wants no unit at all (nothing extracted, nothing evicted): %+v, %v", v.Units, err)
+	}
+	for _, q := range []string{"what is my telescope called", "Where does the telescope sit?", "telescope"} {
+		res, err := s.Recall(context.Background(), "t", "s", "", q)
+		if err != nil || !recalls(res, "Orion-1") {
+			t.Errorf("Recall(%q): %+v, %v", q, res, err)
+		}
+		if len(res.Memories) > 0 && (res.Memories[0].Role != "user" || res.Memories[0].ID == "" || res.Memories[0].At.IsZero()) {
+			t.Errorf("Recall(%q): best memory %+v", q, res.Memories[0])
+		}
+	}
+	if res, err := s.Recall(context.Background(), "t", "s", "", "kayak colour"); err != nil || !recalls(res, "red kayak") {
+		t.Errorf("kayak: %+v, %v", res, err)
+	}
+	if res, err := s.Recall(context.Background(), "t", "s", "", "quantum chromodynamics"); err != nil || len(res.Memories) != 0 || res.Mode != "none" {
+		t.Errorf("words the session never said: %+v, %v", res, err)
+	}
+	for _, c := range []struct{ tenant, user string }{{"other", ""}, {"t", "bob"}} {
+		if _, err := s.Recall(context.Background(), c.tenant, "s", c.user, "telescope"); !errors.Is(err, ErrNotFound) {
+			t.Errorf("tenant %q user %q: %v, want ErrNotFound", c.tenant, c.user, err)
+		}
+	}
+
+	// The chat path: the message is in the window, so the recall block
+	// does not show it again.
+	turn := prepare2(t, s, "t", "s", "", text("user", "what is my telescope called?"))
+	if strings.Contains(string(turn.Block), "Orion-1") {
+		t.Errorf("the recall block repeats a message in the window: %s", turn.Block)
+	}
+	if err := turn.Complete(text("assistant", "Orion-1")); err != nil {
+		t.Fatal(err)
+	}
+
+	// A failed turn is not history, nor memory.
+	turn = prepare2(t, s, "t", "s", "", text("user", "my passport number is ZX-4417"))
+	if res, _ := s.Recall(context.Background(), "t", "s", "", "passport number"); !recalls(res, "ZX-4417") {
+		t.Errorf("the turn in flight: %+v", res)
+	}
+	if err := turn.Fail(); err != nil {
+		t.Fatal(err)
+	}
+	if res, _ := s.Recall(context.Background(), "t", "s", "", "passport number"); recalls(res, "ZX-4417") {
+		t.Errorf("a failed turn is recalled: %+v", res)
+	}
+
+	// After a restart, from the saved index reconciled with the log.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, dir, nil)
+	if res, err := s.Recall(context.Background(), "t", "s", "", "what is my telescope called"); err != nil || !recalls(res, "Orion-1") {
+		t.Errorf("after a restart: %+v, %v", res, err)
+	}
+	if res, _ := s.Recall(context.Background(), "t", "s", "", "passport number"); recalls(res, "ZX-4417") {
+		t.Errorf("after a restart, a failed turn is recalled: %+v", res)
+	}
+	if st := s.Stats(); st.IndexRebuilds != 0 {
+		t.Errorf("the saved index was rebuilt (%d), not reconciled", st.IndexRebuilds)
+	}
+}
+
+// TestRecallOfEvictedAndWindowTurns: once a message leaves the window its
+// unit takes its document over (no new embedding), and Recall finds both
+// what left the window and what is in it.
+func TestRecallOfEvictedAndWindowTurns(t *testing.T) {
+	s := openStore(t, t.TempDir(), smallWindow)
+	msgs := evictedSession(t, s)
+	turn := prepare(t, s, "t", "s", ModeFull, msgs...)
+	if err := turn.Complete(text("assistant", "Krakatoa, and my kettle is called Bertha")); err != nil {
+		t.Fatal(err)
+	}
+	for q, want := range map[string]string{"favourite volcano": "Krakatoa", "kettle name": "Bertha"} {
+		res, err := s.Recall(context.Background(), "t", "s", "", q)
+		if err != nil || !recalls(res, want) {
+			t.Errorf("Recall(%q): %+v, %v", q, res, err)
+		}
+	}
+	sess, err := s.reg.session("t", "s", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.reg.unpin(sess)
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	units, window := 0, 0
+	for _, e := range sess.hist {
+		id := msgUnitID(e.seq)
+		d, ok := sess.ix.Get(id)
+		switch u := sess.units[id]; {
+		case e.dropped && u != nil:
+			units++
+			if !ok || d.Text != sess.docText(u) {
+				t.Errorf("evicted %s: document %q, %v", id, d.Text, ok)
+			}
+		case !e.dropped:
+			window++
+			if !ok || d.Text != sess.windowDoc(e).Text {
+				t.Errorf("in the window %s: document %q, %v", id, d.Text, ok)
+			}
+		}
+	}
+	if units == 0 || window == 0 {
+		t.Fatalf("want messages both evicted (%d) and in the window (%d)", units, window)
+	}
+}
+
+// TestRecallOfWindowByWordsWhileNotEmbedded: with a model's embeddings the
+// worker indexes a turn after it; Recall finds it by its words before
+// that, and while the embeddings endpoint is down.
+func TestRecallOfWindowByWordsWhileNotEmbedded(t *testing.T) {
+	f, e := newEmbeddingsServer(t)
+	s := openStore(t, t.TempDir(), func(o *Options) { o.Recall.Index.Embedder = e })
+	f.set(true, 0)
+	say(t, s, "t", "s", "", "my telescope is named Orion-1 and it sits on the balcony", "what a lovely name")
+	for _, q := range []string{"telescope name Orion balcony", "what is my telescope called"} {
+		if res, err := s.Recall(context.Background(), "t", "s", "", q); err != nil || !recalls(res, "Orion-1") {
+			t.Errorf("endpoint down: Recall(%q): %+v, %v", q, res, err)
+		}
+	}
+	f.set(false, 0)
+	say(t, s, "t", "s", "", "the kayak is red", "ok")
+	if res, err := s.Recall(context.Background(), "t", "s", "", "kayak colour"); err != nil || !recalls(res, "kayak is red") {
+		t.Errorf("endpoint up: %+v, %v", res, err)
+	}
+}
+
+// TestReuseSearchesTheTopicsWords: on the active topic the working memory
+// skips the full retrieval, not the words: a new question on the topic
+// still finds a memory only its own words reach, beyond the probe's few
+// hits and the previous set.
+func TestReuseSearchesTheTopicsWords(t *testing.T) {
+	s := openStore(t, t.TempDir(), func(o *Options) { o.Recall.K = 7 })
+	say(t, s, "t", "s", "", "hello", "hi")
+	for _, f := range []string{
+		"Etna volcano eruption lava flow red hot river one",
+		"Etna volcano eruption lava flow red hot river two",
+		"Etna volcano eruption lava flow red hot river three",
+		"Etna volcano eruption lava flow red hot river four",
+		"Etna volcano eruption lava flow red hot river five",
+		"Etna volcano eruption lava flow red hot river six",
+		"The Etna volcano eruption left ash on the Catania airport",
+		"an ash tree grows in the garden",
+		"ash wood makes good baseball bats",
+	} {
+		if _, err := s.AddMemory("t", "s", CategoryFact, f, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, err := s.Recall(context.Background(), "t", "s", "", "lava flow red hot river")
+	if err != nil || first.Mode != "full" || recalls(first, "Catania") {
+		t.Fatalf("first recall: %+v, %v", first, err)
+	}
+	next, err := s.Recall(context.Background(), "t", "s", "", "Etna volcano eruption lava flow red hot river, and the ash?")
+	if err != nil || next.Mode != "reuse" {
+		t.Fatalf("the same topic: %+v, %v", next, err)
+	}
+	if !recalls(next, "Catania airport") {
+		t.Fatalf("the topic's new memory is not found: %+v", next)
+	}
+}

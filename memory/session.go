@@ -26,6 +26,10 @@ type entry struct {
 	at      time.Time
 	partial bool
 	dropped bool // left the window (it then has a msg-<seq> unit)
+	// indexed: while in the window, its document (msg-<seq>, the id its
+	// unit gets when it leaves) is in the session's index in its current
+	// text (ragindex.go).
+	indexed bool
 	tokens  [numEncodings]int32
 
 	// block is the recall block sent right before this message (a user
@@ -367,11 +371,13 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 		}
 		for _, e := range s.hist[*r.Keep:] {
 			if s.deleted[msgUnitID(e.seq)] {
+				s.forgetEntryDoc(e)
 				continue
 			}
 			u := s.units[msgUnitID(e.seq)]
 			if u == nil {
 				if s.redundant(e) {
+					s.forgetEntryDoc(e)
 					continue
 				}
 				u = unitFromEntry(e, tk, s.lastEnc, 0, at)
@@ -387,6 +393,9 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 	case "undo":
 		if r.Keep == nil || *r.Keep < 0 || *r.Keep > len(s.hist) {
 			return fmt.Errorf("memory: bad undo record: %w", errCorrupt)
+		}
+		for _, e := range s.hist[*r.Keep:] {
+			s.forgetEntryDoc(e)
 		}
 		clear(s.hist[*r.Keep:])
 		s.hist = s.hist[:*r.Keep]
@@ -444,6 +453,7 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 		// An evicted message whose content a unit already held (dedupe.go).
 		if i := s.histIndex(r.Seq); i >= 0 {
 			s.hist[i].dropped = true
+			s.forgetEntryDoc(s.hist[i])
 		}
 	case "xseq":
 		s.factSeq = max(s.factSeq, r.Seq)

@@ -67,6 +67,29 @@ func cosine(a, b *bow) float64 {
 	return dot / (a.norm * b.norm)
 }
 
+// bowCovered is the share of q's distinct terms that b holds, 0 when q is
+// empty.
+func bowCovered(q, b *bow) float64 {
+	if q == nil || b == nil || len(q.terms) == 0 {
+		return 0
+	}
+	n := 0
+	i, j := 0, 0
+	for i < len(q.terms) && j < len(b.terms) {
+		switch x, y := q.terms[i], b.terms[j]; {
+		case x < y:
+			i++
+		case x > y:
+			j++
+		default:
+			n++
+			i++
+			j++
+		}
+	}
+	return float64(n) / float64(len(q.terms))
+}
+
 var emphasisMarkers = []string{
 	"important", "remember", "don't forget", "do not forget", "must", "never", "always",
 	"make sure", "keep in mind", "note:", "critical", "crucial", "essential", "required",

@@ -456,8 +456,9 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	recall := func(q recallQuery, skip map[string]bool) ([]recallItem, string) {
 		return s.recall.recallLocked(ctx, sess, um, q, now, skip)
 	}
+	shifts := s.opts.Window.EngineShifts != nil && s.opts.Window.EngineShifts(req.Model)
 	w, err := s.win.build(sess, windowParams{enc: enc, limit: limit, tools: req.ToolsTokens, strategy: s.opts.Window.Strategy,
-		now: now, toolCtx: toolCtx, pool: req.pool, recall: recall})
+		shifts: shifts, now: now, toolCtx: toolCtx, pool: req.pool, recall: recall})
 	if err != nil {
 		return nil, err
 	}

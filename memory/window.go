@@ -64,7 +64,12 @@ type windowParams struct {
 	limit    int
 	tools    int
 	strategy Strategy
-	now      time.Time
+	// shifts: the engine moves the KV it holds (WindowOptions.EngineShifts).
+	shifts bool
+	// recallPart is the part of the recall block's share the history
+	// budget leaves it this turn (build sets it).
+	recallPart float64
+	now        time.Time
 	// toolCtx is the condensed tool context to show in the recall block
 	// (toolctx.go), "" for none.
 	toolCtx string
@@ -96,6 +101,19 @@ func (wb *windowBuilder) build(sess *session, p windowParams) (*window, error) {
 	}
 	cur, turnCost := currentTurn(sess.hist, nil, tk, p.enc)
 	groups, total := wb.historyGroups(sess, cur, p, w)
+	// A message that asks nothing gets Recall.StatementShare of the recall
+	// block's budget. While the engine shifts its KV, history takes the
+	// rest (evicting costs it little); otherwise the block's whole share
+	// stays reserved, so the history budget does not move from turn to
+	// turn.
+	blockPart, reservePart := 1.0, 1.0
+	if cur < len(sess.hist) && !asks(sess.hist[cur].text()) {
+		blockPart = wb.opts.Recall.statementShare()
+		if p.shifts {
+			reservePart = blockPart
+		}
+	}
+	p.recallPart = reservePart
 
 	stable := wb.stableBlock(sess, p, false)
 	b := wb.shareLimit(p, w.sysTokens, turnCost, stable.cost)
@@ -154,7 +172,11 @@ func (wb *windowBuilder) build(sess *session, p windowParams) (*window, error) {
 			add(w.recall, w.recallTokens)
 		}
 	case b.recall > 0 && cur < len(sess.hist):
-		wb.recallBlock(sess, p, cur, groups, stable, b.recall, w)
+		blockBudget := b.recall
+		if reservePart > 0 {
+			blockBudget = min(b.recall, int(float64(b.recall)*blockPart/reservePart))
+		}
+		wb.recallBlock(sess, p, cur, groups, stable, blockBudget, w)
 		if w.recall != nil {
 			add(w.recall, w.recallTokens)
 			w.recallSeq = sess.hist[cur].seq
@@ -217,7 +239,7 @@ func (wb *windowBuilder) historyGroups(sess *session, cur int, p windowParams, w
 // When that is negative the recall block shrinks first, then the stable
 // block goes, then the reserves' padding.
 func (wb *windowBuilder) shareLimit(p windowParams, sysTokens, turnCost, stableCost int) budget {
-	b := budget{recall: int(wb.opts.Recall.share() * float64(p.limit)), stable: true}
+	b := budget{recall: int(wb.opts.Recall.share() * p.recallPart * float64(p.limit)), stable: true}
 	sysPad := max(sysTokens, wb.opts.Window.SystemReserve)
 	toolsPad := max(p.tools, wb.opts.Window.ToolsReserve)
 	rest := p.limit - sysPad - toolsPad - stableCost - turnCost
@@ -236,11 +258,16 @@ func (wb *windowBuilder) shareLimit(p windowParams, sysTokens, turnCost, stableC
 }
 
 // evictOverflow drops whole turns until the history is at most
-// Window.EvictTo × its budget, by the strategy's order. It returns how many
-// messages left.
+// Window.EvictTo × its budget, by the strategy's order; when the engine
+// shifts its KV, the oldest turns first until Window.ShiftEvictTo × the
+// budget (what stays is one chunk of the engine's cache, moved, not
+// computed). It returns how many messages left.
 func (wb *windowBuilder) evictOverflow(sess *session, groups []group, total, histBudget int, query string, p windowParams) int {
-	target := int(float64(max(histBudget, 0)) * wb.opts.Window.EvictTo)
-	strategy := p.strategy
+	to, strategy := wb.opts.Window.EvictTo, p.strategy
+	if p.shifts {
+		to, strategy = wb.opts.Window.ShiftEvictTo, StrategyTail
+	}
+	target := int(float64(max(histBudget, 0)) * to)
 	if strategy == StrategySummary {
 		strategy = StrategyImportance
 		if sess.coveredSeq > 0 {
@@ -341,6 +368,7 @@ func (wb *windowBuilder) evict(sess *session, e *entry, importance float64, p wi
 	}
 	if sess.redundant(e) {
 		sess.drops = append(sess.drops, e.seq) // no unit: remember it left (dedupe.go)
+		sess.forgetEntryDoc(e)
 		return
 	}
 	if importance == 0 {

@@ -328,3 +328,64 @@ func TestBlockCountIsAdditive(t *testing.T) {
 		}
 	}
 }
+
+// TestEvictionWhenTheEngineShifts: when the engine moves the KV a prompt
+// keeps (WindowOptions.EngineShifts), history leaves the window oldest
+// first, in small steps, so what stays after an eviction is one run of the
+// previous prompt's messages, in order, right after its unchanged start
+// (what llama-server's n_cache_reuse moves) and the window stays full;
+// otherwise it leaves in the large steps of EvictTo.
+func TestEvictionWhenTheEngineShifts(t *testing.T) {
+	for _, shifts := range []bool{false, true} {
+		t.Run(fmt.Sprint("shifts=", shifts), func(t *testing.T) {
+			s := openStore(t, t.TempDir(), func(o *Options) {
+				o.Window.Limit = 900
+				o.Window.EngineShifts = func(model string) bool { return shifts && model == "test-model" }
+				o.Recall.K = -1 // the kept run alone
+			})
+			r := rand.New(rand.NewPCG(3, 5))
+			var prev []json.RawMessage
+			evictions, fill, fills := 0, 0, 0
+			for i := 0; i < 80; i++ {
+				q := text("user", fmt.Sprintf("q%d %s", i, randText(r, 10+r.IntN(30))))
+				if i == 3 {
+					q = text("user", "IMPORTANT: always remember my passport number 4471! "+randText(r, 10))
+				}
+				tr := prepare2(t, s, "t", "s", "", text("system", "You are a helpful assistant."), q)
+				if tr.Stats.Evicted > 0 && prev != nil {
+					evictions++
+					// The new prompt: the system start, then a run of the
+					// previous prompt's messages, in order and with nothing
+					// between them, then the new message.
+					if string(tr.Messages[0]) != string(prev[0]) {
+						t.Fatalf("turn %d: the prompt's start moved", i)
+					}
+					kept := tr.Messages[1 : len(tr.Messages)-1]
+					at := slices.IndexFunc(prev, func(m json.RawMessage) bool { return string(m) == string(kept[0]) })
+					run := at >= 0 && at+len(kept) <= len(prev)
+					for j := 0; run && j < len(kept); j++ {
+						run = string(prev[at+j]) == string(kept[j])
+					}
+					if shifts && (!run || at+len(kept) != len(prev)) {
+						t.Fatalf("turn %d: the kept history is not the previous prompt's tail in one run", i)
+					}
+					fill += tr.Stats.HistoryTokens
+					fills++
+				}
+				a := text("assistant", fmt.Sprintf("a%d %s", i, randText(r, 5)))
+				if err := tr.Complete(a); err != nil {
+					t.Fatal(err)
+				}
+				prev = append(append([]json.RawMessage(nil), tr.Messages...), a.Raw)
+			}
+			if evictions < 2 {
+				t.Fatalf("%d evictions", evictions)
+			}
+			mean := fill / fills
+			t.Logf("shifts=%v: %d evictions, history after one %d tokens", shifts, evictions, mean)
+			if shifts && mean < 500 || !shifts && mean > 400 {
+				t.Fatalf("history after an eviction: %d tokens on average", mean)
+			}
+		})
+	}
+}

@@ -36,6 +36,8 @@ func benchMemory(args []string) error {
 	engineURL := fs.String("engine-url", "", "instead: replay (drop-in, no questions) through a sidecar in front of this llama.cpp server and report its prompt-cache figures")
 	turns := fs.Int("turns", 0, "with --engine-url: turns per conversation (0: all)")
 	noDirect := fs.Bool("no-direct", false, "with --engine-url: skip the direct full-history replay after the sidecar's")
+	questions := fs.String("questions", "", "write a JSON line per question of the drop-in client (category, evidence, evidence found) to this file")
+	perTurn := fs.Bool("per-turn", false, "with --engine-url --json: each turn's cached and computed engine tokens in the report")
 	triples := fs.Bool("triples", false, "the scripted upstream answers extraction with each turn as a fact and rule-based triples on it (bench.LocomoExtraction), for graph recall; -- --recall-graph-weight -1 turns the graph off")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -88,17 +90,6 @@ func benchMemory(args []string) error {
 	if *quiet {
 		progress = nil
 	}
-	if *engineURL != "" {
-		direct := ""
-		if !*noDirect {
-			direct = *engineURL
-		}
-		r, err := bench.RunEngine(bench.EngineOptions{Data: *data, Sidecar: sidecar, Direct: direct, Conversations: *convs, Turns: *turns, Progress: progress})
-		if err != nil {
-			return err
-		}
-		return emit(*asJSON, r, bench.WriteEngineTable)
-	}
 	var onlyIdx []int
 	for _, f := range strings.Split(*only, ",") {
 		if f = strings.TrimSpace(f); f != "" {
@@ -109,8 +100,28 @@ func benchMemory(args []string) error {
 			onlyIdx = append(onlyIdx, i)
 		}
 	}
+	if *engineURL != "" {
+		direct := ""
+		if !*noDirect {
+			direct = *engineURL
+		}
+		r, err := bench.RunEngine(bench.EngineOptions{Data: *data, Sidecar: sidecar, Direct: direct, Conversations: *convs, Turns: *turns, Only: onlyIdx, Progress: progress, PerTurn: *perTurn})
+		if err != nil {
+			return err
+		}
+		return emit(*asJSON, r, bench.WriteEngineTable)
+	}
+	var qw io.Writer
+	if *questions != "" {
+		f, err := os.Create(*questions)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		qw = f
+	}
 	r, err := bench.RunMemory(bench.MemoryOptions{Data: *data, Sidecar: sidecar, Upstream: up, WindowTokens: *window,
-		QuestionsPerReplay: *perReplay, Conversations: *convs, Only: onlyIdx, Progress: progress})
+		QuestionsPerReplay: *perReplay, Conversations: *convs, Only: onlyIdx, Progress: progress, Questions: qw})
 	if err != nil {
 		return err
 	}

@@ -62,8 +62,10 @@ func apiTenant(key string) string {
 // TestMCPRealClient: the official MCP TypeScript client lists
 // session_recall and calls it on the sidecar binary: a user's new session
 // recalls what the user said in an earlier chat session (through the real
-// llama-server), other users, keys and callers naming no user find nothing,
-// and the design's test plan is measured (recall.test.mjs prints it).
+// llama-server), a short session finds its own turns still in the window
+// with no memory model (issue 35), other users, keys and callers naming no
+// user find nothing, and the design's test plan is measured
+// (recall.test.mjs prints it).
 func TestMCPRealClient(t *testing.T) {
 	node, dir := mcpClientDir(t)
 	llama := llamatest.Start(t, llamaserver.Options{Model: llamatest.Model(t), Slots: 1, Threads: 1, Args: []string{"--n-predict", "16"}})
@@ -94,6 +96,11 @@ func TestMCPRealClient(t *testing.T) {
 	say("ada-old", "ada", "My greyhound is called Comet and he loves the beach at Brighton.")
 	say("ada-old", "ada", "I am allergic to walnuts and peanuts.")
 	say("ada-new", "ada", "Hello again.")
+	// A short session of no named user: what it said is still in the
+	// window, and the memory model (--extract=false) extracts nothing.
+	say("solo", "", "My telescope is named Orion-1 and it sits on the balcony.")
+	say("solo", "", "I also bought a red kayak last summer.")
+	say("solo", "", "What should I cook tonight?")
 
 	// The plan's sessions: every topic's facts, one user each.
 	var plan struct{ Facts []string }
@@ -118,7 +125,7 @@ func TestMCPRealClient(t *testing.T) {
 	run.Env = append(os.Environ(),
 		"KVSIDECAR_MCP_URL=http://"+sc.addr+"/mcp",
 		"KVSIDECAR_MCP_KEY="+key,
-		`KVSIDECAR_MCP_CHAT={"user":"ada","old":"ada-old","new":"ada-new"}`,
+		`KVSIDECAR_MCP_CHAT={"user":"ada","old":"ada-old","new":"ada-new","solo":"solo"}`,
 		`KVSIDECAR_MCP_PLAN={"continuing":["plan-continuing","u-cont"],"switching":["plan-switching","u-switch"]}`)
 	out, err := run.CombinedOutput()
 	if err != nil {
@@ -131,8 +138,8 @@ func TestMCPRealClient(t *testing.T) {
 			t.Logf("design test plan through the TypeScript client: %s", j)
 		}
 	}
-	if !found || !strings.Contains(string(out), "pass 4") {
-		t.Fatalf("the client test did not run its four tests or report the plan:\n%s", out)
+	if !found || !strings.Contains(string(out), "pass 5") {
+		t.Fatalf("the client test did not run its five tests or report the plan:\n%s", out)
 	}
 	if testing.Verbose() {
 		t.Logf("client output:\n%s", out)

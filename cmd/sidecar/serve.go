@@ -53,6 +53,7 @@ type serveConfig struct {
 
 	windowTokens    int
 	recallShare     float64
+	statementShare  float64
 	recallK         int
 	recallCoverage  float64
 	evictTo         float64
@@ -66,6 +67,8 @@ type serveConfig struct {
 	embedTimeout    time.Duration
 	embedQueryTO    time.Duration
 	overflow, fsync string
+	engineShifts    string
+	shiftEvictTo    float64
 	summaryKey      string
 	kvStrategy      string
 	kvTune          bool
@@ -132,9 +135,12 @@ func serveFlags(c *serveConfig) *flag.FlagSet {
 	fs.Int64Var(&c.maxResponse, "max-response-bytes", 256<<20, "largest non-streamed upstream response relayed (502 beyond; streams are not bounded as a whole)")
 	fs.IntVar(&c.windowTokens, "window-tokens", 8192, "hard token limit of the window sent upstream (the Focus window)")
 	fs.Float64Var(&c.recallShare, "recall-share", 0.08, "share of the window for the per-turn recall block next to the newest user message (0 turns recall off)")
+	fs.Float64Var(&c.statementShare, "recall-statement-share", 0, "the part of --recall-share a message that asks nothing (no question mark) gets (0: the default, 0.25; negative: no block for such messages)")
 	fs.IntVar(&c.recallK, "recall-k", 0, "most memories one recall block shows (0: the default)")
 	fs.Float64Var(&c.recallCoverage, "recall-min-coverage", 0, "share of the question's information a memory must hold to be recalled on its words (0: the default)")
 	fs.Float64Var(&c.evictTo, "evict-to", 0, "when history overflows the window it is cut to this share of its budget, in one step (0: the default)")
+	fs.Float64Var(&c.shiftEvictTo, "shift-evict-to", 0, "--evict-to while the engine moves the KV a prompt keeps (see --engine-shifts): a small step, the engine reuses what stays (0: the default, 0.9)")
+	fs.StringVar(&c.engineShifts, "engine-shifts", "auto", "whether the engine moves the KV a prompt keeps when history leaves the window (llama.cpp's KV shifting): auto (what the llamacpp connector learns from its answers; no for other connectors), yes or no. Yes: history leaves in small steps, oldest first")
 	fs.Float64Var(&c.graphWeight, "recall-graph-weight", 0, "the knowledge graph's weight in hybrid recall, session and user scope (0: the default 0.2; negative turns graph recall off)")
 	fs.StringVar(&c.userScope, "user-scope", "session", "who shares memory when a request names no end user (X-User-ID or the body's user): session (each session recalls only its own memory) or tenant (every session of an API key shares ONE memory: anyone holding the key recalls everyone's words)")
 	fs.StringVar(&c.modelWindows, "model-window-tokens", "", "per-model window limits, e.g. 'gpt-4o=128000,llama-3*=32768' (a trailing * matches a prefix)")
@@ -464,10 +470,26 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	if c.memoryBudget == 0 {
 		return errors.New("--memory-budget 0: give a size, or a negative one for no bound")
 	}
+	// Memory evicts in small, ordered steps when the engine moves the KV a
+	// prompt keeps (the llama.cpp connector learns it from the answers).
+	var shifts func(model string) bool
+	switch c.engineShifts {
+	case "auto", "":
+		if sk, ok := conn.(interface{ ShiftsKV(model string) bool }); ok {
+			shifts = sk.ShiftsKV
+		}
+	case "yes":
+		shifts = func(string) bool { return true }
+	case "no":
+	default:
+		return fmt.Errorf("--engine-shifts %q: want auto, yes or no", c.engineShifts)
+	}
 	mem, err := memory.Open(memory.Options{
 		Dir: filepath.Join(dataDir, "sessions"), Fsync: fsyncPolicy, SharedLog: sharedLog, MemoryBudget: int64(c.memoryBudget),
-		Window:      memory.WindowOptions{Limit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy, EvictTo: c.evictTo},
-		Recall:      memory.RecallOptions{Index: idx, Share: share, K: c.recallK, MinCoverage: c.recallCoverage, TenantUserScope: tenantScope},
+		Window: memory.WindowOptions{Limit: c.windowTokens, ModelLimits: modelLimits, Strategy: strategy, EvictTo: c.evictTo,
+			EngineShifts: shifts, ShiftEvictTo: c.shiftEvictTo},
+		Recall: memory.RecallOptions{Index: idx, Share: share, StatementShare: c.statementShare, K: c.recallK, MinCoverage: c.recallCoverage,
+			TenantUserScope: tenantScope},
 		Extraction:  memory.ExtractionOptions{Summarizer: bg, Extractor: extractor, Every: demo.extractEvery},
 		Reviewer:    memory.ReviewerOptions{Enabled: c.review},
 		ToolContext: memory.ToolContextOptions{Enabled: c.toolContext},

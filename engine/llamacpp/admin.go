@@ -161,6 +161,7 @@ func (c *Connector) refresh(ctx context.Context, stale string) string {
 	}
 	if fp != c.fp {
 		c.layout = ""
+		c.shift.reset() // another model
 	}
 	c.fp = fp
 	c.restoreOff, c.unusedRun = false, 0
@@ -246,6 +247,9 @@ func (c *Connector) Stats() Stats {
 		PrefixReuses:      c.prefixReuses.Load(),
 		Refused:           c.refused.Load(),
 		UnusedRestores:    c.unusedRestores.Load(),
+		KVShifts:          c.shift.seen.Load(),
+		KVShiftMisses:     c.shift.missed.Load(),
+		ShiftsKV:          c.shift.verdict.Load() == shiftYes,
 		Restarts:          c.restarts.Load(),
 		SlotsLost:         c.slotsLost.Load(),
 		StatesDeleted:     c.saver.deletes.Load(),

@@ -8,11 +8,14 @@ import (
 )
 
 // setSlotFields returns body with the top-level "id_slot" set to slot and
-// "cache_prompt" set to true. Other members keep their order and bytes;
-// when neither field is present the body is only prefixed. body must be a
-// JSON object; otherwise the error says why and body should be forwarded
-// as it is.
-func setSlotFields(body []byte, slot int) ([]byte, error) {
+// "cache_prompt" set to true, and, when reuse > 0 and the body has none of
+// its own, "n_cache_reuse" set to reuse (the server then moves chunks of at
+// least reuse tokens of the slot's KV to where the new prompt has them,
+// see Options.CacheReuse). Other members keep their order and bytes; when
+// neither id_slot nor cache_prompt is present the body is only prefixed.
+// body must be a JSON object; otherwise the error says why and body should
+// be forwarded as it is.
+func setSlotFields(body []byte, slot, reuse int) ([]byte, error) {
 	t := bytes.TrimLeft(body, " \t\r\n")
 	if len(t) == 0 || t[0] != '{' {
 		return body, fmt.Errorf("engine: request body is not a JSON object")
@@ -27,8 +30,9 @@ func setSlotFields(body []byte, slot int) ([]byte, error) {
 		val json.RawMessage
 	}
 	var (
-		members []member
-		present bool
+		members  []member
+		present  bool
+		hasReuse bool
 	)
 	for dec.More() {
 		tok, err := dec.Token()
@@ -43,6 +47,7 @@ func setSlotFields(body []byte, slot int) ([]byte, error) {
 		if k == "id_slot" || k == "cache_prompt" {
 			present = true
 		}
+		hasReuse = hasReuse || k == "n_cache_reuse"
 		members = append(members, member{k, v})
 	}
 	if _, err := dec.Token(); err != nil {
@@ -55,6 +60,10 @@ func setSlotFields(body []byte, slot int) ([]byte, error) {
 	out = append(out, `{"id_slot":`...)
 	out = strconv.AppendInt(out, int64(slot), 10)
 	out = append(out, `,"cache_prompt":true`...)
+	if reuse > 0 && !hasReuse {
+		out = append(out, `,"n_cache_reuse":`...)
+		out = strconv.AppendInt(out, int64(reuse), 10)
+	}
 	if !present {
 		if len(members) > 0 {
 			out = append(out, ',')

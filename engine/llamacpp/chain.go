@@ -3,6 +3,7 @@ package llamacpp
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"hash/maphash"
 	"strconv"
 
 	"github.com/tidwall/gjson"
@@ -25,6 +26,11 @@ import (
 type chain struct {
 	hashes []uint64
 	bytes  []int64
+	// pieces[i] hashes piece i alone (unchained), so pieces one prompt
+	// moved to another place in the next are recognised (shift.go). Made
+	// for requests only, never stored with a state; nil past maxChainLen
+	// pieces.
+	pieces []uint64
 }
 
 // promptChunk is the boundary step of a completions prompt: small enough
@@ -60,6 +66,9 @@ type chainBuilder struct {
 	buf  []byte
 }
 
+// pieceSeed hashes pieces (chain.pieces): process-local, never stored.
+var pieceSeed = maphash.MakeSeed()
+
 func newChainBuilder(seed uint64) *chainBuilder { return &chainBuilder{prev: seed} }
 
 // add appends one piece made of parts (each length-prefixed, so piece
@@ -76,10 +85,12 @@ func (b *chainBuilder) add(parts ...[]byte) {
 	if n := len(b.c.hashes); n == maxChainLen {
 		// Fold the tail into the last piece.
 		b.c.hashes[n-1], b.c.bytes[n-1] = b.prev, b.size
+		b.c.pieces = nil
 		return
 	}
 	b.c.hashes = append(b.c.hashes, b.prev)
 	b.c.bytes = append(b.c.bytes, b.size)
+	b.c.pieces = append(b.c.pieces, maphash.Bytes(pieceSeed, b.buf[8:]))
 }
 
 // chainSeed binds a chain to what decides how the engine tokenizes it

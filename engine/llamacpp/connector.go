@@ -124,6 +124,17 @@ type Options struct {
 	// ProbeInterval is how long to wait before probing again a server
 	// that could not be reached. Zero means 10 s.
 	ProbeInterval time.Duration
+	// CacheReuse is the n_cache_reuse the connector asks of the server on
+	// each request that has none of its own: after the prefix a new prompt
+	// shares with the slot's KV, the server moves (KV shifting) each chunk
+	// of at least that many tokens the slot holds further on to where the
+	// new prompt has it, instead of computing it again. When history leaves
+	// the window, what stays is such a chunk (memory evicts in order when
+	// the engine shifts, see ShiftsKV). The server ignores it, with a
+	// warning in its log, where the model's KV cannot shift (sliding-window
+	// or recurrent models, multimodal prompts). Zero means 64; negative
+	// means never sent (the server's --cache-reuse then applies).
+	CacheReuse int
 	// UnusedRestores is how many restores in a row the engine may accept
 	// without reusing them (cache_n far below what the state covers, as
 	// on sliding-window or hybrid models) before restores stop for the
@@ -200,6 +211,9 @@ func (o *Options) validate() error {
 	}
 	if o.UnusedRestores == 0 {
 		o.UnusedRestores = 3
+	}
+	if o.CacheReuse == 0 {
+		o.CacheReuse = 64
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -283,6 +297,7 @@ type Connector struct {
 	sharedPuts, sharedFetches, sharedErrs            atomic.Int64
 	warnedShared, warnedSlotID                       atomic.Bool
 
+	shift     shiftState    // what the server's answers say of KV shifting (shift.go)
 	saver     *saver        // owns the goroutine: saves, then preloads
 	preloader *preloader    // Options.Preload; runs in the saver's goroutine
 	done      chan struct{} // closed by Close: background calls stop waiting
@@ -678,7 +693,7 @@ func (c *Connector) signalLocked() {
 var errClosed = errors.New("engine: llamacpp: connector closed")
 
 func (c *Connector) rewrite(req *request) ([]byte, error) {
-	body, err := setSlotFields(req.Body, req.slot)
+	body, err := setSlotFields(req.Body, req.slot, max(c.opts.CacheReuse, 0))
 	if err != nil {
 		c.ts.HookErrors.Add(1)
 		return req.Body, fmt.Errorf("engine: llamacpp: %w", err)
@@ -765,6 +780,11 @@ func (c *Connector) After(_ context.Context, er *engine.Request, resp *engine.Re
 		c.prefillMsTok.add(tm.PromptMs / float64(tm.PromptN))
 	}
 	sl := c.sched.slots[req.slot]
+	if !req.Background && ok2xx && timed && req.restore == nil && sl.sess == req.sk && req.SessionID != "" {
+		// The slot held this session's previous prompt: did the engine
+		// move what this one kept of it?
+		c.shift.observe(shiftEvidence(sl.chain, req.chain, tm.CacheN, tm.CacheN+tm.PromptN), c.log)
+	}
 	dirty := c.sched.done(sl, req.sk, req.Background, ok2xx, req.chain, tokens, c.opts.Clock.Now())
 	if dirty && (req.chain.len() == 0 || timed && tokens < c.opts.MinSaveTokens) {
 		sl.dirty, dirty = false, false // nothing to index, or cheaper to prefill

@@ -12,7 +12,9 @@
 // The rooms: the slot scheduler (slots.go, no I/O), the sessions' arrival
 // predictor (predict.go, no I/O), prompt-prefix hashes (chain.go), the
 // catalog of saved states (states.go), the server's HTTP API (api.go), the
-// state file parser (slotstate.go), the connector's hooks (connector.go:
+// state file parser (slotstate.go), what the server's answers say of KV
+// shifting (shift.go: n_cache_reuse is asked on every placed request, and
+// ShiftsKV tells memory how to evict), the connector's hooks (connector.go:
 // Before, After; save.go: Settle, Flush; restore.go; admin.go: probes,
 // Forget, Stats, Close) over two types it owns, the saver (save.go) and the
 // preloader (preload.go), its /metrics families

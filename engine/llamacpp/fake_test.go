@@ -63,6 +63,9 @@ type fakeLlama struct {
 	failRestore   atomic.Bool
 	corruptSave   atomic.Bool
 	ignoreRestore atomic.Bool // restores "succeed" but leave the slot empty
+	// shifts makes the fake move the KV a prompt keeps past a change, as
+	// llama-server does for a request's n_cache_reuse (KV shifting).
+	shifts atomic.Bool
 	// hold, when set (before the first request), picks the chats that
 	// generate until their client goes away; each sends its slot on held
 	// when it starts, and logs "cancelled <slot>" when its client left.
@@ -277,6 +280,7 @@ func (f *fakeLlama) chat(w http.ResponseWriter, r *http.Request, body []byte) {
 	var req struct {
 		IDSlot      *int `json:"id_slot"`
 		CachePrompt bool `json:"cache_prompt"`
+		NCacheReuse int  `json:"n_cache_reuse"`
 		Messages    []struct{ Content string }
 	}
 	if err := json.Unmarshal(body, &req); err != nil {
@@ -317,6 +321,23 @@ func (f *fakeLlama) chat(w http.ResponseWriter, r *http.Request, body []byte) {
 	if req.CachePrompt {
 		for lcp < len(prompt) && lcp < len(f.slots[id]) && prompt[lcp] == f.slots[id][lcp] {
 			lcp++
+		}
+	}
+	if req.CachePrompt && req.NCacheReuse > 0 && f.shifts.Load() {
+		// llama-server's chunk reuse: past the common prefix, chunks of
+		// the slot's tokens found further on, in order, are moved.
+		cached, hc, hp := f.slots[id], lcp, lcp
+		for hc < len(cached) && hp < len(prompt) {
+			n := 0
+			for hc+n < len(cached) && hp+n < len(prompt) && cached[hc+n] == prompt[hp+n] {
+				n++
+			}
+			if n >= req.NCacheReuse {
+				lcp += n
+				hc, hp = hc+n, hp+n
+			} else {
+				hc++
+			}
 		}
 	}
 	f.task++

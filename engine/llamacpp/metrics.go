@@ -29,6 +29,8 @@ func (c *Connector) ExportMetrics(reg *obs.Registry) {
 			{"prefix_reuses", "Restores of a state another session saved (a shared prefix).", st.PrefixReuses},
 			{"refused", "States not restored because the server's KV layout differs.", st.Refused},
 			{"unused_restores", "Restores the engine accepted but did not reuse.", st.UnusedRestores},
+			{"kv_shifts", "Answers in which the engine moved the KV a prompt kept past a change (KV shifting).", st.KVShifts},
+			{"kv_shift_misses", "Answers in which the engine computed again the KV a prompt kept past a change.", st.KVShiftMisses},
 			{"restarts", "Times the engine was found restarted or unreachable.", st.Restarts},
 			{"preloads", "States restored into an idle slot ahead of their session's request (predictive preload), off the request path.", st.Preloads},
 			{"preloads_used", "Preloaded states their session came back to.", st.PreloadsUsed},
@@ -65,6 +67,11 @@ func (c *Connector) ExportMetrics(reg *obs.Registry) {
 			restoresOff = 1
 		}
 		reg.SetGauge("sidecar_engine_restores_off", "Whether restores stopped because the engine did not reuse them.", restoresOff)
+		shifts := 0.0
+		if st.ShiftsKV {
+			shifts = 1
+		}
+		reg.SetGauge("sidecar_engine_shifts_kv", "Whether the engine was seen moving the KV a prompt keeps past a change (KV shifting; memory then evicts in small, ordered steps).", shifts)
 	})
 }
 

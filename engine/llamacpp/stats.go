@@ -39,6 +39,13 @@ type Stats struct {
 	// reuse; RestoresOff is true once they stopped restores.
 	UnusedRestores int64 `json:"unused_restores"`
 	RestoresOff    bool  `json:"restores_off"`
+	// KVShifts counts answers in which the engine moved the KV a prompt
+	// kept past a change (KV shifting, Options.CacheReuse), KVShiftMisses
+	// those in which it computed that KV again; ShiftsKV is the verdict
+	// (Connector.ShiftsKV).
+	KVShifts      int64 `json:"kv_shifts"`
+	KVShiftMisses int64 `json:"kv_shift_misses"`
+	ShiftsKV      bool  `json:"shifts_kv"`
 	// Restarts counts times the server was found restarted or unreachable;
 	// SlotsLost slots whose KV another client replaced.
 	Restarts  int64 `json:"restarts"`

@@ -5,7 +5,8 @@
 //
 //   KVSIDECAR_MCP_URL     http://HOST:PORT/mcp
 //   KVSIDECAR_MCP_KEY     the API key the sessions were written with
-//   KVSIDECAR_MCP_CHAT    JSON {"user","old","new"}: a user's two chat sessions
+//   KVSIDECAR_MCP_CHAT    JSON {"user","old","new","solo"}: a user's two chat sessions, and a
+//                         short session of no named user (its turns all still in the window)
 //   KVSIDECAR_MCP_PLAN    JSON {"continuing":[session,user],"switching":[session,user]}:
 //                         sessions holding plan.json's facts, one user each
 //
@@ -80,6 +81,43 @@ test("a user's new session recalls the earlier chat session", async () => {
     assert.equal(again.structuredContent.mode, "reuse");
   } finally {
     await client.close();
+  }
+});
+
+test("a short session finds what it said, still in the window, with no memory model", async () => {
+  const own = await connect(as(""));
+  try {
+    for (const q of ["telescope name Orion balcony", "what is my telescope called"]) {
+      const { res } = await recall(own, chat.solo, q);
+      assert.ok(!res.isError, JSON.stringify(res.content));
+      const hit = res.structuredContent.memories.find((m) => m.text.includes("Orion-1"));
+      assert.ok(hit, `${q}: ${JSON.stringify(res.structuredContent)}`);
+      assert.equal(hit.role, "user");
+      assert.ok(!hit.other_session);
+    }
+    const { res } = await recall(own, chat.old, "telescope");
+    assert.equal(res.isError, true, "a named user's session is not a session of no user");
+  } finally {
+    await own.close();
+  }
+  // Another key, or a named user, never finds it.
+  for (const headers of [as("", "another-key"), as(chat.user)]) {
+    const client = await connect(headers);
+    try {
+      const { res } = await recall(client, chat.solo, "telescope name Orion balcony");
+      assert.equal(res.isError, true, JSON.stringify(headers));
+      assert.match(res.content[0].text, /no session/);
+    } finally {
+      await client.close();
+    }
+  }
+  // The user's own older session, asked from it: its turns in the window.
+  const ada = await connect(as(chat.user));
+  try {
+    const { res } = await recall(ada, chat.old, "What am I allergic to?");
+    assert.ok(res.structuredContent.memories.some((m) => m.text.includes("walnuts") && !m.other_session), JSON.stringify(res.structuredContent));
+  } finally {
+    await ada.close();
   }
 });
 

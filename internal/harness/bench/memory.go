@@ -55,6 +55,10 @@ type MemoryOptions struct {
 	Settle time.Duration
 	// Progress, when set, receives a line per replay.
 	Progress io.Writer
+	// Questions, when set, receives a JSON line per question of the
+	// drop-in client: its category, text, evidence and the evidence found
+	// in the prompt (for looking at what recall misses).
+	Questions io.Writer
 }
 
 // MemoryReport is the outcome of RunMemory. Percentages are 0..100.
@@ -128,6 +132,10 @@ type PrefixReport struct {
 	// prompts' tokens: the share an engine's prefix cache holding the
 	// previous prompt serves (the reply it generated aside).
 	CachedPct float64 `json:"cached_pct"`
+	// ShiftCachedPct is CachedPct for an engine that also moves the KV of
+	// the previous prompt's messages the new one keeps further on, in
+	// order (llama.cpp's n_cache_reuse): what it serves after an eviction.
+	ShiftCachedPct float64 `json:"shift_cached_pct"`
 }
 
 const memorySystem = "You are a helpful assistant in a long-running chat. Answer briefly."
@@ -377,7 +385,12 @@ func RunMemory(o MemoryOptions) (MemoryReport, error) {
 				if err != nil {
 					return rep, err
 				}
-				accs["drop-in"].add(q, evidence, info)
+				found := accs["drop-in"].add(q, evidence, info)
+				if o.Questions != nil {
+					line, _ := json.Marshal(map[string]any{"conversation": c.ID, "category": LocomoCategoryName(q.Category),
+						"question": q.Question, "evidence": q.Evidence, "found": found, "prompt_tokens": sum(info.tokens)})
+					fmt.Fprintf(o.Questions, "%s\n", line)
+				}
 			}
 			progress("%s drop-in replay %d: %d turns, %d questions", c.ID, b, len(turns), len(batch))
 

@@ -26,8 +26,13 @@ type EngineOptions struct {
 	Model string
 	// Conversations and Turns limit the replay (zero: all).
 	Conversations, Turns int
+	// Only, when set, replays only the conversations with these
+	// (zero-based) positions in the file, as MemoryOptions.Only.
+	Only []int
 	// Progress, when set, receives a line per conversation.
 	Progress io.Writer
+	// PerTurn keeps each turn's engine figures in the report.
+	PerTurn bool
 }
 
 // EngineReport is what the engine itself reports of the replay: how many
@@ -48,7 +53,10 @@ type EngineReport struct {
 	// computed tokens minus the direct client's.
 	Direct         *EngineReport `json:"direct,omitempty"`
 	OverDirectMean float64       `json:"over_direct_mean,omitempty"`
-	Seconds        float64       `json:"seconds"`
+	// PerTurn is each counted turn's [cached, computed] engine tokens, in
+	// replay order (EngineOptions.PerTurn).
+	PerTurn [][2]int64 `json:"per_turn,omitempty"`
+	Seconds float64    `json:"seconds"`
 }
 
 // RunEngine replays conversations as the drop-in client (system message and
@@ -69,6 +77,16 @@ func RunEngine(o EngineOptions) (EngineReport, error) {
 	convs, err := LoadLocomo(o.Data)
 	if err != nil {
 		return EngineReport{}, err
+	}
+	if len(o.Only) > 0 {
+		var only []LocomoConversation
+		for _, i := range o.Only {
+			if i < 0 || i >= len(convs) {
+				return EngineReport{}, fmt.Errorf("bench: engine: conversation %d: the file has %d", i, len(convs))
+			}
+			only = append(only, convs[i])
+		}
+		convs = only
 	}
 	if o.Conversations > 0 && o.Conversations < len(convs) {
 		convs = convs[:o.Conversations]
@@ -167,6 +185,9 @@ func replayEngine(o EngineOptions, convs []LocomoConversation, direct bool) (Eng
 			rep.Turns++
 			rep.CachedTokens += out.Timings.CacheN
 			rep.ComputedTokens += out.Timings.PromptN
+			if o.PerTurn {
+				rep.PerTurn = append(rep.PerTurn, [2]int64{out.Timings.CacheN, out.Timings.PromptN})
+			}
 			computed = append(computed, float64(out.Timings.PromptN))
 			if n := out.Timings.CacheN + out.Timings.PromptN; n > 0 {
 				shares = append(shares, 100*float64(out.Timings.CacheN)/float64(n))

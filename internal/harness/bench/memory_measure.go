@@ -15,10 +15,11 @@ type prefixAcc struct {
 	rep          PrefixReport
 	shared, prev float64
 	// cached and prompts sum, over every turn, the previous prompt's
-	// leading tokens the new one repeats and the new one's tokens.
-	cached, prompts float64
-	shares          []float64
-	prevPrompt      *promptInfo
+	// leading tokens the new one repeats and the new one's tokens;
+	// shifted adds what an engine that moves KV serves past that prefix.
+	cached, prompts, shifted float64
+	shares                   []float64
+	prevPrompt               *promptInfo
 }
 
 func (a *prefixAcc) add(cur promptInfo) {
@@ -47,6 +48,7 @@ func (a *prefixAcc) add(cur promptInfo) {
 	}
 	a.cached += float64(sharedTok)
 	a.prompts += float64(curTotal)
+	a.shifted += float64(sharedTok + movedTokens(prev, &cur, shared))
 	if shared < len(prev.raws) {
 		a.rep.Evictions++ // the prompt did not only grow: history left the window
 		return
@@ -57,10 +59,34 @@ func (a *prefixAcc) add(cur promptInfo) {
 	a.shares = append(a.shares, 100*float64(sharedTok)/float64(max(total, 1)))
 }
 
+// movedTokens is what an engine that moves KV (llama.cpp's n_cache_reuse)
+// serves of cur past the shared messages: cur's messages that prev holds
+// further on, in order, until the first it does not hold, as llama-server
+// walks the prompt (whole messages here, where it walks tokens).
+func movedTokens(prev, cur *promptInfo, shared int) int {
+	moved, from := 0, shared
+	for j := shared; j < len(cur.raws); j++ {
+		f := -1
+		for i := from; i < len(prev.raws); i++ {
+			if bytes.Equal(prev.raws[i], cur.raws[j]) {
+				f = i
+				break
+			}
+		}
+		if f < 0 {
+			break
+		}
+		moved += cur.tokens[j]
+		from = f + 1
+	}
+	return moved
+}
+
 func (a *prefixAcc) report() PrefixReport {
 	rep := a.rep
 	if a.prompts > 0 {
 		rep.CachedPct = recallRound1(100 * a.cached / a.prompts)
+		rep.ShiftCachedPct = recallRound1(100 * a.shifted / a.prompts)
 	}
 	if len(a.shares) > 0 {
 		rep.SharedPct = recallRound1(100 * a.shared / a.prev)
@@ -89,11 +115,15 @@ type recallAcc struct {
 
 func newRecallAcc() *recallAcc { return &recallAcc{byCat: map[string][2]float64{}} }
 
-func (a *recallAcc) add(q LocomoQA, evidence map[string]string, prompt promptInfo) {
+// add counts one question and returns the ids of its evidence found in
+// the prompt.
+func (a *recallAcc) add(q LocomoQA, evidence map[string]string, prompt promptInfo) []string {
 	found := 0
+	var ids []string
 	for _, id := range q.Evidence {
 		if t, ok := evidence[id]; ok && strings.Contains(prompt.text, t) {
 			found++
+			ids = append(ids, id)
 		}
 	}
 	f := float64(found) / float64(len(q.Evidence))
@@ -108,6 +138,15 @@ func (a *recallAcc) add(q LocomoQA, evidence map[string]string, prompt promptInf
 	cat := LocomoCategoryName(q.Category)
 	c := a.byCat[cat]
 	a.byCat[cat] = [2]float64{c[0] + f, c[1] + 1}
+	return ids
+}
+
+func sum(xs []int) int {
+	n := 0
+	for _, x := range xs {
+		n += x
+	}
+	return n
 }
 
 func (a *recallAcc) client(name string) MemoryClient {

@@ -54,14 +54,14 @@ func WriteMemoryTable(w io.Writer, r MemoryReport) error {
 	for _, cat := range cats {
 		fmt.Fprintf(&b, " %12.1f", r.IndexRecallByCategory[cat]["25"])
 	}
-	b.WriteString("\n\nprompt prefix: tokens of the previous prompt its successor repeats from the start (shared%..prompt: on turns where nothing left the window; cached%: every turn, of the new prompt's tokens)\n")
-	fmt.Fprintf(&b, "%-15s %6s %7s %9s %7s %7s %7s %7s %8s %8s %8s\n", "client", "turns", "stable", "evictions", "shared%", "mean%", "p10%", "min%", "shared", "prompt", "cached%")
+	b.WriteString("\n\nprompt prefix: tokens of the previous prompt its successor repeats from the start (shared%..prompt: on turns where nothing left the window; cached%: every turn, of the new prompt's tokens; shift%: the same for an engine that moves the KV a prompt keeps, llama.cpp's n_cache_reuse)\n")
+	fmt.Fprintf(&b, "%-15s %6s %7s %9s %7s %7s %7s %7s %8s %8s %8s %8s\n", "client", "turns", "stable", "evictions", "shared%", "mean%", "p10%", "min%", "shared", "prompt", "cached%", "shift%")
 	for _, n := range []string{"drop-in", "full-history"} {
 		p, ok := r.Prefix[n]
 		if !ok {
 			continue
 		}
-		fmt.Fprintf(&b, "%-15s %6d %7d %9d %7.1f %7.1f %7.1f %7.1f %8.0f %8.0f %8.1f\n", n, p.Turns, p.Stable, p.Evictions, p.SharedPct, p.MeanPct, p.P10Pct, p.MinPct, p.SharedTokens, p.PromptTokens, p.CachedPct)
+		fmt.Fprintf(&b, "%-15s %6d %7d %9d %7.1f %7.1f %7.1f %7.1f %8.0f %8.0f %8.1f %8.1f\n", n, p.Turns, p.Stable, p.Evictions, p.SharedPct, p.MeanPct, p.P10Pct, p.MinPct, p.SharedTokens, p.PromptTokens, p.CachedPct, p.ShiftCachedPct)
 	}
 	fmt.Fprintf(&b, "\nappends detected without a header: %d; sidecar's own model calls: %d for %d client turns (%.3f per turn), by model %v\n",
 		r.DetectedAppends, r.BackgroundCalls, r.ClientTurns, r.CallsPerTurn, r.BackgroundByModel)

@@ -113,7 +113,23 @@ func TestPrefixAccounting(t *testing.T) {
 	if want := recallRound1(100 * float64(cached) / float64(sum(second, 7)+sum(third, 5))); rep.CachedPct != want {
 		t.Fatalf("cached %.1f%%, want %.1f%%", rep.CachedPct, want)
 	}
+	// An engine that moves KV also serves h2, u1, a1 and u2 of the third
+	// prompt: they follow each other in the second, the block between
+	// them skipped, as llama-server's chunk walk does.
+	shifted := cached + sum(third, 5) - sum(third, 1)
+	if want := recallRound1(100 * float64(shifted) / float64(sum(second, 7)+sum(third, 5))); rep.ShiftCachedPct != want {
+		t.Fatalf("shift cached %.1f%%, want %.1f%%", rep.ShiftCachedPct, want)
+	}
+	// A new message before the kept ones stops the walk.
+	if got := movedTokens(&second, &third, 1); got != sum(third, 5)-sum(third, 1) {
+		t.Fatalf("moved %d", got)
+	}
+	if got := movedTokens(&second, ptr(prompt(sys, memMsg{"user", "new"}, h2, u1)), 1); got != 0 {
+		t.Fatalf("moved %d after a new message", got)
+	}
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // TestLocomoExtraction: the benchmark's stand-in for the model states each
 // turn of a fact prompt's new messages as a fact and its rule-based
