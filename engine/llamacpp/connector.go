@@ -38,8 +38,9 @@ func Open(cfg engine.Config) (engine.Plugin, error) {
 	return c, nil
 }
 
-// Options configure a Connector. BaseURL, SlotDir and
-// Cache are required; every other zero value is a documented default.
+// Options configure a Connector. BaseURL, SlotDir and Cache are required;
+// every other zero value is a documented default (New applies
+// EnsureDefaults and Validate).
 type Options struct {
 	// BaseURL is the llama.cpp server's root, the proxy's upstream (for
 	// example http://127.0.0.1:8000). A trailing "/v1" is dropped.
@@ -150,26 +151,11 @@ type Options struct {
 	Shared engine.SharedStates
 }
 
-func (o *Options) validate() error {
+// EnsureDefaults fills every zero field with its documented default, drops
+// BaseURL's trailing "/" and "/v1", and returns o. New calls it; calling it
+// twice changes nothing.
+func (o *Options) EnsureDefaults() *Options {
 	o.BaseURL = strings.TrimSuffix(strings.TrimRight(o.BaseURL, "/"), "/v1")
-	switch {
-	case o.BaseURL == "":
-		return fmt.Errorf("engine: llamacpp: no BaseURL")
-	case o.SlotDir == "":
-		return fmt.Errorf("engine: llamacpp: no SlotDir (the server's --slot-save-path)")
-	case o.Cache == nil:
-		return fmt.Errorf("engine: llamacpp: no Cache")
-	case o.Slots < 0 || o.Slots > MaxSlotStreams:
-		return fmt.Errorf("engine: llamacpp: %d slots", o.Slots)
-	case o.SlotTimeout < 0 || o.MaxStateBytes < 0 || o.MaxSessions < 0 || o.ProbeInterval < 0 ||
-		o.MinSaveTokens < 0 || o.StatesPerSession < 0 || o.StatelessStates < 0 || o.MaxStates < 0 || o.UnusedRestores < 0:
-		return fmt.Errorf("engine: llamacpp: negative option")
-	}
-	if fi, err := os.Stat(o.SlotDir); err != nil {
-		return fmt.Errorf("engine: llamacpp: slot dir: %w", err)
-	} else if !fi.IsDir() {
-		return fmt.Errorf("engine: llamacpp: slot dir %s is not a directory", o.SlotDir)
-	}
 	if o.Slots == 0 {
 		o.Slots = 1
 	}
@@ -179,11 +165,8 @@ func (o *Options) validate() error {
 	if o.HTTPClient == nil {
 		o.HTTPClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: 2 * time.Second}}
 	}
-	switch {
-	case o.BackgroundQuiet == 0:
+	if o.BackgroundQuiet == 0 {
 		o.BackgroundQuiet = 500 * time.Millisecond
-	case o.BackgroundQuiet < 0:
-		o.BackgroundQuiet = 0
 	}
 	if o.SlotTimeout == 0 {
 		o.SlotTimeout = 2 * time.Minute
@@ -220,6 +203,30 @@ func (o *Options) validate() error {
 	}
 	if o.Clock == nil {
 		o.Clock = clock.System
+	}
+	return o
+}
+
+// Validate checks options after EnsureDefaults; SlotDir must be an
+// existing directory.
+func (o *Options) Validate() error {
+	switch {
+	case o.BaseURL == "":
+		return fmt.Errorf("engine: llamacpp: no BaseURL")
+	case o.SlotDir == "":
+		return fmt.Errorf("engine: llamacpp: no SlotDir (the server's --slot-save-path)")
+	case o.Cache == nil:
+		return fmt.Errorf("engine: llamacpp: no Cache")
+	case o.Slots < 0 || o.Slots > MaxSlotStreams:
+		return fmt.Errorf("engine: llamacpp: %d slots", o.Slots)
+	case o.SlotTimeout < 0 || o.MaxStateBytes < 0 || o.MaxSessions < 0 || o.ProbeInterval < 0 ||
+		o.MinSaveTokens < 0 || o.StatesPerSession < 0 || o.StatelessStates < 0 || o.MaxStates < 0 || o.UnusedRestores < 0:
+		return fmt.Errorf("engine: llamacpp: negative option")
+	}
+	if fi, err := os.Stat(o.SlotDir); err != nil {
+		return fmt.Errorf("engine: llamacpp: slot dir: %w", err)
+	} else if !fi.IsDir() {
+		return fmt.Errorf("engine: llamacpp: slot dir %s is not a directory", o.SlotDir)
 	}
 	return nil
 }
@@ -374,9 +381,11 @@ func (e *ewma) add(x float64) {
 // interrupted save left in the slot directory; it does not contact the
 // server until the first request.
 func New(opts Options) (*Connector, error) {
-	if err := opts.validate(); err != nil {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
+	opts.BackgroundQuiet = max(opts.BackgroundQuiet, 0) // negative: none
 	c := &Connector{
 		opts: opts, log: opts.Logger, api: &llamaAPI{base: opts.BaseURL, client: opts.HTTPClient},
 		cat: newCatalog(), ops: make([]sync.Mutex, opts.Slots), bg: make(chan struct{}, 1),
