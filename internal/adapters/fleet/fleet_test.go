@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver/redistest"
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/internal/adapters/fleet"
-	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver"
-	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver/redistest"
 	"github.com/kvsidecar/kvsidecar/memory"
 	"github.com/kvsidecar/kvsidecar/remote"
 )
