@@ -19,7 +19,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver"
 	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver/llamatest"
-	"github.com/kvsidecar/kvsidecar/internal/adapters/llm"
+	"github.com/kvsidecar/kvsidecar/cmd/sidecar/internal/llm"
 )
 
 // dropInTurns plays a drop-in client (the system message and the newest

@@ -135,7 +135,9 @@ type Options struct {
 	PreemptBackoff time.Duration
 }
 
-func (o *Options) ensureDefaults() {
+// EnsureDefaults fills every zero field with its documented default and
+// returns o. New calls it; calling it twice changes nothing.
+func (o *Options) EnsureDefaults() *Options {
 	if o.Timeout == 0 {
 		o.Timeout = 60 * time.Second
 	}
@@ -145,18 +147,23 @@ func (o *Options) ensureDefaults() {
 	if o.MaxConns == 0 {
 		o.MaxConns = 4
 	}
-	switch {
-	case o.Preemptions == 0:
-		o.Preemptions = 2
-	case o.Preemptions < 0:
-		o.Preemptions = 0
+	if o.Preemptions == 0 {
+		o.Preemptions = 2 // negative stays: never resent
 	}
 	if o.PreemptBackoff == 0 {
 		o.PreemptBackoff = 500 * time.Millisecond
 	}
+	return o
 }
 
-func (o *Options) validate() (*url.URL, error) {
+// Validate checks options after EnsureDefaults.
+func (o *Options) Validate() error {
+	_, err := o.baseURL()
+	return err
+}
+
+// baseURL is o.BaseURL parsed, without a trailing /v1, query or fragment.
+func (o *Options) baseURL() (*url.URL, error) {
 	u, err := url.Parse(strings.TrimSpace(o.BaseURL))
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("llm: base URL %q: want http(s)://host[:port][/path]", o.BaseURL)
@@ -194,11 +201,10 @@ type Stats struct {
 
 // New returns a client for the upstream at o.BaseURL.
 func New(o Options) (*Client, error) {
-	o.ensureDefaults()
-	u, err := o.validate()
-	if err != nil {
+	if err := o.EnsureDefaults().Validate(); err != nil {
 		return nil, err
 	}
+	u, _ := o.baseURL() // Validate parsed it
 	tr := &http.Transport{
 		Proxy:               nil, // loopback and cluster upstreams: no environment proxy
 		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,

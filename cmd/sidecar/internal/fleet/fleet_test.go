@@ -8,8 +8,8 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver"
 	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver/redistest"
+	"github.com/kvsidecar/kvsidecar/cmd/sidecar/internal/fleet"
 	"github.com/kvsidecar/kvsidecar/engine"
-	"github.com/kvsidecar/kvsidecar/internal/adapters/fleet"
 	"github.com/kvsidecar/kvsidecar/memory"
 	"github.com/kvsidecar/kvsidecar/remote"
 )
