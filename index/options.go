@@ -52,7 +52,7 @@ const (
 	// each by its best candidate (BM25 s/max, cosine max(s,0)/max; a document
 	// missing from one list scores 0 there), weighted by VectorWeight and
 	// 1-VectorWeight. It keeps how much better the best match is, which
-	// rank-only fusion throws away; on LoCoMo it beat RRF (see internal/harness/bench/).
+	// rank-only fusion throws away; on LoCoMo it beat RRF (see bench/workload/).
 	FusionWeighted Fusion = iota
 	// FusionRRF is reciprocal rank fusion: Σ w/(RRFK + rank), ranks from 1,
 	// with the same weights. It ignores score scales entirely.

@@ -41,8 +41,8 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver/llamatest"
 )
 
 const consoleToken = "console-test-token-0123456789"

@@ -37,7 +37,7 @@ type Options struct {
 	Reps int
 	// Latency, when set, measures each block size after its bandwidth rows,
 	// on the same device, data and repetitions: `sidecar bench gpu` passes
-	// the Focus tier's put/get latency (internal/harness/bench.FocusLatency), which
+	// the Focus tier's put/get latency (bench/workload.FocusLatency), which
 	// needs package tiers. Nil: bandwidth only, as `sidecar gpu` probes.
 	Latency func(dev gpu.Device, data []byte, reps int) (Latency, error)
 	// Seed makes the data reproducible. Zero means 1.
