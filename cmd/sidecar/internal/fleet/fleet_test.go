@@ -18,7 +18,7 @@ var ctx = context.Background()
 
 func open(t *testing.T, srv *redisserver.Server, owner string) *fleet.Fleet {
 	t.Helper()
-	st, err := remote.Open(ctx, remote.Options{URL: srv.URL(), Owner: owner, LeaseTTL: 300 * time.Millisecond, Timeout: time.Second})
+	st, err := remote.Open(ctx, remote.Options{URL: srv.URL(), Owner: owner, LeaseTTL: 300 * time.Millisecond, Timeout: 3 * time.Second}) // the per-call timeout: AOF fsyncs on a loaded machine take longer than the lease
 	if err != nil {
 		t.Fatal(err)
 	}
