@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/admin"
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/engine/connectors"
 	"github.com/kvsidecar/kvsidecar/gpu"
@@ -526,40 +527,52 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 		}
 		mcpSrv = ms
 	}
-	var respView proxy.RESP // a nil *respstore.Server would be a non-nil interface
-	if respSrv != nil {
-		respView = respSrv
+	var windows *admin.Windows // the console's last windows, which the proxy fills
+	var pw proxy.Windows       // a nil *admin.Windows would be a non-nil interface
+	if c.adminToken != "" {
+		windows = admin.NewWindows(admin.ConsoleWindows)
+		pw = windows
 	}
 	srv, err := proxy.New(proxy.Options{
-		MCP:                mcpSrv,
-		Fleet:              pf,
-		Memory:             mem,
-		KV:                 kvc,
-		MaxKVBytes:         c.maxKV,
-		MaxSnapshotBytes:   int(c.maxSnapshot),
-		Engine:             conn,
-		Upstream:           c.upstream,
-		MaxBodyBytes:       c.maxBody,
-		MaxResponseBytes:   c.maxResponse,
-		UpstreamTimeout:    c.upstreamTimeout,
-		StreamIdleTimeout:  c.idleTO,
-		ReadTimeout:        c.readTO,
-		WriteTimeout:       c.writeTO,
-		IdleTimeout:        c.connIdle,
-		AllowAnonymous:     c.allowAnonymous,
-		NoContextProbe:     !c.contextProbe,
-		AdminToken:         c.adminToken,
-		Pprof:              c.adminPprof,
-		ConsoleSampleEvery: c.consoleEvery,
-		Knowledge:          mem,
-		RESP:               respView,
-		Logger:             log,
-		Metrics:            reg,
+		MCP:               mcpSrv,
+		Fleet:             pf,
+		Memory:            mem,
+		KV:                kvc,
+		MaxKVBytes:        c.maxKV,
+		MaxSnapshotBytes:  int(c.maxSnapshot),
+		Engine:            conn,
+		Upstream:          c.upstream,
+		MaxBodyBytes:      c.maxBody,
+		MaxResponseBytes:  c.maxResponse,
+		UpstreamTimeout:   c.upstreamTimeout,
+		StreamIdleTimeout: c.idleTO,
+		ReadTimeout:       c.readTO,
+		WriteTimeout:      c.writeTO,
+		IdleTimeout:       c.connIdle,
+		AllowAnonymous:    c.allowAnonymous,
+		NoContextProbe:    !c.contextProbe,
+		Windows:           pw,
+		Logger:            log,
+		Metrics:           reg,
 
 		UpstreamIdleTimeout: c.upstreamIdle,
 		MaxIdleConnsPerHost: c.upstreamMaxIdle,
 		EventLoop:           c.eventLoop,
 	})
+	if err != nil {
+		return err
+	}
+	ao := admin.Options{Token: c.adminToken, Pprof: c.adminPprof, SampleEvery: c.consoleEvery, MaxBodyBytes: c.maxBody,
+		ReadTimeout: c.readTO, WriteTimeout: c.writeTO, IdleTimeout: c.connIdle, Logger: log,
+		Front: srv, Health: srv, Metrics: srv.Metrics(), Sessions: srv, Windows: windows,
+		Memory: mem, Knowledge: mem, KV: kvc}
+	if hooks != nil { // a nil *engine.Hooks or *respstore.Server would be a non-nil interface
+		ao.Engine = hooks
+	}
+	if respSrv != nil {
+		ao.RESP = respSrv
+	}
+	adm, err := admin.New(ao)
 	if err != nil {
 		return err
 	}
@@ -615,7 +628,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	go func() { errc <- srv.Serve(ln) }()
 	adminErr := make(chan error, 1)
 	if aln != nil {
-		go func() { adminErr <- srv.ServeAdmin(aln) }()
+		go func() { adminErr <- adm.Serve(aln) }()
 	} else {
 		adminErr <- nil
 	}
@@ -635,6 +648,7 @@ func serve(ctx context.Context, c serveConfig, log *slog.Logger, ready chan<- st
 	defer cancel()
 	shutdownDeadline = deadline
 	err = srv.Shutdown(sctx)
+	err = errors.Join(err, adm.Shutdown(sctx)) // the admin listener stops with the proxy
 	log.Info("closed proxy", "ms", time.Since(t).Milliseconds(), "err", err)
 	if serr := <-errc; serr != nil && err == nil {
 		err = serr
