@@ -19,7 +19,7 @@ import (
 
 // The console's memory routes (GET|POST /admin/v1/memories, PATCH|DELETE
 // /admin/v1/memories/{id}, boost, batch-delete) and statistics by category
-// with their CSV and JSON exports; routing and auth are in admin.go.
+// with their CSV and JSON exports; routing and auth are in api.go.
 
 // memoryRow is one memory as the console's table shows it.
 type memoryRow struct {

@@ -33,7 +33,7 @@ type KVSample struct {
 	Turns        uint64 `json:"turns"`
 	WindowTokens uint64 `json:"window_tokens"`
 
-	// alert is what the console's thresholds read (console_thresholds.go).
+	// alert is what the console's thresholds read (thresholds.go).
 	alert *alertPoint
 }
 
