@@ -116,7 +116,9 @@ const (
 // bounds one it reads again (curl takes up to 300 KiB).
 const MaxAnswerHead = 256 << 10
 
-// LoopOptions configure a Loop.
+// LoopOptions configure a Loop. Every zero value is a documented default;
+// Upstream and Host are required (StartLoop applies EnsureDefaults and
+// Validate).
 type LoopOptions struct {
 	// Front reads the connections the loop hands over (Options.Limits,
 	// ReadTimeout, Reject, Linger) and bounds the loop's own reading the
@@ -131,10 +133,10 @@ type LoopOptions struct {
 	// request's Host. Host is required.
 	BasePath, Host string
 	// MaxBody bounds the body the loop reads: a request with a longer one
-	// is handed over. Default 32 MiB.
+	// is handed over. Zero or negative: 32 MiB.
 	MaxBody int64
-	// MaxAnswer bounds an answer's body (FailTooLarge beyond). Default
-	// 256 MiB.
+	// MaxAnswer bounds an answer's body (FailTooLarge beyond). Zero or
+	// negative: 256 MiB.
 	MaxAnswer int64
 	// IdleTimeout closes a client connection idle between requests;
 	// WriteTimeout bounds writing an answer. Zero: no bound.
@@ -145,9 +147,10 @@ type LoopOptions struct {
 	DialTimeout, UpstreamTimeout, StreamIdleTimeout time.Duration
 	// UpstreamIdleTimeout closes a pooled upstream connection idle that
 	// long (below the upstreams' own bounds: llama-server and uvicorn
-	// close theirs after 5 s). Default 2 s.
+	// close theirs after 5 s). Zero or negative: 2 s.
 	UpstreamIdleTimeout time.Duration
-	// MaxIdleUpstream bounds the pooled upstream connections. Default 256.
+	// MaxIdleUpstream bounds the pooled upstream connections. Zero or
+	// negative: 256.
 	MaxIdleUpstream int
 	// Logger hears what the loop itself does wrong (a failed accept, a
 	// failed hand-over); nil: nothing is logged. A request's failures are
@@ -155,7 +158,11 @@ type LoopOptions struct {
 	Logger *slog.Logger
 }
 
-func (o *LoopOptions) withDefaults() {
+// EnsureDefaults fills every zero field with its documented default, Front's
+// included, and returns o. StartLoop calls it; calling it twice changes
+// nothing.
+func (o *LoopOptions) EnsureDefaults() *LoopOptions {
+	o.Front.EnsureDefaults()
 	if o.MaxBody <= 0 {
 		o.MaxBody = 32 << 20
 	}
@@ -171,9 +178,11 @@ func (o *LoopOptions) withDefaults() {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	return o
 }
 
-func (o *LoopOptions) validate() error {
+// Validate checks options after EnsureDefaults.
+func (o *LoopOptions) Validate() error {
 	switch {
 	case !o.Upstream.IsValid() || o.Upstream.Port() == 0:
 		return errors.New("frontdoor: the loop needs the upstream's IP address and port")

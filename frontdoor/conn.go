@@ -14,6 +14,9 @@ import (
 )
 
 // Options configure the connections of a Listener (or made by NewConn).
+// Every zero value is a documented default; nothing is refused. NewListener
+// applies EnsureDefaults; a Conn made by NewConn or Resume reads o as
+// given, its zero fields taking the same defaults.
 type Options struct {
 	// Limits bound each request (Parse's).
 	Limits Limits
@@ -27,8 +30,21 @@ type Options struct {
 	// Linger bounds how long a refused connection's unread bytes are read
 	// and dropped before it closes, so that its close is not a reset that
 	// destroys the answer before the client reads it (nginx's lingering
-	// close). Default 2 s; negative: no lingering.
+	// close). Zero: DefaultLinger; negative: no lingering.
 	Linger time.Duration
+}
+
+// DefaultLinger is Options.Linger's default.
+const DefaultLinger = 2 * time.Second
+
+// EnsureDefaults fills every zero field with its documented default and
+// returns o. NewListener calls it; calling it twice changes nothing.
+func (o *Options) EnsureDefaults() *Options {
+	o.Limits.EnsureDefaults()
+	if o.Linger == 0 {
+		o.Linger = DefaultLinger
+	}
+	return o
 }
 
 // reject renders the answer to e (Reject, else PlainReject).
@@ -80,6 +96,7 @@ type Listener struct {
 // NewListener wraps ln: every connection it accepts goes through the front
 // door.
 func NewListener(ln net.Listener, opts Options) *Listener {
+	opts.EnsureDefaults()
 	return &Listener{Listener: ln, opts: opts}
 }
 
@@ -197,7 +214,8 @@ func (c *Conn) Read(p []byte) (int, error) {
 // decoded) and body (a length to pass).
 func (c *Conn) next() error {
 	c.out, c.outAt = c.out[:0], 0
-	lim := c.o.Limits.withDefaults()
+	lim := c.o.Limits
+	lim.EnsureDefaults()
 	c.inReq = false
 	if c.w > c.r { // a pipelined request's first bytes came with the last one's
 		c.startRequest()
@@ -326,7 +344,7 @@ func (c *Conn) linger() {
 		return
 	}
 	if d == 0 {
-		d = 2 * time.Second
+		d = DefaultLinger
 	}
 	if c.CloseWrite() != nil {
 		return

@@ -104,13 +104,15 @@ func (h *Head) Lookup(b []byte, name string) (at, end int, ok bool) {
 	return 0, 0, false
 }
 
-// Limits bound what Parse accepts; zero fields take the defaults.
+// Limits bound what Parse accepts; zero fields take the defaults (Parse
+// applies EnsureDefaults).
 type Limits struct {
-	// MaxHead bounds the whole head (431 beyond). Default 32 KiB, nginx's
-	// four large header buffers of 8 KiB.
+	// MaxHead bounds the whole head (431 beyond). Zero or negative:
+	// DefaultMaxHead, 32 KiB, nginx's four large header buffers of 8 KiB.
 	MaxHead int
 	// MaxLine bounds the request line (414 beyond) and each field line
-	// (431 beyond). Default 8 KiB, nginx's large header buffer.
+	// (431 beyond). Zero or negative: DefaultMaxLine, 8 KiB, nginx's large
+	// header buffer. At most MaxHead.
 	MaxLine int
 	// MaxBody bounds a body (413 beyond); 0: no bound.
 	MaxBody int64
@@ -122,7 +124,10 @@ const (
 	DefaultMaxLine = 8 << 10
 )
 
-func (l Limits) withDefaults() Limits {
+// EnsureDefaults fills every zero field with its documented default,
+// lowers MaxLine to MaxHead, and returns l. Parse calls it; calling it
+// twice changes nothing.
+func (l *Limits) EnsureDefaults() *Limits {
 	if l.MaxHead <= 0 {
 		l.MaxHead = DefaultMaxHead
 	}
@@ -169,7 +174,7 @@ const maxFields = 500
 // one nginx refuses, a Connection field that lists Host, Content-Length
 // or Transfer-Encoding.
 func (h *Head) Parse(b []byte, lim Limits) error {
-	lim = lim.withDefaults()
+	lim.EnsureDefaults()
 	*h = Head{fields: h.fields[:0], conn: h.conn[:0]}
 	i := 0
 	// Empty lines before the request line (RFC 9112 §2.2).

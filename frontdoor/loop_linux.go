@@ -145,8 +145,8 @@ type Loop struct {
 // connections and b decides which requests it serves. The server behind
 // serves the rest on the returned Loop (a net.Listener).
 func StartLoop(ln *net.TCPListener, o LoopOptions, b Backend) (*Loop, error) {
-	o.withDefaults()
-	if err := o.validate(); err != nil {
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
 		return nil, err
 	}
 	l := &Loop{o: o, b: b, ln: ln, epfd: -1, lfd: -1, wakeR: -1, wakeW: -1,

@@ -5,7 +5,8 @@ import (
 	"sync"
 )
 
-// CPUOptions configure a CPU device. The zero value is ready to use.
+// CPUOptions configure a CPU device. The zero value is ready to use (NewCPU
+// applies EnsureDefaults and Validate).
 type CPUOptions struct {
 	// Capacity caps the bytes the device hands out. Zero means 1 GiB; the
 	// CPU device does not ask the OS how much memory there is, tiers above
@@ -15,12 +16,19 @@ type CPUOptions struct {
 
 const defaultCPUCapacity = 1 << 30
 
-func (o *CPUOptions) validate() error {
-	if o.Capacity < 0 {
-		return fmt.Errorf("gpu: cpu capacity %d is negative", o.Capacity)
-	}
+// EnsureDefaults fills every zero field with its documented default and
+// returns o. NewCPU calls it; calling it twice changes nothing.
+func (o *CPUOptions) EnsureDefaults() *CPUOptions {
 	if o.Capacity == 0 {
 		o.Capacity = defaultCPUCapacity
+	}
+	return o
+}
+
+// Validate checks options after EnsureDefaults.
+func (o *CPUOptions) Validate() error {
+	if o.Capacity < 0 {
+		return fmt.Errorf("gpu: cpu capacity %d is negative", o.Capacity)
 	}
 	return nil
 }
@@ -42,7 +50,8 @@ var _ Device = (*CPU)(nil)
 
 // NewCPU returns a CPU device. It fails only on invalid options.
 func NewCPU(opts CPUOptions) (*CPU, error) {
-	if err := opts.validate(); err != nil {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	return &CPU{capacity: opts.Capacity, bufs: make(map[uint64][]byte)}, nil

@@ -10,7 +10,8 @@ import (
 )
 
 // CUDAOptions configure a CUDA device. The zero value opens the first
-// visible GPU with the defaults below.
+// visible GPU with the defaults below (NewCUDA applies EnsureDefaults and
+// Validate).
 type CUDAOptions struct {
 	// Ordinal selects the GPU among those the driver makes visible. The
 	// driver applies CUDA_VISIBLE_DEVICES at cuInit and renumbers the GPUs
@@ -50,10 +51,9 @@ const (
 	defaultStagingBytes = 4 << 20
 )
 
-func (o *CUDAOptions) validate() error {
-	if o.Ordinal < 0 || o.SlabBytes < 0 || o.MaxBytes < 0 || o.Streams < 0 || o.StagingBytes < 0 {
-		return fmt.Errorf("gpu: cuda options: negative value in %+v", *o)
-	}
+// EnsureDefaults fills every zero field with its documented default and
+// returns o. NewCUDA calls it; calling it twice changes nothing.
+func (o *CUDAOptions) EnsureDefaults() *CUDAOptions {
 	if o.SlabBytes == 0 {
 		o.SlabBytes = defaultSlabBytes
 	}
@@ -62,6 +62,14 @@ func (o *CUDAOptions) validate() error {
 	}
 	if o.StagingBytes == 0 {
 		o.StagingBytes = defaultStagingBytes
+	}
+	return o
+}
+
+// Validate checks options after EnsureDefaults.
+func (o *CUDAOptions) Validate() error {
+	if o.Ordinal < 0 || o.SlabBytes < 0 || o.MaxBytes < 0 || o.Streams < 0 || o.StagingBytes < 0 {
+		return fmt.Errorf("gpu: cuda options: negative value in %+v", *o)
 	}
 	if o.StagingBytes < poolAlign {
 		return fmt.Errorf("gpu: cuda options: StagingBytes %d below %d", o.StagingBytes, poolAlign)
@@ -129,7 +137,8 @@ type hostRange struct {
 // missing, cuInit fails or no GPU is visible, the error matches ErrNoCUDA
 // (and ErrUnavailable) and says why; callers then use the CPU device.
 func NewCUDA(opts CUDAOptions) (*CUDA, error) {
-	if err := opts.validate(); err != nil {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	drv, err := openDriver(opts.Library)

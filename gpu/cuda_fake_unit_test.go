@@ -25,7 +25,7 @@ func newFakeCUDA(t *testing.T, capacity uint64, opts CUDAOptions) (*CUDA, *fakeG
 	if opts.SlabBytes == 0 {
 		opts.SlabBytes = 1 << 20
 	}
-	if err := opts.validate(); err != nil {
+	if err := opts.EnsureDefaults().Validate(); err != nil {
 		t.Fatal(err)
 	}
 	c, err := newCUDA(d, opts)
@@ -328,7 +328,7 @@ func TestCUDAFakeOpenFailures(t *testing.T) {
 	// An ordinal past the visible GPUs.
 	_, d = newFakeGPU(1 << 20)
 	opts := CUDAOptions{Ordinal: 1}
-	opts.validate()
+	opts.EnsureDefaults()
 	if _, err := newCUDA(d, opts); !errors.Is(err, ErrNoCUDA) || !strings.Contains(err.Error(), "ordinal 1 asked, 1 visible") {
 		t.Fatalf("ordinal past the visible GPUs: %v", err)
 	}
@@ -337,7 +337,7 @@ func TestCUDAFakeOpenFailures(t *testing.T) {
 	f, d = newFakeGPU(1 << 20)
 	f.failNext("cuMemHostAlloc", cuErrOutOfMemory)
 	opts = CUDAOptions{}
-	opts.validate()
+	opts.EnsureDefaults()
 	if _, err := newCUDA(d, opts); !errors.Is(err, ErrOutOfMemory) {
 		t.Fatalf("staging alloc failure: %v", err)
 	}

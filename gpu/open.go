@@ -16,13 +16,26 @@ const (
 )
 
 // OpenOptions configure Open. The zero value opens with default options
-// and logs through slog.Default.
+// and logs through slog.Default (Open applies EnsureDefaults; NewCPU and
+// NewCUDA validate their own).
 type OpenOptions struct {
 	CPU  CPUOptions
 	CUDA CUDAOptions
 	// Logger receives the one line saying why "auto" fell back to the CPU.
 	// Nil means slog.Default().
 	Logger *slog.Logger
+}
+
+// EnsureDefaults fills every zero field with its documented default, CPU's
+// and CUDA's included, and returns o. Open calls it; calling it twice
+// changes nothing.
+func (o *OpenOptions) EnsureDefaults() *OpenOptions {
+	o.CPU.EnsureDefaults()
+	o.CUDA.EnsureDefaults()
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
 }
 
 // fallbackLogged makes "auto" explain a CPU fallback once per process: a
@@ -43,6 +56,7 @@ var fallbackLogged atomic.Bool
 //
 // The caller owns the device and closes it.
 func Open(kind string, opts OpenOptions) (Device, error) {
+	opts.EnsureDefaults()
 	switch kind {
 	case OpenCPU:
 		return NewCPU(opts.CPU)
@@ -58,15 +72,11 @@ func Open(kind string, opts OpenOptions) (Device, error) {
 			return nil, cerr
 		}
 		if !fallbackLogged.Swap(true) {
-			log := opts.Logger
-			if log == nil {
-				log = slog.Default()
-			}
 			level := slog.LevelInfo
 			if !errors.Is(err, ErrNoCUDA) {
 				level = slog.LevelWarn
 			}
-			log.Log(context.Background(), level, "gpu: CUDA device unavailable, using the CPU device", "reason", err.Error())
+			opts.Logger.Log(context.Background(), level, "gpu: CUDA device unavailable, using the CPU device", "reason", err.Error())
 		}
 		return cpu, nil
 	default:

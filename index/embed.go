@@ -31,9 +31,11 @@ type SpaceEmbedder interface {
 	Space() string
 }
 
-// HashOptions configure the offline embedder. The zero value is valid.
+// HashOptions configure the offline embedder. The zero value is valid:
+// every field documents the default its zero value selects
+// (NewHashEmbedder applies EnsureDefaults; nothing is refused).
 type HashOptions struct {
-	// Dim is the vector dimension; 0 selects 512.
+	// Dim is the vector dimension; 0 (or negative) selects 512.
 	Dim int
 	// BigramWeight is the weight of word-bigram features relative to
 	// unigrams; 0 (the default) leaves them out: on LoCoMo they cost about
@@ -43,6 +45,18 @@ type HashOptions struct {
 	// TrigramWeight is the total weight of a term's character trigrams
 	// relative to the term itself; 0 selects 0.6, negative disables them.
 	TrigramWeight float64
+}
+
+// EnsureDefaults fills every zero field with its documented default and
+// returns o. NewHashEmbedder calls it; calling it twice changes nothing.
+func (o *HashOptions) EnsureDefaults() *HashOptions {
+	if o.Dim <= 0 {
+		o.Dim = 512
+	}
+	if o.TrigramWeight == 0 {
+		o.TrigramWeight = hashTrigramW
+	}
+	return o
 }
 
 // HashEmbedder is the built-in offline embedder: no model, no network,
@@ -81,19 +95,14 @@ type hashScratch struct {
 
 // NewHashEmbedder returns the offline embedder.
 func NewHashEmbedder(o HashOptions) *HashEmbedder {
-	if o.Dim <= 0 {
-		o.Dim = 512
-	}
-	weight := func(w, def float64) float32 {
-		switch {
-		case w == 0:
-			return float32(def)
-		case w < 0 || math.IsNaN(w):
+	o.EnsureDefaults()
+	weight := func(w float64) float32 { // negative or NaN: off
+		if w < 0 || math.IsNaN(w) {
 			return 0
 		}
 		return float32(w)
 	}
-	bw, tw := weight(o.BigramWeight, 0), weight(o.TrigramWeight, hashTrigramW)
+	bw, tw := weight(o.BigramWeight), weight(o.TrigramWeight)
 	name := fmt.Sprintf("hash-v1-d%d", o.Dim)
 	if bw != 0 || tw != hashTrigramW {
 		name = fmt.Sprintf("hash-v1-d%d-b%g-t%g", o.Dim, bw, tw)

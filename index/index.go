@@ -130,8 +130,8 @@ type entry struct {
 
 // New returns an empty index.
 func New(opts Options) (*Index, error) {
-	opts = opts.withDefaults()
-	if err := opts.validate(); err != nil {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	x := &Index{opts: opts, emb: newEmbedding(opts), bm: newBM25(opts), vec: newVectors(opts)}

@@ -15,7 +15,8 @@ import (
 )
 
 // OpenAIOptions configure an OpenAIEmbedder. Every zero value selects the
-// documented default.
+// documented default (NewOpenAIEmbedder applies EnsureDefaults and
+// Validate); BaseURL is required.
 type OpenAIOptions struct {
 	// BaseURL of the server, with or without the "/v1" suffix:
 	// "http://127.0.0.1:8000" and "https://api.openai.com/v1" both work.
@@ -89,19 +90,10 @@ type OpenAIOptions struct {
 // to: below it an input refused as "too large" is not a length problem.
 const minInputBytes = 64
 
-func (o *OpenAIOptions) withDefaults() error {
-	if o.BaseURL == "" {
-		return fmt.Errorf("index: openai embedder: BaseURL is required: %w", ErrInvalid)
-	}
-	if !strings.HasPrefix(o.BaseURL, "http://") && !strings.HasPrefix(o.BaseURL, "https://") {
-		return fmt.Errorf("index: openai embedder: BaseURL %q is not http(s): %w", o.BaseURL, ErrInvalid)
-	}
-	switch {
-	case o.Dim < 0:
-		return fmt.Errorf("index: openai embedder: Dim %d: %w", o.Dim, ErrInvalid)
-	case o.MaxBatch < 0, o.MaxBatchBytes < 0, o.MaxInputBytes < 0, o.CacheBytes < 0, o.Timeout < 0, o.Backoff < 0:
-		return fmt.Errorf("index: openai embedder: negative batch, input, cache or time bound: %w", ErrInvalid)
-	}
+// EnsureDefaults fills every zero field with its documented default (and
+// raises MaxInputBytes to 64) and returns o. NewOpenAIEmbedder calls it;
+// calling it twice changes nothing.
+func (o *OpenAIOptions) EnsureDefaults() *OpenAIOptions {
 	defInt := func(v *int, d int) {
 		if *v == 0 {
 			*v = d
@@ -115,14 +107,15 @@ func (o *OpenAIOptions) withDefaults() error {
 	defInt(&o.MaxBatch, 64)
 	defInt(&o.MaxBatchBytes, 256<<10)
 	defInt(&o.MaxInputBytes, 32<<10)
-	o.MaxInputBytes = max(o.MaxInputBytes, minInputBytes)
+	if o.MaxInputBytes > 0 {
+		o.MaxInputBytes = max(o.MaxInputBytes, minInputBytes)
+	}
 	defInt(&o.CacheSize, 4096)
 	if o.CacheBytes == 0 {
 		o.CacheBytes = 64 << 20
 	}
 	defDur(&o.Timeout, 10*time.Second)
 	defInt(&o.Retries, 2)
-	o.Retries = max(o.Retries, 0)
 	defDur(&o.Backoff, 100*time.Millisecond)
 	defDur(&o.Cooldown, time.Second)
 	if o.MaxResponseBytes <= 0 {
@@ -142,6 +135,23 @@ func (o *OpenAIOptions) withDefaults() error {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	return o
+}
+
+// Validate checks options after EnsureDefaults; its errors match ErrInvalid.
+func (o *OpenAIOptions) Validate() error {
+	if o.BaseURL == "" {
+		return fmt.Errorf("index: openai embedder: BaseURL is required: %w", ErrInvalid)
+	}
+	if !strings.HasPrefix(o.BaseURL, "http://") && !strings.HasPrefix(o.BaseURL, "https://") {
+		return fmt.Errorf("index: openai embedder: BaseURL %q is not http(s): %w", o.BaseURL, ErrInvalid)
+	}
+	switch {
+	case o.Dim < 0:
+		return fmt.Errorf("index: openai embedder: Dim %d: %w", o.Dim, ErrInvalid)
+	case o.MaxBatch < 0, o.MaxBatchBytes < 0, o.MaxInputBytes < 0, o.CacheBytes < 0, o.Timeout < 0, o.Backoff < 0:
+		return fmt.Errorf("index: openai embedder: negative batch, input, cache or time bound: %w", ErrInvalid)
 	}
 	return nil
 }
@@ -245,7 +255,8 @@ var errSpaceMoved = errors.New("index: embedding space changed during the call")
 
 // NewOpenAIEmbedder checks o and returns the client; it sends nothing.
 func NewOpenAIEmbedder(o OpenAIOptions) (*OpenAIEmbedder, error) {
-	if err := o.withDefaults(); err != nil {
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
 		return nil, err
 	}
 	base := strings.TrimRight(o.BaseURL, "/")

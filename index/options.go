@@ -52,7 +52,7 @@ const (
 	// each by its best candidate (BM25 s/max, cosine max(s,0)/max; a document
 	// missing from one list scores 0 there), weighted by VectorWeight and
 	// 1-VectorWeight. It keeps how much better the best match is, which
-	// rank-only fusion throws away; on LoCoMo it beat RRF (see internal/harness/bench/).
+	// rank-only fusion throws away; on LoCoMo it beat RRF (see bench/workload/).
 	FusionWeighted Fusion = iota
 	// FusionRRF is reciprocal rank fusion: Σ w/(RRFK + rank), ranks from 1,
 	// with the same weights. It ignores score scales entirely.
@@ -100,7 +100,8 @@ func (w RerankWeights) isZero() bool {
 }
 
 // Options configure an Index. The zero value is valid: every field documents
-// the default its zero value selects.
+// the default its zero value selects (New applies EnsureDefaults and
+// Validate).
 type Options struct {
 	// Embedder turns texts into vectors. nil selects the offline
 	// NewHashEmbedder(HashOptions{}).
@@ -172,7 +173,9 @@ type Options struct {
 	QueryTimeout time.Duration
 }
 
-func (o Options) withDefaults() Options {
+// EnsureDefaults fills every zero field with its documented default and
+// returns o. New calls it; calling it twice changes nothing.
+func (o *Options) EnsureDefaults() *Options {
 	if o.Embedder == nil {
 		o.Embedder = NewHashEmbedder(HashOptions{})
 	}
@@ -215,8 +218,8 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// validate checks options after defaults were applied.
-func (o Options) validate() error {
+// Validate checks options after EnsureDefaults; its errors match ErrInvalid.
+func (o *Options) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("index: options: "+format+": %w", append(args, ErrInvalid)...)
 	}

@@ -26,7 +26,9 @@ var (
 )
 
 // Options configure a Cache. The zero value is a memory-only cache with the
-// tiers' default budgets and strategy and a one-day TTL.
+// tiers' default budgets and strategy and a one-day TTL (Open applies
+// EnsureDefaults and Validate; tiers.Open and tiers.NewTuner those of Store
+// and Tuner).
 type Options struct {
 	// Store configures the tiers: Store.Dir is the Archive's directory
 	// (for example DATA_DIR/kv; empty means memory only, and the blob API
@@ -53,15 +55,12 @@ type Options struct {
 	Tuner *tiers.TunerOptions
 }
 
-func (o *Options) validate() error {
-	if o.TTL < 0 {
-		return fmt.Errorf("kv: negative TTL")
-	}
+// EnsureDefaults fills every zero field with its documented default (Store's
+// and Tuner's Clock with Clock; Tuner is copied, not written through) and
+// returns o. Open calls it; calling it twice changes nothing.
+func (o *Options) EnsureDefaults() *Options {
 	if o.TTL == 0 {
 		o.TTL = 24 * time.Hour
-	}
-	if o.MaxBlobBytes < 0 {
-		return fmt.Errorf("kv: negative MaxBlobBytes")
 	}
 	if o.MaxBlobBytes == 0 {
 		o.MaxBlobBytes = 256 << 20
@@ -76,6 +75,17 @@ func (o *Options) validate() error {
 		t := *o.Tuner
 		t.Clock = o.Clock
 		o.Tuner = &t
+	}
+	return o
+}
+
+// Validate checks options after EnsureDefaults.
+func (o *Options) Validate() error {
+	if o.TTL < 0 {
+		return fmt.Errorf("kv: negative TTL")
+	}
+	if o.MaxBlobBytes < 0 {
+		return fmt.Errorf("kv: negative MaxBlobBytes")
 	}
 	return nil
 }
@@ -118,7 +128,8 @@ type Cache struct {
 // set), rebuilds the cache's index from what they hold, and starts the
 // expiry goroutine.
 func Open(opts Options) (*Cache, error) {
-	if err := opts.validate(); err != nil {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	st, err := tiers.Open(opts.Store)

@@ -34,7 +34,8 @@ type Caller struct {
 }
 
 // Options configures a Server. Every zero value is a documented default,
-// except Memory, which is required.
+// except Memory, which is required (New applies EnsureDefaults and
+// Validate).
 type Options struct {
 	// Memory answers the recalls. Required.
 	Memory Recaller
@@ -59,7 +60,9 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-func (o *Options) setDefaults() {
+// EnsureDefaults fills every zero field with its documented default and
+// returns o. New calls it; calling it twice changes nothing.
+func (o *Options) EnsureDefaults() *Options {
 	if o.Version == "" {
 		o.Version = "devel"
 	}
@@ -81,9 +84,11 @@ func (o *Options) setDefaults() {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	return o
 }
 
-func (o *Options) validate() error {
+// Validate checks options after EnsureDefaults.
+func (o *Options) Validate() error {
 	switch {
 	case o.Memory == nil:
 		return errors.New("mcpserver: Memory is required")
@@ -107,8 +112,8 @@ type Server struct {
 
 // New builds the server and its one tool.
 func New(opts Options) (*Server, error) {
-	opts.setDefaults()
-	if err := opts.validate(); err != nil {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	s := &Server{opts: opts}

@@ -149,7 +149,7 @@
 //     completed client turn (likewise summaries), each covering everything
 //     that waited, so the sidecar's own calls per client turn are bounded
 //     whatever a request's message count. Calls carry the session's model
-//     (ExtractRequest, SummaryRequest); package internal/adapters/llm makes them.
+//     (ExtractRequest, SummaryRequest); package cmd/sidecar/internal/llm makes them.
 //   - Knowledge triples (triples.go): the fact-extraction call also asks
 //     for "[TRIPLE] subject | predicate | object | supports" lines, cut
 //     from the reply before parseFactOps and parsed as strictly

@@ -651,7 +651,7 @@ func (o *Options) EnsureDefaults() *Options {
 	o.ToolContext.ensureDefaults()
 	o.L4.ensureDefaults()
 	o.Pool.ensureDefaults()
-	o.Storage.setDefaults()
+	o.Storage.ensureDefaults()
 	return o
 }
 

@@ -48,7 +48,7 @@ type StorageOptions struct {
 // package memory/internal/retention).
 type DiskUser = retention.DiskUser
 
-func (o *StorageOptions) setDefaults() {
+func (o *StorageOptions) ensureDefaults() {
 	if o.SweepEvery == 0 {
 		o.SweepEvery = time.Minute
 	}

@@ -6,23 +6,18 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/adapters/llm"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
 // TestL4CompressionThroughProxy: facts extracted from a turn through the
-// proxy pass the L4 threshold; the upstream, asked through package llm to
+// proxy pass the L4 threshold; the upstream, asked (upstreamExtractor) to
 // merge each cluster, answers one merge that keeps its keywords and one
 // that loses them. The first replaces its facts and shows its fidelity in
 // the sessions API; the second is refused and its facts stay; /metrics
 // counts both.
 func TestL4CompressionThroughProxy(t *testing.T) {
 	up := newKnowledgeUpstream(t)
-	bg, err := llm.New(llm.Options{BaseURL: up.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = bg.Close() })
+	bg := upstreamExtractor(t, up)
 	st := openMemory(t, memory.Options{
 		Extraction: memory.ExtractionOptions{Extractor: bg, Every: 1, EpisodeEvery: -1},
 		L4:         memory.L4Options{Enabled: true, Threshold: 6},

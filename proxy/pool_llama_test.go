@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver/llamatest"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 

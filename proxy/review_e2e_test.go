@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/adapters/llm"
 	"github.com/kvsidecar/kvsidecar/internal/clock"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
@@ -93,15 +94,48 @@ func (u *knowledgeUpstream) locked(f func()) {
 	f()
 }
 
+// upstreamExtractor is memory's Extractor over up's chat completions, as
+// the sidecar's own client of the model (cmd/sidecar/internal/llm, which
+// cmd/sidecar wires and tests) makes it, reduced to what these tests need:
+// the prompt sent as one user message, the answer's content returned, any
+// other status an error.
+func upstreamExtractor(t *testing.T, up *knowledgeUpstream) memory.Extractor {
+	c := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(c.CloseIdleConnections)
+	return memory.ExtractorFunc(func(ctx context.Context, req memory.ExtractRequest) (string, error) {
+		body, err := json.Marshal(map[string]any{"model": req.Model,
+			"messages": []map[string]string{{"role": "user", "content": req.Prompt}}})
+		if err != nil {
+			return "", err
+		}
+		hr, err := http.NewRequestWithContext(ctx, http.MethodPost, up.URL+"/v1/chat/completions", bytes.NewReader(body))
+		if err != nil {
+			return "", err
+		}
+		hr.Header.Set("Content-Type", "application/json")
+		resp, err := c.Do(hr)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Choices []struct{ Message struct{ Content string } }
+		}
+		if resp.StatusCode != http.StatusOK {
+			return "", fmt.Errorf("upstream: status %d", resp.StatusCode)
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Choices) == 0 {
+			return "", fmt.Errorf("upstream: answer without a choice (%v)", err)
+		}
+		return out.Choices[0].Message.Content, nil
+	})
+}
+
 // knowledgeSidecar starts a sidecar whose memory makes its own calls to up
-// through package llm, with the reviewer and tool context on.
+// (upstreamExtractor), with the reviewer and tool context on.
 func knowledgeSidecar(t *testing.T, up *knowledgeUpstream, clk clock.Clock) (string, *memory.Store) {
 	t.Helper()
-	bg, err := llm.New(llm.Options{BaseURL: up.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = bg.Close() })
+	bg := upstreamExtractor(t, up)
 	st := openMemory(t, memory.Options{
 		Clock:       clk,
 		Extraction:  memory.ExtractionOptions{Extractor: bg, Every: 2, EpisodeEvery: -1},

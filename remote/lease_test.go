@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver"
-	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver/redistest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver/redistest"
 	"github.com/kvsidecar/kvsidecar/remote"
 )
 

@@ -11,7 +11,7 @@ import (
 )
 
 // Options configure Open. Every zero value is a documented default; URL is
-// required.
+// required (Open applies EnsureDefaults and Validate).
 type Options struct {
 	// URL names the store:
 	//   redis://[user:pass@]host:port[/db]   one server (Redis or Valkey)
@@ -60,7 +60,36 @@ const (
 	DefaultTimeout    = 5 * time.Second
 )
 
-func (o *Options) validate() error {
+// EnsureDefaults fills every zero field with its documented default and
+// returns o. Open calls it; calling it twice changes nothing.
+func (o *Options) EnsureDefaults() *Options {
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if o.ChunkBytes == 0 {
+		o.ChunkBytes = DefaultChunkBytes
+	}
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = DefaultLeaseTTL
+	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.Owner == "" {
+		h, err := os.Hostname()
+		if err != nil || h == "" {
+			h = "localhost"
+		}
+		o.Owner = h
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Validate checks options after EnsureDefaults.
+func (o *Options) Validate() error {
 	if o.URL == "" {
 		return errors.New("remote: no URL")
 	}
@@ -76,16 +105,10 @@ func (o *Options) validate() error {
 	if u.Host == "" {
 		return errors.New("remote: URL has no host")
 	}
-	if o.Prefix == "" {
-		o.Prefix = DefaultPrefix
-	}
 	if strings.ContainsAny(o.Prefix, "{} \t\r\n") {
 		return fmt.Errorf("remote: Prefix %q contains '{', '}' or whitespace", o.Prefix)
 	}
-	switch {
-	case o.ChunkBytes == 0:
-		o.ChunkBytes = DefaultChunkBytes
-	case o.ChunkBytes < 1024 || o.ChunkBytes > MaxChunkBytes:
+	if o.ChunkBytes < 1024 || o.ChunkBytes > MaxChunkBytes {
 		return fmt.Errorf("remote: ChunkBytes %d: want 1 KiB to %d", o.ChunkBytes, MaxChunkBytes)
 	}
 	if o.TTL < 0 || o.LeaseTTL < 0 || o.Timeout < 0 {
@@ -94,27 +117,11 @@ func (o *Options) validate() error {
 	if o.TTL > 0 && o.TTL < time.Millisecond {
 		return fmt.Errorf("remote: TTL %v below a millisecond", o.TTL)
 	}
-	if o.LeaseTTL == 0 {
-		o.LeaseTTL = DefaultLeaseTTL
-	}
 	if o.LeaseTTL < 30*time.Millisecond {
 		return fmt.Errorf("remote: LeaseTTL %v below 30 ms", o.LeaseTTL)
 	}
-	if o.Timeout == 0 {
-		o.Timeout = DefaultTimeout
-	}
-	if o.Owner == "" {
-		h, err := os.Hostname()
-		if err != nil || h == "" {
-			h = "localhost"
-		}
-		o.Owner = h
-	}
 	if strings.ContainsAny(o.Owner, " \t\r\n") {
 		return fmt.Errorf("remote: Owner %q contains whitespace", o.Owner)
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
 	}
 	return nil
 }

@@ -12,9 +12,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver/redistest"
 	"github.com/kvsidecar/kvsidecar/internal/durable"
-	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver"
-	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver/redistest"
 	"github.com/kvsidecar/kvsidecar/remote"
 )
 

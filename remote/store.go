@@ -40,7 +40,8 @@ type Store struct {
 // and reads its persistence settings (see Durability). It starts the lease
 // renewer.
 func Open(ctx context.Context, opts Options) (*Store, error) {
-	if err := opts.validate(); err != nil {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	c, err := newClient(opts)

@@ -5,8 +5,8 @@ import (
 	"crypto/rand"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver"
-	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver/redistest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver/redistest"
 	"github.com/kvsidecar/kvsidecar/remote"
 )
 

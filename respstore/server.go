@@ -39,7 +39,7 @@ const (
 )
 
 // Options configure a Server. Every zero value is a documented default;
-// Dir is required.
+// Dir is required (Open applies EnsureDefaults and Validate).
 type Options struct {
 	// Dir is the folder of the store's Archive (one file per value, the
 	// tiers' block format: zstd over byte planes, CRC32C, quarantine).
@@ -116,24 +116,11 @@ type Options struct {
 	Version string
 }
 
-func (o *Options) validate() error {
-	if o.Dir == "" {
-		return errors.New("respstore: Dir is required")
-	}
-	for _, v := range []int64{o.RAMBytes, o.DiskBytes, o.FocusBytes, o.MaxUnsyncedBytes, o.MaxValueBytes, o.MaxInflightBytes, o.Quota, o.SaltQuota} {
-		if v < 0 {
-			return errors.New("respstore: negative size")
-		}
-	}
-	if o.MaxConns < 0 || o.MaxReaders < 0 || o.ReadTimeout < 0 || o.WriteTimeout < 0 {
-		return errors.New("respstore: negative MaxConns or timeout")
-	}
-	switch o.Fsync {
-	case "":
+// EnsureDefaults fills every zero field with its documented default and
+// returns o. Open calls it; calling it twice changes nothing.
+func (o *Options) EnsureDefaults() *Options {
+	if o.Fsync == "" {
 		o.Fsync = FsyncBackground
-	case FsyncBackground, FsyncAlways:
-	default:
-		return fmt.Errorf("respstore: Fsync %q: want %s or %s", o.Fsync, FsyncBackground, FsyncAlways)
 	}
 	if o.RAMBytes == 0 {
 		o.RAMBytes = 1 << 30
@@ -146,9 +133,6 @@ func (o *Options) validate() error {
 	}
 	if o.MaxInflightBytes == 0 {
 		o.MaxInflightBytes = o.MaxValueBytes
-	}
-	if o.MaxInflightBytes < o.MaxValueBytes {
-		return fmt.Errorf("respstore: MaxInflightBytes (%d) below MaxValueBytes (%d): a largest value could never be received", o.MaxInflightBytes, o.MaxValueBytes)
 	}
 	if o.MaxConns == 0 {
 		o.MaxConns = 1024
@@ -167,6 +151,30 @@ func (o *Options) validate() error {
 	}
 	if o.Clock == nil {
 		o.Clock = clock.System
+	}
+	return o
+}
+
+// Validate checks options after EnsureDefaults.
+func (o *Options) Validate() error {
+	if o.Dir == "" {
+		return errors.New("respstore: Dir is required")
+	}
+	for _, v := range []int64{o.RAMBytes, o.DiskBytes, o.FocusBytes, o.MaxUnsyncedBytes, o.MaxValueBytes, o.MaxInflightBytes, o.Quota, o.SaltQuota} {
+		if v < 0 {
+			return errors.New("respstore: negative size")
+		}
+	}
+	if o.MaxConns < 0 || o.MaxReaders < 0 || o.ReadTimeout < 0 || o.WriteTimeout < 0 {
+		return errors.New("respstore: negative MaxConns or timeout")
+	}
+	switch o.Fsync {
+	case FsyncBackground, FsyncAlways:
+	default:
+		return fmt.Errorf("respstore: Fsync %q: want %s or %s", o.Fsync, FsyncBackground, FsyncAlways)
+	}
+	if o.MaxInflightBytes < o.MaxValueBytes {
+		return fmt.Errorf("respstore: MaxInflightBytes (%d) below MaxValueBytes (%d): a largest value could never be received", o.MaxInflightBytes, o.MaxValueBytes)
 	}
 	for _, u := range o.Users {
 		if !validName(u.Name) || u.Password == "" || u.Quota < 0 {
@@ -211,7 +219,8 @@ type Server struct {
 // Archive: what a previous process acknowledged and wrote is served
 // again) and returns a Server ready to Serve.
 func Open(opts Options) (*Server, error) {
-	if err := opts.validate(); err != nil {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	cache, err := kv.Open(kv.Options{

@@ -16,11 +16,11 @@
 # out/ holds, stripped:
 # (each gzipped, so that the five and the working tree fit the 64 MiB a device
 # machine's `carry` takes)
-#   gpu.test     gpu package tests; the CUDA ones run on a GPU
-#   tiers.test   tiers tests (Focus tier on a device that runs out of memory)
-#   bench.test   internal/harness/bench tests; TestRunGPUOnCUDA logs the GPU benchmark tables
-#                (KVSIDECAR_BENCH_FULL=1 for the full run)
-#   sidecar      the sidecar binary, and sidecar-bench, what `sidecar bench` runs
+#   gpu.test       gpu package tests; the CUDA ones run on a GPU
+#   tiers.test     tiers tests (Focus tier on a device that runs out of memory)
+#   workload.test  bench/workload tests; TestRunGPUOnCUDA logs the GPU benchmark tables
+#                  (KVSIDECAR_BENCH_FULL=1 for the full run)
+#   sidecar        the sidecar binary, and sidecar-bench, what `sidecar bench` runs
 #
 # On this project's device machine: run the command
 #   bash scripts/gpu-test.sh run
@@ -29,7 +29,7 @@
 #
 #   gunzip -k out/*.gz
 #   (cd gpu   && ../out/gpu.test   -test.v -test.run CUDA)
-#   (cd internal/harness/bench && ../../../out/bench.test -test.v -test.run TestRunGPUOnCUDA)
+#   (cd bench/workload && ../../out/workload.test -test.v -test.run TestRunGPUOnCUDA)
 #   ./out/sidecar gpu --device cuda
 #   ./out/sidecar bench gpu --device cuda --full --json
 #   CUDA_VISIBLE_DEVICES=1 ./out/sidecar gpu    # another GPU
@@ -48,7 +48,7 @@ build() {
 	mkdir -p "$OUT"
 	export CGO_ENABLED=0
 	local p
-	for p in gpu tiers internal/harness/bench; do
+	for p in gpu tiers bench/workload; do
 		echo "build $OUT/${p##*/}.test"
 		go test -c -trimpath -ldflags='-s -w' -o "$OUT/${p##*/}.test" "./$p/"
 		gzip -f "$OUT/${p##*/}.test"
@@ -67,7 +67,7 @@ run() {
 	out=$(realpath "$OUT")
 	tmp=$(mktemp -d)
 	trap "rm -rf '$tmp'" EXIT
-	for f in gpu.test tiers.test bench.test sidecar sidecar-bench; do
+	for f in gpu.test tiers.test workload.test sidecar sidecar-bench; do
 		[[ -f "$out/$f.gz" ]] || { echo "missing $out/$f.gz: run 'scripts/gpu-test.sh build' first" >&2; exit 1; }
 		gunzip -c "$out/$f.gz" >"$tmp/$f"
 		chmod +x "$tmp/$f"
@@ -91,8 +91,8 @@ run() {
 	echo "== gpu, tiers: all tests"
 	(cd gpu && "$out/gpu.test" -test.count=1)
 	(cd tiers && "$out/tiers.test" -test.count=1)
-	echo "== bench: GPU benchmark"
-	(cd internal/harness/bench && "$out/bench.test" -test.v -test.count=1 -test.run GPU)
+	echo "== bench/workload: GPU benchmark"
+	(cd bench/workload && "$out/workload.test" -test.v -test.count=1 -test.run GPU)
 	echo "== sidecar gpu"
 	"$tmp/sidecar" gpu --device cuda || echo "(sidecar gpu failed)"
 	echo "== sidecar bench gpu $*"

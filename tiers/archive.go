@@ -21,7 +21,9 @@ import (
 	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
-// ArchiveOptions configure an Archive. Only Dir is required.
+// ArchiveOptions configure an Archive. Only Dir is required; every other
+// zero value is a documented default (OpenArchive applies EnsureDefaults and
+// Validate).
 type ArchiveOptions struct {
 	// Dir is the archive's directory; block files go to Dir/blocks and
 	// corrupt ones to Dir/quarantine. Required.
@@ -48,33 +50,41 @@ type ArchiveOptions struct {
 	Clock clock.Clock
 }
 
-func (o *ArchiveOptions) validate() error {
-	if o.Dir == "" {
-		return errors.New("archive: Dir is required")
-	}
+// EnsureDefaults fills every zero field with its documented default and
+// returns o. OpenArchive calls it; calling it twice changes nothing.
+func (o *ArchiveOptions) EnsureDefaults() *ArchiveOptions {
 	if o.FS == nil {
 		o.FS = OSFS{}
 	}
-	if err := o.Budget.validate("archive", 16<<30); err != nil {
-		return err
-	}
+	o.Budget.ensureDefaults(16 << 30)
 	if o.Level == 0 {
 		o.Level = 1
 	}
-	if o.Level < 1 || o.Level > 4 {
-		return fmt.Errorf("archive: zstd level %d, want 1 to 4", o.Level)
-	}
 	if o.MaxBlockBytes == 0 {
 		o.MaxBlockBytes = 1 << 30
-	}
-	if o.MaxBlockBytes < 0 {
-		return fmt.Errorf("archive: negative MaxBlockBytes")
 	}
 	if o.HotHalfLife == 0 {
 		o.HotHalfLife = time.Minute
 	}
 	if o.Clock == nil {
 		o.Clock = clock.System
+	}
+	return o
+}
+
+// Validate checks options after EnsureDefaults.
+func (o *ArchiveOptions) Validate() error {
+	if o.Dir == "" {
+		return errors.New("archive: Dir is required")
+	}
+	if err := o.Budget.validate("archive"); err != nil {
+		return err
+	}
+	if o.Level < 1 || o.Level > 4 {
+		return fmt.Errorf("archive: zstd level %d, want 1 to 4", o.Level)
+	}
+	if o.MaxBlockBytes < 0 {
+		return fmt.Errorf("archive: negative MaxBlockBytes")
 	}
 	return nil
 }
@@ -148,7 +158,8 @@ func (a *Archive) SetLevel(level int) error {
 // files that fail their checks are moved to quarantine and reported by
 // Quarantined. Only an unusable directory is an error.
 func OpenArchive(opts ArchiveOptions) (*Archive, error) {
-	if err := opts.validate(); err != nil {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	a := &Archive{

@@ -16,7 +16,8 @@ import (
 )
 
 // Options configure a Store. The zero value is a store with Focus on a CPU
-// device, Working and no Archive.
+// device, Working and no Archive (Open applies EnsureDefaults and
+// Validate).
 type Options struct {
 	// Dir is the Archive's directory. Empty means no Archive: blocks
 	// demoted from Working are dropped and durable puts fail.
@@ -84,33 +85,43 @@ const (
 	TraceDelete TraceOp = 'd'
 )
 
-func (o *Options) validate() error {
-	if err := o.Focus.validate("focus", 256<<20); err != nil {
-		return err
-	}
-	if err := o.Working.validate("working", 1<<30); err != nil {
-		return err
-	}
-	if _, err := NewPolicy(o.Strategy); err != nil {
-		return err
-	}
+// EnsureDefaults fills every zero field with its documented default (the
+// Focus and Working budgets' included; the Archive's are OpenArchive's) and
+// returns o. Open calls it; calling it twice changes nothing.
+func (o *Options) EnsureDefaults() *Options {
+	o.Focus.ensureDefaults(256 << 20)
+	o.Working.ensureDefaults(1 << 30)
 	if o.Strategy == "" {
 		o.Strategy = DefaultStrategy
 	}
-	if o.PromoteThreshold < 0 {
-		return fmt.Errorf("tiers: negative PromoteThreshold")
-	}
 	if o.PromoteThreshold == 0 {
 		o.PromoteThreshold = 2
-	}
-	if o.HotHalfLife < 0 {
-		return fmt.Errorf("tiers: negative HotHalfLife")
 	}
 	if o.HotHalfLife == 0 {
 		o.HotHalfLife = time.Minute
 	}
 	if o.Clock == nil {
 		o.Clock = clock.System
+	}
+	return o
+}
+
+// Validate checks options after EnsureDefaults.
+func (o *Options) Validate() error {
+	if err := o.Focus.validate("focus"); err != nil {
+		return err
+	}
+	if err := o.Working.validate("working"); err != nil {
+		return err
+	}
+	if _, err := NewPolicy(o.Strategy); err != nil {
+		return err
+	}
+	if o.PromoteThreshold < 0 {
+		return fmt.Errorf("tiers: negative PromoteThreshold")
+	}
+	if o.HotHalfLife < 0 {
+		return fmt.Errorf("tiers: negative HotHalfLife")
 	}
 	return nil
 }
@@ -176,7 +187,8 @@ func Open(opts Options) (*Store, error) {
 }
 
 func open(opts Options, background bool) (*Store, error) {
-	if err := opts.validate(); err != nil {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	s := &Store{opts: opts, seed: maphash.MakeSeed(), kick: make(chan struct{}, 1), done: make(chan struct{})}

@@ -82,7 +82,8 @@ func (c *BalanceClimber) Next(hitRate float64) float64 {
 	return next
 }
 
-// TunerOptions configure a Tuner. Every zero value is a documented default.
+// TunerOptions configure a Tuner. Every zero value is a documented default
+// (NewTuner applies EnsureDefaults and Validate).
 type TunerOptions struct {
 	// Every is the epoch: how often the tuner looks. Zero means 30 s.
 	Every time.Duration
@@ -111,7 +112,9 @@ type TunerOptions struct {
 	Clock clock.Clock
 }
 
-func (o *TunerOptions) validate() error {
+// EnsureDefaults fills every zero field with its documented default and
+// returns o. NewTuner calls it; calling it twice changes nothing.
+func (o *TunerOptions) EnsureDefaults() *TunerOptions {
 	def := func(v *float64, d float64) {
 		if *v == 0 {
 			*v = d
@@ -135,6 +138,17 @@ func (o *TunerOptions) validate() error {
 	if o.DemotionBudget == 0 {
 		o.DemotionBudget = 200 * time.Millisecond
 	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Clock == nil {
+		o.Clock = clock.System
+	}
+	return o
+}
+
+// Validate checks options after EnsureDefaults.
+func (o *TunerOptions) Validate() error {
 	switch {
 	case o.Every < 0 || o.MinLookups < 0 || o.PromotionBudget < 0 || o.DemotionBudget < 0:
 		return fmt.Errorf("tiers: tuner: negative option")
@@ -144,12 +158,6 @@ func (o *TunerOptions) validate() error {
 		return fmt.Errorf("tiers: tuner: promotion bounds %g..%g, step %g", o.PromoteMin, o.PromoteMax, o.PromoteStep)
 	case o.ArchiveLow <= 0 || o.ArchiveHigh <= o.ArchiveLow || o.ArchiveHigh > 1:
 		return fmt.Errorf("tiers: tuner: archive pressure bounds %g..%g", o.ArchiveLow, o.ArchiveHigh)
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	if o.Clock == nil {
-		o.Clock = clock.System
 	}
 	return nil
 }
@@ -227,7 +235,8 @@ type Tuner struct {
 
 // NewTuner returns a tuner of s and starts it.
 func NewTuner(s *Store, o TunerOptions) (*Tuner, error) {
-	if err := o.validate(); err != nil {
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
 		return nil, err
 	}
 	t := &Tuner{s: s, o: o, base: s.ArchiveLevel(), prev: s.Stats(), done: make(chan struct{})}

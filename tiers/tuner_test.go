@@ -13,7 +13,7 @@ import (
 func tunerOpts(t *testing.T) TunerOptions {
 	t.Helper()
 	o := TunerOptions{Logger: slog.New(slog.DiscardHandler)}
-	if err := o.validate(); err != nil {
+	if err := o.EnsureDefaults().Validate(); err != nil {
 		t.Fatal(err)
 	}
 	return o

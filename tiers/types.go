@@ -208,10 +208,9 @@ type Budget struct {
 	Hard float64
 }
 
-func (b *Budget) validate(name string, defBytes int64) error {
-	if b.MaxBytes < 0 || b.MaxTokens < 0 {
-		return fmt.Errorf("tiers: %s budget: negative limit", name)
-	}
+// ensureDefaults fills the zero fields: MaxBytes with the tier's default
+// defBytes.
+func (b *Budget) ensureDefaults(defBytes int64) {
 	if b.MaxBytes == 0 {
 		b.MaxBytes = defBytes
 	}
@@ -220,6 +219,12 @@ func (b *Budget) validate(name string, defBytes int64) error {
 	}
 	if b.Hard == 0 {
 		b.Hard = 1.0
+	}
+}
+
+func (b *Budget) validate(name string) error {
+	if b.MaxBytes < 0 || b.MaxTokens < 0 {
+		return fmt.Errorf("tiers: %s budget: negative limit", name)
 	}
 	if !(b.Soft > 0 && b.Soft <= b.Hard && b.Hard <= 1) {
 		return fmt.Errorf("tiers: %s budget: want 0 < soft (%g) <= hard (%g) <= 1", name, b.Soft, b.Hard)

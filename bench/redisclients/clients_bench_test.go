@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver"
 	"github.com/redis/go-redis/v9"
 	"github.com/valkey-io/valkey-go"
 )

@@ -25,7 +25,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench/cachesim"
+	"github.com/kvsidecar/kvsidecar/bench/workload/cachesim"
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench/cachesim"
+	"github.com/kvsidecar/kvsidecar/bench/workload/cachesim"
 )
 
 func TestOtterContender(t *testing.T) {

@@ -3,7 +3,7 @@ package main
 import (
 	"github.com/maypok86/otter/v2"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench/cachesim"
+	"github.com/kvsidecar/kvsidecar/bench/workload/cachesim"
 )
 
 // wTinyLFU is the reference W-TinyLFU: otter's cache (Caffeine's design: an

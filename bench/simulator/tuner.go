@@ -12,7 +12,7 @@ import (
 	"math/rand/v2"
 	"text/tabwriter"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench/cachesim"
+	"github.com/kvsidecar/kvsidecar/bench/workload/cachesim"
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 

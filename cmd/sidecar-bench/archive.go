@@ -4,12 +4,12 @@ import (
 	"errors"
 	"flag"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 func benchArchive(args []string) error {
 	fs := flag.NewFlagSet("bench archive", flag.ContinueOnError)
-	var o bench.ArchiveOptions
+	var o workload.ArchiveOptions
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	fs.StringVar(&o.Data, "data", "", "LoCoMo-format JSON file (required), e.g. ../shared/data/locomo-dev.json")
 	fs.Float64Var(&o.TrainShare, "train-share", 0.5, "share of each conversation's sessions, oldest first, the text dictionary is trained on (the rest is compressed with it)")
@@ -22,9 +22,9 @@ func benchArchive(args []string) error {
 	if o.Data == "" {
 		return errors.New("--data FILE is required")
 	}
-	r, err := bench.RunArchive(o)
+	r, err := workload.RunArchive(o)
 	if err != nil {
 		return err
 	}
-	return emit(*asJSON, r, bench.WriteArchiveTable)
+	return emit(*asJSON, r, workload.WriteArchiveTable)
 }

@@ -6,13 +6,13 @@ import (
 	"os"
 	"os/exec"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 func benchDemoLlama(args []string) error {
 	fs := flag.NewFlagSet("bench demo-llama", flag.ContinueOnError)
-	var o bench.DemoOptions
+	var o workload.DemoOptions
 	fs.StringVar(&o.LlamaServer, "llama-server", "", "llama-server binary (default $LLAMA_SERVER, else ../shared/llama/bin/llama-server found upwards, else llama-server on PATH)")
 	fs.StringVar(&o.Model, "model", "", "GGUF model (default: the tiny random model of ../shared/llama/tiny_gguf.py)")
 	fs.StringVar(&o.Dir, "dir", "", "keep the servers' logs, slots and data here (default: a temporary folder, removed)")
@@ -38,5 +38,5 @@ func benchDemoLlama(args []string) error {
 	o.SidecarCommand, o.Out = cmd, os.Stdout
 	ctx, stop := interruptible()
 	defer stop()
-	return bench.RunLlamaDemo(ctx, o)
+	return workload.RunLlamaDemo(ctx, o)
 }

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver/llamatest"
 )
 
 // TestDemoLlama runs `sidecar bench demo-llama` (make demo-llama) as a

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 // stringsFlag collects a repeated string flag.
@@ -21,17 +21,17 @@ func (s *stringsFlag) Set(v string) error { *s = append(*s, v); return nil }
 
 // realFlags are the flags of the benchmarks that start real llama-servers
 // and sidecars (bench sessions, bench fleet), parsed into the
-// bench.RealParts their options embed. Sessions, rounds and threads, whose
+// workload.RealParts their options embed. Sessions, rounds and threads, whose
 // defaults differ, each benchmark registers itself.
 type realFlags struct {
-	p           *bench.RealParts
+	p           *workload.RealParts
 	llamaArgs   string
 	sidecarArgs stringsFlag
 }
 
 // newRealFlags registers the shared flags on fs; servers names the
 // llama-servers in the help ("both llama-servers", "every llama-server").
-func newRealFlags(fs *flag.FlagSet, p *bench.RealParts, servers string) *realFlags {
+func newRealFlags(fs *flag.FlagSet, p *workload.RealParts, servers string) *realFlags {
 	r := &realFlags{p: p}
 	fs.IntVar(&p.Slots, "slots", 2, "each llama-server's -np (and its sidecar's --llamacpp-slots)")
 	fs.IntVar(&p.DocTokens, "doc-tokens", 1500, "tokens of each session's document (its system message)")

@@ -3,12 +3,12 @@ package main
 import (
 	"flag"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 func benchFleet(args []string) error {
 	fs := flag.NewFlagSet("bench fleet", flag.ContinueOnError)
-	var o bench.FleetOptions
+	var o workload.FleetOptions
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	fs.BoolVar(&o.Verbose, "v", false, "one progress line per turn")
 	fs.IntVar(&o.Replicas, "replicas", 2, "replicas per fleet, each a sidecar before its own llama-server")
@@ -24,9 +24,9 @@ func benchFleet(args []string) error {
 	}
 	ctx, stop := interruptible()
 	defer stop()
-	r, err := bench.RunFleet(ctx, o)
+	r, err := workload.RunFleet(ctx, o)
 	if err != nil {
 		return err
 	}
-	return emit(*asJSON, r, bench.WriteFleetTable)
+	return emit(*asJSON, r, workload.WriteFleetTable)
 }

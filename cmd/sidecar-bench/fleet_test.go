@@ -8,9 +8,9 @@ package main
 import (
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
-	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver/redistest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver/redistest"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 // `sidecar bench fleet` with real parts end to end: redis-server (AOF,
@@ -26,7 +26,7 @@ import (
 func TestFleetRealParts(t *testing.T) {
 	redistest.Require(t)
 	llamatest.Require(t)
-	var r bench.FleetReport
+	var r workload.FleetReport
 	stderr := runBenchJSON(t, &r, "fleet", "--sessions", "3", "--rounds", "5", "--slots", "1",
 		"--doc-tokens", "1500", "--kill-after", "3", "--drain-before-kill", "--redis-restart-after", "4", "--sidecar-arg=--recall-share=0",
 		"--sidecar-arg=--extract=false")

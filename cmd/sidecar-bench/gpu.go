@@ -3,8 +3,8 @@ package main
 import (
 	"flag"
 
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 	"github.com/kvsidecar/kvsidecar/gpu/probe"
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
 )
 
 // deviceFlagUsage documents --device, as the sidecar's own flag does.
@@ -21,7 +21,7 @@ func benchGPU(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	r, err := probe.Run(probe.Options{Kind: *kind, Quick: !*full, Latency: bench.FocusLatency})
+	r, err := probe.Run(probe.Options{Kind: *kind, Quick: !*full, Latency: workload.FocusLatency})
 	if err != nil {
 		return err
 	}

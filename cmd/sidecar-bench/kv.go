@@ -5,7 +5,7 @@ import (
 	"io"
 	"os"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 func benchKV(args []string) error {
@@ -16,11 +16,11 @@ func benchKV(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	r, err := bench.RunKV(bench.KVOptions{Quick: !*full, Dir: *dir})
+	r, err := workload.RunKV(workload.KVOptions{Quick: !*full, Dir: *dir})
 	if err != nil {
 		return err
 	}
-	return emit(*asJSON, r, bench.WriteKVTable)
+	return emit(*asJSON, r, workload.WriteKVTable)
 }
 
 func benchAmortization(args []string) error {
@@ -33,15 +33,15 @@ func benchAmortization(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	r, err := bench.RunAmortization(bench.AmortOptions{Quick: *quick, PrefixTokens: *prefix, Preset: *preset})
+	r, err := workload.RunAmortization(workload.AmortOptions{Quick: *quick, PrefixTokens: *prefix, Preset: *preset})
 	if err != nil {
 		return err
 	}
-	if err := writePlot(*plot, func(w io.Writer) error { return bench.WriteAmortSVG(w, r) }); err != nil {
+	if err := writePlot(*plot, func(w io.Writer) error { return workload.WriteAmortSVG(w, r) }); err != nil {
 		return err
 	}
 	if *asJSON {
 		return emit(true, map[string]any{"amortization": r}, nil)
 	}
-	return bench.WriteAmortTable(os.Stdout, r)
+	return workload.WriteAmortTable(os.Stdout, r)
 }

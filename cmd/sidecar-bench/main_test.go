@@ -12,8 +12,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
-	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
+	"github.com/kvsidecar/kvsidecar/bench/harness/launch"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 // When the test binary runs with SIDECAR_BENCH_TEST_MAIN=1 it is
@@ -153,7 +153,7 @@ func TestSidecarBenchForwardsToThisBinary(t *testing.T) {
 	if err != nil {
 		t.Fatalf("sidecar bench scale: %v\n%s", err, tail(stderr.String(), 4000))
 	}
-	var r bench.ScaleReport
+	var r workload.ScaleReport
 	if err := json.Unmarshal(out, &r); err != nil || len(r.Batches) != 1 || r.Batches[0].Held != 4 || r.Batches[0].Errors != 0 {
 		t.Fatalf("report %+v (%v):\n%s", r, err, out)
 	}

@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 	"github.com/kvsidecar/kvsidecar/internal/mockup"
 )
 
@@ -38,7 +38,7 @@ func benchMemory(args []string) error {
 	noDirect := fs.Bool("no-direct", false, "with --engine-url: skip the direct full-history replay after the sidecar's")
 	questions := fs.String("questions", "", "write a JSON line per question of the drop-in client (category, evidence, evidence found) to this file")
 	perTurn := fs.Bool("per-turn", false, "with --engine-url --json: each turn's cached and computed engine tokens in the report")
-	triples := fs.Bool("triples", false, "the scripted upstream answers extraction with each turn as a fact and rule-based triples on it (bench.LocomoExtraction), for graph recall; -- --recall-graph-weight -1 turns the graph off")
+	triples := fs.Bool("triples", false, "the scripted upstream answers extraction with each turn as a fact and rule-based triples on it (workload.LocomoExtraction), for graph recall; -- --recall-graph-weight -1 turns the graph off")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -54,11 +54,11 @@ func benchMemory(args []string) error {
 		}
 		mo := mockup.Options{KeepPrompts: true, BackgroundReply: "[SKIP]"}
 		if *triples {
-			convs, err := bench.LoadLocomo(*data)
+			convs, err := workload.LoadLocomo(*data)
 			if err != nil {
 				return err
 			}
-			mo.Background = bench.LocomoExtraction(convs)
+			mo.Background = workload.LocomoExtraction(convs)
 		}
 		up = mockup.New(mo)
 		go func() { _ = up.Serve(ln) }()
@@ -105,11 +105,11 @@ func benchMemory(args []string) error {
 		if !*noDirect {
 			direct = *engineURL
 		}
-		r, err := bench.RunEngine(bench.EngineOptions{Data: *data, Sidecar: sidecar, Direct: direct, Conversations: *convs, Turns: *turns, Only: onlyIdx, Progress: progress, PerTurn: *perTurn})
+		r, err := workload.RunEngine(workload.EngineOptions{Data: *data, Sidecar: sidecar, Direct: direct, Conversations: *convs, Turns: *turns, Only: onlyIdx, Progress: progress, PerTurn: *perTurn})
 		if err != nil {
 			return err
 		}
-		return emit(*asJSON, r, bench.WriteEngineTable)
+		return emit(*asJSON, r, workload.WriteEngineTable)
 	}
 	var qw io.Writer
 	if *questions != "" {
@@ -120,10 +120,10 @@ func benchMemory(args []string) error {
 		defer f.Close()
 		qw = f
 	}
-	r, err := bench.RunMemory(bench.MemoryOptions{Data: *data, Sidecar: sidecar, Upstream: up, WindowTokens: *window,
+	r, err := workload.RunMemory(workload.MemoryOptions{Data: *data, Sidecar: sidecar, Upstream: up, WindowTokens: *window,
 		QuestionsPerReplay: *perReplay, Conversations: *convs, Only: onlyIdx, Progress: progress, Questions: qw})
 	if err != nil {
 		return err
 	}
-	return emit(*asJSON, r, bench.WriteMemoryTable)
+	return emit(*asJSON, r, workload.WriteMemoryTable)
 }

@@ -10,13 +10,13 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 	"github.com/kvsidecar/kvsidecar/internal/mockup"
 )
 
 // targetsFlag collects --target name=host:port[,metrics][,session][,pid=N…]
 // values.
-type targetsFlag []bench.ProxyTarget
+type targetsFlag []workload.ProxyTarget
 
 func (t *targetsFlag) String() string { return fmt.Sprint(*t) }
 func (t *targetsFlag) Set(v string) error {
@@ -25,11 +25,11 @@ func (t *targetsFlag) Set(v string) error {
 	if !ok || name == "" || parts[0] == "" {
 		return fmt.Errorf("want name=host:port[,metrics][,session][,pid=N], got %q", v)
 	}
-	pt := bench.ProxyTarget{Name: name, Addr: parts[0]}
+	pt := workload.ProxyTarget{Name: name, Addr: parts[0]}
 	for _, opt := range parts[1:] {
 		switch {
 		case opt == "metrics":
-			pt.MetricsAddr = bench.AdminAddr(pt.Addr) // the sidecar's own /metrics, on its admin listener
+			pt.MetricsAddr = workload.AdminAddr(pt.Addr) // the sidecar's own /metrics, on its admin listener
 		case opt == "session":
 			pt.Session = true
 		case strings.HasPrefix(opt, "pid="):
@@ -62,12 +62,12 @@ func benchProxy(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	r, err := bench.RunProxy(bench.ProxyOptions{Targets: targets, Requests: *n, StreamRequests: *ns, Concurrency: conc,
+	r, err := workload.RunProxy(workload.ProxyOptions{Targets: targets, Requests: *n, StreamRequests: *ns, Concurrency: conc,
 		UpstreamPIDs: upPIDs, Rounds: *rounds, Warmup: *warmup, SessionTurns: *sessionTurns})
 	if err != nil {
 		return err
 	}
-	return emit(*asJSON, r, bench.WriteProxyTable)
+	return emit(*asJSON, r, workload.WriteProxyTable)
 }
 
 func benchUpstream(args []string) error {

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 	"github.com/kvsidecar/kvsidecar/index"
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
 )
 
 func benchRecall(args []string) error {
@@ -23,29 +23,29 @@ func benchRecall(args []string) error {
 	if *data == "" {
 		return errors.New("--data FILE is required")
 	}
-	r, err := bench.RunRecall(bench.RecallOptions{Data: *data, ContextTurns: *ctxTurns, Index: index.Options{GraphWeight: *graphWeight}})
+	r, err := workload.RunRecall(workload.RecallOptions{Data: *data, ContextTurns: *ctxTurns, Index: index.Options{GraphWeight: *graphWeight}})
 	if err != nil {
 		return err
 	}
 	if *scale <= 0 {
-		return emit(*asJSON, r, bench.WriteRecallTable)
+		return emit(*asJSON, r, workload.WriteRecallTable)
 	}
-	s, err := bench.RunRecallScale(bench.RecallScaleOptions{Data: *data, N: *scale})
+	s, err := workload.RunRecallScale(workload.RecallScaleOptions{Data: *data, N: *scale})
 	if err != nil {
 		return err
 	}
 	// The scale figures ride along in the same object, beside "recall".
 	both := recallWithScale{r, s}
 	return emit(*asJSON, both, func(w io.Writer, b recallWithScale) error {
-		if err := bench.WriteRecallTable(w, b.RecallReport); err != nil {
+		if err := workload.WriteRecallTable(w, b.RecallReport); err != nil {
 			return err
 		}
 		fmt.Fprintln(w)
-		return bench.WriteRecallScaleTable(w, b.Scale)
+		return workload.WriteRecallScaleTable(w, b.Scale)
 	})
 }
 
 type recallWithScale struct {
-	bench.RecallReport
-	Scale bench.RecallScaleReport `json:"scale"`
+	workload.RecallReport
+	Scale workload.RecallScaleReport `json:"scale"`
 }

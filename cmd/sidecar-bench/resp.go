@@ -8,12 +8,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 func benchRESP(args []string) error {
 	fs := flag.NewFlagSet("bench resp", flag.ContinueOnError)
-	var o bench.RESPOptions
+	var o workload.RESPOptions
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	phases := fs.String("phases", "grid,ws,kill", "phases, comma-separated: grid (SET/GET GB/s and p50/p99 by value size and connections), ws (a working set 4x the RAM budget: hit ratio), kill (kill -9 mid-traffic: acknowledged values served again)")
 	sizes := fs.String("sizes", "1,8,32", "value sizes of the grid, MiB")
@@ -70,9 +70,9 @@ func benchRESP(args []string) error {
 	o.Progress = os.Stderr
 	ctx, stop := interruptible()
 	defer stop()
-	r, err := bench.RunRESP(ctx, o)
+	r, err := workload.RunRESP(ctx, o)
 	if err != nil {
 		return err
 	}
-	return emit(*asJSON, r, bench.WriteRESPTables)
+	return emit(*asJSON, r, workload.WriteRESPTables)
 }

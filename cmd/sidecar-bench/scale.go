@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 func benchScale(args []string) error {
@@ -19,7 +19,7 @@ func benchScale(args []string) error {
 			"turn latency, requests/s, the sidecar's RSS, open files, disk (and Redis memory with --remote).\n\n")
 		fs.PrintDefaults()
 	}
-	var o bench.ScaleOptions
+	var o workload.ScaleOptions
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	batches := fs.String("batches", "", "sizes of the successive batches of new sessions, comma-separated (default 1000,3000,3000,3000; see --target)")
 	target := fs.Int("target", 0, "instead of --batches: batches of --batch sessions up to this many sessions")
@@ -67,9 +67,9 @@ func benchScale(args []string) error {
 	o.Progress = os.Stderr
 	ctx, stop := interruptible()
 	defer stop()
-	r, err := bench.RunScale(ctx, o)
+	r, err := workload.RunScale(ctx, o)
 	if err != nil {
 		return err
 	}
-	return emit(*asJSON, r, bench.WriteScaleTable)
+	return emit(*asJSON, r, workload.WriteScaleTable)
 }

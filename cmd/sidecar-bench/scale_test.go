@@ -5,18 +5,18 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
-	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 // `sidecar bench scale` end to end on a small run: the sidecar binary
 // (sidecarBin), two batches, every figure of a batch filled in.
 func TestBenchScaleSmall(t *testing.T) {
-	run := func(t *testing.T, o bench.ScaleOptions) *bench.ScaleReport {
+	run := func(t *testing.T, o workload.ScaleOptions) *workload.ScaleReport {
 		t.Helper()
 		o.Batches, o.Clients, o.Returning, o.Dir = []int{12, 12}, 2, 6, t.TempDir()
 		o.SidecarCommand = []string{sidecarBin(t), "serve"}
-		r, err := bench.RunScale(t.Context(), o)
+		r, err := workload.RunScale(t.Context(), o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -30,23 +30,23 @@ func TestBenchScaleSmall(t *testing.T) {
 			}
 		}
 		var out bytes.Buffer
-		if err := bench.WriteScaleTable(&out, r); err != nil || !strings.Contains(out.String(), "returning p50/p99 ms") {
+		if err := workload.WriteScaleTable(&out, r); err != nil || !strings.Contains(out.String(), "returning p50/p99 ms") {
 			t.Fatalf("table: %v\n%s", err, out.String())
 		}
 		return r
 	}
 	t.Run("per-user", func(t *testing.T) {
-		r := run(t, bench.ScaleOptions{})
+		r := run(t, workload.ScaleOptions{})
 		if r.Users != "own X-User-ID per session" {
 			t.Fatalf("users: %q", r.Users)
 		}
 	})
-	t.Run("no-user", func(t *testing.T) { run(t, bench.ScaleOptions{NoUser: true}) })
+	t.Run("no-user", func(t *testing.T) { run(t, workload.ScaleOptions{NoUser: true}) })
 	t.Run("remote", func(t *testing.T) {
 		if _, err := redisserver.Find(); err != nil {
 			t.Skip(err)
 		}
-		r := run(t, bench.ScaleOptions{Remote: true})
+		r := run(t, workload.ScaleOptions{Remote: true})
 		if b := r.Batches[1]; b.RedisBytes <= 0 || b.RedisBytesPerSession <= 0 {
 			t.Fatalf("no Redis memory: %+v", b)
 		}

@@ -11,11 +11,11 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 // serveTargetsFlag collects --target [name=]URL values.
-type serveTargetsFlag []bench.ServeTarget
+type serveTargetsFlag []workload.ServeTarget
 
 func (t *serveTargetsFlag) String() string { return fmt.Sprint(*t) }
 func (t *serveTargetsFlag) Set(v string) error {
@@ -30,7 +30,7 @@ func (t *serveTargetsFlag) Set(v string) error {
 	if name == "" {
 		name = pu.Host
 	}
-	*t = append(*t, bench.ServeTarget{Name: name, URL: u})
+	*t = append(*t, workload.ServeTarget{Name: name, URL: u})
 	return nil
 }
 
@@ -59,7 +59,7 @@ func benchServe(args []string) error {
 			"Every conversation sends X-Session-ID and Authorization, so a sidecar keeps it as a session.\n\n")
 		fs.PrintDefaults()
 	}
-	var o bench.ServeOptions
+	var o workload.ServeOptions
 	var targets serveTargetsFlag
 	var conc intsFlag
 	fs.Var(&targets, "target", "[name=]base URL to measure, repeated (e.g. direct=http://127.0.0.1:8000 sidecar=http://127.0.0.1:8080)")
@@ -105,12 +105,12 @@ func benchServe(args []string) error {
 	}
 	ctx, stop := interruptible()
 	defer stop()
-	r, err := bench.RunServe(ctx, o)
+	r, err := workload.RunServe(ctx, o)
 	if err != nil {
 		return err
 	}
-	if err := writePlot(*plot, func(w io.Writer) error { return bench.WriteServeSVG(w, r) }); err != nil {
+	if err := writePlot(*plot, func(w io.Writer) error { return workload.WriteServeSVG(w, r) }); err != nil {
 		return err
 	}
-	return emit(*asJSON, r, bench.WriteServeTable)
+	return emit(*asJSON, r, workload.WriteServeTable)
 }

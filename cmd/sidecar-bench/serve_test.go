@@ -11,9 +11,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 // TestBenchServeRealLlamaDirectAndThroughSidecar runs `sidecar bench
@@ -37,7 +37,7 @@ func TestBenchServeRealLlamaDirectAndThroughSidecar(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("bench serve: %v\n%s", err, stderr.String())
 	}
-	var rep bench.ServeReport
+	var rep workload.ServeReport
 	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
 		t.Fatalf("bench serve --json: %v\n%s", err, stdout.String())
 	}
@@ -62,7 +62,7 @@ func TestBenchServeRealLlamaDirectAndThroughSidecar(t *testing.T) {
 			t.Errorf("%s: cached tokens %d reported by %d requests, share %.2f", name, r.TotalCachedTokens, r.CachedReported, r.CachedShare)
 		}
 	}
-	m, err := bench.ScrapeMetrics(context.Background(), "http://"+bench.AdminAddr(addr)+"/metrics") // its own, on the admin listener
+	m, err := workload.ScrapeMetrics(context.Background(), "http://"+workload.AdminAddr(addr)+"/metrics") // its own, on the admin listener
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 // `sidecar bench sessions` runs end to end as a user runs it: it starts
@@ -16,14 +16,14 @@ import (
 func TestBenchSessionsRuns(t *testing.T) {
 	llamatest.Require(t)
 	plot := filepath.Join(t.TempDir(), "sessions.svg")
-	var r bench.SessionsReport
+	var r workload.SessionsReport
 	stderr := runBenchJSON(t, &r, "sessions", "--sessions", "3", "--rounds", "2", "--slots", "1",
 		"--doc-tokens", "400", "--cache-ram", "-1", "--sidecar-restart-after", "1", "--plot", plot)
 	if len(r.RoundStats) != 2 || r.RoundStats[1].Event != "sidecar restart" || len(r.Notes) == 0 || !strings.Contains(r.Notes[0], "SIGKILL") {
 		t.Fatalf("report: %+v", r)
 	}
 	for _, rs := range r.RoundStats {
-		for _, side := range []bench.SessionsSide{rs.Direct, rs.Sidecar} {
+		for _, side := range []workload.SessionsSide{rs.Direct, rs.Sidecar} {
 			if side.Turns != 3 || side.Errors != 0 || side.PromptTokens != side.Reprocessed+side.Cached || side.TTFTP50Ms <= 0 {
 				t.Fatalf("round %d: %+v\n%s", rs.Round, side, stderr)
 			}

@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
+	"github.com/kvsidecar/kvsidecar/bench/harness/launch"
 )
 
 // sidecarBinaryEnv names the environment variable holding the sidecar

@@ -12,8 +12,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver/llamatest"
 )
 
 // TestConsoleKVViewInBrowser: the KV page of a sidecar in front of a real

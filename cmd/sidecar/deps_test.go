@@ -6,10 +6,11 @@ import (
 	"testing"
 )
 
-// The serving binary links nothing only a benchmark needs: no package of
-// the harness (internal/harness: the workloads, the launchers), and none of
-// the modules the reference KV computer brings (gorgonia's tensor, gonum,
-// arrow, protobuf). `sidecar bench` is a separate binary, cmd/sidecar-bench.
+// The serving binary links nothing only a benchmark needs: no package under
+// bench/ (the workloads of bench/workload, the launchers and test servers of
+// bench/harness), and none of the modules the reference KV computer brings
+// (gorgonia's tensor, gonum, arrow, protobuf). `sidecar bench` is a separate
+// binary, cmd/sidecar-bench.
 func TestServingBinaryLinksNoBenchmarkCode(t *testing.T) {
 	gotool, err := exec.LookPath("go")
 	if err != nil {
@@ -19,7 +20,7 @@ func TestServingBinaryLinksNoBenchmarkCode(t *testing.T) {
 	if err != nil {
 		t.Fatalf("go list -deps: %v\n%s", err, out)
 	}
-	banned := []string{"github.com/kvsidecar/kvsidecar/internal/harness/", "gorgonia.org/", "gonum.org/",
+	banned := []string{"github.com/kvsidecar/kvsidecar/bench/", "gorgonia.org/", "gonum.org/",
 		"github.com/apache/arrow/", "google.golang.org/protobuf/", "github.com/golang/protobuf/", "github.com/gogo/protobuf/"}
 	pkgs := strings.Fields(string(out))
 	for _, p := range pkgs {

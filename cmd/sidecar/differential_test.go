@@ -6,7 +6,7 @@ package main
 // results, one API key for every end user and mostly no user id, some
 // with X-User-ID — sent side by side to a real llama-server directly and
 // to an identical one through the sidecar binary, on engines with small
-// slots, each llama-server behind a recording proxy (internal/harness/recordup)
+// slots, each llama-server behind a recording proxy (bench/harness/recordup)
 // that closes idle keep-alive connections after 1 s, the rounds 1.5 s
 // apart, and both llama-servers killed with SIGKILL in the middle of a
 // round (not after the sidecar's queue drained) and started again at once.
@@ -52,11 +52,11 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
-	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
-	"github.com/kvsidecar/kvsidecar/internal/harness/recordup"
+	"github.com/kvsidecar/kvsidecar/bench/harness/launch"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/recordup"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 const (
@@ -398,7 +398,7 @@ func checkDiffOwnCalls(t *testing.T, clients []*diffClient, via *diffSide) {
 	var unbounded []string
 	own := 0
 	for _, r := range via.rec.Requests() {
-		gen, bounded := bench.Generation(r)
+		gen, bounded := workload.Generation(r)
 		if !gen || sessions[r.Header.Get("X-Session-ID")] {
 			continue
 		}

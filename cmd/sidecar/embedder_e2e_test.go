@@ -23,11 +23,11 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
-	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
-	"github.com/kvsidecar/kvsidecar/internal/harness/recordup"
+	"github.com/kvsidecar/kvsidecar/bench/harness/launch"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/recordup"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 // embedStack is a llama-server serving chat and embeddings, a recording
@@ -115,7 +115,7 @@ func (s *embedStack) quiet() {
 
 func (s *embedStack) metric(name string) float64 {
 	s.t.Helper()
-	m, err := bench.ScrapeMetrics(context.Background(), "http://"+s.sc.admin+"/metrics")
+	m, err := workload.ScrapeMetrics(context.Background(), "http://"+s.sc.admin+"/metrics")
 	if err != nil {
 		s.t.Fatal(err)
 	}

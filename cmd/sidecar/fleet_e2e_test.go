@@ -14,8 +14,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver"
-	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver/redistest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver/redistest"
 )
 
 // Concurrent turns of one session sent to two replicas never fork its

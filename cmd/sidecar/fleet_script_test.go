@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
-	"github.com/kvsidecar/kvsidecar/internal/harness/redisserver/redistest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/redisserver/redistest"
 )
 
 // freePorts returns n loopback ports nothing listens on (closed again:

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/faultup"
+	"github.com/kvsidecar/kvsidecar/bench/harness/faultup"
 )
 
 // The hostile harness's clients (see hostile_test.go): requests that meet

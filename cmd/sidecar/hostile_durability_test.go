@@ -21,7 +21,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/faultup"
+	"github.com/kvsidecar/kvsidecar/bench/harness/faultup"
 )
 
 // Nothing acknowledged is lost: every acknowledged turn and KV blob reads

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/faultup"
+	"github.com/kvsidecar/kvsidecar/bench/harness/faultup"
 )
 
 // The issue 12 rows that live in session memory, against the binary.

@@ -1,7 +1,7 @@
 package main
 
 // The hostile harness (issue 12): the sidecar binary against a
-// fault-injecting upstream (internal/harness/faultup) and hostile clients — the
+// fault-injecting upstream (bench/harness/faultup) and hostile clients — the
 // issue's rows, requests that meet every upstream fault, and random
 // methods, paths, headers and bodies — for a bounded time. It asserts no
 // 5xx that is the sidecar's fault, no panic or data race in the child's
@@ -36,7 +36,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/faultup"
+	"github.com/kvsidecar/kvsidecar/bench/harness/faultup"
 )
 
 // startFaultUpstream serves a fault-injecting upstream on loopback until

@@ -2,7 +2,7 @@ package main
 
 // End-to-end tests against the real llama.cpp server of ../shared/llama
 // (issue 10): the sidecar binary with --engine llamacpp in front of a
-// llama-server started by internal/harness/llamaserver, asserting on llama.cpp's own
+// llama-server started by bench/harness/llamaserver, asserting on llama.cpp's own
 // timings (prompt_n: tokens reprocessed, cache_n: tokens reused). Where the
 // server or python3 is missing they skip, or fail under
 // KVSIDECAR_REQUIRE_LLAMA=1 (as in CI).
@@ -22,10 +22,10 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/bench"
-	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/launch"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/workload"
 )
 
 // realStack is a llama-server and the sidecar in front of it.
@@ -111,12 +111,12 @@ func (s *realStack) waitIdle() {
 		}
 		time.Sleep(100 * time.Millisecond)
 		busy := false
-		if m, err := bench.ScrapeMetrics(ctx, "http://"+s.sc.admin+"/metrics"); err == nil {
+		if m, err := workload.ScrapeMetrics(ctx, "http://"+s.sc.admin+"/metrics"); err == nil {
 			q, ok := m.Get("sidecar_engine_queue_depth")
 			hasQueue = ok
 			busy = ok && q > 0
 		}
-		if m, err := bench.ScrapeMetrics(ctx, s.llama.URL()+"/metrics"); err == nil {
+		if m, err := workload.ScrapeMetrics(ctx, s.llama.URL()+"/metrics"); err == nil {
 			p, _ := m.Get("llamacpp:requests_processing")
 			d, _ := m.Get("llamacpp:requests_deferred")
 			busy = busy || p+d > 0
@@ -135,7 +135,7 @@ func (s *realStack) waitIdle() {
 // serverPromptTokens is the llama-server's own count of prompt tokens
 // processed since it started.
 func (s *realStack) serverPromptTokens() int64 {
-	m, err := bench.ScrapeMetrics(context.Background(), s.llama.URL()+"/metrics")
+	m, err := workload.ScrapeMetrics(context.Background(), s.llama.URL()+"/metrics")
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -370,7 +370,7 @@ func TestRealEngineRefusesStateFromAnotherModel(t *testing.T) {
 // metric returns one of the sidecar's /metrics values (0 when absent).
 func (s *realStack) metric(name string) float64 {
 	s.t.Helper()
-	m, err := bench.ScrapeMetrics(context.Background(), "http://"+s.sc.admin+"/metrics")
+	m, err := workload.ScrapeMetrics(context.Background(), "http://"+s.sc.admin+"/metrics")
 	if err != nil {
 		s.t.Fatal(err)
 	}

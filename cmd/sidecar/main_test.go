@@ -197,7 +197,7 @@ func (u *scriptedUpstream) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		if u.bg != nil && r.Header.Get("X-Session-Id") == "" {
 			reply, _ := json.Marshal(u.bg(echo)) // JSON, not Go, escapes
-			// The sidecar streams its own calls (internal/adapters/llm).
+			// The sidecar streams its own calls (cmd/sidecar/internal/llm).
 			if req.Stream {
 				w.Header().Set("Content-Type", "text/event-stream")
 				fmt.Fprintf(w, "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":%s}}]}\n\n", reply)

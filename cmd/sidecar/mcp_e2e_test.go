@@ -22,8 +22,8 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver/llamatest"
 )
 
 // mcpClientDir finds node and the installed client test, or skips (fails

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver/llamatest"
 )
 
 func TestRealEngineNativeRequestsBesideSessions(t *testing.T) {

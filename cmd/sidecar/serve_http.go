@@ -11,8 +11,8 @@ import (
 	"strconv"
 
 	"github.com/kvsidecar/kvsidecar/admin"
+	"github.com/kvsidecar/kvsidecar/cmd/sidecar/internal/fleet"
 	"github.com/kvsidecar/kvsidecar/engine"
-	"github.com/kvsidecar/kvsidecar/internal/adapters/fleet"
 	"github.com/kvsidecar/kvsidecar/internal/obs"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/mcpserver"

@@ -20,8 +20,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvsidecar/kvsidecar/internal/harness/launch"
-	"github.com/kvsidecar/kvsidecar/internal/harness/llamaserver/llamatest"
+	"github.com/kvsidecar/kvsidecar/bench/harness/launch"
+	"github.com/kvsidecar/kvsidecar/bench/harness/llamaserver/llamatest"
 )
 
 // runCLI runs `sidecar ARGS` (this test binary as the sidecar) and returns

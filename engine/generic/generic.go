@@ -38,10 +38,12 @@ func Open(cfg engine.Config) (engine.Plugin, error) {
 
 // Options configure a Connector. The zero value is usable:
 // statistics only, and background calls gated by what the engine states.
+// Every zero value is a documented default; nothing is refused (New applies
+// EnsureDefaults).
 type Options struct {
-	// BaseURL is the engine's root (the proxy's upstream). Empty: the
-	// connector asks the engine nothing, and Slots alone gates background
-	// calls.
+	// BaseURL is the engine's root (the proxy's upstream). A trailing "/"
+	// and "/v1" are dropped. Empty: the connector asks the engine nothing,
+	// and Slots alone gates background calls.
 	BaseURL string
 	// Slots is how many requests the engine runs at once, for the
 	// background gate: a client request that finds every slot busy takes
@@ -55,8 +57,25 @@ type Options struct {
 	// BackgroundQuiet is how long after the last client request a
 	// background call may start. Zero: 500 ms.
 	BackgroundQuiet time.Duration
-	// HTTPClient asks the engine for /props. Nil: one of its own.
+	// HTTPClient asks the engine for /props. Nil: one of its own (5 s
+	// timeouts, idle connections closed after 1 s).
 	HTTPClient *http.Client
+}
+
+// EnsureDefaults fills every zero field with its documented default, drops
+// BaseURL's trailing "/" and "/v1", and returns o. New calls it; calling it
+// twice changes nothing.
+func (o *Options) EnsureDefaults() *Options {
+	if o.BackgroundQuiet == 0 {
+		o.BackgroundQuiet = 500 * time.Millisecond
+	}
+	if o.HTTPClient == nil {
+		o.HTTPClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+			Proxy: nil, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Second}}
+	}
+	o.BaseURL = strings.TrimSuffix(strings.TrimRight(o.BaseURL, "/"), "/v1")
+	return o
 }
 
 // Connector forwards bodies untouched and keeps statistics from the
@@ -103,15 +122,7 @@ type request struct {
 
 // New returns a generic connector.
 func New(opts Options) *Connector {
-	if opts.BackgroundQuiet == 0 {
-		opts.BackgroundQuiet = 500 * time.Millisecond
-	}
-	if opts.HTTPClient == nil {
-		opts.HTTPClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-			Proxy: nil, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Second}}
-	}
-	opts.BaseURL = strings.TrimSuffix(strings.TrimRight(opts.BaseURL, "/"), "/v1")
+	opts.EnsureDefaults()
 	g := &Connector{opts: opts, slots: opts.Slots, bg: map[*engine.Request]*request{}, quiet: opts.BackgroundQuiet}
 	if g.slots == 0 && opts.BaseURL == "" {
 		g.slots = -1

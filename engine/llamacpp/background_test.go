@@ -20,7 +20,7 @@ func bgBody(i int) []byte {
 	return []byte(`{"model":"m","messages":[{"role":"user","content":"extract facts ` + strconv.Itoa(i) + `"}]}`)
 }
 
-// bgCall is a background call in flight, as internal/adapters/llm makes one: its
+// bgCall is a background call in flight, as cmd/sidecar/internal/llm makes one: its
 // context's cancel is on the request, Before places it, the body is
 // posted under that context, After hears the outcome.
 type bgCall struct {

@@ -14,10 +14,12 @@
 // catalog of saved states (states.go), the server's HTTP API (api.go), the
 // state file parser (slotstate.go), what the server's answers say of KV
 // shifting (shift.go: n_cache_reuse is asked on every placed request, and
-// ShiftsKV tells memory how to evict), the connector's hooks (connector.go:
-// Before, After; save.go: Settle, Flush; restore.go; admin.go: probes,
-// Forget, Stats, Close) over two types it owns, the saver (save.go) and the
-// preloader (preload.go), its /metrics families
+// ShiftsKV tells memory how to evict), the connector's Options with their
+// defaults and checks (options.go), its hooks (connector.go: Before, After;
+// background.go: where a background call waits and runs, and a client
+// request taking its slot back; save.go: Settle, Flush; restore.go;
+// admin.go: probes, Forget, Stats, Close) over two types it owns, the saver
+// (save.go) and the preloader (preload.go), its /metrics families
 // (metrics.go) and console facts (console.go), and context snapshots
 // (snapshot.go): ExportStates writes a session's saved states (metadata and
 // slot files, each checksummed) as the engine section of a .hctx file;

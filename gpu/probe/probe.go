@@ -14,7 +14,8 @@ import (
 )
 
 // Options configure Run. The zero value opens the device "auto" selects and
-// measures bandwidth with the full repetitions, no latency.
+// measures bandwidth with the full repetitions, no latency (Run applies
+// EnsureDefaults and Validate).
 type Options struct {
 	// Device is measured when set; the caller keeps owning it. Nil means
 	// open one with Kind and close it afterwards.
@@ -36,21 +37,32 @@ type Options struct {
 	Reps int
 	// Latency, when set, measures each block size after its bandwidth rows,
 	// on the same device, data and repetitions: `sidecar bench gpu` passes
-	// the Focus tier's put/get latency (internal/harness/bench.FocusLatency), which
+	// the Focus tier's put/get latency (bench/workload.FocusLatency), which
 	// needs package tiers. Nil: bandwidth only, as `sidecar gpu` probes.
 	Latency func(dev gpu.Device, data []byte, reps int) (Latency, error)
 	// Seed makes the data reproducible. Zero means 1.
 	Seed uint64
 }
 
-func (o *Options) validate() error {
-	kind, err := gpu.ParseKind(o.Kind)
-	if err != nil {
-		return fmt.Errorf("probe: %w", err)
+// EnsureDefaults fills every zero field with its documented default and
+// returns o. Run calls it; calling it twice changes nothing.
+func (o *Options) EnsureDefaults() *Options {
+	if o.Kind == "" {
+		o.Kind = gpu.OpenAuto
 	}
-	o.Kind = kind
 	if o.Sizes == nil {
 		o.Sizes = []int{1 << 20, 16 << 20, 256 << 20}
+	}
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	return o
+}
+
+// Validate checks options after EnsureDefaults.
+func (o *Options) Validate() error {
+	if _, err := gpu.ParseKind(o.Kind); err != nil {
+		return fmt.Errorf("probe: %w", err)
 	}
 	for _, s := range o.Sizes {
 		if s <= 0 {
@@ -59,9 +71,6 @@ func (o *Options) validate() error {
 	}
 	if o.Reps < 0 {
 		return fmt.Errorf("probe: negative Reps")
-	}
-	if o.Seed == 0 {
-		o.Seed = 1
 	}
 	return nil
 }
@@ -150,7 +159,8 @@ type (
 // Run measures one device: its bandwidth, and its latency when
 // Options.Latency is set.
 func Run(opts Options) (Report, error) {
-	if err := opts.validate(); err != nil {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return Report{}, err
 	}
 	start := time.Now()

@@ -126,7 +126,7 @@ func TestOptions(t *testing.T) {
 		}
 	}
 	o := Options{Quick: true}
-	if err := o.validate(); err != nil {
+	if err := o.EnsureDefaults().Validate(); err != nil {
 		t.Fatal(err)
 	}
 	if o.Kind != "auto" || len(o.Sizes) != 3 || o.reps(1<<20) != 60 || o.reps(16<<20) != 16 || o.reps(256<<20) != 3 {

@@ -12,11 +12,13 @@ import (
 	"time"
 )
 
-// LogOptions configure OpenLog and CreateLog.
+// LogOptions configure OpenLog and CreateLog. Magic is required; every
+// other zero value is a documented default (they apply EnsureDefaults and
+// Validate).
 type LogOptions struct {
 	// Magic starts the file. Required (at least 4 bytes).
 	Magic []byte
-	// MaxRecord bounds one payload. Zero: DefaultMaxRecord.
+	// MaxRecord bounds one payload. Zero or negative: DefaultMaxRecord.
 	MaxRecord int
 	// Quarantine is the folder where OpenLog keeps damaged originals and cut
 	// tails. Empty: they are dropped.
@@ -32,15 +34,23 @@ type LogOptions struct {
 	Now func() time.Time
 }
 
-func (o *LogOptions) validate() error {
-	if len(o.Magic) < 4 {
-		return errors.New("durable: log magic must be at least 4 bytes")
-	}
+// EnsureDefaults fills every zero field with its documented default and
+// returns o. OpenLog and CreateLog call it; calling it twice changes
+// nothing.
+func (o *LogOptions) EnsureDefaults() *LogOptions {
 	if o.MaxRecord <= 0 {
 		o.MaxRecord = DefaultMaxRecord
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	return o
+}
+
+// Validate checks options after EnsureDefaults.
+func (o *LogOptions) Validate() error {
+	if len(o.Magic) < 4 {
+		return errors.New("durable: log magic must be at least 4 bytes")
 	}
 	return nil
 }
@@ -100,7 +110,8 @@ type Log struct {
 // cost is linear in the file's size.
 func OpenLog(path string, o LogOptions, fn func(payload []byte)) (*Log, Recovery, error) {
 	var rep Recovery
-	if err := o.validate(); err != nil {
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
 		return nil, rep, err
 	}
 	data, err := os.ReadFile(path)
@@ -200,7 +211,8 @@ func OpenLog(path string, o LogOptions, fn func(payload []byte)) (*Log, Recovery
 // records in first (may be empty), and fsyncs it and its folder (creating
 // the folder durably if needed) unless o.NoSync. It fails if path exists.
 func CreateLog(path string, o LogOptions, first []byte) (*Log, error) {
-	if err := o.validate(); err != nil {
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
 		return nil, err
 	}
 	dir := filepath.Dir(path)

@@ -18,7 +18,8 @@ import (
 )
 
 // Options shape the scripted upstream. The zero value answers every chat
-// with one canned sentence.
+// with one canned sentence; every zero value is a documented default (New
+// applies EnsureDefaults; nothing is refused).
 type Options struct {
 	// StreamEvents is how many content chunks a streamed answer has.
 	// Zero means 16.
@@ -41,6 +42,15 @@ type Options struct {
 	// sidecar added to the client's one message). Otherwise the answer is
 	// a canned sentence (streamed: "tok0 tok1 …").
 	Describe bool
+}
+
+// EnsureDefaults fills every zero field with its documented default and
+// returns o. New calls it; calling it twice changes nothing.
+func (o *Options) EnsureDefaults() *Options {
+	if o.StreamEvents == 0 {
+		o.StreamEvents = 16
+	}
+	return o
 }
 
 // Demo is the upstream `sidecar serve --demo` runs: answers that describe
@@ -105,9 +115,7 @@ func (m *Server) keep(ctx *fasthttp.RequestCtx) {
 
 // New returns a mock; serve it with Serve.
 func New(o Options) *Server {
-	if o.StreamEvents == 0 {
-		o.StreamEvents = 16
-	}
+	o.EnsureDefaults()
 	m := &Server{opts: o, prompts: map[string][]byte{}, bgCalls: map[string]int{}}
 	m.srv = &fasthttp.Server{Handler: m.handle, Name: "mock-upstream"}
 	return m
