@@ -1,13 +1,18 @@
-// Package proxy owns the sidecar's HTTP surface: a fasthttp server in front of
-// one OpenAI-compatible upstream, the OpenAI wire types it needs to read, the
-// pooled upstream client, SSE relaying, OpenAI-shaped errors, the ops endpoints
-// (/healthz, /readyz, /metrics) and the metrics themselves.
+// Package proxy owns the sidecar's main listener: a fasthttp server in front
+// of one OpenAI-compatible upstream, the OpenAI wire types it needs to read,
+// the pooled upstream client, SSE relaying, OpenAI-shaped errors, /healthz
+// and /readyz, and the sidecar's metrics. The admin listener (its /metrics,
+// the console, pprof) is package admin's, which reaches the proxy through
+// interfaces it defines: *Server implements them (FrontListener,
+// HandleParseError, CountRequest, HandleHealth, HandleReady, DeleteSession,
+// WindowCounters), and cmd/sidecar wires the two; this package does not
+// import admin.
 //
 // It depends on session memory and the KV cache only through interfaces it
 // owns, each as small as its callers (options.go): Memory for the chat path,
-// the sessions API and the pool; AdminMemory, a Memory that can also list
-// and edit, for the console; KV for /v1/kv, the KV metrics and the console;
-// RESP, the RESP listener's Stats (package respstore), for the console.
+// the sessions API and the pool; SessionLister, a Memory that can also list,
+// for GET /v1/sessions; KV for /v1/kv and the KV metrics; Windows, told of
+// each window built and each session deleted (the console's, admin.Windows).
 // Every connection is read through package frontdoor: one strict reader
 // decides each request's framing and header lines before any handler acts,
 // and hands fasthttp one canonical request per Read. With
@@ -23,10 +28,13 @@
 // path: a /v1 request as a pipeline of steps, route, session, memory,
 // engine, upstream, relay and record, and the one release of what they
 // hold), relay.go and stream.go (SSE), background.go (the work left after
-// responses), memory.go (windows and recording), pool.go and
-// poolevents.go (the shared pool's API and its event stream), admin*.go
-// and console.go (the console; admin_resp.go its view of the RESP
-// listener). The upstream's TCP connections are read and written with raw
+// responses), memory.go (windows and recording, the counters the console
+// reads, deleting a session), pool.go and poolevents.go (the shared
+// pool's API and its event stream), sessionlist.go (GET /v1/sessions),
+// snapshot.go (context snapshots), ctxlimit.go (the engine's context per
+// model), mcp.go (/mcp), kvapi.go and kvmetrics.go (/v1/kv and the KV
+// metrics), metrics.go, options.go (Options: EnsureDefaults, Validate, and
+// the interfaces). The upstream's TCP connections are read and written with raw
 // system calls through their poller (package internal/rawconn), as the
 // front door's client connections are: a stream's last writes held into
 // one, an upstream request sent in the read that waits for its answer.
@@ -62,15 +70,6 @@
 //     frontdoor.RepairFraming) is a 502 upstream_bad_response.
 //   - No *fasthttp.RequestCtx is kept after its handler returns.
 //   - No error body quotes the request: its path, headers, ids or keys.
-//
-// The operator console (admin.go, console.go): with Options.AdminToken the
-// page of package ui is served at /ui and its JSON API under /admin/v1, for
-// that bearer token only; the token acts for any tenant a call names. Without
-// it both are 404. The console keeps two bounded things in memory: a ring of
-// KV samples (filled by a sampler goroutine that Serve starts and Shutdown
-// waits for; each also keeps the counters and histograms the alert
-// thresholds of console_thresholds.go are judged from) and the last window
-// of recently served sessions.
 //
 // The shared pool's events (poolevents.go): GET /v1/pool/events is a
 // server-sent event stream of the tenant's pool writes and deletes under a

@@ -34,17 +34,17 @@ import (
 // loop. Serve calls it with loopMu held.
 func (s *Server) startLoop(ln net.Listener) (net.Listener, *frontdoor.Loop) {
 	if !s.opts.EventLoop {
-		return s.frontListener(ln), nil
+		return s.FrontListener(ln), nil
 	}
 	o, why := s.loopOptions(ln)
 	if why != "" {
 		s.log.Warn("event loop off: "+why+"; serving on Go's poller", "upstream", s.opts.Upstream)
-		return s.frontListener(ln), nil
+		return s.FrontListener(ln), nil
 	}
 	l, err := frontdoor.StartLoop(ln.(*net.TCPListener), o, loopBackend{s})
 	if err != nil {
 		s.log.Warn("event loop off; serving on Go's poller", "err", err)
-		return s.frontListener(ln), nil
+		return s.FrontListener(ln), nil
 	}
 	s.loop = l
 	return l, l

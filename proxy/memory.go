@@ -267,8 +267,8 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 		return nil, body, false
 	}
 	ts := turn.Stats
-	if s.windows != nil {
-		s.windows.put(sess.Tenant, sess.ID, newLastWindow(time.Now(), turn))
+	if w := s.opts.Windows; w != nil {
+		w.Window(sess.Tenant, sess.ID, time.Now(), turn)
 	}
 	s.mem.turns.Add(1)
 	s.mem.windowTokens.Add(uint64(ts.TotalTokens))
@@ -537,7 +537,7 @@ func (s *Server) handleSessions(ctx *fasthttp.RequestCtx, tail []byte) {
 			v = sv
 		}
 	case ctx.IsDelete() && !wantMemory:
-		err = s.deleteSession(ctx, tenant, id)
+		err = s.DeleteSession(ctx, tenant, id)
 		v = map[string]any{"id": id, "object": "session.deleted", "deleted": err == nil}
 	default:
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "use GET or DELETE")
@@ -563,19 +563,39 @@ func ptrIf[T any](v T, ok bool) *T {
 	return &v
 }
 
-// deleteSession deletes a session's memory and then what follows it: the
-// console's last window and the engine's saved KV (a failure there is
-// logged; the session is gone either way). The sessions API and the
-// console's admin API both delete through it.
-func (s *Server) deleteSession(ctx context.Context, tenant, id string) error {
+// DeleteSession deletes a session's memory and then what follows it: the
+// console's last window (Options.Windows) and the engine's saved KV (a
+// failure there is logged; the session is gone either way). The sessions
+// API and the console's admin API (package admin) both delete through it.
+func (s *Server) DeleteSession(ctx context.Context, tenant, id string) error {
 	if err := s.opts.Memory.Delete(tenant, id); err != nil {
 		return err
 	}
-	s.windows.forget(tenant, id)
+	s.forgetWindow(tenant, id)
 	if s.opts.Engine != nil {
 		if err := s.engine.Forget(ctx, tenant, id); err != nil {
 			s.log.Warn("dropping a deleted session's KV failed", "session", id, "err", err)
 		}
 	}
 	return nil
+}
+
+// forgetWindow tells Options.Windows that a session is gone or replaced.
+func (s *Server) forgetWindow(tenant, id string) {
+	if w := s.opts.Windows; w != nil {
+		w.Forget(tenant, id)
+	}
+}
+
+// WindowCounters returns the windows the chat path built, their tokens
+// and their limits, and the memory.Prepare latencies of the turns that
+// recalled (full or reuse): the cumulative counters the console's KV
+// series and alert thresholds read (package admin).
+func (s *Server) WindowCounters() (turns, windowTokens, windowLimit uint64, recall histogram.Snapshot) {
+	for i, k := range recallKinds {
+		if k != "none" {
+			recall = recall.Add(s.mem.prepare[i].Snapshot())
+		}
+	}
+	return s.mem.turns.Load(), s.mem.windowTokens.Load(), s.mem.windowLimit.Load(), recall
 }

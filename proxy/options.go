@@ -13,7 +13,6 @@ import (
 	"github.com/kvsidecar/kvsidecar/internal/obs"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
-	"github.com/kvsidecar/kvsidecar/respstore"
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
@@ -87,8 +86,8 @@ type Options struct {
 	// Memory keeps session history and builds each chat request's window
 	// (sessions named by X-Session-ID or prompt_cache_key), usually a
 	// *memory.Store. Nil: every request is a stateless passthrough and
-	// /v1/sessions answers 404. With AdminToken set it must also be an
-	// AdminMemory. The Server does not close it.
+	// /v1/sessions answers 404; GET /v1/sessions lists only when it is
+	// also a SessionLister. The Server does not close it.
 	Memory Memory
 
 	// KV serves PUT|GET|HEAD|DELETE /v1/kv/{namespace}/{key}, usually a
@@ -147,35 +146,10 @@ type Options struct {
 	// learned only from answers and context errors. Default false.
 	NoContextProbe bool
 
-	// Pprof serves Go's /debug/pprof on the admin listener (ServeAdmin).
-	// Heap dumps hold prompts: keep the admin listener on loopback.
-	// Default off.
-	Pprof bool
-
-	// AdminToken, when not empty, turns the operator's console on: the
-	// page at /ui and its JSON API under /admin/v1, which answers only
-	// requests with Authorization: Bearer <AdminToken> and acts for any
-	// tenant named in the call (see admin.go). Empty (the default): both
-	// answer 404 and the normal routes are all there is.
-	AdminToken string
-
-	// Knowledge serves the console's triples and reviewer panels. Nil: the
-	// panels are empty. Read only when AdminToken is set.
-	Knowledge Knowledge
-
-	// RESP is the RESP listener (--resp-listen), usually a
-	// *respstore.Server: the console shows its store and each tenant's
-	// figures (GET /admin/v1/resp) and lists its tenants beside memory's.
-	// Nil: the listener is off, and the console says so. Read only when
-	// AdminToken is set. The Server does not close it.
-	RESP RESP
-
-	// ConsoleSampleEvery is the period of the console's KV time series
-	// (hit rate, tier occupancy), kept for the last ConsoleSamples
-	// samples. Defaults 5 seconds and 720 (an hour). The sampler runs
-	// only while the console is on.
-	ConsoleSampleEvery time.Duration
-	ConsoleSamples     int
+	// Windows is told of each window built for a session and of each
+	// session deleted: the operator console keeps the last windows
+	// (package admin's Windows). Nil: nobody is told.
+	Windows Windows
 
 	// PoolEventsHeartbeat is the period of the comment line a pool event
 	// stream (GET /v1/pool/events) sends while no event comes, so that
@@ -183,7 +157,9 @@ type Options struct {
 	PoolEventsHeartbeat time.Duration
 }
 
-func (o *Options) setDefaults() {
+// EnsureDefaults fills the zero fields with the defaults their comments
+// give and returns o (pebble's idiom, as memory.Options).
+func (o *Options) EnsureDefaults() *Options {
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = 32 << 20
 	}
@@ -226,20 +202,22 @@ func (o *Options) setDefaults() {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	if o.ConsoleSampleEvery == 0 {
-		o.ConsoleSampleEvery = 5 * time.Second
-	}
-	if o.ConsoleSamples == 0 {
-		o.ConsoleSamples = 720
-	}
 	if o.PoolEventsHeartbeat == 0 {
 		o.PoolEventsHeartbeat = 15 * time.Second
 	}
+	return o
 }
 
-// validate checks the options after defaults were applied and returns the
-// parsed upstream base URL.
-func (o *Options) validate() (*url.URL, error) {
+// Validate checks the options after EnsureDefaults: the upstream URL,
+// and no negative timeout or size.
+func (o *Options) Validate() error {
+	_, err := o.upstreamURL()
+	return err
+}
+
+// upstreamURL checks the options and returns the parsed upstream base URL:
+// without a trailing "/" or "/v1", its path as escaped on the wire.
+func (o *Options) upstreamURL() (*url.URL, error) {
 	if o.Upstream == "" {
 		return nil, errors.New("proxy: upstream URL is required")
 	}
@@ -269,33 +247,18 @@ func (o *Options) validate() (*url.URL, error) {
 		{"upstream timeout", o.UpstreamTimeout}, {"stream idle timeout", o.StreamIdleTimeout},
 		{"dial timeout", o.DialTimeout}, {"read timeout", o.ReadTimeout},
 		{"write timeout", o.WriteTimeout}, {"idle timeout", o.IdleTimeout},
-		{"ready cache TTL", o.ReadyCacheTTL}, {"console sample period", o.ConsoleSampleEvery},
+		{"ready cache TTL", o.ReadyCacheTTL},
 		{"upstream idle timeout", o.UpstreamIdleTimeout},
 	} {
 		if d.v < 0 {
 			return nil, fmt.Errorf("proxy: %s must not be negative, got %s", d.name, d.v)
 		}
 	}
-	if o.MaxBodyBytes < 0 || o.MaxKVBytes < 0 || o.MaxSnapshotBytes < 0 || o.MaxResponseBytes < 0 || o.MaxIdleConnsPerHost < 0 || o.ConsoleSamples < 0 {
+	if o.MaxBodyBytes < 0 || o.MaxKVBytes < 0 || o.MaxSnapshotBytes < 0 || o.MaxResponseBytes < 0 || o.MaxIdleConnsPerHost < 0 {
 		return nil, errors.New("proxy: size limits must not be negative")
-	}
-	if o.AdminToken != "" {
-		if _, ok := o.Memory.(AdminMemory); o.Memory != nil && !ok {
-			return nil, fmt.Errorf("proxy: the console needs a Memory that is also an AdminMemory, got %T", o.Memory)
-		}
-		if len(o.AdminToken) < minAdminTokenLen {
-			return nil, fmt.Errorf("proxy: the admin token must be at least %d bytes long, got %d", minAdminTokenLen, len(o.AdminToken))
-		}
-		if strings.TrimSpace(o.AdminToken) != o.AdminToken || strings.ContainsFunc(o.AdminToken, func(r rune) bool { return r < 0x21 || r == 0x7f }) {
-			return nil, errors.New("proxy: the admin token must not contain spaces or control characters")
-		}
 	}
 	return u, nil
 }
-
-// minAdminTokenLen is the shortest admin token accepted: it guards every
-// tenant's memories.
-const minAdminTokenLen = 16
 
 // Fleet is what the proxy needs of a fleet's shared store.
 type Fleet interface {
@@ -330,19 +293,21 @@ type Memory interface {
 	PoolSubscribe(tenant, prefix string, after uint64) (*memory.PoolSubscription, error)
 }
 
-// AdminMemory is what the console's API needs beyond Memory: listing
-// tenants and sessions, and editing one session's memories.
-type AdminMemory interface {
-	Memory
-	Tenants() ([]memory.TenantInfo, error)
+// SessionLister is what GET /v1/sessions needs beyond Memory: a tenant's
+// sessions (of one user), newest first.
+type SessionLister interface {
 	Sessions(tenant string, user *string, limit int) ([]memory.SessionInfo, error)
-	AddMemory(tenant, sessionID string, c memory.Category, text string, importance float64) (memory.Unit, error)
-	UpdateMemory(tenant, sessionID, unitID string, e memory.MemoryEdit) (memory.Unit, error)
-	DeleteMemory(tenant, sessionID, unitID string) error
-	Boost(tenant, sessionID, unitID string) (float64, error)
 }
 
-// KV is what the KV API, the metrics and the console need of the KV cache
+// Windows is told of the windows the chat path builds and of the sessions
+// it deletes (Options.Windows); *admin.Windows implements it. Window runs
+// on the request path, before the request goes upstream: it must be cheap.
+type Windows interface {
+	Window(tenant, session string, at time.Time, turn *memory.Turn)
+	Forget(tenant, session string)
+}
+
+// KV is what the KV API and the metrics need of the KV cache
 // (package kv's Cache).
 type KV interface {
 	PutBlob(ns, key string, meta kv.BlobMeta, data []byte) error
@@ -353,16 +318,8 @@ type KV interface {
 	AmortizationStats() kv.AmortizationStats
 }
 
-// RESP is what the console needs of the RESP listener (package
-// respstore's Server): a snapshot of its figures, per tenant. Stats may
-// walk every key (no value is read); the console calls it once per page
-// refresh.
-type RESP interface {
-	Stats() respstore.Stats
-}
-
 var (
-	_ AdminMemory = (*memory.Store)(nil)
-	_ KV          = (*kv.Cache)(nil)
-	_ RESP        = (*respstore.Server)(nil)
+	_ Memory        = (*memory.Store)(nil)
+	_ SessionLister = (*memory.Store)(nil)
+	_ KV            = (*kv.Cache)(nil)
 )

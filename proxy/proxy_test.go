@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // startSidecar serves a Server for upstreamURL on a loopback port and returns
@@ -52,16 +54,30 @@ func startSidecar(t *testing.T, upstreamURL string, mod func(*Options)) (string,
 			t.Errorf("serve: %v", err)
 		}
 	}()
+	// The sidecar's /metrics is on the admin listener (package admin,
+	// which imports nothing of this one's tests): here a listener of the
+	// test's own serves it through the front door, as the admin one does.
+	ops := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		done := s.CountRequest() // counted as the admin listener counts
+		if string(ctx.Path()) != "/metrics" {
+			ctx.SetStatusCode(fasthttp.StatusNotFound)
+			done("not_found", fasthttp.StatusNotFound)
+			return
+		}
+		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
+		s.Metrics().WritePrometheus(ctx)
+		done("metrics", fasthttp.StatusOK)
+	}}
 	go func() {
 		defer func() { done <- struct{}{} }()
-		if err := s.ServeAdmin(aln); err != nil {
-			t.Errorf("serve admin: %v", err)
-		}
+		_ = ops.Serve(s.FrontListener(aln)) // the test's own: ended by closing aln
 	}()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = s.Shutdown(ctx)
+		_ = ops.ShutdownWithContext(ctx)
+		_ = aln.Close() // in case ops.Serve had not started
 		<-done
 		<-done
 		adminURLs.Delete(base)
@@ -72,8 +88,8 @@ func startSidecar(t *testing.T, upstreamURL string, mod func(*Options)) (string,
 // adminURLs maps a test server's base URL to its admin listener's.
 var adminURLs sync.Map
 
-// adminURL is the admin listener of the server startSidecar started at
-// base: /metrics, the console and its API live there.
+// adminURL is the metrics listener of the server startSidecar started at
+// base: /metrics lives there, as on the sidecar's admin listener.
 func adminURL(t *testing.T, base string) string {
 	t.Helper()
 	a, ok := adminURLs.Load(base)
@@ -531,4 +547,9 @@ func TestBgTasksWaitThenRunInline(t *testing.T) {
 	if !ran || len(order) != 1 {
 		t.Fatalf("inline run %v, background runs %v", ran, order)
 	}
+}
+
+func jsonString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
 }

@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,7 +14,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/pprofhandler"
 
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/frontdoor"
@@ -30,8 +27,6 @@ type Server struct {
 	log     *slog.Logger
 	metrics *Metrics
 	srv     *fasthttp.Server
-	// adminSrv serves the operational endpoints (ServeAdmin).
-	adminSrv *fasthttp.Server
 	// engine is the hooks of Options.Engine; nil without one.
 	engine *engine.Hooks
 
@@ -65,17 +60,9 @@ type Server struct {
 	stopping context.Context
 	stop     context.CancelFunc
 
-	// The console (Options.AdminToken): the token's hash, the KV time
-	// series and its sampler (started by Serve, waited for by Shutdown),
-	// and the last window of recent sessions.
-	adminHash [32]byte
-	// admin is Options.Memory as the console's API sees it; nil without
-	// memory.
-	admin       AdminMemory
-	series      *kvSeries
-	windows     *windowCache
-	samplerOnce sync.Once
-	sampler     sync.WaitGroup
+	// lister is Options.Memory as GET /v1/sessions sees it; nil when it
+	// cannot list.
+	lister SessionLister
 
 	// loop serves the pass-through on the front door's event loop
 	// (Options.EventLoop, loop.go); nil without one. Serve sets it,
@@ -92,8 +79,8 @@ type readyState struct {
 
 // New validates opts and builds a Server; nothing listens yet.
 func New(opts Options) (*Server, error) {
-	opts.setDefaults()
-	base, err := opts.validate()
+	opts.EnsureDefaults()
+	base, err := opts.upstreamURL() // Validate's checks, and the URL
 	if err != nil {
 		return nil, err
 	}
@@ -108,13 +95,7 @@ func New(opts Options) (*Server, error) {
 	s.stopping, s.stop = context.WithCancel(context.Background())
 	s.quiet.cond.L = &s.quiet.mu
 	s.bg.quiet = &s.quiet
-	s.series = newKVSeries(0)
-	if s.consoleOn() {
-		s.adminHash = sha256.Sum256([]byte(opts.AdminToken))
-		s.series = newKVSeries(opts.ConsoleSamples)
-		s.windows = newWindowCache(consoleWindows)
-	}
-	s.admin, _ = opts.Memory.(AdminMemory)
+	s.lister, _ = opts.Memory.(SessionLister)
 	if opts.Memory != nil {
 		s.limits = newCtxLimits(base, opts.Memory.CountTokensContext, s.stopping, s.log)
 		s.limits.noProbe = opts.NoContextProbe
@@ -134,7 +115,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.srv = &fasthttp.Server{
 		Handler:               s.handle,
-		ErrorHandler:          s.handleParseError,
+		ErrorHandler:          s.HandleParseError,
 		NoDefaultServerHeader: true, // the upstream's Server header passes through
 		NoDefaultContentType:  true,
 		MaxRequestBodySize:    max(opts.MaxBodyBytes, opts.MaxKVBytes, opts.MaxSnapshotBytes),
@@ -148,19 +129,6 @@ func New(opts Options) (*Server, error) {
 		CloseOnShutdown: true,
 		Logger:          fasthttpLogger{opts.Logger},
 	}
-	s.adminSrv = &fasthttp.Server{
-		Handler:               s.handleAdminListener,
-		ErrorHandler:          s.handleParseError,
-		NoDefaultServerHeader: true,
-		NoDefaultContentType:  true,
-		MaxRequestBodySize:    maxAdminBody,
-		ReadBufferSize:        2 * frontdoor.DefaultMaxHead,
-		ReadTimeout:           opts.ReadTimeout,
-		WriteTimeout:          max(opts.WriteTimeout, time.Minute), // a CPU profile takes 30 s
-		IdleTimeout:           opts.IdleTimeout,
-		CloseOnShutdown:       true,
-		Logger:                fasthttpLogger{opts.Logger},
-	}
 	return s, nil
 }
 
@@ -172,18 +140,6 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 func (s *Server) Serve(ln net.Listener) error {
 	if s.limits != nil && s.stopping.Err() == nil {
 		s.limits.start()
-	}
-	if s.consoleOn() {
-		s.samplerOnce.Do(func() {
-			if s.stopping.Err() != nil {
-				return // shut down before it served
-			}
-			s.sampler.Add(1)
-			go func() {
-				defer s.sampler.Done()
-				s.runSampler(s.stopping, s.opts.ConsoleSampleEvery)
-			}()
-		})
 	}
 	s.loopMu.Lock()
 	if s.stopping.Err() != nil {
@@ -208,8 +164,6 @@ func (s *Server) Serve(ln net.Listener) error {
 // ctx ends, then closes what is left and the upstream pool.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.stop()
-	s.samplerOnce.Do(func() {}) // none starts after this
-	s.sampler.Wait()
 	s.loopMu.Lock() // after stop: no Serve starts from here
 	loop, served := s.loop, s.served
 	s.loopMu.Unlock()
@@ -217,7 +171,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		loop.Shutdown(ctx)
 	}
 	err := s.srv.ShutdownWithContext(ctx)
-	err = errors.Join(err, s.adminSrv.ShutdownWithContext(ctx))
 	for _, ln := range served {
 		_ = ln.Close() // one fasthttp had not taken yet
 	}
@@ -247,8 +200,10 @@ func (s *Server) frontOptions() frontdoor.Options {
 	}
 }
 
-// frontListener serves ln's connections through the front door.
-func (s *Server) frontListener(ln net.Listener) net.Listener {
+// FrontListener serves ln's connections through the front door, with the
+// proxy's limits and refusals: the main listener's (Serve) and the admin
+// listener's (package admin), which the sidecar wires to it.
+func (s *Server) FrontListener(ln net.Listener) net.Listener {
 	return frontdoor.NewListener(ln, s.frontOptions())
 }
 
@@ -258,7 +213,7 @@ func (s *Server) frontLimits() frontdoor.Limits {
 
 // frontReject renders the answer to a request the front door refused: the
 // OpenAI-shaped error every other refusal gets, and a close. It is counted
-// as handleParseError counts.
+// as HandleParseError counts.
 func (s *Server) frontReject(dst []byte, e *frontdoor.Error) []byte {
 	s.metrics.countRequest(routeNotFound, e.Status, 0)
 	body := errorJSON(typeInvalidRequest, e.Code, e.Msg)
@@ -274,10 +229,11 @@ func (s *Server) frontReject(dst []byte, e *frontdoor.Error) []byte {
 	return append(dst, body...)
 }
 
-// handleParseError answers requests fasthttp could not read: behind the
+// HandleParseError answers requests fasthttp could not read: behind the
 // front door, only a body that passes the limit or does not come in time.
-// Its message never quotes the request (fasthttp's errors do).
-func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
+// Its message never quotes the request (fasthttp's errors do). The admin
+// listener answers its own with it.
+func (s *Server) HandleParseError(ctx *fasthttp.RequestCtx, err error) {
 	status, code, msg := fasthttp.StatusBadRequest, "bad_request", "could not read the request"
 	var te interface{ Timeout() bool }
 	switch {
@@ -350,16 +306,16 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 // /v1/sessions, /v1/pool and /v1/kv; every other path is the engine's and
 // is forwarded as sent (route.go's rules aside), whatever its method.
 // The sidecar's operational endpoints live on the admin listener
-// (ServeAdmin), so none of them shadows an engine route such as /metrics.
+// (package admin), so none of them shadows an engine route such as /metrics.
 func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) (r route, streaming bool) {
 	// One reading of the path for routing and handling: the path as sent.
 	raw := ctx.URI().PathOriginal()
 	switch string(raw) {
 	case "/healthz":
-		s.handleHealth(ctx)
+		s.HandleHealth(ctx)
 		return routeHealthz, false
 	case "/readyz":
-		s.handleReady(ctx)
+		s.HandleReady(ctx)
 		return routeReadyz, false
 	case "/mcp": // no engine serves it (llama.cpp, vLLM, SGLang, Ollama): the sidecar's, on or off
 		s.handleMCP(ctx)
@@ -397,72 +353,27 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) (r route, s
 	return r, s.forward(ctx, r, start)
 }
 
-// ServeAdmin serves the sidecar's operational endpoints on ln until
-// Shutdown (the convention of sidecar proxies: Envoy's admin port,
-// Linkerd's 4191): /healthz, /readyz, /metrics (the sidecar's own
-// Prometheus metrics), the console (/ui) and its API (/admin/v1) with
-// Options.AdminToken, and Go's /debug/pprof with Options.Pprof. None of
-// them is on the main listener, where those paths are the engine's. It
-// returns nil after a clean shutdown.
-func (s *Server) ServeAdmin(ln net.Listener) error {
-	s.loopMu.Lock()
-	if s.stopping.Err() != nil {
-		s.loopMu.Unlock()
-		_ = ln.Close()
-		return nil
-	}
-	s.served = append(s.served, ln)
-	s.loopMu.Unlock()
-	err := s.adminSrv.Serve(s.frontListener(ln))
-	if err != nil && s.stopping.Err() != nil {
-		err = nil
-	}
-	return err
-}
-
-// handleAdminListener is the admin listener's handler.
-func (s *Server) handleAdminListener(ctx *fasthttp.RequestCtx) {
+// CountRequest counts a request of the admin listener (package admin) in
+// flight; done counts it as ended under the route named route ("healthz",
+// "readyz", "metrics", "console", "admin" or "not_found") with its
+// status, as the main listener counts its own.
+func (s *Server) CountRequest() (done func(route string, status int)) {
 	start := time.Now()
 	s.metrics.inFlight.Add(1)
-	r := s.dispatchAdmin(ctx)
-	s.finish(r, ctx.Response.StatusCode(), start)
-}
-
-func (s *Server) dispatchAdmin(ctx *fasthttp.RequestCtx) route {
-	raw := ctx.URI().PathOriginal()
-	switch string(raw) {
-	case "/healthz":
-		s.handleHealth(ctx)
-		return routeHealthz
-	case "/readyz":
-		s.handleReady(ctx)
-		return routeReadyz
-	case "/metrics":
-		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
-		s.metrics.WritePrometheus(ctx)
-		return routeMetrics
-	}
-	if string(raw) == "/ui" || bytes.HasPrefix(raw, []byte("/ui/")) {
-		s.handleConsole(ctx, raw)
-		return routeConsole
-	}
-	if string(raw) == "/admin/v1" || bytes.HasPrefix(raw, []byte("/admin/v1/")) {
-		if !s.tooLarge(ctx, min(s.opts.MaxBodyBytes, maxAdminBody)) {
-			s.handleAdmin(ctx, raw[len("/admin/v1"):])
+	return func(name string, status int) {
+		r := routeNotFound
+		for i, n := range routeNames {
+			if n == name {
+				r = route(i)
+				break
+			}
 		}
-		return routeAdmin
+		s.finish(r, status, start)
 	}
-	if s.opts.Pprof && bytes.HasPrefix(raw, []byte("/debug/pprof/")) {
-		pprofhandler.PprofHandler(ctx)
-		return routeAdmin
-	}
-	writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found",
-		"no such path on the admin listener: /healthz, /readyz, /metrics, /ui/, /admin/v1/ and, with --admin-pprof, /debug/pprof/")
-	return routeNotFound
 }
 
-// handleHealth answers /healthz: the process is up.
-func (s *Server) handleHealth(ctx *fasthttp.RequestCtx) {
+// HandleHealth answers /healthz: the process is up.
+func (s *Server) HandleHealth(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
 	ctx.SetBodyString(`{"status":"ok"}`)
 }
@@ -486,9 +397,9 @@ func (s *Server) finish(r route, status int, start time.Time) {
 	s.quiet.poke()
 }
 
-// handleReady answers /readyz: 200 when the upstream answered a probe
+// HandleReady answers /readyz: 200 when the upstream answered a probe
 // recently, 503 otherwise. Results are reused for ReadyCacheTTL.
-func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
+func (s *Server) HandleReady(ctx *fasthttp.RequestCtx) {
 	st := s.ready.Load()
 	if st == nil || time.Since(st.at) > s.opts.ReadyCacheTTL {
 		if s.probeMu.TryLock() {

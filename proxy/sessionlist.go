@@ -58,7 +58,7 @@ func (s *Server) listSessions(ctx *fasthttp.RequestCtx) {
 	if !ok {
 		return
 	}
-	if s.admin == nil {
+	if s.lister == nil {
 		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_supported", "this sidecar's memory cannot list sessions")
 		return
 	}
@@ -81,7 +81,7 @@ func (s *Server) listSessions(ctx *fasthttp.RequestCtx) {
 	if after != "" {
 		depth = sessionListDepth + limit + 1
 	}
-	all, err := s.admin.Sessions(tenant, user, depth)
+	all, err := s.lister.Sessions(tenant, user, depth)
 	if err != nil {
 		s.log.Error("listing sessions failed", "err", err)
 		writeError(ctx, fasthttp.StatusInternalServerError, typeServer, "internal", "session store failed; see the sidecar's log")

@@ -258,7 +258,7 @@ func (s *Server) importSnapshot(ctx *fasthttp.RequestCtx, sm SnapshotMemory, ten
 			s.refuseSnapshot(ctx, fasthttp.StatusConflict, "session_exists", fmt.Sprintf("session %q exists for another end user of this API key", id))
 			return
 		}
-		if err := s.deleteSession(s.stopping, tenant, id); err != nil && !errors.Is(err, memory.ErrNotFound) {
+		if err := s.DeleteSession(s.stopping, tenant, id); err != nil && !errors.Is(err, memory.ErrNotFound) {
 			s.snap.failed.Add(1)
 			s.log.Error("snapshot import: replacing the session failed", "session", id, "err", err)
 			writeError(ctx, fasthttp.StatusInternalServerError, typeServer, "internal", "session store failed; see the sidecar's log")
@@ -282,7 +282,7 @@ func (s *Server) importSnapshot(ctx *fasthttp.RequestCtx, sm SnapshotMemory, ten
 		ei, err := se.ImportStates(s.stopping, tenant, id, engSec)
 		if err != nil {
 			// All or nothing: the session goes again.
-			if derr := s.deleteSession(context.WithoutCancel(s.stopping), tenant, id); derr != nil {
+			if derr := s.DeleteSession(context.WithoutCancel(s.stopping), tenant, id); derr != nil {
 				s.log.Error("snapshot import: undoing the memory import failed", "session", id, "err", derr)
 			}
 			s.engineRefusal(ctx, err)
@@ -293,7 +293,7 @@ func (s *Server) importSnapshot(ctx *fasthttp.RequestCtx, sm SnapshotMemory, ten
 			res.Note = fmt.Sprintf("%d KV states were saved under another API key and cannot serve this one's prompts: the next turn recomputes the prompt", ei.Skipped)
 		}
 	}
-	s.windows.forget(tenant, id)
+	s.forgetWindow(tenant, id)
 	s.snap.imports.Add(1)
 	s.snap.bytesIn.Add(uint64(len(body)))
 	writeJSON(ctx, fasthttp.StatusCreated, res)

@@ -166,7 +166,7 @@ func TestProxyConnectionsAreRaw(t *testing.T) {
 			time.Sleep(time.Second)
 		}
 	}()
-	c, err := s.frontListener(ln).Accept()
+	c, err := s.FrontListener(ln).Accept()
 	if err != nil {
 		t.Fatal(err)
 	}

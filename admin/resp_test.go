@@ -1,4 +1,4 @@
-package proxy
+package admin
 
 import (
 	"bytes"
@@ -95,7 +95,7 @@ func TestAdminRESP(t *testing.T) {
 	up := newRecordingUpstream(t)
 	st := openMemory(t, memory.Options{})
 
-	off, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st; o.AdminToken = testAdminToken })
+	off, _ := startSidecar(t, up.URL, func(o *sidecarOptions) { o.Memory = st; o.AdminToken = testAdminToken })
 	for _, q := range []string{"", "?tenant=t_0123456789abcdef"} {
 		var v apiRESP
 		adminJSON(t, off, "GET", "/admin/v1/resp"+q, "", 200, &v)
@@ -106,7 +106,7 @@ func TestAdminRESP(t *testing.T) {
 
 	const quota = 100_000
 	rs, addr := startRESP(t, respstore.Options{Quota: quota})
-	on, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st; o.RESP = rs; o.AdminToken = testAdminToken })
+	on, _ := startSidecar(t, up.URL, func(o *sidecarOptions) { o.Memory = st; o.RESP = rs; o.AdminToken = testAdminToken })
 	chatTurn(t, on, "key-a", "s1", "", "hello")
 	ta, tb := tenantOf([]byte("Bearer key-a")), tenantOf([]byte("Bearer key-b"))
 
@@ -213,7 +213,7 @@ func TestAdminRESP(t *testing.T) {
 	}
 
 	// Without session memory the tenants are the RESP store's.
-	respOnly, _ := startSidecar(t, up.URL, func(o *Options) { o.RESP = rs; o.AdminToken = testAdminToken })
+	respOnly, _ := startSidecar(t, up.URL, func(o *sidecarOptions) { o.RESP = rs; o.AdminToken = testAdminToken })
 	ts.Data = nil
 	adminJSON(t, respOnly, "GET", "/admin/v1/tenants", "", 200, &ts)
 	if len(ts.Data) != 2 || ts.Data[0].Tenant != ta || ts.Data[0].Sessions != 0 || ts.Data[0].RESPKeys != 3 {

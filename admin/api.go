@@ -1,4 +1,4 @@
-package proxy
+package admin
 
 import (
 	"bytes"
@@ -6,9 +6,6 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
-	"io/fs"
-	"mime"
-	"path"
 	"slices"
 	"strings"
 	"time"
@@ -18,13 +15,12 @@ import (
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
-	"github.com/kvsidecar/kvsidecar/ui"
 )
 
 // The operator's console: a page at /ui (package ui's embedded files) and
-// its JSON API under /admin/v1, both on when Options.AdminToken is set and
+// its JSON API under /admin/v1, both on when Options.Token is set and
 // answering 404 otherwise. Every API call needs Authorization: Bearer
-// <AdminToken>; the page itself holds no data and asks for the token, which
+// <Token>; the page itself holds no data and asks for the token, which
 // it keeps in the tab's sessionStorage and sends as that header (no cookie,
 // so no other site can make the browser act on the console).
 //
@@ -63,65 +59,20 @@ const (
 	adminMaxList = 1000
 	// maxAdminBody bounds an admin request's body.
 	maxAdminBody = 1 << 20
-	// consoleWindows is how many sessions' last windows the console keeps.
-	consoleWindows = 1024
+	// ConsoleWindows is how many sessions' last windows the console keeps
+	// (NewWindows).
+	ConsoleWindows = 1024
 )
-
-// consoleOn reports whether the console is enabled.
-func (s *Server) consoleOn() bool { return s.opts.AdminToken != "" }
 
 // adminAuthorized reports whether the request carries the admin token.
 func (s *Server) adminAuthorized(ctx *fasthttp.RequestCtx) bool {
 	h := bytes.TrimSpace(ctx.Request.Header.Peek("Authorization"))
 	const prefix = "bearer "
-	if len(h) <= len(prefix) || !foldEq(h[:len(prefix)], prefix) {
+	if len(h) <= len(prefix) || !bytes.EqualFold(h[:len(prefix)], []byte(prefix)) {
 		return false
 	}
 	got := sha256.Sum256(bytes.TrimSpace(h[len(prefix):]))
-	return subtle.ConstantTimeCompare(got[:], s.adminHash[:]) == 1
-}
-
-// handleConsole serves /ui and /ui/… from package ui.
-func (s *Server) handleConsole(ctx *fasthttp.RequestCtx, raw []byte) {
-	if !s.consoleOn() {
-		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "console_disabled",
-			"the console is off; start the sidecar with --admin-token (or SIDECAR_ADMIN_TOKEN) to turn it on")
-		return
-	}
-	if !ctx.IsGet() && !ctx.IsHead() {
-		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", "use GET")
-		ctx.Response.Header.Set("Allow", "GET, HEAD")
-		return
-	}
-	if string(raw) == "/ui" {
-		ctx.Redirect("/ui/", fasthttp.StatusMovedPermanently)
-		return
-	}
-	name := strings.TrimPrefix(string(raw), "/ui/")
-	if name == "" {
-		name = "index.html"
-	}
-	if !fs.ValidPath(name) || strings.ContainsAny(name, `%\`) {
-		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found", "no such console file")
-		return
-	}
-	b, err := fs.ReadFile(ui.Files, name)
-	if err != nil {
-		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found", "no such console file")
-		return
-	}
-	ct := mime.TypeByExtension(path.Ext(name))
-	if ct == "" {
-		ct = "application/octet-stream"
-	}
-	h := &ctx.Response.Header
-	h.Set("Content-Type", ct)
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "no-referrer")
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'; form-action 'none'; base-uri 'none'")
-	ctx.SetBody(b)
+	return subtle.ConstantTimeCompare(got[:], s.hash[:]) == 1
 }
 
 // handleAdmin serves /admin/v1/…; tail is the raw path after /admin/v1.
@@ -229,7 +180,7 @@ func (a *adminReq) only(matched bool, methods ...string) *adminReq {
 }
 
 func (a *adminReq) memory() *adminReq {
-	if a.s.admin == nil {
+	if a.s.opts.Memory == nil {
 		a.fail(fasthttp.StatusNotFound, typeNotFound, "memory_disabled", "session memory is disabled on this sidecar")
 	}
 	return a
@@ -245,7 +196,7 @@ func (a *adminReq) tenant() *adminReq {
 		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "missing_tenant", "name the tenant with ?tenant= (GET /admin/v1/tenants lists them)")
 		return a
 	}
-	if err := validSessionID(t); err != nil {
+	if err := validID(t); err != nil {
 		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_tenant", "tenant: "+err.Error())
 		return a
 	}
@@ -263,7 +214,7 @@ func (a *adminReq) sessionParam() *adminReq {
 		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "missing_session", "name the session with ?session=")
 		return a
 	}
-	if err := validSessionID(id); err != nil {
+	if err := validID(id); err != nil {
 		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_session_id", err.Error())
 		return a
 	}
@@ -279,7 +230,7 @@ func (a *adminReq) user() (user *string, ok bool) {
 	}
 	u := string(a.q.Peek("user"))
 	if u != "" {
-		if err := validSessionID(u); err != nil {
+		if err := validID(u); err != nil {
 			a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_user", "user: "+err.Error())
 			return nil, false
 		}
@@ -346,7 +297,7 @@ func (a *adminReq) sessions() {
 	if !ok {
 		return
 	}
-	ss, err := a.s.admin.Sessions(a.tenantV, user, adminMaxList)
+	ss, err := a.s.opts.Memory.Sessions(a.tenantV, user, adminMaxList)
 	if err != nil {
 		a.storeErr(err)
 		return
@@ -354,7 +305,7 @@ func (a *adminReq) sessions() {
 	// The users of the tenant, from all its sessions when filtered.
 	all := ss
 	if user != nil {
-		if all, err = a.s.admin.Sessions(a.tenantV, nil, adminMaxList); err != nil {
+		if all, err = a.s.opts.Memory.Sessions(a.tenantV, nil, adminMaxList); err != nil {
 			a.storeErr(err)
 			return
 		}
@@ -386,14 +337,14 @@ func (a *adminReq) sessionByID(id string) {
 	if a.done {
 		return
 	}
-	if err := validSessionID(id); err != nil || id == "" {
+	if err := validID(id); err != nil || id == "" {
 		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_session_id", "session id must be one URL-escaped path segment of 1..256 bytes without control characters")
 		return
 	}
 	a.session = id
-	st := a.s.admin
+	st := a.s.opts.Memory
 	if a.ctx.IsDelete() {
-		if err := a.s.deleteSession(a.ctx, a.tenantV, id); err != nil {
+		if err := a.s.opts.Sessions.DeleteSession(a.ctx, a.tenantV, id); err != nil {
 			a.storeErr(err)
 			return
 		}
@@ -419,7 +370,7 @@ func (a *adminReq) sessionByID(id string) {
 		}
 	}
 	if a.s.opts.Engine != nil {
-		if es, ok := a.s.engine.SessionStats(a.tenantV, id); ok {
+		if es, ok := a.s.opts.Engine.SessionStats(a.tenantV, id); ok {
 			d.Engine = &es
 		}
 	}
@@ -453,16 +404,16 @@ func (a *adminReq) kv() {
 		st, am := c.Stats(), c.AmortizationStats()
 		v.KV, v.Amortization = &st, &am
 	}
-	if e := a.s.engine; e != nil {
+	if e := a.s.opts.Engine; e != nil {
 		f := e.ConsoleFacts()
 		v.Engine, v.EngineFacts = e.Report(), &f
 	}
-	if m := a.s.admin; m != nil {
+	if m := a.s.opts.Memory; m != nil {
 		st := m.Stats()
 		v.Memory = &st
 	}
 	v.Samples = a.s.series.snapshot()
-	v.SampleEveryMs = a.s.opts.ConsoleSampleEvery.Milliseconds()
+	v.SampleEveryMs = a.s.opts.SampleEvery.Milliseconds()
 	v.Thresholds = a.s.thresholds(time.Now())
 	a.ok(fasthttp.StatusOK, v)
 }

@@ -1,4 +1,4 @@
-package proxy
+package admin
 
 import (
 	"context"
@@ -33,7 +33,7 @@ type KVSample struct {
 	Turns        uint64 `json:"turns"`
 	WindowTokens uint64 `json:"window_tokens"`
 
-	// alert is what the console's thresholds read (console_thresholds.go).
+	// alert is what the console's thresholds read (thresholds.go).
 	alert *alertPoint
 }
 
@@ -47,7 +47,8 @@ type TierSample struct {
 
 // sample reads the counters now.
 func (s *Server) sample(now time.Time) KVSample {
-	x := KVSample{At: now, Turns: s.mem.turns.Load(), WindowTokens: s.mem.windowTokens.Load(), alert: s.readAlertPoint()}
+	turns, windowTokens, _, _ := s.opts.Sessions.WindowCounters()
+	x := KVSample{At: now, Turns: turns, WindowTokens: windowTokens, alert: s.readAlertPoint()}
 	if c := s.opts.KV; c != nil {
 		st := c.Stats()
 		x.KVHits, x.KVMisses = st.Hits, st.Misses
@@ -55,7 +56,7 @@ func (s *Server) sample(now time.Time) KVSample {
 			x.Tiers = append(x.Tiers, TierSample{Tier: t.Tier, Bytes: t.Bytes, MaxBytes: t.MaxBytes, Entries: t.Entries})
 		}
 	}
-	if e := s.engine; e != nil {
+	if e := s.opts.Engine; e != nil {
 		st := e.Stats()
 		x.CachedTokens, x.PrefilledTokens, x.ReusedTokens = st.Timings.CacheN, st.Timings.PromptN, st.ReusedTokens
 		for _, t := range e.ConsoleFacts().Tiers {
@@ -157,10 +158,12 @@ func newLastWindow(at time.Time, turn *memory.Turn) *lastWindow {
 		RecallBlock: gjson.GetBytes(turn.Block, "content").String(), StableBlock: gjson.GetBytes(turn.Stable, "content").String()}
 }
 
-// windowCache keeps the last window of the most recently served sessions,
-// at most max of them (the oldest leave first). The zero value keeps
-// nothing; its methods are safe for concurrent use.
-type windowCache struct {
+// Windows keeps the last window of the most recently served sessions, at
+// most max of them (the oldest leave first), for the console's session
+// page. The proxy fills it (proxy.Options.Windows: Window as it builds a
+// window, Forget as it deletes a session); the console reads it. A nil
+// *Windows keeps nothing; its methods are safe for concurrent use.
+type Windows struct {
 	max int
 	// mu protects the fields below.
 	mu    sync.Mutex
@@ -168,11 +171,21 @@ type windowCache struct {
 	order []string // the keys of m, oldest first
 }
 
-func newWindowCache(max int) *windowCache {
-	return &windowCache{max: max, m: map[string]*lastWindow{}}
+// NewWindows returns a Windows that keeps the last windows of max sessions
+// (ConsoleWindows is the sidecar's).
+func NewWindows(max int) *Windows {
+	return &Windows{max: max, m: map[string]*lastWindow{}}
 }
 
-func (c *windowCache) put(tenant, id string, w *lastWindow) {
+// Window keeps turn's window as session id's last, built at at.
+func (c *Windows) Window(tenant, id string, at time.Time, turn *memory.Turn) {
+	if c == nil || c.max <= 0 {
+		return
+	}
+	c.put(tenant, id, newLastWindow(at, turn))
+}
+
+func (c *Windows) put(tenant, id string, w *lastWindow) {
 	if c == nil || c.max <= 0 {
 		return
 	}
@@ -190,7 +203,7 @@ func (c *windowCache) put(tenant, id string, w *lastWindow) {
 	}
 }
 
-func (c *windowCache) get(tenant, id string) *lastWindow {
+func (c *Windows) get(tenant, id string) *lastWindow {
 	if c == nil {
 		return nil
 	}
@@ -199,7 +212,8 @@ func (c *windowCache) get(tenant, id string) *lastWindow {
 	return c.m[sessionKeyOf(tenant, id)]
 }
 
-func (c *windowCache) forget(tenant, id string) {
+// Forget drops session id's last window (the session was deleted).
+func (c *Windows) Forget(tenant, id string) {
 	if c == nil {
 		return
 	}

@@ -1,4 +1,4 @@
-package proxy
+package admin
 
 // The knowledge base as the console sees it: Triple, Review and the
 // Knowledge interface a Server is given, then the routes.

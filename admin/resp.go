@@ -1,4 +1,4 @@
-package proxy
+package admin
 
 // The RESP listener as the console sees it: GET /admin/v1/resp over
 // Options.RESP (package respstore's Stats), and the RESP tenants that
@@ -90,7 +90,7 @@ func (a *adminReq) resp() {
 	}
 	st := r.Stats()
 	v := respView{Object: "resp", Enabled: true, Stats: st, Tenants: []respTenant{}, TenantsTotal: len(st.Tenants),
-		Totals: respTotals{Tenants: len(st.Tenants), TierBytes: map[string]int64{}}, SampleEveryMs: a.s.opts.ConsoleSampleEvery.Milliseconds()}
+		Totals: respTotals{Tenants: len(st.Tenants), TierBytes: map[string]int64{}}, SampleEveryMs: a.s.opts.SampleEvery.Milliseconds()}
 	v.Stats.Tenants = nil
 	for i, t := range st.Tenants {
 		rt := newRESPTenant(t)
@@ -137,13 +137,13 @@ func (a *adminReq) tenants() {
 	if a.done {
 		return
 	}
-	if a.s.admin == nil && a.s.opts.RESP == nil {
+	if a.s.opts.Memory == nil && a.s.opts.RESP == nil {
 		a.memory() // answers memory_disabled
 		return
 	}
 	out := []adminTenant{}
 	at := map[string]int{}
-	if m := a.s.admin; m != nil {
+	if m := a.s.opts.Memory; m != nil {
 		ts, err := m.Tenants()
 		if err != nil {
 			a.storeErr(err)

@@ -1,4 +1,4 @@
-package proxy
+package admin
 
 import (
 	"testing"
@@ -31,7 +31,8 @@ func observe(s histogram.Snapshot, n int, d time.Duration) histogram.Snapshot {
 // happened in the last five minutes; nothing to judge is unknown.
 func TestThresholds(t *testing.T) {
 	f := &statsKV{}
-	s := &Server{opts: Options{KV: f}, series: newKVSeries(100)}
+	m := &fakeSessions{}
+	s := &Server{opts: Options{KV: f, Sessions: m}, series: newKVSeries(100)}
 	now := time.Unix(1_800_000_000, 0)
 	judge := func() map[string]Threshold {
 		out := map[string]Threshold{}
@@ -58,9 +59,8 @@ func TestThresholds(t *testing.T) {
 	}
 	f.st.Tiers[1].PromotionLatency = observe(histogram.Snapshot{}, 50, time.Second)
 	f.st.Tiers[1].DemotionLatency = observe(histogram.Snapshot{}, 50, time.Second)
-	s.mem.prepare[0].Observe(time.Minute)
-	s.mem.windowTokens.Store(990)
-	s.mem.windowLimit.Store(1000)
+	m.recall = append(m.recall, time.Minute) // a full recall
+	m.windowTokens, m.limits = 990, 1000
 	s.series.add(s.sample(now.Add(-10 * time.Minute)))
 
 	// Since then: fast moves and recalls, a good hit rate, half-full
@@ -72,11 +72,12 @@ func TestThresholds(t *testing.T) {
 	f.st.Tiers[0].DemotionLatency = observe(histogram.Snapshot{}, 100, 250*time.Millisecond)
 	f.st.Tiers[2].Bytes = 20
 	for range 10 {
-		s.mem.prepare[1].Observe(10 * time.Millisecond)
+		m.recall = append(m.recall, 10*time.Millisecond) // reuses
 	}
-	s.mem.prepare[2].Observe(time.Minute) // a turn that recalled nothing is not a recall
-	s.mem.windowTokens.Add(500)
-	s.mem.windowLimit.Add(1000)
+	// A turn that recalled nothing is not a recall: the proxy's
+	// WindowCounters leaves it out (package proxy's TestWindowCounters).
+	m.windowTokens += 500
+	m.limits += 1000
 	s.series.add(s.sample(now.Add(-time.Minute)))
 
 	got := judge()

@@ -1,4 +1,4 @@
-package proxy
+package admin
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ import (
 
 // The console's memory routes (GET|POST /admin/v1/memories, PATCH|DELETE
 // /admin/v1/memories/{id}, boost, batch-delete) and statistics by category
-// with their CSV and JSON exports; routing and auth are in admin.go.
+// with their CSV and JSON exports; routing and auth are in api.go.
 
 // memoryRow is one memory as the console's table shows it.
 type memoryRow struct {
@@ -52,7 +52,7 @@ func decayOf(u *memory.Unit) *decayInfo {
 // scopeMemories returns the categorized memories of ?session= or of every
 // session of ?user= (at most adminMaxSessions, newest first).
 func (a *adminReq) scopeMemories() ([]memoryRow, bool) {
-	st := a.s.admin
+	st := a.s.opts.Memory
 	var ids []string
 	if id := string(a.q.Peek("session")); id != "" {
 		if a.sessionParam(); a.done {
@@ -158,7 +158,7 @@ func (a *adminReq) addMemory() {
 			return
 		}
 	}
-	u, err := a.s.admin.AddMemory(a.tenantV, a.session, c, *w.Text, imp)
+	u, err := a.s.opts.Memory.AddMemory(a.tenantV, a.session, c, *w.Text, imp)
 	if err != nil {
 		a.storeErr(err)
 		return
@@ -171,7 +171,7 @@ func (a *adminReq) memoryUnit(id string) {
 	if a.done {
 		return
 	}
-	st := a.s.admin
+	st := a.s.opts.Memory
 	if a.ctx.IsDelete() {
 		if err := st.DeleteMemory(a.tenantV, a.session, id); err != nil {
 			a.storeErr(err)
@@ -212,7 +212,7 @@ func (a *adminReq) boost(id string) {
 	if a.done {
 		return
 	}
-	imp, err := a.s.admin.Boost(a.tenantV, a.session, id)
+	imp, err := a.s.opts.Memory.Boost(a.tenantV, a.session, id)
 	if err != nil {
 		a.storeErr(err)
 		return
@@ -243,7 +243,7 @@ func (a *adminReq) batchDelete() {
 		a.fail(fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_ids", fmt.Sprintf(`body must be {"ids": [1..%d memory ids]}`, adminMaxBatch))
 		return
 	}
-	st := a.s.admin
+	st := a.s.opts.Memory
 	mv, err := st.Memory(a.tenantV, a.session)
 	if err != nil {
 		a.storeErr(err)

@@ -1,4 +1,4 @@
-package proxy
+package admin
 
 import (
 	"time"
@@ -33,12 +33,8 @@ type alertPoint struct {
 
 // readAlertPoint reads the counters now.
 func (s *Server) readAlertPoint() *alertPoint {
-	p := &alertPoint{windowTokens: s.mem.windowTokens.Load(), windowLimit: s.mem.windowLimit.Load()}
-	for i, k := range recallKinds {
-		if k != "none" {
-			p.recall = p.recall.Add(s.mem.prepare[i].Snapshot())
-		}
-	}
+	_, windowTokens, windowLimit, recall := s.opts.Sessions.WindowCounters()
+	p := &alertPoint{windowTokens: windowTokens, windowLimit: windowLimit, recall: recall}
 	if c := s.opts.KV; c != nil {
 		for _, t := range c.Stats().Tiers {
 			p.promotion = p.promotion.Add(t.PromotionLatency)

@@ -1,4 +1,4 @@
-package proxy
+package admin
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
+	"github.com/kvsidecar/kvsidecar/proxy"
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
@@ -91,13 +92,13 @@ type memRow struct {
 func TestConsoleOffAndAuth(t *testing.T) {
 	up := newRecordingUpstream(t)
 	st := openMemory(t, memory.Options{})
-	off, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st })
+	off, _ := startSidecar(t, up.URL, func(o *sidecarOptions) { o.Memory = st })
 	for _, p := range []string{"/ui", "/ui/", "/ui/app.js", "/admin/v1/tenants"} {
 		resp, b := adminDo(t, off, "GET", p, testAdminToken, "")
 		wantOpenAIError(t, resp, b, 404, "console_disabled")
 	}
 
-	on, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st; o.AdminToken = testAdminToken })
+	on, px := startSidecar(t, up.URL, func(o *sidecarOptions) { o.Memory = st; o.AdminToken = testAdminToken })
 	chatTurn(t, on, "key-a", "s1", "", "hello")
 	for _, bearer := range []string{"", "key-a", testAdminToken + "x", strings.ToUpper(testAdminToken)} {
 		resp, b := adminDo(t, on, "GET", "/admin/v1/tenants", bearer, "")
@@ -134,7 +135,7 @@ func TestConsoleOffAndAuth(t *testing.T) {
 	}
 
 	for _, tok := range []string{"short", " " + testAdminToken, "admin token with spaces 123"} {
-		if _, err := New(Options{Upstream: up.URL, AdminToken: tok}); err == nil {
+		if _, err := New(Options{Token: tok, Front: px, Health: px, Metrics: px.Metrics(), Sessions: px}); err == nil {
 			t.Errorf("admin token %q accepted", tok)
 		}
 	}
@@ -147,7 +148,7 @@ func TestConsoleOffAndAuth(t *testing.T) {
 func TestAdminMemories(t *testing.T) {
 	up := newRecordingUpstream(t)
 	st := openMemory(t, memory.Options{})
-	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Memory = st; o.AdminToken = testAdminToken })
+	base, _ := startSidecar(t, up.URL, func(o *sidecarOptions) { o.Memory = st; o.AdminToken = testAdminToken })
 	chatTurn(t, base, "key-a", "a1", "alice", "I live in Lisbon")
 	chatTurn(t, base, "key-a", "a2", "bob", "I like tea")
 	chatTurn(t, base, "key-b", "b1", "", "secret plans of b")
@@ -347,7 +348,7 @@ func TestAdminMemories(t *testing.T) {
 func TestAdminSessionDetail(t *testing.T) {
 	up := newRecordingUpstream(t)
 	st := openMemory(t, memory.Options{})
-	base, srv := startSidecar(t, up.URL, func(o *Options) { o.Memory = st; o.AdminToken = testAdminToken })
+	base, _ := startSidecar(t, up.URL, func(o *sidecarOptions) { o.Memory = st; o.AdminToken = testAdminToken })
 	chatTurn(t, base, "key-a", "s", "", "hello there")
 	ta := tenantOf([]byte("Bearer key-a"))
 	adminJSON(t, base, "POST", "/admin/v1/memories?tenant="+ta+"&session=s", `{"category":"core","text":"The user is called Ada."}`, 201, nil)
@@ -363,7 +364,7 @@ func TestAdminSessionDetail(t *testing.T) {
 			StableBlock string `json:"stable_block"`
 		} `json:"last_window"`
 	}
-	waitFor(t, srv, func() bool {
+	eventually(t, func() bool {
 		adminJSON(t, base, "GET", "/admin/v1/sessions/s?tenant="+ta, "", 200, &d)
 		return len(d.Messages) == 4
 	})
@@ -407,7 +408,7 @@ func (f *fakeKnowledge) DeleteTriple(tenant, user, id string) error {
 func TestAdminKnowledge(t *testing.T) {
 	up := newRecordingUpstream(t)
 	k := &fakeKnowledge{triples: map[string][]Triple{"t1/ann": {{ID: "tr1", Subject: "Ann", Predicate: "lives in", Object: "Lisbon", Support: []string{"fact-1"}}}}}
-	base, _ := startSidecar(t, up.URL, func(o *Options) { o.Knowledge = k; o.AdminToken = testAdminToken })
+	base, _ := startSidecar(t, up.URL, func(o *sidecarOptions) { o.Knowledge = k; o.AdminToken = testAdminToken })
 	var tr struct {
 		Data      []Triple
 		Available bool
@@ -433,7 +434,7 @@ func TestAdminKnowledge(t *testing.T) {
 		t.Fatalf("deleted triple still listed: %+v", tr)
 	}
 
-	none, _ := startSidecar(t, up.URL, func(o *Options) { o.AdminToken = testAdminToken })
+	none, _ := startSidecar(t, up.URL, func(o *sidecarOptions) { o.AdminToken = testAdminToken })
 	adminJSON(t, none, "GET", "/admin/v1/triples?tenant=t1", "", 200, &tr)
 	if tr.Available || tr.Data == nil || len(tr.Data) != 0 {
 		t.Fatalf("no knowledge: %+v", tr)
@@ -450,7 +451,7 @@ func TestAdminKV(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	base, _ := startSidecar(t, "http://127.0.0.1:1", func(o *Options) { o.KV = c; o.AdminToken = testAdminToken })
+	base, _ := startSidecar(t, "http://127.0.0.1:1", func(o *sidecarOptions) { o.KV = c; o.AdminToken = testAdminToken })
 	// Lookups that stand in for computes (engine restores) count in the
 	// cache's hit rate: three hits, one miss.
 	if err := c.PutBlob("ns", "a", kv.BlobMeta{}, []byte("0123456789abcdef")); err != nil {
@@ -506,7 +507,7 @@ func TestKVSeriesRing(t *testing.T) {
 // period, and stops when its context ends.
 func TestSamplerTicks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := &Server{series: newKVSeries(10)}
+		s := &Server{series: newKVSeries(10), opts: Options{Sessions: &fakeSessions{}}}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { defer close(done); s.runSampler(ctx, time.Second) }()
@@ -523,7 +524,7 @@ func TestSamplerTicks(t *testing.T) {
 // TestWindowCacheBound: the last windows of at most max sessions are kept,
 // the oldest leave first, and forgetting one frees its place.
 func TestWindowCacheBound(t *testing.T) {
-	c := newWindowCache(2)
+	c := NewWindows(2)
 	w := func(n int) *lastWindow { return &lastWindow{TotalTokens: n} }
 	c.put("t", "a", w(1))
 	c.put("t", "b", w(2))
@@ -532,7 +533,7 @@ func TestWindowCacheBound(t *testing.T) {
 	if c.get("t", "a") != nil || c.get("t", "b").TotalTokens != 2 || c.get("t", "c").TotalTokens != 4 {
 		t.Fatalf("after eviction: a=%v b=%v c=%v", c.get("t", "a"), c.get("t", "b"), c.get("t", "c"))
 	}
-	c.forget("t", "b")
+	c.Forget("t", "b")
 	c.put("t", "d", w(5))
 	if c.get("t", "c") == nil || c.get("t", "d") == nil || len(c.m) != 2 || len(c.order) != 2 {
 		t.Fatalf("after forget: %v %v", c.m, c.order)
@@ -542,19 +543,19 @@ func TestWindowCacheBound(t *testing.T) {
 	}
 }
 
-// chatOnlyMemory is a Memory without the console's methods.
-type chatOnlyMemory struct{ chatMemory }
+// chatOnlyMemory is the proxy's Memory, without the console's methods.
+type chatOnlyMemory struct{ proxy.Memory }
 
-type chatMemory = Memory
-
-// TestConsoleNeedsAdminMemory: the console refuses a Memory that cannot
-// list or edit, at construction rather than on the first call.
+// TestConsoleNeedsAdminMemory: the console takes only a Memory that can
+// list and edit (its Options.Memory is that interface, so a chat-only
+// memory is refused when the sidecar is built); the proxy takes a
+// chat-only one (package proxy's TestChatOnlyMemory).
 func TestConsoleNeedsAdminMemory(t *testing.T) {
 	st := openMemory(t, memory.Options{})
-	if _, err := New(Options{Upstream: "http://127.0.0.1:1", Memory: chatOnlyMemory{st}, AdminToken: testAdminToken}); err == nil || !strings.Contains(err.Error(), "AdminMemory") {
-		t.Fatalf("New with a chat-only memory and a console: %v, want an AdminMemory error", err)
+	if _, ok := any(chatOnlyMemory{st}).(Memory); ok {
+		t.Fatal("a chat-only memory passes for the console's Memory")
 	}
-	if _, err := New(Options{Upstream: "http://127.0.0.1:1", Memory: chatOnlyMemory{st}}); err != nil {
-		t.Fatalf("New with a chat-only memory, no console: %v", err)
+	if _, ok := any(st).(Memory); !ok {
+		t.Fatal("*memory.Store is not the console's Memory")
 	}
 }
