@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"path"
 	"strings"
+
+	"github.com/kvsidecar/kvsidecar/internal/httpapi"
 )
 
 // Routing reads the request path once, as the client sent it (escaped, not
@@ -205,20 +207,8 @@ func sidecarPath(p []byte) bool {
 
 // pathSegments decodes the segments of tail ("/a/b%2Fc" → ["a", "b/c"]).
 // An empty tail gives none; a trailing slash gives a last empty segment.
-func pathSegments(tail []byte) ([]string, error) {
-	if len(tail) == 0 {
-		return nil, nil
-	}
-	parts := strings.Split(string(tail[1:]), "/")
-	for i, p := range parts {
-		s, err := url.PathUnescape(p)
-		if err != nil {
-			return nil, err
-		}
-		parts[i] = s
-	}
-	return parts, nil
-}
-
 // isDotName reports whether a decoded segment is "." or "..".
-func isDotName(s string) bool { return s == "." || s == ".." }
+var (
+	pathSegments = httpapi.PathSegments
+	isDotName    = httpapi.IsDotName
+)

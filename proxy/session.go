@@ -4,15 +4,14 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
-	"unicode/utf8"
 
+	"github.com/kvsidecar/kvsidecar/internal/httpapi"
 	"github.com/valyala/fasthttp"
 )
 
 // maxSessionIDLen bounds a client-chosen session id. Ids are never used as
 // file names (storage hashes them), but they are logged and echoed.
-const maxSessionIDLen = 256
+const maxSessionIDLen = httpapi.MaxIDLen
 
 // anonymousTenant is the one tenant that requests without a bearer token
 // share when Options.AllowAnonymous is set.
@@ -44,20 +43,7 @@ func tenantOf(authorization []byte) string {
 
 // validSessionID reports whether id may name a session: 1..256 bytes of
 // UTF-8 without control characters.
-func validSessionID(id string) error {
-	if len(id) > maxSessionIDLen {
-		return fmt.Errorf("session id is %d bytes; at most %d allowed", len(id), maxSessionIDLen)
-	}
-	if !utf8.ValidString(id) {
-		return fmt.Errorf("session id must be valid UTF-8")
-	}
-	for _, r := range id {
-		if r < 0x20 || r == 0x7f {
-			return fmt.Errorf("session id must not contain control characters")
-		}
-	}
-	return nil
-}
+var validSessionID = httpapi.ValidID
 
 // tenant returns the request's tenant. ok is false for a request without
 // a bearer token unless Options.AllowAnonymous makes it the shared
