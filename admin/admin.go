@@ -19,6 +19,7 @@ import (
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/frontdoor"
 	"github.com/kvsidecar/kvsidecar/internal/histogram"
+	"github.com/kvsidecar/kvsidecar/internal/httpapi"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
 	"github.com/kvsidecar/kvsidecar/respstore"
@@ -349,7 +350,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx) string {
 		return routeConsole
 	}
 	if string(raw) == "/admin/v1" || bytes.HasPrefix(raw, []byte("/admin/v1/")) {
-		if !s.tooLarge(ctx, s.opts.MaxBodyBytes) {
+		if !httpapi.TooLarge(ctx, s.opts.MaxBodyBytes) {
 			s.handleAdmin(ctx, raw[len("/admin/v1"):])
 		}
 		return routeAdmin
@@ -361,15 +362,4 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx) string {
 	writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "not_found",
 		"no such path on the admin listener: /healthz, /readyz, /metrics, /ui/, /admin/v1/ and, with --admin-pprof, /debug/pprof/")
 	return routeNotFound
-}
-
-// tooLarge answers 413 when the body exceeds limit.
-func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, limit int) bool {
-	if n := len(ctx.Request.Body()); n > limit {
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, typeInvalidRequest, "body_too_large",
-			fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", n, limit))
-		ctx.SetConnectionClose()
-		return true
-	}
-	return false
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvsidecar/kvsidecar/internal/httpapi"
 	"github.com/kvsidecar/kvsidecar/internal/obs"
 	"github.com/kvsidecar/kvsidecar/mcpserver"
 )
@@ -31,7 +32,7 @@ func (s *Server) handleMCP(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "mcp_disabled", "the MCP endpoint is off on this sidecar")
 		return
 	}
-	if s.tooLarge(ctx, min(s.opts.MaxBodyBytes, s.opts.MCP.MaxBodyBytes())) {
+	if httpapi.TooLarge(ctx, min(s.opts.MaxBodyBytes, s.opts.MCP.MaxBodyBytes())) {
 		return
 	}
 	tenant, ok := s.requireTenant(ctx)

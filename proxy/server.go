@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/frontdoor"
+	"github.com/kvsidecar/kvsidecar/internal/httpapi"
 )
 
 // Server is the sidecar's HTTP front. Make one with New, serve with Serve,
@@ -329,7 +330,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) (r route, s
 		case r == routeSessions && isSnapshotPath(tail):
 			limit = s.opts.MaxSnapshotBytes
 		}
-		if !s.tooLarge(ctx, limit) {
+		if !httpapi.TooLarge(ctx, limit) {
 			switch r {
 			case routeSessions:
 				s.handleSessions(ctx, tail)
@@ -347,7 +348,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) (r route, s
 		return routePassthrough, false
 	}
 	r = classify(raw)
-	if s.tooLarge(ctx, s.opts.MaxBodyBytes) {
+	if httpapi.TooLarge(ctx, s.opts.MaxBodyBytes) {
 		return r, false
 	}
 	return r, s.forward(ctx, r, start)
@@ -376,18 +377,6 @@ func (s *Server) CountRequest() (done func(route string, status int)) {
 func (s *Server) HandleHealth(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
 	ctx.SetBodyString(`{"status":"ok"}`)
-}
-
-// tooLarge answers 413 when the body exceeds limit; the server reads up to
-// the largest limit of any route.
-func (s *Server) tooLarge(ctx *fasthttp.RequestCtx, limit int) bool {
-	if n := len(ctx.Request.Body()); n > limit {
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, typeInvalidRequest, "body_too_large",
-			fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", n, limit))
-		ctx.SetConnectionClose()
-		return true
-	}
-	return false
 }
 
 // finish counts a request that ended.

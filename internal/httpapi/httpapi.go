@@ -104,3 +104,15 @@ func PathSegments(tail []byte) ([]string, error) {
 
 // IsDotName reports whether a decoded segment is "." or "..".
 func IsDotName(s string) bool { return s == "." || s == ".." }
+
+// TooLarge answers 413 and closes the connection when the request's body
+// exceeds limit bytes; the server reads up to the largest limit of any route.
+func TooLarge(ctx *fasthttp.RequestCtx, limit int) bool {
+	if n := len(ctx.Request.Body()); n > limit {
+		WriteError(ctx, fasthttp.StatusRequestEntityTooLarge, TypeInvalidRequest, "body_too_large",
+			fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", n, limit))
+		ctx.SetConnectionClose()
+		return true
+	}
+	return false
+}
