@@ -9,7 +9,8 @@
 # Environment: LLAMA_SERVER (default ../shared/llama/bin/llama-server, else
 # llama-server on PATH), SIDECAR (default bin/sidecar, built if missing),
 # FLEET_DIR (default ./fleet-data), REDIS_PORT (6390), LLAMA_PORTS
-# ("8001 8002"), SIDECAR_PORTS ("8081 8082"), START_TIMEOUT (60 seconds for
+# ("8001 8002"), SIDECAR_PORTS ("8081 8082"), ADMIN_PORTS (the sidecars'
+# admin listeners: /metrics, the console; "9081 9082"), START_TIMEOUT (60 seconds for
 # each process). Without MODEL, the tiny random model of tiny_gguf.py (beside
 # llama-server's bin folder, or LLAMA_TINY_GGUF) is written (tests and demos
 # only) and the
@@ -32,6 +33,7 @@ DIR=${FLEET_DIR:-./fleet-data}
 REDIS_PORT=${REDIS_PORT:-6390}
 read -r -a LLAMA_PORTS <<<"${LLAMA_PORTS:-8001 8002}"
 read -r -a SIDECAR_PORTS <<<"${SIDECAR_PORTS:-8081 8082}"
+read -r -a ADMIN_PORTS <<<"${ADMIN_PORTS:-$((SIDECAR_PORTS[0] + 1000)) $((SIDECAR_PORTS[1] + 1000))}"
 START_TIMEOUT=${START_TIMEOUT:-60}
 MODEL=${1:-}
 
@@ -41,13 +43,14 @@ command -v redis-server >/dev/null || fail "redis-server not found (apt-get inst
 command -v redis-cli >/dev/null || fail "redis-cli not found (apt-get install redis-tools)"
 command -v curl >/dev/null || fail "curl not found (apt-get install curl)"
 [ -x "$LLAMA_SERVER" ] || fail "llama-server not found at $LLAMA_SERVER nor on PATH (set LLAMA_SERVER)"
-[ "${#LLAMA_PORTS[@]}" -eq 2 ] && [ "${#SIDECAR_PORTS[@]}" -eq 2 ] || fail "LLAMA_PORTS and SIDECAR_PORTS take two ports each"
+[ "${#LLAMA_PORTS[@]}" -eq 2 ] && [ "${#SIDECAR_PORTS[@]}" -eq 2 ] && [ "${#ADMIN_PORTS[@]}" -eq 2 ] ||
+  fail "LLAMA_PORTS, SIDECAR_PORTS and ADMIN_PORTS take two ports each"
 
 # A port something already answers on would make a wait below succeed
 # against the wrong process: refuse it first.
-for p in "$REDIS_PORT" "${LLAMA_PORTS[@]}" "${SIDECAR_PORTS[@]}"; do
+for p in "$REDIS_PORT" "${LLAMA_PORTS[@]}" "${SIDECAR_PORTS[@]}" "${ADMIN_PORTS[@]}"; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-    fail "port $p on 127.0.0.1 is taken by another process; stop it, or choose other ports (REDIS_PORT, LLAMA_PORTS, SIDECAR_PORTS)"
+    fail "port $p on 127.0.0.1 is taken by another process; stop it, or choose other ports (REDIS_PORT, LLAMA_PORTS, SIDECAR_PORTS, ADMIN_PORTS)"
   fi
 done
 
@@ -107,7 +110,7 @@ done
 sidecars=()
 for i in 0 1; do
   d=$DIR/replica$i
-  "$SIDECAR" serve --listen "127.0.0.1:${SIDECAR_PORTS[$i]}" --upstream "http://127.0.0.1:${LLAMA_PORTS[$i]}" \
+  "$SIDECAR" serve --listen "127.0.0.1:${SIDECAR_PORTS[$i]}" --admin-listen "127.0.0.1:${ADMIN_PORTS[$i]}" --upstream "http://127.0.0.1:${LLAMA_PORTS[$i]}" \
     --data-dir "$d/data" --engine llamacpp --llamacpp-slot-dir "$d/slots" --llamacpp-slots 2 \
     --remote "redis://127.0.0.1:$REDIS_PORT/0" --log-format text 2>>"$d/sidecar.log" &
   pids+=($!)
@@ -116,7 +119,7 @@ done
 for i in 0 1; do
   wait_for "sidecar $i" "${sidecars[$i]}" "$DIR/replica$i/sidecar.log" curl -sf "http://127.0.0.1:${SIDECAR_PORTS[$i]}/readyz"
 done
-echo "fleet up: sidecars http://127.0.0.1:${SIDECAR_PORTS[0]} and http://127.0.0.1:${SIDECAR_PORTS[1]}, redis 127.0.0.1:$REDIS_PORT; logs in $DIR"
+echo "fleet up: sidecars http://127.0.0.1:${SIDECAR_PORTS[0]} and http://127.0.0.1:${SIDECAR_PORTS[1]} (metrics on http://127.0.0.1:${ADMIN_PORTS[0]}/metrics and :${ADMIN_PORTS[1]}), redis 127.0.0.1:$REDIS_PORT; logs in $DIR"
 set +e
 wait -n
 status=$?

@@ -59,7 +59,8 @@ func fleetScript(t *testing.T, ports []int) (*exec.Cmd, io.Reader) {
 	cmd.Dir = "../.."
 	cmd.Env = append(os.Environ(), "SIDECAR_TEST_MAIN=1", "SIDECAR="+os.Args[0], "LLAMA_SERVER="+p.Server, "LLAMA_TINY_GGUF="+p.Script,
 		"FLEET_DIR="+rel, "START_TIMEOUT=90", "REDIS_PORT="+strconv.Itoa(ports[0]),
-		fmt.Sprintf("LLAMA_PORTS=%d %d", ports[1], ports[2]), fmt.Sprintf("SIDECAR_PORTS=%d %d", ports[3], ports[4]))
+		fmt.Sprintf("LLAMA_PORTS=%d %d", ports[1], ports[2]), fmt.Sprintf("SIDECAR_PORTS=%d %d", ports[3], ports[4]),
+		fmt.Sprintf("ADMIN_PORTS=%d %d", ports[5], ports[6]))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -81,7 +82,7 @@ func fleetScript(t *testing.T, ports []int) (*exec.Cmd, io.Reader) {
 // other; SIGTERM stops every process.
 func TestFleetScriptComesUpAndStops(t *testing.T) {
 	t.Parallel() // waits on five processes: run beside the real-engine tests
-	ports := freePorts(t, 5)
+	ports := freePorts(t, 7)
 	cmd, out := fleetScript(t, ports)
 	lines := make(chan string, 64)
 	go func() {
@@ -127,6 +128,12 @@ func TestFleetScriptComesUpAndStops(t *testing.T) {
 	if v.Messages[0].Content != "hello fleet" {
 		t.Errorf("the second sidecar reads %+v", v.Messages)
 	}
+	// Each sidecar's own metrics on the admin port the script gave it.
+	for _, p := range ports[5:7] {
+		if m := metricsText(t, fmt.Sprintf("127.0.0.1:%d", p)); !strings.Contains(m, "sidecar_http_request_bytes_total") {
+			t.Errorf("no sidecar metrics on admin port %d", p)
+		}
+	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +159,7 @@ func TestFleetScriptRefusesATakenPort(t *testing.T) {
 	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, `{"status":"ok"}`) }))
 	defer other.Close()
 	taken := other.Listener.Addr().(*net.TCPAddr).Port
-	ports := freePorts(t, 5)
+	ports := freePorts(t, 7)
 	ports[4] = taken
 	cmd, out := fleetScript(t, ports)
 	b, _ := io.ReadAll(out)
