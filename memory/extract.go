@@ -6,44 +6,23 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 	"github.com/kvsidecar/kvsidecar/memory/internal/reviewlog"
 	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // ExtractRequest is one extraction call: its prompt and the session it is
-// made for.
-type ExtractRequest struct {
-	// Tenant and SessionID name the session; Model is the model of its
-	// latest turn (the call's model unless the Extractor overrides it).
-	Tenant, SessionID, Model string
-	// Kind is "facts" (the reply is fact operations, see parseFactOps),
-	// "episode" (the reply is a short summary), "review" (one round of the
-	// memory reviewer, see parseReview), "tool_context" (tool calls and
-	// results condensed, see parseToolContext) or "l4_merge" (overlapping
-	// facts merged into one, see parseL4Merge).
-	Kind string
-	// Prompt is the whole prompt, sent as one user message.
-	Prompt string
-}
+// made for (package memory/internal/knowledge owns it).
+type ExtractRequest = knowledge.ExtractRequest
 
 // Extractor completes an extraction prompt with a model (package llm calls
-// the upstream). It is called from background goroutines the Store owns,
-// never on the request path; ctx is cancelled on Close and after
-// Extraction.Timeout. Safe for concurrent use.
-type Extractor interface {
-	Extract(ctx context.Context, req ExtractRequest) (string, error)
-}
+// the upstream); see knowledge.Extractor.
+type Extractor = knowledge.Extractor
 
 // ExtractorFunc adapts a function to Extractor.
-type ExtractorFunc func(ctx context.Context, req ExtractRequest) (string, error)
-
-// Extract implements Extractor.
-func (f ExtractorFunc) Extract(ctx context.Context, req ExtractRequest) (string, error) {
-	return f(ctx, req)
-}
+type ExtractorFunc = knowledge.ExtractorFunc
 
 type jobKind uint8
 
@@ -106,7 +85,7 @@ const (
 // of thousands of messages costs one call, not one per Every messages. A
 // full queue drops the job (counted) and the session's next turn tries
 // again. Called with sess.mu held, from the worker.
-func (kn *knowledge) maybeExtractLocked(sess *session) {
+func (kn *learner) maybeExtractLocked(sess *session) {
 	if kn.opts.Extraction.Extractor == nil || sess.extracting || kn.ctx.Err() != nil || sess.turns == sess.extractTurn {
 		return
 	}
@@ -118,14 +97,13 @@ func (kn *knowledge) maybeExtractLocked(sess *session) {
 		return
 	}
 	job.model = sess.lastModel
-	select {
-	case kn.extractQ <- job:
-		sess.refs.Add(1) // resident until the job ran (runExtract)
-		sess.extracting = true
-		sess.extractTurn = sess.turns
-	default:
+	if !kn.q.TryPut(job) {
 		kn.stats.extractDropped.Add(1)
+		return
 	}
+	sess.refs.Add(1) // resident until the job ran (runExtract)
+	sess.extracting = true
+	sess.extractTurn = sess.turns
 }
 
 // newestThatFit returns the tail of es whose prompt lines fit budget bytes
@@ -147,7 +125,7 @@ func newestThatFit(es []*entry, budget int) []*entry {
 // waitingLocked returns the history after seq, newest that fit one
 // extraction prompt, and the last seq waiting, once at least every (> 0)
 // messages wait; else nil.
-func (kn *knowledge) waitingLocked(sess *session, seq uint64, every int) ([]*entry, uint64) {
+func (kn *learner) waitingLocked(sess *session, seq uint64, every int) ([]*entry, uint64) {
 	if every <= 0 {
 		return nil, 0
 	}
@@ -163,7 +141,7 @@ func (kn *knowledge) waitingLocked(sess *session, seq uint64, every int) ([]*ent
 	return newestThatFit(es, kn.opts.Extraction.PromptBytes), es[len(es)-1].seq
 }
 
-func (kn *knowledge) episodeJobLocked(sess *session) *extractJob {
+func (kn *learner) episodeJobLocked(sess *session) *extractJob {
 	// One episode for everything that waited; the part that does not fit
 	// one prompt is covered by it (it stays in the log and the indexes).
 	es, to := kn.waitingLocked(sess, sess.episodeSeq, kn.opts.Extraction.EpisodeEvery)
@@ -178,7 +156,7 @@ func (kn *knowledge) episodeJobLocked(sess *session) *extractJob {
 	return &extractJob{sess: sess, kind: jobEpisode, from: es[0].seq, to: to, prompt: b.String(), enc: sess.lastEnc}
 }
 
-func (kn *knowledge) factJobLocked(sess *session) *extractJob {
+func (kn *learner) factJobLocked(sess *session) *extractJob {
 	es, to := kn.waitingLocked(sess, sess.factSeq, kn.opts.Extraction.Every)
 	if es == nil {
 		return nil
@@ -205,7 +183,7 @@ func (kn *knowledge) factJobLocked(sess *session) *extractJob {
 	}
 	for _, u := range facts {
 		known[u.ID] = true
-		fmt.Fprintf(&b, "[%s] %s", u.ID, sanitize.Text(u.Content, maxFactBytes))
+		fmt.Fprintf(&b, "[%s] %s", u.ID, sanitize.Text(u.Content, knowledge.MaxFactBytes))
 		if u.Review != "" {
 			fmt.Fprintf(&b, " (review: %s)", u.Review)
 		}
@@ -220,7 +198,7 @@ func (kn *knowledge) factJobLocked(sess *session) *extractJob {
 		"[DELETE:<id>]  (a known fact is no longer true)\n" +
 		"[SKIP]         (nothing worth remembering)\n" +
 		"Use only the ids listed above. Do not repeat known facts. No other text.\n")
-	b.WriteString(tripleInstructions)
+	b.WriteString(knowledge.TripleInstructions)
 	return &extractJob{sess: sess, kind: jobFacts, from: es[0].seq, to: to, known: known, prompt: b.String(), enc: sess.lastEnc}
 }
 
@@ -233,20 +211,7 @@ func writeMessages(b *strings.Builder, es []*entry) {
 	}
 }
 
-// extractWorker runs extraction jobs until Close.
-func (kn *knowledge) extractWorker() {
-	defer kn.extractWG.Done()
-	for {
-		select {
-		case job := <-kn.extractQ:
-			kn.runExtract(job)
-		case <-kn.ctx.Done():
-			return
-		}
-	}
-}
-
-func (kn *knowledge) runExtract(job *extractJob) {
+func (kn *learner) runExtract(job *extractJob) {
 	defer kn.unpin(job.sess)
 	switch job.kind {
 	case jobReview:
@@ -293,7 +258,7 @@ func (kn *knowledge) runExtract(job *extractJob) {
 	kn.enqueue(sess) // index the new memories (a next job waits for the next turn)
 }
 
-func (kn *knowledge) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
+func (kn *learner) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
 	sess := job.sess
 	text := sanitize.Text(out, maxEpisodeBytes)
 	if strings.EqualFold(strings.TrimSpace(text), "[SKIP]") {
@@ -324,10 +289,10 @@ func (kn *knowledge) applyEpisodeLocked(job *extractJob, out string, now time.Ti
 
 // applyFactOpsLocked parses the reply and applies the valid operations;
 // every rejection is logged and counted, and changes nothing.
-func (kn *knowledge) applyFactOpsLocked(job *extractJob, out string, now time.Time) {
+func (kn *learner) applyFactOpsLocked(job *extractJob, out string, now time.Time) {
 	sess := job.sess
-	out, triples := cutTripleLines(out)
-	ops, addN, rejected := parseFactOpsNumbered(out)
+	out, triples := knowledge.CutTripleLines(out)
+	ops, addN, rejected := knowledge.ParseFactOpsNumbered(out)
 	for _, err := range rejected {
 		kn.stats.factOpsRejected.Add(1)
 		kn.opts.Logger.Warn("memory: rejected fact operation", "session", sess.id, "err", err)
@@ -344,7 +309,7 @@ func (kn *knowledge) applyFactOpsLocked(job *extractJob, out string, now time.Ti
 		if addN[i] > 0 {
 			added[addN[i]] = id
 		}
-		if op.Kind != FactSkip {
+		if op.Kind != knowledge.FactSkip {
 			kn.stats.factOps.Add(1)
 		}
 	}
@@ -356,7 +321,7 @@ func (kn *knowledge) applyFactOpsLocked(job *extractJob, out string, now time.Ti
 // applyFactOpLocked applies one operation; for an ADD it returns the id of
 // the unit that holds the text: the new one, or the known one (the lowest
 // id) it deduplicated to.
-func (kn *knowledge) applyFactOpLocked(job *extractJob, op factOp, now time.Time, next *int) (string, error) {
+func (kn *learner) applyFactOpLocked(job *extractJob, op knowledge.FactOp, now time.Time, next *int) (string, error) {
 	sess := job.sess
 	var u *Unit
 	if op.ID != "" {
@@ -368,8 +333,8 @@ func (kn *knowledge) applyFactOpLocked(job *extractJob, op factOp, now time.Time
 		}
 	}
 	switch op.Kind {
-	case FactSkip:
-	case FactAdd:
+	case knowledge.FactSkip:
+	case knowledge.FactAdd:
 		n, known := 0, ""
 		for _, x := range sess.units {
 			if x.Category == "" {
@@ -400,7 +365,7 @@ func (kn *knowledge) applyFactOpLocked(job *extractJob, op factOp, now time.Time
 		sess.units[id] = nu
 		sess.unitsChanged()
 		return id, nil
-	case FactUpdate:
+	case knowledge.FactUpdate:
 		if u.Category != CategoryFact && u.Category != CategoryCore {
 			return "", fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
 		}
@@ -409,13 +374,13 @@ func (kn *knowledge) applyFactOpLocked(job *extractJob, op factOp, now time.Time
 		touch(u, now)
 		u.persisted, u.indexed = false, false
 		sess.unitsChanged()
-	case FactBoost:
-		if !u.Category.decays() && u.Category != CategoryCore {
+	case knowledge.FactBoost:
+		if !u.Category.Decays() && u.Category != CategoryCore {
 			return "", fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
 		}
 		return "", kn.boostLocked(u, now)
-	case FactDelete:
-		if !u.Category.decays() {
+	case knowledge.FactDelete:
+		if !u.Category.Decays() {
 			return "", fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
 		}
 		sess.deleteUnit(op.ID)
@@ -423,12 +388,15 @@ func (kn *knowledge) applyFactOpLocked(job *extractJob, op factOp, now time.Time
 	return "", nil
 }
 
-// knowledge owns what the sidecar learns in the background from a
-// session's turns (extract.go, factops.go, triples.go, review.go, l4.go,
-// toolctx.go, categories.go): fact extraction and episodes, fact
-// operations and triples, the memory reviewer and its decisions logs, L4
-// compression, tool-result context, decay and boosts. Its extraction
-// queue and the goroutines that drain it are its own (start, wait).
+// learner is the knowledge subsystem's glue to the sessions: what the
+// sidecar learns in the background from a session's turns (extract.go,
+// triples.go, review.go, l4.go, toolctx.go, categories.go), applied under
+// the session's lock — fact extraction and episodes, fact operations and
+// triples, the memory reviewer and its decisions logs, L4 compression,
+// tool-result context, decay and boosts. The prompts' grammar, the
+// algorithms, the options and the extraction queue are package
+// memory/internal/knowledge's; the queue's goroutines are started and
+// waited for here (start, wait).
 //
 // Invariants: never on the request path (Prepare only reads a condensed
 // tool context, toolTurnLocked); a full queue drops a job (counted), never
@@ -437,17 +405,16 @@ func (kn *knowledge) applyFactOpLocked(job *extractJob, op factOp, now time.Time
 // is rejected alone; a session stays resident while a job of it is queued
 // or running (its refs, unpinned when the job ran); every change it makes
 // to a session is made under the session's lock and written by persist.
-type knowledge struct {
+type learner struct {
 	*env
 	recall  *retriever
 	revLogs *reviewlog.Logs // the reviewer's decisions logs
 
-	extractQ  chan *extractJob
-	extractWG sync.WaitGroup
+	q *knowledge.Queue[*extractJob] // the extraction queue and its goroutines
 
-	rev reviewer    // the reviewer's in-flight scopes and counters (review.go)
-	tcs toolCtxStat // tool-result context counters (toolctx.go)
-	l4c l4Counters  // L4 compression counters (l4.go)
+	rev reviewer             // the reviewer's in-flight scopes and counters (review.go)
+	tcs toolCtxStat          // tool-result context counters (toolctx.go)
+	l4c knowledge.L4Counters // L4 compression counters (l4.go)
 
 	// What knowledge asks of the store: write what a session left
 	// unwritten, queue it for the worker, end a lookup, find its user.
@@ -459,15 +426,12 @@ type knowledge struct {
 
 // wait waits for the extraction goroutines, which end with the store's
 // ctx, until ctx ends; it reports whether they ended.
-func (kn *knowledge) wait(ctx context.Context) bool { return waitGroup(ctx, &kn.extractWG) }
+func (kn *learner) wait(ctx context.Context) bool { return kn.q.Wait(ctx) }
 
 // start starts the extraction goroutines (none without an Extractor).
-func (kn *knowledge) start() {
+func (kn *learner) start() {
 	if kn.opts.Extraction.Extractor == nil {
 		return
 	}
-	for range max(1, kn.opts.Extraction.Workers) {
-		kn.extractWG.Add(1)
-		go kn.extractWorker()
-	}
+	kn.q.Start(kn.ctx, kn.opts.Extraction.Workers, kn.runExtract)
 }

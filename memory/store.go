@@ -12,6 +12,7 @@ import (
 	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/internal/durable"
 	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
+	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
 	"github.com/kvsidecar/kvsidecar/memory/internal/retention"
 	"github.com/kvsidecar/kvsidecar/memory/internal/reviewlog"
@@ -42,7 +43,7 @@ type Store struct {
 	jrn    *sessionJournal // the sessions' logs (sessionlog.go, shared.go)
 	win    *windowBuilder  // builds the windows, no I/O (window.go, block.go)
 	recall *retriever      // the indexes and what a turn recalls (recall.go)
-	know   *knowledge      // what is learnt in the background; its goroutines (extract.go)
+	know   *learner        // what is learnt in the background; its goroutines (extract.go)
 	wk     *worker         // the background writes; its goroutine (worker.go)
 	users  *userScope      // which user a session recalls with (users.go)
 
@@ -86,7 +87,7 @@ func Open(opts Options) (*Store, error) {
 	s.recall = &retriever{env: s.env, ixOpts: opts.Recall.Index}
 	_, s.recall.localEmbedder = opts.Recall.Index.Embedder.(*index.HashEmbedder)
 	s.reg = &registry{env: s.env, sessions: map[string]*session{}, users: map[string]*userMem{}, trimC: make(chan struct{}, 1)}
-	s.know = &knowledge{env: s.env, extractQ: make(chan *extractJob, max(1, opts.Extraction.Queue)),
+	s.know = &learner{env: s.env, q: knowledge.NewQueue[*extractJob](opts.Extraction.Queue),
 		revLogs: reviewlog.New(reviewlog.Options{Dir: opts.Dir, Journal: s.j, Size: opts.Reviewer.LogSize})}
 	s.wk = &worker{env: s.env, queue: make(chan *session, opts.QueueSize), stop: make(chan struct{}),
 		sumSem: make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries))}
@@ -373,7 +374,7 @@ func (sess *session) reset() {
 	sess.uidx, sess.uSeq, sess.uUnitsVer, sess.uKbVer, sess.uGen = nil, 0, 0, 0, 0
 	sess.sticky = cachedBlock{}
 	sess.wm.reset()
-	sess.kb = sessTriples{}
+	sess.kb = knowledge.KB{}
 	sess.factSeq, sess.episodeSeq = 0, 0
 	sess.sharedN, sess.sharedLast = -1, 0
 	sess.unitsChanged()

@@ -1,9 +1,10 @@
-package memory
+package knowledge
 
 import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/kvsidecar/kvsidecar/index"
@@ -28,29 +29,27 @@ func BenchmarkL4Cluster(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				facts := make([]l4Fact, n)
+				facts := make([]Fact, n)
 				for i := range facts {
-					facts[i] = l4Fact{id: fmt.Sprint(i), content: texts[i], vec: unitVector(vecs[i])}
+					facts[i] = Fact{ID: fmt.Sprint(i), Content: texts[i], Vec: UnitVector(vecs[i])}
 				}
-				_ = l4Clusters(facts, 0.75, 3)
+				_ = Clusters(facts, 0.75, 3)
 			}
 		})
 	}
 }
 
-// BenchmarkL4Fidelity: checking one merge of three facts (keywords and
-// similarity; the merged text's embedding excluded).
-func BenchmarkL4Fidelity(b *testing.B) {
-	c := l4Cases[0]
-	emb := index.NewHashEmbedder(index.HashOptions{})
-	vecs, _ := emb.Embed(context.Background(), append(append([]string{}, c.lossy...), c.lossyMerge))
-	part := make([]*l4Fact, len(c.lossy))
-	for i := range part {
-		part[i] = &l4Fact{content: c.lossy[i], vec: unitVector(vecs[i])}
+// randText returns words random words of a fixed vocabulary.
+func randText(r *rand.Rand, words int) string {
+	vocab := strings.Fields(`user assistant memory cache prefix summary budget invoice customer order shipping refund
+		database index query latency server client proxy upstream tenant session archive recall vector embedding model
+		quantum physics history roman empire volcano ocean mountain river forest desert weather storm`)
+	var b strings.Builder
+	for i := 0; i < words; i++ {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(vocab[r.IntN(len(vocab))])
 	}
-	merged := unitVector(vecs[len(vecs)-1])
-	b.ReportAllocs()
-	for b.Loop() {
-		_ = fidelity(merged, c.lossyMerge, part)
-	}
+	return b.String()
 }
