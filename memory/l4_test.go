@@ -9,9 +9,6 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
-
-	"github.com/kvsidecar/kvsidecar/index"
-	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 )
 
 // l4Extractor answers merge prompts from a script: the first entry whose
@@ -379,21 +376,4 @@ func TestL4WithoutEmbeddingsKeepsTheMostImportant(t *testing.T) {
 			t.Fatalf("after a restart %q", g)
 		}
 	})
-}
-
-// BenchmarkL4Fidelity: checking one merge of three facts (keywords and
-// similarity; the merged text's embedding excluded).
-func BenchmarkL4Fidelity(b *testing.B) {
-	c := l4Cases[0]
-	emb := index.NewHashEmbedder(index.HashOptions{})
-	vecs, _ := emb.Embed(context.Background(), append(append([]string{}, c.lossy...), c.lossyMerge))
-	part := make([]*knowledge.Fact, len(c.lossy))
-	for i := range part {
-		part[i] = &knowledge.Fact{Content: c.lossy[i], Vec: knowledge.UnitVector(vecs[i])}
-	}
-	merged := knowledge.UnitVector(vecs[len(vecs)-1])
-	b.ReportAllocs()
-	for b.Loop() {
-		_ = knowledge.Fidelity(merged, c.lossyMerge, part)
-	}
 }
