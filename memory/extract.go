@@ -71,10 +71,9 @@ type extractJob struct {
 }
 
 const (
-	maxEpisodeBytes   = 4096 // an episode's text
-	maxMemoryBytes    = 4096 // a memory added with AddMemory
-	maxPromptMsgBytes = 1500 // one message in a prompt
-	maxPromptFacts    = 60   // known facts shown in a prompt
+	maxEpisodeBytes = 4096 // an episode's text
+	maxMemoryBytes  = 4096 // a memory added with AddMemory
+	maxPromptFacts  = 60   // known facts shown in a prompt
 )
 
 // maybeExtractLocked queues an extraction job when one is due: an episode
@@ -112,7 +111,7 @@ func newestThatFit(es []*entry, budget int) []*entry {
 	used := 0
 	i := len(es)
 	for i > 0 {
-		n := min(len(es[i-1].text()), maxPromptMsgBytes) + len(es[i-1].msg.Role) + 3
+		n := knowledge.PromptLen(knowledge.Line{Role: es[i-1].msg.Role, Text: es[i-1].text()})
 		if used+n > budget && i < len(es) {
 			break
 		}
@@ -148,12 +147,7 @@ func (kn *learner) episodeJobLocked(sess *session) *extractJob {
 	if es == nil {
 		return nil
 	}
-	var b strings.Builder
-	b.WriteString("Summarize this part of a conversation between a user and an assistant in at most five sentences, " +
-		"for the assistant's long-term memory: what the user wanted, what was decided or done, and facts learned. " +
-		"Reply with the summary only.\n\n")
-	writeMessages(&b, es)
-	return &extractJob{sess: sess, kind: jobEpisode, from: es[0].seq, to: to, prompt: b.String(), enc: sess.lastEnc}
+	return &extractJob{sess: sess, kind: jobEpisode, from: es[0].seq, to: to, prompt: knowledge.EpisodePrompt(promptLines(es)), enc: sess.lastEnc}
 }
 
 func (kn *learner) factJobLocked(sess *session) *extractJob {
@@ -176,39 +170,22 @@ func (kn *learner) factJobLocked(sess *session) *extractJob {
 	facts = facts[:min(len(facts), maxPromptFacts)]
 	slices.SortFunc(facts, func(a, b *Unit) int { return strings.Compare(a.ID, b.ID) })
 	known := make(map[string]bool, len(facts))
-	var b strings.Builder
-	b.WriteString("You maintain the long-term memory of a conversation between a user and an assistant.\n\nKnown facts:\n")
-	if len(facts) == 0 {
-		b.WriteString("(none)\n")
-	}
-	for _, u := range facts {
+	shown := make([]knowledge.KnownFact, len(facts))
+	for i, u := range facts {
 		known[u.ID] = true
-		fmt.Fprintf(&b, "[%s] %s", u.ID, sanitize.Text(u.Content, knowledge.MaxFactBytes))
-		if u.Review != "" {
-			fmt.Fprintf(&b, " (review: %s)", u.Review)
-		}
-		b.WriteByte('\n')
+		shown[i] = knowledge.KnownFact{ID: u.ID, Content: u.Content, Review: u.Review}
 	}
-	b.WriteString("\nNew messages:\n")
-	writeMessages(&b, es)
-	b.WriteString("\nReply with memory operations only, one per line, exactly in these forms:\n" +
-		"[ADD] <a new standalone fact worth remembering, one sentence>\n" +
-		"[UPDATE:<id>] <the corrected text of a known fact>\n" +
-		"[BOOST:<id>]   (a known fact was confirmed or used again)\n" +
-		"[DELETE:<id>]  (a known fact is no longer true)\n" +
-		"[SKIP]         (nothing worth remembering)\n" +
-		"Use only the ids listed above. Do not repeat known facts. No other text.\n")
-	b.WriteString(knowledge.TripleInstructions)
-	return &extractJob{sess: sess, kind: jobFacts, from: es[0].seq, to: to, known: known, prompt: b.String(), enc: sess.lastEnc}
+	return &extractJob{sess: sess, kind: jobFacts, from: es[0].seq, to: to, known: known,
+		prompt: knowledge.FactPrompt(shown, promptLines(es)), enc: sess.lastEnc}
 }
 
-func writeMessages(b *strings.Builder, es []*entry) {
-	for _, e := range es {
-		b.WriteString(e.msg.Role)
-		b.WriteString(": ")
-		b.WriteString(sanitize.Text(e.text(), maxPromptMsgBytes))
-		b.WriteByte('\n')
+// promptLines are the messages as a prompt shows them.
+func promptLines(es []*entry) []knowledge.Line {
+	ls := make([]knowledge.Line, len(es))
+	for i, e := range es {
+		ls[i] = knowledge.Line{Role: e.msg.Role, Text: e.text()}
 	}
+	return ls
 }
 
 func (kn *learner) runExtract(job *extractJob) {

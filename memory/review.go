@@ -292,28 +292,7 @@ func (kn *learner) applyReview(sess *session, task *reviewTask, step knowledge.R
 
 // reviewPrompt is the prompt of one round.
 func (kn *learner) reviewPrompt(task *reviewTask, round int, searches string) string {
-	var b strings.Builder
-	b.WriteString("You review one memory in an assistant's long-term memory about a user.\n\n")
-	fmt.Fprintf(&b, "Memory [%s], importance %.2f, created %s:\n%s\n\n", task.id, task.importance,
-		task.created.UTC().Format(blockTimeLayout), sanitize.Text(task.content, knowledge.MaxFactBytes))
-	if task.trigger == "promote" {
-		b.WriteString("It was confirmed often: decide whether it becomes a core memory, shown to the assistant in every conversation.\n")
-	} else {
-		b.WriteString("It has not been used for a long time and is fading: decide whether it is still worth keeping.\n")
-	}
-	if searches != "" {
-		b.WriteString("\nYour searches so far:\n")
-		b.WriteString(searches)
-	}
-	left := kn.opts.Reviewer.MaxRounds - round
-	fmt.Fprintf(&b, "\nAnswer with exactly one line, nothing else:\n"+
-		"[PROMOTE] <short reason>   make it a core memory (a lasting, important fact about the user)\n"+
-		"[KEEP] <short reason>      keep it as an ordinary memory\n"+
-		"[DELETE] <short reason>    delete it (wrong, outdated, duplicated or worthless)\n")
-	if left > 0 {
-		fmt.Fprintf(&b, "[SEARCH:<keywords>]        first look up related memories (%d searches left)\n", left)
-	} else {
-		b.WriteString("This is the last round: decide now.\n")
-	}
-	return b.String()
+	return knowledge.ReviewPrompt(knowledge.ReviewFact{ID: task.id, Content: task.content, Importance: task.importance,
+		Created: task.created.UTC().Format(blockTimeLayout), Promote: task.trigger == "promote"},
+		round, kn.opts.Reviewer.MaxRounds, searches)
 }

@@ -3,11 +3,9 @@ package memory
 import (
 	"context"
 	"slices"
-	"strings"
 	"sync/atomic"
 
 	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
-	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // Tool-result context. When a request brings tool results (OpenAI "tool"
@@ -119,26 +117,15 @@ func (kn *learner) maybeToolCtxLocked(sess *session) {
 // toolCtxPrompt is the condensing prompt; each message gets an equal share
 // of ToolContext.PromptBytes.
 func (kn *learner) toolCtxPrompt(src []*entry) string {
-	per := max(kn.opts.ToolContext.PromptBytes/max(len(src), 1), 64)
-	var b strings.Builder
-	b.WriteString("An assistant called tools for a user. Condense the tool calls and their results below into one or two " +
-		"short sentences of context for the assistant's next reply: which tools were used and what they returned that " +
-		"matters. Reply with the sentences only, or [SKIP] if nothing matters.\n\n")
-	for _, e := range src {
+	ls := make([]knowledge.ToolLine, len(src))
+	for i, e := range src {
 		if e.msg.Role == "assistant" {
-			b.WriteString("assistant called: ")
-			b.WriteString(sanitize.Text(e.msg.toolText, per))
+			ls[i] = knowledge.ToolLine{Call: true, Text: e.msg.toolText}
 		} else {
-			b.WriteString("tool result")
-			if n := sanitize.Text(e.msg.Name, 64); n != "" {
-				b.WriteString(" (" + n + ")")
-			}
-			b.WriteString(": ")
-			b.WriteString(sanitize.Text(e.msg.Content, per))
+			ls[i] = knowledge.ToolLine{Name: e.msg.Name, Text: e.msg.Content}
 		}
-		b.WriteByte('\n')
 	}
-	return b.String()
+	return knowledge.ToolContextPrompt(ls, kn.opts.ToolContext.PromptBytes)
 }
 
 // runToolCtx makes one condensing call and keeps its answer for the

@@ -13,6 +13,9 @@
 //   - The model's contract (extractor.go): Extractor, the one thing the
 //     subsystem needs of a model (package internal/adapters/llm makes the
 //     calls), and ExtractRequest, whose Kind names the prompt.
+//   - The prompts (prompts.go): facts and triples, episodes, a review's
+//     rounds, tool context (and the L4 merge's, l4.go), built from plain
+//     lines and facts the caller passes; every text sanitized and bounded.
 //   - Fact operations (factops.go): [ADD] [UPDATE:id] [BOOST:id]
 //     [DELETE:id] [SKIP], parsed strictly line by line (ParseFactOps,
 //     ParseLines: a bad line is rejected alone, wrapping memerr.ErrInvalid),
@@ -53,8 +56,8 @@
 //
 // # Who calls it
 //
-// Package memory only: its learner (the jobs, their prompts, applying the
-// answers), its log replay (triple and l4 records), its recall (the
+// Package memory only: its learner (which job is due, what its prompt
+// shows, applying the answers), its log replay (triple and l4 records), its recall (the
 // session's graph), and its public types, which are aliases of these
 // (memory.Category, Triple, MergeInfo, ExtractRequest, Extractor,
 // ReviewerOptions, ToolContextOptions, L4Options, L4Stats).
