@@ -24,6 +24,15 @@ type Extractor = knowledge.Extractor
 // ExtractorFunc adapts a function to Extractor.
 type ExtractorFunc = knowledge.ExtractorFunc
 
+// The fact operations of an Extractor's reply (knowledge.FactOpKind).
+const (
+	FactAdd    = knowledge.FactAdd    // [ADD] text
+	FactUpdate = knowledge.FactUpdate // [UPDATE:id] text
+	FactBoost  = knowledge.FactBoost  // [BOOST:id]
+	FactDelete = knowledge.FactDelete // [DELETE:id]
+	FactSkip   = knowledge.FactSkip   // [SKIP]
+)
+
 type jobKind uint8
 
 const (
