@@ -4,7 +4,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"hash/maphash"
+	"hash/fnv"
+	"io"
 	"math"
 	"regexp"
 	"slices"
@@ -159,27 +160,26 @@ type Fact struct {
 	Vec         []float32 // unit length; nil when it embeds to nothing
 }
 
-// fpSeed seeds the clusters' fingerprints (ClusterFP).
-var fpSeed = maphash.MakeSeed()
-
-// ClusterFP fingerprints a cluster: its facts' ids and states.
+// ClusterFP fingerprints a cluster: its facts' ids and states. It is
+// written to the session's log ("l4" records) and compared after a
+// restart, so it is the same in every process: FNV-1a, not maphash,
+// whose seeds are per process.
 func ClusterFP(fs []*Fact) uint64 {
-	var h maphash.Hash
-	h.SetSeed(fpSeed)
+	h := fnv.New64a()
 	for _, f := range fs {
-		HashFact(&h, f.ID, f.Content, f.Updated)
+		HashFact(h, f.ID, f.Content, f.Updated)
 	}
 	return h.Sum64() | 1
 }
 
 // HashFact adds one fact's id, text and last change to h.
-func HashFact(h *maphash.Hash, id, content string, updated time.Time) {
-	h.WriteString(id)
-	h.WriteByte(0)
-	h.WriteString(content)
-	h.WriteByte(0)
-	h.WriteString(updated.UTC().Format(time.RFC3339Nano))
-	h.WriteByte(1)
+func HashFact(h io.Writer, id, content string, updated time.Time) {
+	io.WriteString(h, id)
+	h.Write([]byte{0})
+	io.WriteString(h, content)
+	h.Write([]byte{0})
+	io.WriteString(h, updated.UTC().Format(time.RFC3339Nano))
+	h.Write([]byte{1})
 }
 
 // Embed embeds texts with e, each vector at unit length (nil for a zero

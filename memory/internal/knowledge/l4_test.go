@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvsidecar/kvsidecar/memory/internal/memerr"
 )
@@ -106,7 +107,28 @@ func TestParseL4Merge(t *testing.T) {
 		strings.Repeat(" ", 3000) + "[SKIP]",
 	} {
 		if txt, sk, err := ParseMerge(bad); err == nil || !errors.Is(err, memerr.ErrInvalid) {
-			t.Errorf("ParseMerge(%q) = %q, %v, %v; want an memerr.ErrInvalid error", bad, txt, sk, err)
+			t.Errorf("ParseMerge(%q) = %q, %v, %v; want an ErrInvalid error", bad, txt, sk, err)
 		}
+	}
+}
+
+// TestClusterFPStable: a refused cluster's fingerprint is written to the
+// log and compared in a later process, so it must not depend on the
+// process (a maphash seed would).
+func TestClusterFPStable(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	fs := []*Fact{{ID: "fact-000000000001-00", Content: "The user lives in Lisbon.", Updated: at},
+		{ID: "fact-000000000002-00", Content: "The user moved to Lisbon.", Updated: at}}
+	const want uint64 = 0xde3d6c8c9fbc4bdd
+	got := ClusterFP(fs)
+	if got != ClusterFP(fs) || got&1 != 1 {
+		t.Fatalf("ClusterFP not deterministic or not odd: %#x", got)
+	}
+	if got != want {
+		t.Fatalf("ClusterFP = %#x, want %#x (the value earlier processes wrote)", got, want)
+	}
+	other := []*Fact{fs[0], {ID: fs[1].ID, Content: fs[1].Content, Updated: at.Add(time.Nanosecond)}}
+	if ClusterFP(other) == got {
+		t.Fatal("a fact's new state did not change the fingerprint")
 	}
 }

@@ -31,7 +31,7 @@ func TestParseReview(t *testing.T) {
 		"[SEARCH:" + strings.Repeat("k", 201) + "]", strings.Repeat(" ", 3000) + "[KEEP]", "[SKIP]", "[DELETE:fact-1]",
 	} {
 		if st, err := ParseReview(bad); err == nil || !errors.Is(err, memerr.ErrInvalid) {
-			t.Errorf("ParseReview(%q) = %+v, %v; want an memerr.ErrInvalid error", bad, st, err)
+			t.Errorf("ParseReview(%q) = %+v, %v; want an ErrInvalid error", bad, st, err)
 		}
 	}
 }
