@@ -524,3 +524,33 @@ func (s *session) sortedUnits() []*Unit {
 	sort.Slice(us, func(i, j int) bool { return us[i].ID < us[j].ID })
 	return us
 }
+
+func (sess *session) hasUnpersisted() bool {
+	if len(sess.accessDirty) > 0 || len(sess.delDirty) > 0 || len(sess.drops) > 0 || sess.extracting || sess.decayDirty || sess.seqDirty {
+		return true
+	}
+	for _, u := range sess.units {
+		if !u.persisted {
+			return true
+		}
+	}
+	return false
+}
+
+func (sess *session) reset() {
+	sess.nextSeq = 1
+	sess.sys, sess.hist = nil, nil
+	sess.units = map[string]*Unit{}
+	sess.coveredSeq = 0
+	sess.prevPrompt, sess.prevCosts = nil, nil
+	sess.deleted, sess.delDirty, sess.lastDecay, sess.lastRecall = nil, nil, time.Time{}, ""
+	sess.drops, sess.dedup = nil, dedupIndex{}
+	sess.ix, sess.ixVer, sess.ixSaved = nil, 0, 0
+	sess.uidx, sess.uSeq, sess.uUnitsVer, sess.uKbVer, sess.uGen = nil, 0, 0, 0, 0
+	sess.sticky = cachedBlock{}
+	sess.wm.reset()
+	sess.kb = knowledge.KB{}
+	sess.factSeq, sess.episodeSeq = 0, 0
+	sess.sharedN, sess.sharedLast = -1, 0
+	sess.unitsChanged()
+}
