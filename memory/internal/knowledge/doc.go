@@ -11,8 +11,8 @@
 // # What it owns
 //
 //   - The model's contract (extractor.go): Extractor, the one thing the
-//     subsystem needs of a model (package internal/adapters/llm makes the
-//     calls), and ExtractRequest, whose Kind names the prompt.
+//     subsystem needs of a model (package llm, wired by cmd/sidecar, makes
+//     the calls), and ExtractRequest, whose Kind names the prompt.
 //   - The prompts (prompts.go): facts and triples, episodes, a review's
 //     rounds, tool context (and the L4 merge's, l4.go), built from plain
 //     lines and facts the caller passes; every text sanitized and bounded.
