@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
 	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
@@ -247,7 +248,7 @@ func (wb *windowBuilder) recallBlock(sess *session, p windowParams, cur int, gro
 	if p.toolCtx != "" {
 		// The previous turn's tool context is fitted first (it is about
 		// this turn) and shown last.
-		toolSeg = toolCtxHeader + p.toolCtx + "\n"
+		toolSeg = knowledge.ToolCtxHeader + p.toolCtx + "\n"
 		if c := tk.Count(p.enc, toolSeg); c <= left {
 			left -= c
 		} else {

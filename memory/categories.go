@@ -4,61 +4,40 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 	"github.com/kvsidecar/kvsidecar/memory/internal/memerr"
 	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
-// Category is the decay class of a memory unit.
-type Category string
+// Category is the decay class of a memory unit (package
+// memory/internal/knowledge owns it).
+type Category = knowledge.Category
 
+// The categories (see knowledge.Category).
 const (
-	// CategorySystem memories are set by the operator (AddMemory); they
-	// never decay, are always injected and the Extractor cannot change them.
-	CategorySystem Category = "system"
-	// CategoryCore memories never decay and are always injected; the
-	// Extractor may update and boost them but not delete them.
-	CategoryCore Category = "core"
-	// CategoryFact memories lose FactDecay of their importance every
-	// FactDecayPeriod untouched, and are flagged "expire" below
-	// FactReviewBelow.
-	CategoryFact Category = "fact"
-	// CategoryEpisode memories (episodic summaries) lose EpisodeDecay every
-	// EpisodeDecayPeriod untouched and are deleted after EpisodeTTL
-	// untouched.
-	CategoryEpisode Category = "episode"
+	CategorySystem  = knowledge.CategorySystem
+	CategoryCore    = knowledge.CategoryCore
+	CategoryFact    = knowledge.CategoryFact
+	CategoryEpisode = knowledge.CategoryEpisode
 )
 
 // ParseCategory parses "system", "core", "fact" or "episode".
-func ParseCategory(s string) (Category, error) {
-	switch c := Category(strings.ToLower(strings.TrimSpace(s))); c {
-	case CategorySystem, CategoryCore, CategoryFact, CategoryEpisode:
-		return c, nil
-	}
-	return "", fmt.Errorf("%w: unknown memory category %q (want system|core|fact|episode)", ErrInvalid, s)
-}
+func ParseCategory(s string) (Category, error) { return knowledge.ParseCategory(s) }
 
-// Decay and boost policy. A memory is "touched" when it is created,
-// updated, boosted or recalled; decay counts whole periods since the last
-// touch (or the last applied period), so applying it late (after a
-// restart) gives the same result as applying it on time.
+// Decay and boost policy (see package memory/internal/knowledge).
 const (
-	FactDecay          = 0.85
-	FactDecayPeriod    = 5 * 24 * time.Hour
-	FactReviewBelow    = 0.2
-	EpisodeDecay       = 0.6
-	EpisodeDecayPeriod = 3 * 24 * time.Hour
-	EpisodeTTL         = 7 * 24 * time.Hour
-	// BoostCooldown is the least time between two boosts of one memory.
-	BoostCooldown = 2 * time.Hour
-	// MaxBoostPerDay bounds what boosts add to one memory per 24 h.
-	MaxBoostPerDay = 1.0
-	// PromoteReviewAt flags a memory "promote" (a candidate for core).
-	PromoteReviewAt = 2.5
-	// DecayReviewAt flags a decaying memory "decay".
-	DecayReviewAt = 0.5
+	FactDecay          = knowledge.FactDecay
+	FactDecayPeriod    = knowledge.FactDecayPeriod
+	FactReviewBelow    = knowledge.FactReviewBelow
+	EpisodeDecay       = knowledge.EpisodeDecay
+	EpisodeDecayPeriod = knowledge.EpisodeDecayPeriod
+	EpisodeTTL         = knowledge.EpisodeTTL
+	BoostCooldown      = knowledge.BoostCooldown
+	MaxBoostPerDay     = knowledge.MaxBoostPerDay
+	PromoteReviewAt    = knowledge.PromoteReviewAt
+	DecayReviewAt      = knowledge.DecayReviewAt
 )
 
 // ErrBoostLimited: the memory was boosted less than BoostCooldown ago, or
@@ -68,12 +47,6 @@ var ErrBoostLimited = errors.New("memory: boost limited")
 // ErrMemoryNotFound: no memory unit with that id in the session. It also
 // matches ErrNotFound.
 var ErrMemoryNotFound = memerr.NotFound("memory: memory unit not found")
-
-// decays reports whether the category decays.
-func (c Category) decays() bool { return c == CategoryFact || c == CategoryEpisode }
-
-// pinned reports whether the category is always injected.
-func (c Category) pinned() bool { return c == CategorySystem || c == CategoryCore }
 
 // touch records a use of u at now: decay restarts from now.
 func touch(u *Unit, now time.Time) {
@@ -94,7 +67,7 @@ func setReview(u *Unit) {
 		r = "promote"
 	case u.Category == CategoryFact && u.Importance < FactReviewBelow:
 		r = "expire"
-	case u.Category.decays() && u.Importance <= DecayReviewAt:
+	case u.Category.Decays() && u.Importance <= DecayReviewAt:
 		r = "decay"
 	}
 	u.Review = r
@@ -125,7 +98,7 @@ func normalizeUnit(u *Unit) {
 // while the process runs, and when a session is loaded, which is how decay
 // catches up after a restart. It changes memory only; the worker persists.
 // Called with sess.mu held.
-func (kn *knowledge) maybeDecayLocked(sess *session, now time.Time) {
+func (kn *learner) maybeDecayLocked(sess *session, now time.Time) {
 	if !sess.lastDecay.IsZero() && now.Sub(sess.lastDecay) < kn.opts.Decay.Every {
 		return
 	}
@@ -137,7 +110,7 @@ func (kn *knowledge) maybeDecayLocked(sess *session, now time.Time) {
 
 // decayLocked applies the decay of every categorized unit up to now and
 // deletes expired episodes.
-func (kn *knowledge) decayLocked(sess *session, now time.Time) (changed bool) {
+func (kn *learner) decayLocked(sess *session, now time.Time) (changed bool) {
 	for _, u := range sess.sortedUnits() {
 		var f float64
 		var period time.Duration
@@ -172,7 +145,7 @@ func (kn *knowledge) decayLocked(sess *session, now time.Time) (changed bool) {
 
 // boostLocked raises u's importance by Options.BoostAmount within the
 // limits: one boost per BoostCooldown, MaxBoostPerDay per 24 h window.
-func (kn *knowledge) boostLocked(u *Unit, now time.Time) error {
+func (kn *learner) boostLocked(u *Unit, now time.Time) error {
 	if !u.LastBoost.IsZero() && now.Sub(u.LastBoost) < BoostCooldown {
 		kn.stats.boostsLimited.Add(1)
 		return fmt.Errorf("%w: %s boosted %s ago (cooldown %s)", ErrBoostLimited, u.ID, now.Sub(u.LastBoost), BoostCooldown)
@@ -215,7 +188,7 @@ func (sess *session) deleteUnit(id string) {
 		sess.ixVer++
 	}
 	sess.wm.forget(id)
-	sess.kb.unitDeleted(id)
+	sess.kb.UnitDeleted(id)
 	sess.unitsChanged()
 }
 

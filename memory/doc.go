@@ -21,19 +21,23 @@
 //     what a turn recalls through working memory.
 //   - userScope (users.go, userlist.go): which user a session recalls
 //     with, and loading a user's index.
-//   - knowledge (extract.go, factops.go, triples.go, review.go, l4.go,
-//     toolctx.go, categories.go): what is learnt in the background; its
-//     extraction queue and goroutines.
+//   - learner (extract.go, triples.go, review.go, l4.go, toolctx.go,
+//     categories.go, usergraph.go): the knowledge subsystem's glue to the
+//     sessions — which job is due, its prompt's facts, applying the
+//     model's answer under the session's lock; the queue's goroutines.
 //   - worker (worker.go): the background writes and summaries; its
 //     goroutine.
 //
 // and, as packages under memory/internal (importing nothing of memory):
-// journal (the log files and their format), pool (the shared pool),
+// knowledge (the memory model's prompts and strict parsers, categories
+// and decay policy, triples, L4's clusters, fidelity and keywords, the
+// extraction queue, and their options), journal (the log files and their
+// format), pool (the shared pool),
 // reviewlog (the reviewer's decisions), userlist (the users' session
 // lists), retention (the disk sweep and its goroutine), memerr (the
 // sentinels memory re-exports), sanitize (text safety). The shared types
-// (Message, Unit, Triple, Review, PoolEntry, …) are memory's, or aliases of
-// the package that owns them.
+// (Message, Unit, Triple, Category, Review, PoolEntry, …) are memory's, or
+// aliases of the package that owns them.
 //
 // # What it owns
 //
@@ -140,7 +144,8 @@
 //     flags mark promotion and decay candidates. Decay is computed from
 //     each unit's DecayedAt, so a pass that runs late (after a restart,
 //     when the last pass is more than DecayEvery old) catches up exactly.
-//   - Extraction (extract.go, factops.go): with an Extractor, a bounded queue
+//   - Extraction (extract.go; the grammar in memory/internal/knowledge):
+//     with an Extractor, a bounded queue
 //     and goroutines the Store owns turn new messages into fact operations
 //     ([ADD], [UPDATE:id], [BOOST:id], [DELETE:id], [SKIP], parsed strictly:
 //     a bad line is rejected alone) and every EpisodeEvery messages into an
@@ -152,8 +157,8 @@
 //     (ExtractRequest, SummaryRequest); package cmd/sidecar/internal/llm makes them.
 //   - Knowledge triples (triples.go): the fact-extraction call also asks
 //     for "[TRIPLE] subject | predicate | object | supports" lines, cut
-//     from the reply before parseFactOps and parsed as strictly
-//     (parseTriples); supports are fact ids of the prompt or "+n", the n-th
+//     from the reply before knowledge.ParseFactOps and parsed as strictly
+//     (knowledge.ParseTriples); supports are fact ids of the prompt or "+n", the n-th
 //     [ADD] of the reply, and a triple whose supports do not all resolve is
 //     rejected. Triples live in their session's log ("triple" and "tdel"
 //     records); the session's triples are attached to its index as an

@@ -6,44 +6,32 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 	"github.com/kvsidecar/kvsidecar/memory/internal/reviewlog"
 	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // ExtractRequest is one extraction call: its prompt and the session it is
-// made for.
-type ExtractRequest struct {
-	// Tenant and SessionID name the session; Model is the model of its
-	// latest turn (the call's model unless the Extractor overrides it).
-	Tenant, SessionID, Model string
-	// Kind is "facts" (the reply is fact operations, see parseFactOps),
-	// "episode" (the reply is a short summary), "review" (one round of the
-	// memory reviewer, see parseReview), "tool_context" (tool calls and
-	// results condensed, see parseToolContext) or "l4_merge" (overlapping
-	// facts merged into one, see parseL4Merge).
-	Kind string
-	// Prompt is the whole prompt, sent as one user message.
-	Prompt string
-}
+// made for (package memory/internal/knowledge owns it).
+type ExtractRequest = knowledge.ExtractRequest
 
 // Extractor completes an extraction prompt with a model (package llm calls
-// the upstream). It is called from background goroutines the Store owns,
-// never on the request path; ctx is cancelled on Close and after
-// Extraction.Timeout. Safe for concurrent use.
-type Extractor interface {
-	Extract(ctx context.Context, req ExtractRequest) (string, error)
-}
+// the upstream); see knowledge.Extractor.
+type Extractor = knowledge.Extractor
 
 // ExtractorFunc adapts a function to Extractor.
-type ExtractorFunc func(ctx context.Context, req ExtractRequest) (string, error)
+type ExtractorFunc = knowledge.ExtractorFunc
 
-// Extract implements Extractor.
-func (f ExtractorFunc) Extract(ctx context.Context, req ExtractRequest) (string, error) {
-	return f(ctx, req)
-}
+// The fact operations of an Extractor's reply (knowledge.FactOpKind).
+const (
+	FactAdd    = knowledge.FactAdd    // [ADD] text
+	FactUpdate = knowledge.FactUpdate // [UPDATE:id] text
+	FactBoost  = knowledge.FactBoost  // [BOOST:id]
+	FactDelete = knowledge.FactDelete // [DELETE:id]
+	FactSkip   = knowledge.FactSkip   // [SKIP]
+)
 
 type jobKind uint8
 
@@ -92,10 +80,9 @@ type extractJob struct {
 }
 
 const (
-	maxEpisodeBytes   = 4096 // an episode's text
-	maxMemoryBytes    = 4096 // a memory added with AddMemory
-	maxPromptMsgBytes = 1500 // one message in a prompt
-	maxPromptFacts    = 60   // known facts shown in a prompt
+	maxEpisodeBytes = 4096 // an episode's text
+	maxMemoryBytes  = 4096 // a memory added with AddMemory
+	maxPromptFacts  = 60   // known facts shown in a prompt
 )
 
 // maybeExtractLocked queues an extraction job when one is due: an episode
@@ -106,7 +93,7 @@ const (
 // of thousands of messages costs one call, not one per Every messages. A
 // full queue drops the job (counted) and the session's next turn tries
 // again. Called with sess.mu held, from the worker.
-func (kn *knowledge) maybeExtractLocked(sess *session) {
+func (kn *learner) maybeExtractLocked(sess *session) {
 	if kn.opts.Extraction.Extractor == nil || sess.extracting || kn.ctx.Err() != nil || sess.turns == sess.extractTurn {
 		return
 	}
@@ -118,14 +105,13 @@ func (kn *knowledge) maybeExtractLocked(sess *session) {
 		return
 	}
 	job.model = sess.lastModel
-	select {
-	case kn.extractQ <- job:
-		sess.refs.Add(1) // resident until the job ran (runExtract)
-		sess.extracting = true
-		sess.extractTurn = sess.turns
-	default:
+	if !kn.q.TryPut(job) {
 		kn.stats.extractDropped.Add(1)
+		return
 	}
+	sess.refs.Add(1) // resident until the job ran (runExtract)
+	sess.extracting = true
+	sess.extractTurn = sess.turns
 }
 
 // newestThatFit returns the tail of es whose prompt lines fit budget bytes
@@ -134,7 +120,7 @@ func newestThatFit(es []*entry, budget int) []*entry {
 	used := 0
 	i := len(es)
 	for i > 0 {
-		n := min(len(es[i-1].text()), maxPromptMsgBytes) + len(es[i-1].msg.Role) + 3
+		n := knowledge.PromptLen(knowledge.Line{Role: es[i-1].msg.Role, Text: es[i-1].text()})
 		if used+n > budget && i < len(es) {
 			break
 		}
@@ -147,7 +133,7 @@ func newestThatFit(es []*entry, budget int) []*entry {
 // waitingLocked returns the history after seq, newest that fit one
 // extraction prompt, and the last seq waiting, once at least every (> 0)
 // messages wait; else nil.
-func (kn *knowledge) waitingLocked(sess *session, seq uint64, every int) ([]*entry, uint64) {
+func (kn *learner) waitingLocked(sess *session, seq uint64, every int) ([]*entry, uint64) {
 	if every <= 0 {
 		return nil, 0
 	}
@@ -163,22 +149,17 @@ func (kn *knowledge) waitingLocked(sess *session, seq uint64, every int) ([]*ent
 	return newestThatFit(es, kn.opts.Extraction.PromptBytes), es[len(es)-1].seq
 }
 
-func (kn *knowledge) episodeJobLocked(sess *session) *extractJob {
+func (kn *learner) episodeJobLocked(sess *session) *extractJob {
 	// One episode for everything that waited; the part that does not fit
 	// one prompt is covered by it (it stays in the log and the indexes).
 	es, to := kn.waitingLocked(sess, sess.episodeSeq, kn.opts.Extraction.EpisodeEvery)
 	if es == nil {
 		return nil
 	}
-	var b strings.Builder
-	b.WriteString("Summarize this part of a conversation between a user and an assistant in at most five sentences, " +
-		"for the assistant's long-term memory: what the user wanted, what was decided or done, and facts learned. " +
-		"Reply with the summary only.\n\n")
-	writeMessages(&b, es)
-	return &extractJob{sess: sess, kind: jobEpisode, from: es[0].seq, to: to, prompt: b.String(), enc: sess.lastEnc}
+	return &extractJob{sess: sess, kind: jobEpisode, from: es[0].seq, to: to, prompt: knowledge.EpisodePrompt(promptLines(es)), enc: sess.lastEnc}
 }
 
-func (kn *knowledge) factJobLocked(sess *session) *extractJob {
+func (kn *learner) factJobLocked(sess *session) *extractJob {
 	es, to := kn.waitingLocked(sess, sess.factSeq, kn.opts.Extraction.Every)
 	if es == nil {
 		return nil
@@ -198,55 +179,25 @@ func (kn *knowledge) factJobLocked(sess *session) *extractJob {
 	facts = facts[:min(len(facts), maxPromptFacts)]
 	slices.SortFunc(facts, func(a, b *Unit) int { return strings.Compare(a.ID, b.ID) })
 	known := make(map[string]bool, len(facts))
-	var b strings.Builder
-	b.WriteString("You maintain the long-term memory of a conversation between a user and an assistant.\n\nKnown facts:\n")
-	if len(facts) == 0 {
-		b.WriteString("(none)\n")
-	}
-	for _, u := range facts {
+	shown := make([]knowledge.KnownFact, len(facts))
+	for i, u := range facts {
 		known[u.ID] = true
-		fmt.Fprintf(&b, "[%s] %s", u.ID, sanitize.Text(u.Content, maxFactBytes))
-		if u.Review != "" {
-			fmt.Fprintf(&b, " (review: %s)", u.Review)
-		}
-		b.WriteByte('\n')
+		shown[i] = knowledge.KnownFact{ID: u.ID, Content: u.Content, Review: u.Review}
 	}
-	b.WriteString("\nNew messages:\n")
-	writeMessages(&b, es)
-	b.WriteString("\nReply with memory operations only, one per line, exactly in these forms:\n" +
-		"[ADD] <a new standalone fact worth remembering, one sentence>\n" +
-		"[UPDATE:<id>] <the corrected text of a known fact>\n" +
-		"[BOOST:<id>]   (a known fact was confirmed or used again)\n" +
-		"[DELETE:<id>]  (a known fact is no longer true)\n" +
-		"[SKIP]         (nothing worth remembering)\n" +
-		"Use only the ids listed above. Do not repeat known facts. No other text.\n")
-	b.WriteString(tripleInstructions)
-	return &extractJob{sess: sess, kind: jobFacts, from: es[0].seq, to: to, known: known, prompt: b.String(), enc: sess.lastEnc}
+	return &extractJob{sess: sess, kind: jobFacts, from: es[0].seq, to: to, known: known,
+		prompt: knowledge.FactPrompt(shown, promptLines(es)), enc: sess.lastEnc}
 }
 
-func writeMessages(b *strings.Builder, es []*entry) {
-	for _, e := range es {
-		b.WriteString(e.msg.Role)
-		b.WriteString(": ")
-		b.WriteString(sanitize.Text(e.text(), maxPromptMsgBytes))
-		b.WriteByte('\n')
+// promptLines are the messages as a prompt shows them.
+func promptLines(es []*entry) []knowledge.Line {
+	ls := make([]knowledge.Line, len(es))
+	for i, e := range es {
+		ls[i] = knowledge.Line{Role: e.msg.Role, Text: e.text()}
 	}
+	return ls
 }
 
-// extractWorker runs extraction jobs until Close.
-func (kn *knowledge) extractWorker() {
-	defer kn.extractWG.Done()
-	for {
-		select {
-		case job := <-kn.extractQ:
-			kn.runExtract(job)
-		case <-kn.ctx.Done():
-			return
-		}
-	}
-}
-
-func (kn *knowledge) runExtract(job *extractJob) {
+func (kn *learner) runExtract(job *extractJob) {
 	defer kn.unpin(job.sess)
 	switch job.kind {
 	case jobReview:
@@ -293,7 +244,7 @@ func (kn *knowledge) runExtract(job *extractJob) {
 	kn.enqueue(sess) // index the new memories (a next job waits for the next turn)
 }
 
-func (kn *knowledge) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
+func (kn *learner) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
 	sess := job.sess
 	text := sanitize.Text(out, maxEpisodeBytes)
 	if strings.EqualFold(strings.TrimSpace(text), "[SKIP]") {
@@ -324,10 +275,10 @@ func (kn *knowledge) applyEpisodeLocked(job *extractJob, out string, now time.Ti
 
 // applyFactOpsLocked parses the reply and applies the valid operations;
 // every rejection is logged and counted, and changes nothing.
-func (kn *knowledge) applyFactOpsLocked(job *extractJob, out string, now time.Time) {
+func (kn *learner) applyFactOpsLocked(job *extractJob, out string, now time.Time) {
 	sess := job.sess
-	out, triples := cutTripleLines(out)
-	ops, addN, rejected := parseFactOpsNumbered(out)
+	out, triples := knowledge.CutTripleLines(out)
+	ops, addN, rejected := knowledge.ParseFactOpsNumbered(out)
 	for _, err := range rejected {
 		kn.stats.factOpsRejected.Add(1)
 		kn.opts.Logger.Warn("memory: rejected fact operation", "session", sess.id, "err", err)
@@ -344,7 +295,7 @@ func (kn *knowledge) applyFactOpsLocked(job *extractJob, out string, now time.Ti
 		if addN[i] > 0 {
 			added[addN[i]] = id
 		}
-		if op.Kind != FactSkip {
+		if op.Kind != knowledge.FactSkip {
 			kn.stats.factOps.Add(1)
 		}
 	}
@@ -356,7 +307,7 @@ func (kn *knowledge) applyFactOpsLocked(job *extractJob, out string, now time.Ti
 // applyFactOpLocked applies one operation; for an ADD it returns the id of
 // the unit that holds the text: the new one, or the known one (the lowest
 // id) it deduplicated to.
-func (kn *knowledge) applyFactOpLocked(job *extractJob, op factOp, now time.Time, next *int) (string, error) {
+func (kn *learner) applyFactOpLocked(job *extractJob, op knowledge.FactOp, now time.Time, next *int) (string, error) {
 	sess := job.sess
 	var u *Unit
 	if op.ID != "" {
@@ -368,8 +319,8 @@ func (kn *knowledge) applyFactOpLocked(job *extractJob, op factOp, now time.Time
 		}
 	}
 	switch op.Kind {
-	case FactSkip:
-	case FactAdd:
+	case knowledge.FactSkip:
+	case knowledge.FactAdd:
 		n, known := 0, ""
 		for _, x := range sess.units {
 			if x.Category == "" {
@@ -400,7 +351,7 @@ func (kn *knowledge) applyFactOpLocked(job *extractJob, op factOp, now time.Time
 		sess.units[id] = nu
 		sess.unitsChanged()
 		return id, nil
-	case FactUpdate:
+	case knowledge.FactUpdate:
 		if u.Category != CategoryFact && u.Category != CategoryCore {
 			return "", fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
 		}
@@ -409,13 +360,13 @@ func (kn *knowledge) applyFactOpLocked(job *extractJob, op factOp, now time.Time
 		touch(u, now)
 		u.persisted, u.indexed = false, false
 		sess.unitsChanged()
-	case FactBoost:
-		if !u.Category.decays() && u.Category != CategoryCore {
+	case knowledge.FactBoost:
+		if !u.Category.Decays() && u.Category != CategoryCore {
 			return "", fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
 		}
 		return "", kn.boostLocked(u, now)
-	case FactDelete:
-		if !u.Category.decays() {
+	case knowledge.FactDelete:
+		if !u.Category.Decays() {
 			return "", fmt.Errorf("%w: %q is a %s memory", ErrInvalid, op.ID, u.Category)
 		}
 		sess.deleteUnit(op.ID)
@@ -423,12 +374,15 @@ func (kn *knowledge) applyFactOpLocked(job *extractJob, op factOp, now time.Time
 	return "", nil
 }
 
-// knowledge owns what the sidecar learns in the background from a
-// session's turns (extract.go, factops.go, triples.go, review.go, l4.go,
-// toolctx.go, categories.go): fact extraction and episodes, fact
-// operations and triples, the memory reviewer and its decisions logs, L4
-// compression, tool-result context, decay and boosts. Its extraction
-// queue and the goroutines that drain it are its own (start, wait).
+// learner is the knowledge subsystem's glue to the sessions: what the
+// sidecar learns in the background from a session's turns (extract.go,
+// triples.go, review.go, l4.go, toolctx.go, categories.go), applied under
+// the session's lock — fact extraction and episodes, fact operations and
+// triples, the memory reviewer and its decisions logs, L4 compression,
+// tool-result context, decay and boosts. The prompts' grammar, the
+// algorithms, the options and the extraction queue are package
+// memory/internal/knowledge's; the queue's goroutines are started and
+// waited for here (start, wait).
 //
 // Invariants: never on the request path (Prepare only reads a condensed
 // tool context, toolTurnLocked); a full queue drops a job (counted), never
@@ -437,17 +391,16 @@ func (kn *knowledge) applyFactOpLocked(job *extractJob, op factOp, now time.Time
 // is rejected alone; a session stays resident while a job of it is queued
 // or running (its refs, unpinned when the job ran); every change it makes
 // to a session is made under the session's lock and written by persist.
-type knowledge struct {
+type learner struct {
 	*env
 	recall  *retriever
 	revLogs *reviewlog.Logs // the reviewer's decisions logs
 
-	extractQ  chan *extractJob
-	extractWG sync.WaitGroup
+	q *knowledge.Queue[*extractJob] // the extraction queue and its goroutines
 
-	rev reviewer    // the reviewer's in-flight scopes and counters (review.go)
-	tcs toolCtxStat // tool-result context counters (toolctx.go)
-	l4c l4Counters  // L4 compression counters (l4.go)
+	rev reviewer             // the reviewer's in-flight scopes and counters (review.go)
+	tcs toolCtxStat          // tool-result context counters (toolctx.go)
+	l4c knowledge.L4Counters // L4 compression counters (l4.go)
 
 	// What knowledge asks of the store: write what a session left
 	// unwritten, queue it for the worker, end a lookup, find its user.
@@ -459,15 +412,12 @@ type knowledge struct {
 
 // wait waits for the extraction goroutines, which end with the store's
 // ctx, until ctx ends; it reports whether they ended.
-func (kn *knowledge) wait(ctx context.Context) bool { return waitGroup(ctx, &kn.extractWG) }
+func (kn *learner) wait(ctx context.Context) bool { return kn.q.Wait(ctx) }
 
 // start starts the extraction goroutines (none without an Extractor).
-func (kn *knowledge) start() {
+func (kn *learner) start() {
 	if kn.opts.Extraction.Extractor == nil {
 		return
 	}
-	for range max(1, kn.opts.Extraction.Workers) {
-		kn.extractWG.Add(1)
-		go kn.extractWorker()
-	}
+	kn.q.Start(kn.ctx, kn.opts.Extraction.Workers, kn.runExtract)
 }

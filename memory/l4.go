@@ -7,157 +7,29 @@ import (
 	"hash/maphash"
 	"maps"
 	"math"
-	"regexp"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
-	"github.com/viterin/vek/vek32"
-
-	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
+	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 )
 
-// L4 compression (the Loom memory design's L4Compressor, with its fidelity
-// check). When a session holds more than L4.Threshold facts (category
-// fact), the worker queues one compression run on the extraction queue
-// (the same workers, timeout and Extractor as the reviewer):
-//
-//  1. every fact is embedded with the index's Embedder, and facts whose
-//     cosine similarity reaches L4.Similarity are joined (union-find);
-//  2. each cluster of at least L4.MinCluster facts (largest first, at most
-//     L4.MaxMerges per run, cut into prompts of at most L4.MaxClusterFacts)
-//     is merged by the memory model into one fact ([MERGE] text, or [SKIP]
-//     when the facts must stay apart; parseL4Merge);
-//  3. the merge is kept only if its fidelity — 0.6 × the mean cosine
-//     similarity of the merged text to each original + 0.4 × the share of
-//     the originals' keywords (l4Keywords) the merged text still holds —
-//     reaches L4.Fidelity. A kept merge is a new fact ("merged-…") carrying
-//     those figures and the keywords it lost (Unit.Merged); it takes over the
-//     originals' triples, then the originals are deleted through
-//     deleteUnit like every deletion. A merge that falls short, a
-//     [SKIP] or a malformed answer leaves the originals as they are, and
-//     that cluster (the same facts in the same state) is not tried again,
-//     across restarts too ("l4" log records).
-//
-// Without embeddings (Recall.IndexDisabled: the sidecar computes none) the
-// design's fallback applies: the L4.Threshold most important facts are kept
-// and the others deleted, least important first, with no model call.
-//
-// Durability: the merged fact (and its triples) is appended before the
-// originals' deletions, so a crash between the two leaves both, never
-// neither; a run whose facts changed meanwhile applies nothing (stale).
-// Work is bounded: one run per session at a time, started only when the
-// session's fact set changed since its last run, O(facts²) dot products
-// (facts ≤ Extraction.MaxFacts) and at most L4.MaxMerges model calls.
+// L4 compression's glue to the session (the Loom memory design's
+// L4Compressor): when to run, the run itself, and applying a merge. What
+// a run computes — clusters, fidelity, keywords, the prompt and the
+// strict answer parser — is package memory/internal/knowledge's (l4.go),
+// with the design's description.
 
-// MergeInfo describes a fact made by L4 compression from others: its
-// fidelity figures and what the merge lost. It is never changed after the
-// merge.
-type MergeInfo struct {
-	// From are the ids of the facts merged (deleted since).
-	From []string `json:"from"`
-	// Similarity is the mean cosine similarity of the merged text's
-	// embedding to each original's; KeywordRetention the share of the
-	// originals' keywords the merged text holds; Fidelity = 0.6 ×
-	// Similarity + 0.4 × KeywordRetention.
-	Similarity       float64 `json:"similarity"`
-	KeywordRetention float64 `json:"keyword_retention"`
-	Fidelity         float64 `json:"fidelity"`
-	// LostKeywords are the originals' keywords missing from the merged
-	// text (sorted, at most maxLostKeywords).
-	LostKeywords []string `json:"lost_keywords,omitempty"`
-}
-
-func (m *MergeInfo) clone() *MergeInfo {
-	if m == nil {
-		return nil
-	}
-	c := *m
-	c.From = slices.Clone(m.From)
-	c.LostKeywords = slices.Clone(m.LostKeywords)
-	return &c
-}
+// MergeInfo describes a fact made by L4 compression from others (see
+// knowledge.MergeInfo).
+type MergeInfo = knowledge.MergeInfo
 
 // L4Stats count L4 compression (Stats embeds them).
-type L4Stats struct {
-	L4Runs        int64 // compression runs (clustering passes and importance prunes)
-	L4Calls       int64 // merge calls to the memory model
-	L4Merged      int64 // merges kept: their fidelity reached L4.Fidelity
-	L4Rejected    int64 // merges whose fidelity fell short: the originals stayed
-	L4Skipped     int64 // clusters the model declined to merge ([SKIP])
-	L4Malformed   int64 // answers that broke the format: nothing changed
-	L4Stale       int64 // merges not applied: a fact changed or left meanwhile
-	L4Errors      int64 // model or embedder calls that failed (nothing changed)
-	L4Dropped     int64 // runs not queued: the extraction queue was full
-	L4FactsMerged int64 // original facts replaced by merged ones
-	L4FactsPruned int64 // facts deleted by the importance fallback (no embeddings)
-}
-
-type l4Counters struct {
-	runs, calls, merged, rejected, skipped, malformed, stale, errs, dropped, factsMerged, pruned atomic.Int64
-}
-
-func (c *l4Counters) stats() L4Stats {
-	return L4Stats{L4Runs: c.runs.Load(), L4Calls: c.calls.Load(), L4Merged: c.merged.Load(), L4Rejected: c.rejected.Load(),
-		L4Skipped: c.skipped.Load(), L4Malformed: c.malformed.Load(), L4Stale: c.stale.Load(), L4Errors: c.errs.Load(),
-		L4Dropped: c.dropped.Load(), L4FactsMerged: c.factsMerged.Load(), L4FactsPruned: c.pruned.Load()}
-}
-
-// Limits of L4 compression.
-const (
-	maxMergedBytes  = 1000 // a merged fact's text
-	maxLostKeywords = 20   // lost keywords a merged fact records
-	maxL4Refused    = 1024 // refused clusters a session remembers
-	l4SimWeight     = 0.6  // the design's weights of the fidelity figures
-	l4KeywordWeight = 0.4
-)
-
-// sessL4 is a session's L4 state. The session's mu protects it.
-type sessL4 struct {
-	running bool
-	// lastFP is the fact set (l4FactsFP) of the last run: a run starts
-	// only once it changed.
-	lastFP uint64
-	// refused holds the clusters (l4ClusterFP) whose merge was refused
-	// (fidelity, [SKIP], malformed), in order, at most maxL4Refused; dirty
-	// those not yet written ("l4" records).
-	refused map[uint64]bool
-	order   []uint64
-	dirty   []uint64
-}
-
-// refuse remembers a cluster whose merge was refused.
-func (l *sessL4) refuse(fp uint64, write bool) {
-	if l.refused[fp] {
-		return
-	}
-	if l.refused == nil {
-		l.refused = map[uint64]bool{}
-	}
-	l.refused[fp] = true
-	l.order = append(l.order, fp)
-	if len(l.order) > maxL4Refused {
-		delete(l.refused, l.order[0])
-		l.order = slices.Delete(l.order, 0, 1)
-	}
-	if write {
-		l.dirty = append(l.dirty, fp)
-	}
-}
-
-// l4Fact is a fact as a run saw it.
-type l4Fact struct {
-	id, content string
-	importance  float64
-	updated     time.Time
-	vec         []float32 // unit length; nil when it embeds to nothing
-}
+type L4Stats = knowledge.L4Stats
 
 // l4Task is one compression run: the session's facts when it was queued.
 type l4Task struct {
-	facts []l4Fact
+	facts []knowledge.Fact
 }
 
 // factsLocked returns the session's facts (category fact) by id.
@@ -177,38 +49,18 @@ func l4FactsFP(fs []*Unit) uint64 {
 	var h maphash.Hash
 	h.SetSeed(keySeed)
 	for _, u := range fs {
-		l4HashFact(&h, u.ID, u.Content, u.UpdatedAt)
+		knowledge.HashFact(&h, u.ID, u.Content, u.UpdatedAt)
 	}
 	return h.Sum64()
-}
-
-// l4ClusterFP fingerprints a cluster: its facts' ids and states.
-func l4ClusterFP(fs []*l4Fact) uint64 {
-	var h maphash.Hash
-	h.SetSeed(keySeed)
-	for _, f := range fs {
-		l4HashFact(&h, f.id, f.content, f.updated)
-	}
-	return h.Sum64() | 1
-}
-
-// l4HashFact adds one fact's id, text and last change to h.
-func l4HashFact(h *maphash.Hash, id, content string, updated time.Time) {
-	h.WriteString(id)
-	h.WriteByte(0)
-	h.WriteString(content)
-	h.WriteByte(0)
-	h.WriteString(updated.UTC().Format(time.RFC3339Nano))
-	h.WriteByte(1)
 }
 
 // maybeCompressLocked starts L4 compression when the session holds more
 // than L4.Threshold facts and its fact set changed since the last run:
 // without embeddings it prunes at once, else it queues a run. Called with
 // sess.mu held, from the worker.
-func (kn *knowledge) maybeCompressLocked(sess *session, now time.Time) {
+func (kn *learner) maybeCompressLocked(sess *session, now time.Time) {
 	o := &kn.opts.L4
-	if !o.Enabled || kn.ctx.Err() != nil || sess.l4.running {
+	if !o.Enabled || kn.ctx.Err() != nil || sess.l4.Running {
 		return
 	}
 	n := 0
@@ -222,36 +74,35 @@ func (kn *knowledge) maybeCompressLocked(sess *session, now time.Time) {
 	}
 	fs := factsLocked(sess)
 	fp := l4FactsFP(fs)
-	if fp == sess.l4.lastFP {
+	if fp == sess.l4.LastFP {
 		return
 	}
 	if kn.opts.Recall.IndexDisabled {
-		sess.l4.lastFP = fp
+		sess.l4.LastFP = fp
 		kn.pruneFactsLocked(sess, fs, now)
 		return
 	}
 	if kn.opts.Extraction.Extractor == nil {
 		return // nothing can merge
 	}
-	task := &l4Task{facts: make([]l4Fact, len(fs))}
+	task := &l4Task{facts: make([]knowledge.Fact, len(fs))}
 	for i, u := range fs {
-		task.facts[i] = l4Fact{id: u.ID, content: u.Content, importance: u.Importance, updated: u.UpdatedAt}
+		task.facts[i] = knowledge.Fact{ID: u.ID, Content: u.Content, Importance: u.Importance, Updated: u.UpdatedAt}
 	}
-	select {
-	case kn.extractQ <- &extractJob{sess: sess, kind: jobL4, l4: task, model: sess.lastModel, enc: sess.lastEnc}:
-		sess.refs.Add(1) // resident until the job ran (runExtract)
-		sess.l4.running = true
-		sess.l4.lastFP = fp
-	default:
-		kn.l4c.dropped.Add(1) // the next sync tries again
+	if !kn.q.TryPut(&extractJob{sess: sess, kind: jobL4, l4: task, model: sess.lastModel, enc: sess.lastEnc}) {
+		kn.l4c.Dropped.Add(1) // the next sync tries again
+		return
 	}
+	sess.refs.Add(1) // resident until the job ran (runExtract)
+	sess.l4.Running = true
+	sess.l4.LastFP = fp
 }
 
 // pruneFactsLocked is the fallback without embeddings: it keeps the
 // L4.Threshold most important facts and deletes the others, least
 // important first (ties: the older change, then the lower id).
-func (kn *knowledge) pruneFactsLocked(sess *session, fs []*Unit, now time.Time) {
-	kn.l4c.runs.Add(1)
+func (kn *learner) pruneFactsLocked(sess *session, fs []*Unit, now time.Time) {
+	kn.l4c.Runs.Add(1)
 	over := len(fs) - kn.opts.L4.Threshold
 	fs = slices.Clone(fs)
 	slices.SortStableFunc(fs, func(a, b *Unit) int {
@@ -265,46 +116,46 @@ func (kn *knowledge) pruneFactsLocked(sess *session, fs []*Unit, now time.Time) 
 		ids = append(ids, u.ID)
 		sess.deleteUnit(u.ID)
 	}
-	kn.l4c.pruned.Add(int64(over))
+	kn.l4c.Pruned.Add(int64(over))
 	kn.persist(sess, now)
 	kn.opts.Logger.Info("memory: l4 pruned facts by importance (no embeddings)", "session", sess.id, "kept", kn.opts.L4.Threshold, "deleted", ids)
 }
 
 // runL4 runs one compression: clusters, merges, fidelity checks.
-func (kn *knowledge) runL4(job *extractJob) {
+func (kn *learner) runL4(job *extractJob) {
 	sess := job.sess
 	defer func() {
 		sess.mu.Lock()
-		sess.l4.running = false
+		sess.l4.Running = false
 		sess.mu.Unlock()
 		kn.enqueue(sess) // index what changed; another pass if the facts moved
 	}()
-	kn.l4c.runs.Add(1)
+	kn.l4c.Runs.Add(1)
 	o := &kn.opts.L4
 	facts := job.l4.facts
 	texts := make([]string, len(facts))
 	for i := range facts {
-		texts[i] = facts[i].content
+		texts[i] = facts[i].Content
 	}
 	vecs, err := kn.embed(texts)
 	if err != nil {
-		kn.l4c.errs.Add(1)
+		kn.l4c.Errs.Add(1)
 		kn.opts.Logger.Warn("memory: l4 compression: embed facts", "session", sess.id, "err", err)
 		return
 	}
 	for i := range facts {
-		facts[i].vec = vecs[i]
+		facts[i].Vec = vecs[i]
 	}
 	sess.mu.Lock()
-	refused := maps.Clone(sess.l4.refused)
+	refused := maps.Clone(sess.l4.Refused)
 	sess.mu.Unlock()
 	merges := 0
-	for _, cl := range l4Clusters(facts, o.Similarity, o.MinCluster) {
-		for _, part := range splitCluster(cl, o.MaxClusterFacts, o.MinCluster) {
+	for _, cl := range knowledge.Clusters(facts, o.Similarity, o.MinCluster) {
+		for _, part := range knowledge.SplitCluster(cl, o.MaxClusterFacts, o.MinCluster) {
 			if merges >= o.MaxMerges || kn.ctx.Err() != nil {
 				return
 			}
-			fp := l4ClusterFP(part)
+			fp := knowledge.ClusterFP(part)
 			if refused[fp] {
 				continue
 			}
@@ -316,251 +167,87 @@ func (kn *knowledge) runL4(job *extractJob) {
 
 // embed embeds texts with the index's Embedder, each vector at unit length
 // (nil for a zero vector), within Extraction.Timeout.
-func (kn *knowledge) embed(texts []string) ([][]float32, error) {
+func (kn *learner) embed(texts []string) ([][]float32, error) {
 	ctx, cancel := context.WithTimeout(kn.ctx, kn.opts.Extraction.Timeout)
 	defer cancel()
-	vecs, err := kn.opts.Recall.Index.Embedder.Embed(ctx, texts)
-	if err != nil {
-		return nil, err
-	}
-	if len(vecs) != len(texts) {
-		return nil, fmt.Errorf("embedder returned %d vectors for %d texts", len(vecs), len(texts))
-	}
-	dim := -1
-	for i, v := range vecs {
-		if dim >= 0 && len(v) != dim && len(v) > 0 {
-			return nil, fmt.Errorf("embedder returned dimensions %d and %d", dim, len(v))
-		}
-		if len(v) > 0 {
-			dim = len(v)
-		}
-		vecs[i] = unitVector(v)
-	}
-	return vecs, nil
+	return knowledge.Embed(ctx, kn.opts.Recall.Index.Embedder, texts)
 }
-
-// unitVector returns a copy of v at unit length, nil when v is zero or not
-// finite.
-func unitVector(v []float32) []float32 {
-	var n float64
-	for _, x := range v {
-		n += float64(x) * float64(x)
-	}
-	if n == 0 || math.IsNaN(n) || math.IsInf(n, 0) {
-		return nil
-	}
-	inv := 1 / math.Sqrt(n)
-	out := make([]float32, len(v))
-	for i, x := range v {
-		out[i] = float32(float64(x) * inv)
-	}
-	return out
-}
-
-// cosineVec is the dot product of two unit vectors, clipped to [-1, 1]; 0
-// when either is nil or their dimensions differ.
-func cosineVec(a, b []float32) float64 {
-	if a == nil || b == nil || len(a) != len(b) {
-		return 0
-	}
-	return max(-1, min(1, float64(vek32.Dot(a, b)))) // SIMD: the run's O(n²) pass is all dot products
-}
-
-// l4Clusters joins facts whose similarity reaches sim (union-find) and
-// returns the clusters of at least minSize facts, each by id, largest
-// first (ties: the lower first id).
-func l4Clusters(facts []l4Fact, sim float64, minSize int) [][]*l4Fact {
-	n := len(facts)
-	parent := make([]int, n)
-	rank := make([]uint8, n)
-	for i := range parent {
-		parent[i] = i
-	}
-	var find func(int) int
-	find = func(x int) int {
-		for parent[x] != x {
-			parent[x] = parent[parent[x]] // path halving
-			x = parent[x]
-		}
-		return x
-	}
-	union := func(a, b int) {
-		ra, rb := find(a), find(b)
-		switch {
-		case ra == rb:
-		case rank[ra] < rank[rb]:
-			parent[ra] = rb
-		case rank[ra] > rank[rb]:
-			parent[rb] = ra
-		default:
-			parent[rb] = ra
-			rank[ra]++
-		}
-	}
-	for i := 0; i < n; i++ {
-		if facts[i].vec == nil {
-			continue
-		}
-		for j := i + 1; j < n; j++ {
-			if facts[j].vec != nil && cosineVec(facts[i].vec, facts[j].vec) >= sim {
-				union(i, j)
-			}
-		}
-	}
-	groups := map[int][]*l4Fact{}
-	for i := range facts {
-		r := find(i)
-		groups[r] = append(groups[r], &facts[i])
-	}
-	var out [][]*l4Fact
-	for _, g := range groups {
-		if len(g) >= minSize {
-			slices.SortFunc(g, func(a, b *l4Fact) int { return strings.Compare(a.id, b.id) })
-			out = append(out, g)
-		}
-	}
-	slices.SortFunc(out, func(a, b []*l4Fact) int {
-		if c := cmp.Compare(len(b), len(a)); c != 0 {
-			return c
-		}
-		return strings.Compare(a[0].id, b[0].id)
-	})
-	return out
-}
-
-// splitCluster cuts a cluster into parts of at most maxSize facts, as even
-// as they can be; parts below minSize are left out.
-func splitCluster(cl []*l4Fact, maxSize, minSize int) [][]*l4Fact {
-	k := (len(cl) + maxSize - 1) / maxSize
-	var out [][]*l4Fact
-	for i := range k {
-		part := cl[i*len(cl)/k : (i+1)*len(cl)/k]
-		if len(part) >= minSize {
-			out = append(out, part)
-		}
-	}
-	return out
-}
-
-// l4Outcome names a merge's outcome in logs.
-const (
-	l4Kept      = "kept"
-	l4Refused   = "rejected"
-	l4Skip      = "skipped"
-	l4Malformed = "malformed"
-	l4Stale     = "stale"
-	l4Error     = "error"
-)
 
 // mergeCluster asks the memory model to merge one cluster, checks the
 // merge's fidelity and applies it, or remembers the refusal.
-func (kn *knowledge) mergeCluster(job *extractJob, part []*l4Fact, fp uint64) {
+func (kn *learner) mergeCluster(job *extractJob, part []*knowledge.Fact, fp uint64) {
 	sess := job.sess
 	ids := make([]string, len(part))
 	for i, f := range part {
-		ids[i] = f.id
+		ids[i] = f.ID
 	}
-	kn.l4c.calls.Add(1)
+	kn.l4c.Calls.Add(1)
 	ctx, cancel := context.WithTimeout(kn.ctx, kn.opts.Extraction.Timeout)
 	out, err := kn.opts.Extraction.Extractor.Extract(ctx, ExtractRequest{Tenant: sess.tenant, SessionID: sess.id, Model: job.model,
-		Kind: jobL4.String(), Prompt: l4Prompt(part)})
+		Kind: jobL4.String(), Prompt: knowledge.MergePrompt(part)})
 	cancel()
 	if err != nil {
-		kn.l4c.errs.Add(1)
-		kn.opts.Logger.Warn("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Error, "err", err)
+		kn.l4c.Errs.Add(1)
+		kn.opts.Logger.Warn("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", knowledge.OutcomeError, "err", err)
 		return // not remembered: tried again on the next run
 	}
-	text, skip, err := parseL4Merge(out)
+	text, skip, err := knowledge.ParseMerge(out)
 	switch {
 	case err != nil:
-		kn.l4c.malformed.Add(1)
+		kn.l4c.Malformed.Add(1)
 		kn.refuseCluster(sess, fp)
-		kn.opts.Logger.Warn("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Malformed, "err", err)
+		kn.opts.Logger.Warn("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", knowledge.OutcomeMalformed, "err", err)
 		return
 	case skip:
-		kn.l4c.skipped.Add(1)
+		kn.l4c.Skipped.Add(1)
 		kn.refuseCluster(sess, fp)
-		kn.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Skip)
+		kn.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", knowledge.OutcomeSkipped)
 		return
 	}
 	vecs, err := kn.embed([]string{text})
 	if err != nil {
-		kn.l4c.errs.Add(1)
-		kn.opts.Logger.Warn("memory: l4 merge: embed the merged fact", "session", sess.id, "facts", ids, "outcome", l4Error, "err", err)
+		kn.l4c.Errs.Add(1)
+		kn.opts.Logger.Warn("memory: l4 merge: embed the merged fact", "session", sess.id, "facts", ids, "outcome", knowledge.OutcomeError, "err", err)
 		return
 	}
-	info := fidelity(vecs[0], text, part)
+	info := knowledge.Fidelity(vecs[0], text, part)
 	info.From = ids
 	if info.Fidelity < kn.opts.L4.Fidelity {
-		kn.l4c.rejected.Add(1)
+		kn.l4c.Rejected.Add(1)
 		kn.refuseCluster(sess, fp)
-		kn.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Refused,
+		kn.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", knowledge.OutcomeRejected,
 			"fidelity", info.Fidelity, "similarity", info.Similarity, "keyword_retention", info.KeywordRetention,
 			"lost_keywords", info.LostKeywords, "threshold", kn.opts.L4.Fidelity)
 		return
 	}
 	id, ok := kn.applyMerge(job, part, text, info)
 	if !ok {
-		kn.l4c.stale.Add(1)
-		kn.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Stale)
+		kn.l4c.Stale.Add(1)
+		kn.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", knowledge.OutcomeStale)
 		return
 	}
-	kn.l4c.merged.Add(1)
-	kn.l4c.factsMerged.Add(int64(len(part)))
-	kn.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", l4Kept, "merged", id,
+	kn.l4c.Merged.Add(1)
+	kn.l4c.FactsMerged.Add(int64(len(part)))
+	kn.opts.Logger.Info("memory: l4 merge", "session", sess.id, "facts", ids, "outcome", knowledge.OutcomeKept, "merged", id,
 		"fidelity", info.Fidelity, "similarity", info.Similarity, "keyword_retention", info.KeywordRetention,
 		"lost_keywords", info.LostKeywords)
 }
 
 // refuseCluster remembers a refused cluster (written with the session's
 // next background write).
-func (kn *knowledge) refuseCluster(sess *session, fp uint64) {
+func (kn *learner) refuseCluster(sess *session, fp uint64) {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	if sess.gone.Load() || !sess.exists {
 		return
 	}
-	sess.l4.refuse(fp, true)
+	sess.l4.Refuse(fp, true)
 	kn.persist(sess, kn.opts.Clock.Now())
-}
-
-// fidelity computes a merge's figures: 0.6 × the mean cosine similarity of
-// merged (its unit vector) to the originals + 0.4 × keyword retention.
-func fidelity(merged []float32, text string, part []*l4Fact) MergeInfo {
-	var sim float64
-	for _, f := range part {
-		sim += cosineVec(merged, f.vec)
-	}
-	sim /= float64(len(part))
-	kws := map[string]bool{}
-	for _, f := range part {
-		for _, k := range l4Keywords(f.content) {
-			kws[k] = true
-		}
-	}
-	ret, lost := 1.0, []string(nil)
-	if len(kws) > 0 {
-		low := strings.ToLower(text)
-		kept := 0
-		for k := range kws {
-			if strings.Contains(low, strings.ToLower(k)) {
-				kept++
-			} else {
-				lost = append(lost, k)
-			}
-		}
-		ret = float64(kept) / float64(len(kws))
-		slices.Sort(lost)
-		lost = lost[:min(len(lost), maxLostKeywords)]
-	}
-	round := func(x float64) float64 { return math.Round(x*1e4) / 1e4 }
-	return MergeInfo{Similarity: round(sim), KeywordRetention: round(ret),
-		Fidelity: round(l4SimWeight*sim + l4KeywordWeight*ret), LostKeywords: lost}
 }
 
 // applyMerge adds the merged fact and deletes the originals, unless one of
 // them changed or left since the run saw it. It returns the new fact's id.
-func (kn *knowledge) applyMerge(job *extractJob, part []*l4Fact, text string, info MergeInfo) (string, bool) {
+func (kn *learner) applyMerge(job *extractJob, part []*knowledge.Fact, text string, info MergeInfo) (string, bool) {
 	sess := job.sess
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
@@ -571,8 +258,8 @@ func (kn *knowledge) applyMerge(job *extractJob, part []*l4Fact, text string, in
 	imp, acc := 0.0, 0
 	var last time.Time
 	for _, f := range part {
-		u := sess.units[f.id]
-		if u == nil || u.Category != CategoryFact || u.Content != f.content || !u.UpdatedAt.Equal(f.updated) {
+		u := sess.units[f.ID]
+		if u == nil || u.Category != CategoryFact || u.Content != f.Content || !u.UpdatedAt.Equal(f.Updated) {
 			return "", false
 		}
 		from, to = min(from, u.FromSeq), max(to, u.ToSeq)
@@ -599,226 +286,15 @@ func (kn *knowledge) applyMerge(job *extractJob, part []*l4Fact, text string, in
 	setReview(u)
 	sess.units[id] = u
 	sess.unitsChanged()
-	sess.kb.moveSupport(info.From, id)
+	sess.kb.MoveSupport(info.From, id)
 	// The merged fact first, then the deletions: a crash between the two
 	// appends keeps both, never neither.
 	kn.persist(sess, now)
 	for _, f := range part {
-		sess.deleteUnit(f.id)
+		sess.deleteUnit(f.ID)
 	}
 	kn.persist(sess, now)
 	return id, true
 }
 
 func mergedUnitID(seq uint64, i int) string { return fmt.Sprintf("merged-%012d-%02d", seq, i) }
-
-// moveSupport adds to every triple resting on one of from the unit to, so
-// the triples survive the deletion of from (written as "triple" records).
-func (k *sessTriples) moveSupport(from []string, to string) {
-	for tid, t := range k.triples {
-		if !slices.ContainsFunc(t.Support, func(id string) bool { return slices.Contains(from, id) }) || slices.Contains(t.Support, to) {
-			continue
-		}
-		c := *t
-		c.Support = append(slices.Clone(t.Support), to)
-		slices.Sort(c.Support)
-		k.triples[tid] = &c
-		k.markDirty(tid)
-		k.ver++
-	}
-}
-
-// l4Prompt is the merge prompt of one cluster.
-func l4Prompt(part []*l4Fact) string {
-	var b strings.Builder
-	b.WriteString("You keep an assistant's long-term memory about a user compact. These facts overlap:\n\n")
-	for _, f := range part {
-		fmt.Fprintf(&b, "[%s] %s\n", f.id, sanitize.Text(f.content, maxFactBytes))
-	}
-	fmt.Fprintf(&b, "\nMerge them into ONE standalone fact, in the language they are written in, that keeps every name, "+
-		"number, identifier, date and detail they state (at most %d bytes). Answer with exactly one line, nothing else:\n"+
-		"[MERGE] <the merged fact>\n"+
-		"or, when they state different things that must stay apart:\n"+
-		"[SKIP]\n", maxMergedBytes)
-	return b.String()
-}
-
-// parseL4Merge parses the memory model's answer to a merge prompt
-// strictly: after trimming white space it must be exactly one line, either
-// "[SKIP]" (skip) or "[MERGE] text", the text 1–1000 bytes of valid UTF-8
-// without control, format or separator characters and without anything
-// that looks like a memory operation. Anything else (other text, a second
-// line, an unknown or lower-case tag, more than 2 KiB) is an error
-// wrapping ErrInvalid.
-func parseL4Merge(out string) (text string, skip bool, err error) {
-	bad := func(format string, a ...any) (string, bool, error) {
-		return "", false, fmt.Errorf("%w: l4 merge: "+format, append([]any{ErrInvalid}, a...)...)
-	}
-	if len(out) > 2*maxMergedBytes+64 {
-		return bad("answer of %d bytes", len(out))
-	}
-	if !utf8.ValidString(out) {
-		return bad("invalid UTF-8")
-	}
-	line := strings.TrimSpace(out)
-	switch {
-	case line == "":
-		return bad("empty answer")
-	case strings.ContainsAny(line, "\r\n\u2028\u2029"):
-		return bad("more than one line")
-	case line == "[SKIP]":
-		return "", true, nil
-	}
-	rest, ok := strings.CutPrefix(line, "[MERGE]")
-	if !ok {
-		return bad("does not start with [MERGE] or [SKIP]: %q", sanitize.Truncate(line, 80))
-	}
-	if rest == "" || rest[0] != ' ' {
-		return bad("[MERGE] needs a space and a text")
-	}
-	text = strings.TrimSpace(rest)
-	if err := validFactTextMax(text, maxMergedBytes); err != nil {
-		return bad("%v", err)
-	}
-	if strings.Contains(strings.ToUpper(text), "[MERGE") {
-		return bad("text contains a second tag")
-	}
-	return text, false, nil
-}
-
-// Keywords (l4Keywords), as the Loom design lists them: capitalised
-// phrases ("Machine Learning") and words ("Tokyo", not stop words such as
-// "The"), snake_case identifiers, dotted paths ("loom.memory.core"),
-// ALL_CAPS identifiers ("HTTP_PROXY"), and runs of CJK ideographs split at
-// stop words into segments of at least two characters. A capitalised or
-// ALL_CAPS token must not touch another ASCII letter ("McDonald" is not a
-// capitalised word).
-var (
-	l4SnakeRE  = regexp.MustCompile(`\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b`)
-	l4DottedRE = regexp.MustCompile(`\b[a-z][a-z0-9]*(?:\.[a-z][a-z0-9]*)+\b`)
-	l4CapsRE   = regexp.MustCompile(`[A-Z]{2,}(?:_[A-Z0-9]+)*`)
-)
-
-// l4EnglishStops are words that are no keyword when capitalised at the
-// start of a sentence.
-var l4EnglishStops = func() map[string]bool {
-	m := map[string]bool{}
-	for _, w := range strings.Fields(`the a an is are was were be been being have has had do does did will would could
-		should may might shall can need dare ought used to of in for on with at by from as into through during before
-		after above below between out off over under again further then once here there when where why how all each
-		every both few more most other some such no nor not only own same so than too very just because but and or if
-		while that this these those it its i me my we our you your he him his she her they them their what which who whom`) {
-		m[w] = true
-	}
-	return m
-}()
-
-// l4ChineseStops split CJK runs into keyword segments, longest first.
-var l4ChineseStops = func() []string {
-	ws := strings.Fields(`的 了 在 是 我 有 和 就 不 人 都 一 一个 上 也 很 到 说 要 去 你 会 着 没有 看 好 自己 这 他 她 它 们 那 些
-		什么 没 把 又 被 从 这个 那个 但 还 而 对 以 可以 这样 已经 因为 如果 所以 但是 就是 可能 这些 那些 或者 虽然 然后 之后
-		之前 通过 进行 使用 需要 应该 其中 以及 关于 对于 随着 由于 为了`)
-	slices.SortStableFunc(ws, func(a, b string) int { return cmp.Compare(utf8.RuneCountInString(b), utf8.RuneCountInString(a)) })
-	return ws
-}()
-
-func asciiLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
-
-// capitalised reports whether w is [A-Z][a-z]+.
-func capitalised(w string) bool {
-	if len(w) < 2 || w[0] < 'A' || w[0] > 'Z' {
-		return false
-	}
-	for i := 1; i < len(w); i++ {
-		if w[i] < 'a' || w[i] > 'z' {
-			return false
-		}
-	}
-	return true
-}
-
-func isCJKIdeograph(r rune) bool { return r >= 0x4e00 && r <= 0x9fff }
-
-// l4Keywords returns text's keywords (see above), deduplicated, sorted.
-func l4Keywords(text string) []string {
-	set := map[string]bool{}
-	// Capitalised words and phrases: maximal runs of ASCII letters, so a
-	// word never touches another letter; a phrase is two or more such
-	// words separated by ASCII white space only.
-	type run struct{ lo, hi int }
-	var phrase []run
-	endPhrase := func() {
-		if len(phrase) >= 2 {
-			set[text[phrase[0].lo:phrase[len(phrase)-1].hi]] = true
-		}
-		phrase = phrase[:0]
-	}
-	for i := 0; i < len(text); {
-		if !asciiLetter(text[i]) {
-			i++
-			continue
-		}
-		j := i
-		for j < len(text) && asciiLetter(text[j]) {
-			j++
-		}
-		w := text[i:j]
-		if capitalised(w) {
-			if !l4EnglishStops[strings.ToLower(w)] {
-				set[w] = true
-			}
-			if n := len(phrase); n > 0 && strings.TrimLeft(text[phrase[n-1].hi:i], " \t\n\r\f\v") != "" {
-				endPhrase()
-			}
-			phrase = append(phrase, run{i, j})
-		} else {
-			endPhrase()
-		}
-		i = j
-	}
-	endPhrase()
-	for _, m := range l4SnakeRE.FindAllString(text, -1) {
-		set[m] = true
-	}
-	for _, m := range l4DottedRE.FindAllString(text, -1) {
-		set[m] = true
-	}
-	for _, loc := range l4CapsRE.FindAllStringIndex(text, -1) {
-		lo, hi := loc[0], loc[1]
-		if (lo == 0 || !asciiLetter(text[lo-1])) && (hi == len(text) || !asciiLetter(text[hi])) {
-			set[text[lo:hi]] = true
-		}
-	}
-	// CJK: runs of ideographs, stop words cut out, segments of ≥ 2.
-	for i := 0; i < len(text); {
-		r, size := utf8.DecodeRuneInString(text[i:])
-		if !isCJKIdeograph(r) {
-			i += size
-			continue
-		}
-		j := i
-		for j < len(text) {
-			r, size := utf8.DecodeRuneInString(text[j:])
-			if !isCJKIdeograph(r) {
-				break
-			}
-			j += size
-		}
-		seg := text[i:j]
-		for _, sw := range l4ChineseStops {
-			seg = strings.ReplaceAll(seg, sw, "\x00")
-		}
-		for _, p := range strings.Split(seg, "\x00") {
-			if utf8.RuneCountInString(p) >= 2 {
-				set[p] = true
-			}
-		}
-		i = j
-	}
-	out := make([]string, 0, len(set))
-	for k := range set {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
-}

@@ -647,9 +647,9 @@ func (o *Options) EnsureDefaults() *Options {
 	o.Recall.ensureDefaults(o.Clock)
 	o.Decay.ensureDefaults()
 	o.Extraction.ensureDefaults()
-	o.Reviewer.ensureDefaults()
-	o.ToolContext.ensureDefaults()
-	o.L4.ensureDefaults()
+	o.Reviewer.EnsureDefaults()
+	o.ToolContext.EnsureDefaults()
+	o.L4.EnsureDefaults()
 	o.Pool.ensureDefaults()
 	o.Storage.ensureDefaults()
 	return o
@@ -670,7 +670,7 @@ func (o *Options) Validate() error {
 		return errors.New("memory: sizes must not be negative")
 	}
 	return errors.Join(o.Window.validate(o.Recall.share()), o.Recall.validate(), o.Decay.validate(),
-		o.Extraction.validate(), o.Reviewer.validate(), o.ToolContext.validate(), o.L4.validate(), o.Pool.validate(), o.Storage.validate())
+		o.Extraction.validate(), o.Reviewer.Validate(), o.ToolContext.Validate(), o.L4.Validate(), o.Pool.validate(), o.Storage.validate())
 }
 
 // DefaultMemoryBudget is Options.MemoryBudget's default.

@@ -255,7 +255,7 @@ func (rt *retriever) searchSession(ctx context.Context, sess *session, query rec
 			return false
 		}
 		if u := sess.units[id]; u != nil {
-			return !u.Category.pinned()
+			return !u.Category.Pinned()
 		}
 		return query.window && sess.windowEntry(id) != nil
 	}
@@ -407,7 +407,7 @@ func (rt *retriever) itemsFor(sess *session, um *userMem, ids []string, skip map
 			}
 			continue
 		}
-		if u := sess.units[id]; u != nil && !skip[id] && !u.Category.pinned() {
+		if u := sess.units[id]; u != nil && !skip[id] && !u.Category.Pinned() {
 			out = append(out, unitItem(u))
 		} else if e := sess.windowEntry(id); e != nil && !skip[id] {
 			out = append(out, entryItem(e))

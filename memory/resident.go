@@ -2,6 +2,7 @@ package memory
 
 import (
 	"container/list"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,7 +39,7 @@ import (
 // working memory's active set (recall gating), the cached stable block
 // (rebuilt from the same units), a condensed tool context not yet shown.
 
-// registry owns what is loaded (this file, store.go session): the
+// registry owns what is loaded (this file, with session, unpin and forget): the
 // sessions and user memories by key, in least-recently-used lists with
 // their estimated sizes, and the store's closed flag, under its mu; it
 // unloads idle entries (trim, in the worker) and deletes the sessions the
@@ -423,4 +424,78 @@ func (rg *registry) unloadUser(um *userMem) bool {
 	rg.dropUserLocked(um)
 	rg.res.usersUnloaded.Add(1)
 	return true
+}
+
+// session returns the loaded session, loading it from disk on first use,
+// pinned in memory: the caller unpins it (unpin) when done with it. With
+// create false a session without a log is ErrNotFound.
+func (rg *registry) session(tenant, id string, create bool) (*session, error) {
+	key := sessionKey(tenant, id)
+	now := rg.opts.Clock.Now()
+	rg.mu.Lock()
+	if rg.closed {
+		rg.mu.Unlock()
+		return nil, ErrClosed
+	}
+	sess := rg.sessions[key]
+	added := sess == nil || sess.gone.Load()
+	var idled []*journal.Log
+	if added {
+		if sess != nil {
+			rg.dropSessionLocked(sess)
+		}
+		sess = newSession(rg.opts.Dir, tenant, id)
+		rg.addSessionLocked(sess)
+		idled = rg.shrinkSessionsLocked(sess)
+	} else {
+		rg.res.sessions.MoveToFront(sess.lru)
+	}
+	sess.lastUse = now
+	sess.refs.Add(1) // under rg.mu: never unloaded while looked up (resident.go)
+	rg.mu.Unlock()
+	rg.closeLogs(idled)
+	sess.loadOnce.Do(func() { sess.loadErr = rg.jrn.load(sess) })
+	if sess.loadErr != nil {
+		rg.unpin(sess)
+		rg.forget(sess, true)
+		return nil, sess.loadErr
+	}
+	sess.mu.Lock()
+	exists := sess.exists
+	sess.mu.Unlock()
+	if !create && !exists {
+		rg.unpin(sess)
+		rg.forget(sess, false)
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	if added {
+		rg.noteSession(sess)
+		if rg.opts.MemoryBudget > 0 && rg.res.bytes.Load() > rg.opts.MemoryBudget {
+			rg.signalTrim()
+		}
+	}
+	return sess, nil
+}
+
+// unpin ends a session lookup (see session).
+func (rg *registry) unpin(sess *session) { sess.refs.Add(-1) }
+
+// forget drops sess from memory if it is idle (always when failed).
+func (rg *registry) forget(sess *session, failed bool) {
+	if !failed {
+		if !sess.mu.TryLock() {
+			return
+		}
+		idle := !sess.exists && sess.log == nil && sess.pending == nil
+		if idle {
+			sess.gone.Store(true)
+		}
+		sess.mu.Unlock()
+		if !idle {
+			return
+		}
+	}
+	rg.mu.Lock()
+	rg.dropSessionLocked(sess)
+	rg.mu.Unlock()
 }

@@ -2,22 +2,21 @@ package memory
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // The memory reviewer. A fact whose importance reaches Reviewer.PromoteAt
 // (boosts, an operator's edit) or falls below Reviewer.DemoteBelow (decay)
 // is reviewed by the Extractor's model in the background: up to
-// Reviewer.MaxRounds calls, each answering exactly one line (parseReview):
+// Reviewer.MaxRounds calls, each answering exactly one line (knowledge.ParseReview):
 // [SEARCH:keywords] (the reviewer searches the scope's memory, lexically,
 // and shows the hits in the next round), or a verdict — [PROMOTE] (the
 // fact becomes core), [KEEP] (its importance is reset to DemoteBelow) or
@@ -36,14 +35,16 @@ import (
 // a meta record naming the scope), compacted to the newest Reviewer.LogSize
 // decisions when it holds twice as many. Reviews serves it.
 
-// Review decisions.
+// Review decisions (package memory/internal/knowledge names them).
 const (
-	ReviewPromote   = "promote"   // the fact became core
-	ReviewKeep      = "keep"      // importance reset to Reviewer.DemoteBelow
-	ReviewDelete    = "delete"    // the fact was deleted
-	ReviewMalformed = "malformed" // the model's answer broke the format: nothing changed
-	ReviewUndecided = "undecided" // no verdict within MaxRounds: nothing changed
-	ReviewStale     = "stale"     // the fact changed meanwhile: the verdict was not applied
+	ReviewPromote   = knowledge.ReviewPromote   // the fact became core
+	ReviewKeep      = knowledge.ReviewKeep      // importance reset to Reviewer.DemoteBelow
+	ReviewDelete    = knowledge.ReviewDelete    // the fact was deleted
+	ReviewMalformed = knowledge.ReviewMalformed // the model's answer broke the format: nothing changed
+	ReviewUndecided = knowledge.ReviewUndecided // no verdict within MaxRounds: nothing changed
+	ReviewStale     = knowledge.ReviewStale     // the fact changed meanwhile: the verdict was not applied
+	// ReviewSearch is the answer that asks for a search, not a verdict.
+	ReviewSearch = knowledge.ReviewSearch
 )
 
 // ReviewStats count the reviewer's work (Stats embeds them).
@@ -92,7 +93,7 @@ type sessReview struct {
 // seenFromLogLocked marks the session's facts that the scope's decisions
 // log shows reviewed at or after their last change. Called once per loaded
 // session, with sess.mu held, from the worker.
-func (kn *knowledge) seenFromLogLocked(sess *session) {
+func (kn *learner) seenFromLogLocked(sess *session) {
 	sess.rv.fromLog = true
 	// A log that cannot be read: facts past a threshold are reviewed again.
 	_ = kn.revLogs.Each(sess.tenant, sess.user, func(r *Review) {
@@ -120,7 +121,7 @@ type reviewTask struct {
 func reviewScope(tenant, user string) string { return tenant + "\x00" + user }
 
 // reviewTrigger reports why u is due for review ("" if it is not).
-func (kn *knowledge) reviewTrigger(u *Unit) string {
+func (kn *learner) reviewTrigger(u *Unit) string {
 	o := &kn.opts.Reviewer
 	switch {
 	case u.Category != CategoryFact:
@@ -135,7 +136,7 @@ func (kn *knowledge) reviewTrigger(u *Unit) string {
 // dueLocked returns the session's fact with the lowest id that is past a
 // threshold and not yet reviewed in its current state (nil if none): one
 // pass, no sort.
-func (kn *knowledge) dueLocked(sess *session) *Unit {
+func (kn *learner) dueLocked(sess *session) *Unit {
 	var due *Unit
 	for _, u := range sess.units {
 		if (due != nil && u.ID > due.ID) || kn.reviewTrigger(u) == "" {
@@ -152,7 +153,7 @@ func (kn *knowledge) dueLocked(sess *session) *Unit {
 // maybeReviewLocked queues a review of the session's first fact (by id)
 // past a threshold and not yet reviewed in its current state, unless the scope has one in flight. Called with
 // sess.mu held, from the worker.
-func (kn *knowledge) maybeReviewLocked(sess *session) {
+func (kn *learner) maybeReviewLocked(sess *session) {
 	if !kn.opts.Reviewer.Enabled || kn.opts.Extraction.Extractor == nil || kn.ctx.Err() != nil {
 		return
 	}
@@ -181,24 +182,23 @@ func (kn *knowledge) maybeReviewLocked(sess *session) {
 	if r.inflight[scope] || r.closed {
 		return
 	}
-	select {
-	case kn.extractQ <- &extractJob{sess: sess, kind: jobReview, review: task, model: sess.lastModel, enc: sess.lastEnc}:
-		sess.refs.Add(1) // resident until the job ran (runExtract)
-		if r.inflight == nil {
-			r.inflight = map[string]bool{}
-		}
-		r.inflight[scope] = true
-		if sess.rv.seen == nil {
-			sess.rv.seen = map[string]time.Time{}
-		}
-		sess.rv.seen[task.id] = task.updated
-	default:
+	if !kn.q.TryPut(&extractJob{sess: sess, kind: jobReview, review: task, model: sess.lastModel, enc: sess.lastEnc}) {
 		r.dropped.Add(1) // the next sync tries again
+		return
 	}
+	sess.refs.Add(1) // resident until the job ran (runExtract)
+	if r.inflight == nil {
+		r.inflight = map[string]bool{}
+	}
+	r.inflight[scope] = true
+	if sess.rv.seen == nil {
+		sess.rv.seen = map[string]time.Time{}
+	}
+	sess.rv.seen[task.id] = task.updated
 }
 
 // runReview runs one review to its outcome and logs it.
-func (kn *knowledge) runReview(job *extractJob) {
+func (kn *learner) runReview(job *extractJob) {
 	sess, task := job.sess, job.review
 	scope := reviewScope(sess.tenant, sess.user)
 	defer func() {
@@ -209,7 +209,7 @@ func (kn *knowledge) runReview(job *extractJob) {
 	}()
 	rev := Review{FactID: task.id, Session: sess.id, Trigger: task.trigger}
 	var searches strings.Builder
-	var step reviewStep
+	var step knowledge.ReviewStep
 	for round := 1; ; round++ {
 		rev.Rounds = round
 		kn.rev.calls.Add(1)
@@ -222,7 +222,7 @@ func (kn *knowledge) runReview(job *extractJob) {
 			kn.logBackground(err, "memory: review", "session", sess.id, "fact", task.id, "err", err)
 			return // nothing decided; the fact is reviewed again once it changes
 		}
-		if step, err = parseReview(out); err != nil {
+		if step, err = knowledge.ParseReview(out); err != nil {
 			rev.Decision, rev.Reason = ReviewMalformed, err.Error()
 			break
 		}
@@ -243,7 +243,7 @@ func (kn *knowledge) runReview(job *extractJob) {
 
 // reviewSearch searches the session's and its user's memory for keywords
 // (lexically: the keywords are words, and no embedding call is made).
-func (kn *knowledge) reviewSearch(sess *session, self, keywords string) string {
+func (kn *learner) reviewSearch(sess *session, self, keywords string) string {
 	um := kn.userFor(sess, "")
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
@@ -257,7 +257,7 @@ func (kn *knowledge) reviewSearch(sess *session, self, keywords string) string {
 		if role == "" {
 			role = "memory"
 		}
-		fmt.Fprintf(&b, "- %s: %s\n", role, sanitize.Text(it.text, maxReviewShownBytes))
+		fmt.Fprintf(&b, "- %s: %s\n", role, sanitize.Text(it.text, knowledge.MaxReviewShownBytes))
 	}
 	if b.Len() == 0 {
 		return "(nothing)\n"
@@ -267,7 +267,7 @@ func (kn *knowledge) reviewSearch(sess *session, self, keywords string) string {
 
 // applyReview applies a verdict unless the fact changed since the review
 // was queued; it returns the decision and its reason.
-func (kn *knowledge) applyReview(sess *session, task *reviewTask, step reviewStep) (string, string) {
+func (kn *learner) applyReview(sess *session, task *reviewTask, step knowledge.ReviewStep) (string, string) {
 	sess.mu.Lock()
 	u := sess.units[task.id]
 	if sess.gone.Load() || !sess.exists || u == nil || !u.UpdatedAt.Equal(task.updated) || u.Content != task.content || u.Category != task.category {
@@ -291,139 +291,8 @@ func (kn *knowledge) applyReview(sess *session, task *reviewTask, step reviewSte
 }
 
 // reviewPrompt is the prompt of one round.
-func (kn *knowledge) reviewPrompt(task *reviewTask, round int, searches string) string {
-	var b strings.Builder
-	b.WriteString("You review one memory in an assistant's long-term memory about a user.\n\n")
-	fmt.Fprintf(&b, "Memory [%s], importance %.2f, created %s:\n%s\n\n", task.id, task.importance,
-		task.created.UTC().Format(blockTimeLayout), sanitize.Text(task.content, maxFactBytes))
-	if task.trigger == "promote" {
-		b.WriteString("It was confirmed often: decide whether it becomes a core memory, shown to the assistant in every conversation.\n")
-	} else {
-		b.WriteString("It has not been used for a long time and is fading: decide whether it is still worth keeping.\n")
-	}
-	if searches != "" {
-		b.WriteString("\nYour searches so far:\n")
-		b.WriteString(searches)
-	}
-	left := kn.opts.Reviewer.MaxRounds - round
-	fmt.Fprintf(&b, "\nAnswer with exactly one line, nothing else:\n"+
-		"[PROMOTE] <short reason>   make it a core memory (a lasting, important fact about the user)\n"+
-		"[KEEP] <short reason>      keep it as an ordinary memory\n"+
-		"[DELETE] <short reason>    delete it (wrong, outdated, duplicated or worthless)\n")
-	if left > 0 {
-		fmt.Fprintf(&b, "[SEARCH:<keywords>]        first look up related memories (%d searches left)\n", left)
-	} else {
-		b.WriteString("This is the last round: decide now.\n")
-	}
-	return b.String()
+func (kn *learner) reviewPrompt(task *reviewTask, round int, searches string) string {
+	return knowledge.ReviewPrompt(knowledge.ReviewFact{ID: task.id, Content: task.content, Importance: task.importance,
+		Created: task.created.UTC().Format(blockTimeLayout), Promote: task.trigger == "promote"},
+		round, kn.opts.Reviewer.MaxRounds, searches)
 }
-
-// Review answers: a verdict or a search.
-const (
-	ReviewSearch = "search"
-)
-
-// reviewStep is one parsed answer of the reviewer's model. Kind is
-// ReviewPromote, ReviewKeep, ReviewDelete (Reason: the model's, possibly
-// empty) or ReviewSearch (Keywords).
-type reviewStep struct {
-	Kind     string
-	Keywords string
-	Reason   string
-}
-
-// Limits of the review parser.
-const (
-	maxReviewOutput     = 2048 // the whole answer
-	maxReviewReason     = 300
-	maxReviewKeywords   = 200
-	maxReviewShownBytes = 300 // one search hit shown to the model
-)
-
-// parseReview parses one answer of the reviewer's model strictly: after
-// trimming white space it must be exactly one line, and that line exactly
-// one of "[PROMOTE]", "[KEEP]" or "[DELETE]", each optionally followed by a
-// space and a reason (1–300 bytes, no brackets, no control or format
-// characters), or "[SEARCH:keywords]" with nothing after it (keywords:
-// 1–200 bytes, no brackets, no control or format characters). Anything
-// else — other text, a second line, two tags, a verdict with a search, an
-// unknown or lower-case tag, more than 2 KiB — is an error wrapping
-// ErrInvalid.
-func parseReview(out string) (reviewStep, error) {
-	bad := func(format string, a ...any) (reviewStep, error) {
-		return reviewStep{}, fmt.Errorf("%w: review: "+format, append([]any{ErrInvalid}, a...)...)
-	}
-	if len(out) > maxReviewOutput {
-		return bad("answer of %d bytes", len(out))
-	}
-	if !utf8.ValidString(out) {
-		return bad("invalid UTF-8")
-	}
-	line := strings.TrimSpace(out)
-	if line == "" {
-		return bad("empty answer")
-	}
-	if strings.ContainsAny(line, "\r\n\u2028\u2029") {
-		return bad("more than one line")
-	}
-	if line[0] != '[' {
-		return bad("does not start with a tag: %q", sanitize.Truncate(line, 80))
-	}
-	end := strings.IndexByte(line, ']')
-	if end < 0 {
-		return bad("unterminated tag")
-	}
-	tag, rest := line[1:end], line[end+1:]
-	if kw, ok := strings.CutPrefix(tag, "SEARCH:"); ok {
-		if rest != "" {
-			return bad("text after a search")
-		}
-		kw = strings.TrimSpace(kw)
-		if err := reviewText(kw, maxReviewKeywords); err != nil {
-			return bad("keywords: %v", err)
-		}
-		return reviewStep{Kind: ReviewSearch, Keywords: kw}, nil
-	}
-	var st reviewStep
-	switch tag {
-	case "PROMOTE":
-		st.Kind = ReviewPromote
-	case "KEEP":
-		st.Kind = ReviewKeep
-	case "DELETE":
-		st.Kind = ReviewDelete
-	default:
-		return bad("unknown tag %q", sanitize.Truncate(tag, 40))
-	}
-	if rest != "" {
-		if rest[0] != ' ' {
-			return bad("%s needs a space before its reason", tag)
-		}
-		st.Reason = strings.TrimSpace(rest)
-		if err := reviewText(st.Reason, maxReviewReason); err != nil {
-			return bad("reason: %v", err)
-		}
-	}
-	return st, nil
-}
-
-// reviewText checks keywords or a reason.
-func reviewText(t string, maxBytes int) error {
-	if t == "" {
-		return errors.New("empty")
-	}
-	if len(t) > maxBytes {
-		return fmt.Errorf("%d bytes (max %d)", len(t), maxBytes)
-	}
-	if strings.ContainsAny(t, "[]") {
-		return errors.New("contains a bracket (a second tag?)")
-	}
-	for _, r := range t {
-		if sanitize.Unsafe(r) {
-			return fmt.Errorf("control or format character %U", r)
-		}
-	}
-	return nil
-}
-
-// The decisions log.

@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 	"github.com/kvsidecar/kvsidecar/memory/internal/reviewlog"
 	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
@@ -11,9 +12,9 @@ import (
 type Review = reviewlog.Review
 
 // logReview counts a review's outcome and appends it to its scope's log.
-func (kn *knowledge) logReview(sess *session, rev Review) {
+func (kn *learner) logReview(sess *session, rev Review) {
 	rev.At = kn.opts.Clock.Now().UTC().Round(0) // as the log reads it back
-	rev.Reason = sanitize.Text(rev.Reason, maxReviewReason)
+	rev.Reason = sanitize.Text(rev.Reason, knowledge.MaxReviewReason)
 	kn.rev.reviews.Add(1)
 	for i, d := range reviewDecisions {
 		if d == rev.Decision {
@@ -39,7 +40,7 @@ func (s *Store) Reviews(tenant, user string, limit int) ([]Review, error) {
 
 // closeReviewLogs stops new reviews and closes every decisions log
 // (Shutdown, after the extraction workers stopped).
-func (kn *knowledge) closeReviewLogs() error {
+func (kn *learner) closeReviewLogs() error {
 	kn.rev.mu.Lock()
 	kn.rev.closed = true
 	kn.rev.mu.Unlock()

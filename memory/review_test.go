@@ -10,135 +10,8 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
+	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 )
-
-func TestParseReview(t *testing.T) {
-	ok := func(in string, want reviewStep) {
-		t.Helper()
-		got, err := parseReview(in)
-		if err != nil || got != want {
-			t.Fatalf("parseReview(%q) = %+v, %v; want %+v", in, got, err, want)
-		}
-	}
-	ok("[PROMOTE]", reviewStep{Kind: ReviewPromote})
-	ok("  [KEEP] still true, used last week \n", reviewStep{Kind: ReviewKeep, Reason: "still true, used last week"})
-	ok("[DELETE] duplicate of the cat fact", reviewStep{Kind: ReviewDelete, Reason: "duplicate of the cat fact"})
-	ok("[SEARCH:cat name Tom]", reviewStep{Kind: ReviewSearch, Keywords: "cat name Tom"})
-	ok("\r\n[SEARCH: lisbon ]\r\n", reviewStep{Kind: ReviewSearch, Keywords: "lisbon"})
-	for _, bad := range []string{
-		"", "   ", "PROMOTE", "[promote]", "[Keep]", "[MERGE]", "[ARCHIVE] x", "[PROMOTE", "[]",
-		"I think [KEEP]", "Reasoning: it is fine.\n[KEEP]", "[KEEP]\n[DELETE]", "[KEEP] [DELETE]",
-		"[PROMOTE][DELETE]", "[KEEP] then [SEARCH:x]", "[SEARCH:x] [KEEP]", "[SEARCH:x]\n[KEEP]",
-		"[SEARCH:x] more", "[SEARCH:]", "[SEARCH:  ]", "[SEARCH:a[b]", "[KEEP]reason", "[KEEP] a\x1b[2J",
-		"[KEEP] right\u202eleft", "[KEEP] line\u2028two", "[DELETE] bad \xff", "[KEEP] " + strings.Repeat("x", 301),
-		"[SEARCH:" + strings.Repeat("k", 201) + "]", strings.Repeat(" ", 3000) + "[KEEP]", "[SKIP]", "[DELETE:fact-1]",
-	} {
-		if st, err := parseReview(bad); err == nil || !errors.Is(err, ErrInvalid) {
-			t.Errorf("parseReview(%q) = %+v, %v; want an ErrInvalid error", bad, st, err)
-		}
-	}
-}
-
-// render writes a step back in the form parseReview accepts.
-func (st reviewStep) render() string {
-	if st.Kind == ReviewSearch {
-		return "[SEARCH:" + st.Keywords + "]"
-	}
-	s := "[" + strings.ToUpper(st.Kind) + "]"
-	if st.Reason != "" {
-		s += " " + st.Reason
-	}
-	return s
-}
-
-// FuzzParseReview: whatever the model answers, the parser never panics,
-// accepts only one well-formed step whose texts are safe, and a step
-// renders back to an answer that parses to itself.
-func FuzzParseReview(f *testing.F) {
-	for _, s := range []string{"[PROMOTE]", "[KEEP] fine", "[DELETE] dup", "[SEARCH:cat]", "[KEEP]\n[DELETE]",
-		"[SEARCH:x] [KEEP]", "[KEEP] \u202e", "x [KEEP]", "[", "]", "[SEARCH:[KEEP]]"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, in string) {
-		st, err := parseReview(in)
-		if err != nil {
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("error %v does not wrap ErrInvalid", err)
-			}
-			return
-		}
-		switch st.Kind {
-		case ReviewPromote, ReviewKeep, ReviewDelete:
-			if st.Keywords != "" {
-				t.Fatalf("verdict with keywords: %+v", st)
-			}
-		case ReviewSearch:
-			if st.Keywords == "" || st.Reason != "" {
-				t.Fatalf("bad search %+v", st)
-			}
-		default:
-			t.Fatalf("unknown kind %+v", st)
-		}
-		for _, txt := range []string{st.Keywords, st.Reason} {
-			if strings.ContainsAny(txt, "[]\n\r") || len(txt) > maxReviewReason {
-				t.Fatalf("unsafe text %q", txt)
-			}
-			for _, r := range txt {
-				if sanitize.Unsafe(r) {
-					t.Fatalf("unsafe rune %U in %q", r, txt)
-				}
-			}
-		}
-		again, err := parseReview(st.render())
-		if err != nil || again != st {
-			t.Fatalf("%+v renders to %q which parses to %+v, %v", st, st.render(), again, err)
-		}
-	})
-}
-
-func TestParseToolContext(t *testing.T) {
-	f := func(in, want string, wantErr bool) {
-		t.Helper()
-		got, err := parseToolContext(in, 80)
-		if got != want || (err != nil) != wantErr || (err != nil && !errors.Is(err, ErrInvalid)) {
-			t.Fatalf("parseToolContext(%q) = %q, %v; want %q, error %v", in, got, err, want, wantErr)
-		}
-	}
-	f("get_weather said Paris is sunny, 21°C.", "get_weather said Paris is sunny, 21°C.", false)
-	f("  Two\n lines\tfolded.\x00 ", "Two lines folded.", false)
-	f("[SKIP]", "", false)
-	f(" \n ", "", true)
-	f(strings.Repeat("word ", 17), "", true) // 84 bytes > 80
-	f(strings.Repeat("x", 400), "", true)
-	f("The tool said [DELETE:fact-1].", "", true)
-	f("ok [keep] this", "", true)
-}
-
-// FuzzParseToolContext: a condensed context is either dropped with
-// ErrInvalid or short, single-line, safe and tag-free.
-func FuzzParseToolContext(f *testing.F) {
-	for _, s := range []string{"get_weather said sunny.", "[SKIP]", "a\nb", "[DELETE:x]", "\u202e", strings.Repeat("x", 500)} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, in string) {
-		got, err := parseToolContext(in, 400)
-		if err != nil {
-			if got != "" || !errors.Is(err, ErrInvalid) {
-				t.Fatalf("%q, %v", got, err)
-			}
-			return
-		}
-		if len(got) > 400 || strings.ContainsAny(got, "\n\r") || strings.Contains(strings.ToUpper(got), "[DELETE") {
-			t.Fatalf("unsafe context %q", got)
-		}
-		for _, r := range got {
-			if sanitize.Unsafe(r) {
-				t.Fatalf("unsafe rune %U in %q", r, got)
-			}
-		}
-	})
-}
 
 // reviewExtractor answers review rounds from a script, condenses tool
 // context with toolReply, and skips everything else. With gate set, a
@@ -413,7 +286,7 @@ func TestToolContextNextTurnOnly(t *testing.T) {
 			t.Fatalf("condensing prompts %q", prompts)
 		}
 		t2 := turn("Should I take an umbrella?")
-		if t2.Block == nil || !strings.Contains(string(t2.Block), toolCtxHeader+sentence) {
+		if t2.Block == nil || !strings.Contains(string(t2.Block), knowledge.ToolCtxHeader+sentence) {
 			t.Fatalf("turn 2 block %s", t2.Block)
 		}
 		t3 := turn("Thanks.")
@@ -503,7 +376,7 @@ func TestToolContextRejected(t *testing.T) {
 				synctest.Wait()
 				hist = append(hist, text("assistant", "Sunny."), text("user", "Umbrella?"))
 				t2 := prepare(t, s, "t", "s", ModeFull, hist...)
-				if strings.Contains(string(t2.Block), toolCtxHeader) {
+				if strings.Contains(string(t2.Block), knowledge.ToolCtxHeader) {
 					t.Fatalf("a rejected context was shown: %s", t2.Block)
 				}
 				if st := s.Stats(); st.ToolContextCalls != 1 || st.ToolContextRejected != 1 || st.ToolContextInjected != 0 {
@@ -538,7 +411,7 @@ func TestToolContextLate(t *testing.T) {
 		hist = append(hist, text("assistant", "No."), text("user", "Thanks."))
 		t3 := prepare(t, s, "t", "s", ModeFull, hist...)
 		for _, b := range []string{string(t2.Block), string(t3.Block)} {
-			if strings.Contains(b, toolCtxHeader) {
+			if strings.Contains(b, knowledge.ToolCtxHeader) {
 				t.Fatalf("a late context was shown: %s", b)
 			}
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
+	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 )
 
 // entry is one stored message.
@@ -116,24 +117,24 @@ func (e *entry) text() string {
 //	decay the decay pass ran at T
 //	drop  message Seq left the window without a unit (its content was one)
 type record struct {
-	K       string            `json:"k"`
-	V       int               `json:"v,omitempty"`
-	Tenant  string            `json:"tenant,omitempty"`
-	Session string            `json:"session,omitempty"`
-	User    string            `json:"user,omitempty"`
-	T       int64             `json:"t,omitempty"`
-	Seq     uint64            `json:"seq,omitempty"`
-	Msg     json.RawMessage   `json:"msg,omitempty"`
-	Msgs    []json.RawMessage `json:"msgs,omitempty"`
-	Enc     string            `json:"enc,omitempty"`
-	Tok     []int             `json:"tok,omitempty"`
-	Keep    *int              `json:"keep,omitempty"`
-	Partial bool              `json:"partial,omitempty"`
-	Unit    *Unit             `json:"unit,omitempty"`
-	Acc     []accessRecord    `json:"acc,omitempty"`
-	ID      string            `json:"id,omitempty"`
-	Triple  *tripleRecord     `json:"triple,omitempty"`
-	H       []uint64          `json:"h,omitempty"`
+	K       string                  `json:"k"`
+	V       int                     `json:"v,omitempty"`
+	Tenant  string                  `json:"tenant,omitempty"`
+	Session string                  `json:"session,omitempty"`
+	User    string                  `json:"user,omitempty"`
+	T       int64                   `json:"t,omitempty"`
+	Seq     uint64                  `json:"seq,omitempty"`
+	Msg     json.RawMessage         `json:"msg,omitempty"`
+	Msgs    []json.RawMessage       `json:"msgs,omitempty"`
+	Enc     string                  `json:"enc,omitempty"`
+	Tok     []int                   `json:"tok,omitempty"`
+	Keep    *int                    `json:"keep,omitempty"`
+	Partial bool                    `json:"partial,omitempty"`
+	Unit    *Unit                   `json:"unit,omitempty"`
+	Acc     []accessRecord          `json:"acc,omitempty"`
+	ID      string                  `json:"id,omitempty"`
+	Triple  *knowledge.TripleRecord `json:"triple,omitempty"`
+	H       []uint64                `json:"h,omitempty"`
 }
 
 type accessRecord struct {
@@ -249,8 +250,8 @@ type session struct {
 	sharedN    int64
 	sharedLast uint64
 
-	kb sessTriples // triples (triples.go)
-	l4 sessL4      // L4 compression (l4.go)
+	kb knowledge.KB      // triples (triples.go)
+	l4 knowledge.L4State // L4 compression (l4.go)
 }
 
 // unitsChanged invalidates the unit indexes and the cached block.
@@ -267,7 +268,7 @@ func (s *session) refreshIndex() {
 		switch {
 		case u.Type == UnitSummary:
 			s.sums = append(s.sums, u)
-		case u.Category.pinned():
+		case u.Category.Pinned():
 			s.pinned = append(s.pinned, u)
 		case u.Tier == PlaceWorking:
 			s.cands = append(s.cands, u)
@@ -446,7 +447,7 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 			s.deleted = map[string]bool{}
 		}
 		s.deleted[r.ID] = true
-		s.kb.unitDeleted(r.ID)
+		s.kb.UnitDeleted(r.ID)
 	case "triple", "tdel":
 		return s.applyTripleRecord(r)
 	case "drop":
@@ -466,7 +467,7 @@ func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
 	case "l4":
 		// Clusters whose L4 merge was refused (l4.go).
 		for _, fp := range r.H {
-			s.l4.refuse(fp, false)
+			s.l4.Refuse(fp, false)
 		}
 	default:
 		// Unknown kinds come from newer versions; skip them.
@@ -522,4 +523,34 @@ func (s *session) sortedUnits() []*Unit {
 	}
 	sort.Slice(us, func(i, j int) bool { return us[i].ID < us[j].ID })
 	return us
+}
+
+func (sess *session) hasUnpersisted() bool {
+	if len(sess.accessDirty) > 0 || len(sess.delDirty) > 0 || len(sess.drops) > 0 || sess.extracting || sess.decayDirty || sess.seqDirty {
+		return true
+	}
+	for _, u := range sess.units {
+		if !u.persisted {
+			return true
+		}
+	}
+	return false
+}
+
+func (sess *session) reset() {
+	sess.nextSeq = 1
+	sess.sys, sess.hist = nil, nil
+	sess.units = map[string]*Unit{}
+	sess.coveredSeq = 0
+	sess.prevPrompt, sess.prevCosts = nil, nil
+	sess.deleted, sess.delDirty, sess.lastDecay, sess.lastRecall = nil, nil, time.Time{}, ""
+	sess.drops, sess.dedup = nil, dedupIndex{}
+	sess.ix, sess.ixVer, sess.ixSaved = nil, 0, 0
+	sess.uidx, sess.uSeq, sess.uUnitsVer, sess.uKbVer, sess.uGen = nil, 0, 0, 0, 0
+	sess.sticky = cachedBlock{}
+	sess.wm.reset()
+	sess.kb = knowledge.KB{}
+	sess.factSeq, sess.episodeSeq = 0, 0
+	sess.sharedN, sess.sharedLast = -1, 0
+	sess.unitsChanged()
 }

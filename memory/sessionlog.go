@@ -248,9 +248,9 @@ func (sj *sessionJournal) persistLocked(sess *session, now time.Time) {
 			return
 		}
 	}
-	l4n := len(sess.l4.dirty)
+	l4n := len(sess.l4.Dirty)
 	if l4n > 0 {
-		if framed, err = encodeRecord(framed, &record{K: "l4", T: now.UnixNano(), H: slices.Clone(sess.l4.dirty)}); err != nil {
+		if framed, err = encodeRecord(framed, &record{K: "l4", T: now.UnixNano(), H: slices.Clone(sess.l4.Dirty)}); err != nil {
 			return
 		}
 	}
@@ -268,8 +268,8 @@ func (sj *sessionJournal) persistLocked(sess *session, now time.Time) {
 			return
 		}
 	}
-	kdels := len(sess.kb.dels)
-	if framed, err = sess.kb.appendRecords(framed, now); err != nil {
+	kdels := len(sess.kb.Dels)
+	if framed, err = appendTripleRecords(framed, &sess.kb, now); err != nil {
 		sj.opts.Logger.Warn("memory: encode triple", "err", err)
 		return
 	}
@@ -305,7 +305,7 @@ func (sj *sessionJournal) persistLocked(sess *session, now time.Time) {
 	sess.delDirty = sess.delDirty[len(dels):]
 	sess.drops = sess.drops[len(drops):]
 	sess.seqDirty, sess.decayDirty = false, false
-	sess.l4.dirty = sess.l4.dirty[l4n:]
-	sess.kb.written(kdels)
+	sess.l4.Dirty = sess.l4.Dirty[l4n:]
+	sess.kb.Written(kdels)
 	clear(sess.accessDirty)
 }

@@ -334,7 +334,7 @@ func (s *Store) parseSnapshot(tenant, id string, section []byte) (*parsedSnapsho
 	ps.scratch = sc2
 	ps.SnapshotInfo = SnapshotInfo{Session: ps.header.Session, User: ps.header.User, Model: ps.header.Model,
 		Records: len(ps.payloads), Messages: len(sc2.sys) + len(sc2.hist), Units: len(sc2.units),
-		Triples: len(sc2.kb.triples), Bytes: len(section)}
+		Triples: len(sc2.kb.Triples), Bytes: len(section)}
 	for _, u := range sc2.units {
 		if u.Category == CategoryFact || u.Type == UnitFact {
 			ps.Facts++

@@ -179,7 +179,7 @@ func (s *Store) Stats() Stats {
 	out.FullNamed, out.FullDetected = st.modes[0][0].Load(), st.modes[0][1].Load()
 	out.AppendNamed, out.AppendDetected = st.modes[1][0].Load(), st.modes[1][1].Load()
 	out.FactCalls, out.EpisodeCalls, out.SummaryCalls = st.calls[callFacts].Load(), st.calls[callEpisode].Load(), st.calls[callSummary].Load()
-	out.ReviewStats, out.ToolContextStats, out.L4Stats = s.know.rev.stats(), s.know.tcs.stats(s.win.toolShown.Load()), s.know.l4c.stats()
+	out.ReviewStats, out.ToolContextStats, out.L4Stats = s.know.rev.stats(), s.know.tcs.stats(s.win.toolShown.Load()), s.know.l4c.Stats()
 	out.PoolEventStats = PoolEventStats{PoolSubscribers: ps.Subscribers, PoolEventsPublished: ps.EventsPublished,
 		PoolSubscribersLagged: ps.SubscribersLagged, PoolSubscribeRefused: ps.SubscribeRefused,
 		PoolContextTurns: st.poolCtxTurns.Load(), PoolContextErrors: st.poolCtxErrors.Load()}

@@ -12,6 +12,7 @@ import (
 	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/internal/durable"
 	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
+	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
 	"github.com/kvsidecar/kvsidecar/memory/internal/retention"
 	"github.com/kvsidecar/kvsidecar/memory/internal/reviewlog"
@@ -42,7 +43,7 @@ type Store struct {
 	jrn    *sessionJournal // the sessions' logs (sessionlog.go, shared.go)
 	win    *windowBuilder  // builds the windows, no I/O (window.go, block.go)
 	recall *retriever      // the indexes and what a turn recalls (recall.go)
-	know   *knowledge      // what is learnt in the background; its goroutines (extract.go)
+	know   *learner        // what is learnt in the background; its goroutines (extract.go)
 	wk     *worker         // the background writes; its goroutine (worker.go)
 	users  *userScope      // which user a session recalls with (users.go)
 
@@ -86,7 +87,7 @@ func Open(opts Options) (*Store, error) {
 	s.recall = &retriever{env: s.env, ixOpts: opts.Recall.Index}
 	_, s.recall.localEmbedder = opts.Recall.Index.Embedder.(*index.HashEmbedder)
 	s.reg = &registry{env: s.env, sessions: map[string]*session{}, users: map[string]*userMem{}, trimC: make(chan struct{}, 1)}
-	s.know = &knowledge{env: s.env, extractQ: make(chan *extractJob, max(1, opts.Extraction.Queue)),
+	s.know = &learner{env: s.env, q: knowledge.NewQueue[*extractJob](opts.Extraction.Queue),
 		revLogs: reviewlog.New(reviewlog.Options{Dir: opts.Dir, Journal: s.j, Size: opts.Reviewer.LogSize})}
 	s.wk = &worker{env: s.env, queue: make(chan *session, opts.QueueSize), stop: make(chan struct{}),
 		sumSem: make(chan struct{}, max(1, opts.Extraction.MaxConcurrentSummaries))}
@@ -273,132 +274,4 @@ func (s *Store) CountTokensContext(ctx context.Context, model, text string) (int
 		return 0, fmt.Errorf("memory: count tokens: %w", err)
 	}
 	return n, nil
-}
-
-// session returns the loaded session, loading it from disk on first use,
-// pinned in memory: the caller unpins it (unpin) when done with it. With
-// create false a session without a log is ErrNotFound.
-func (rg *registry) session(tenant, id string, create bool) (*session, error) {
-	key := sessionKey(tenant, id)
-	now := rg.opts.Clock.Now()
-	rg.mu.Lock()
-	if rg.closed {
-		rg.mu.Unlock()
-		return nil, ErrClosed
-	}
-	sess := rg.sessions[key]
-	added := sess == nil || sess.gone.Load()
-	var idled []*journal.Log
-	if added {
-		if sess != nil {
-			rg.dropSessionLocked(sess)
-		}
-		sess = newSession(rg.opts.Dir, tenant, id)
-		rg.addSessionLocked(sess)
-		idled = rg.shrinkSessionsLocked(sess)
-	} else {
-		rg.res.sessions.MoveToFront(sess.lru)
-	}
-	sess.lastUse = now
-	sess.refs.Add(1) // under rg.mu: never unloaded while looked up (resident.go)
-	rg.mu.Unlock()
-	rg.closeLogs(idled)
-	sess.loadOnce.Do(func() { sess.loadErr = rg.jrn.load(sess) })
-	if sess.loadErr != nil {
-		rg.unpin(sess)
-		rg.forget(sess, true)
-		return nil, sess.loadErr
-	}
-	sess.mu.Lock()
-	exists := sess.exists
-	sess.mu.Unlock()
-	if !create && !exists {
-		rg.unpin(sess)
-		rg.forget(sess, false)
-		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
-	}
-	if added {
-		rg.noteSession(sess)
-		if rg.opts.MemoryBudget > 0 && rg.res.bytes.Load() > rg.opts.MemoryBudget {
-			rg.signalTrim()
-		}
-	}
-	return sess, nil
-}
-
-// unpin ends a session lookup (see session).
-func (rg *registry) unpin(sess *session) { sess.refs.Add(-1) }
-
-// forget drops sess from memory if it is idle (always when failed).
-func (rg *registry) forget(sess *session, failed bool) {
-	if !failed {
-		if !sess.mu.TryLock() {
-			return
-		}
-		idle := !sess.exists && sess.log == nil && sess.pending == nil
-		if idle {
-			sess.gone.Store(true)
-		}
-		sess.mu.Unlock()
-		if !idle {
-			return
-		}
-	}
-	rg.mu.Lock()
-	rg.dropSessionLocked(sess)
-	rg.mu.Unlock()
-}
-
-func (sess *session) hasUnpersisted() bool {
-	if len(sess.accessDirty) > 0 || len(sess.delDirty) > 0 || len(sess.drops) > 0 || sess.extracting || sess.decayDirty || sess.seqDirty {
-		return true
-	}
-	for _, u := range sess.units {
-		if !u.persisted {
-			return true
-		}
-	}
-	return false
-}
-
-func (sess *session) reset() {
-	sess.nextSeq = 1
-	sess.sys, sess.hist = nil, nil
-	sess.units = map[string]*Unit{}
-	sess.coveredSeq = 0
-	sess.prevPrompt, sess.prevCosts = nil, nil
-	sess.deleted, sess.delDirty, sess.lastDecay, sess.lastRecall = nil, nil, time.Time{}, ""
-	sess.drops, sess.dedup = nil, dedupIndex{}
-	sess.ix, sess.ixVer, sess.ixSaved = nil, 0, 0
-	sess.uidx, sess.uSeq, sess.uUnitsVer, sess.uKbVer, sess.uGen = nil, 0, 0, 0, 0
-	sess.sticky = cachedBlock{}
-	sess.wm.reset()
-	sess.kb = sessTriples{}
-	sess.factSeq, sess.episodeSeq = 0, 0
-	sess.sharedN, sess.sharedLast = -1, 0
-	sess.unitsChanged()
-}
-
-// waitPending waits (bounded by PendingWait and ctx) for the session's open
-// turn to finish, so that its reply is recorded before the next request's
-// messages in append mode.
-func (s *Store) waitPending(ctx context.Context, sess *session) error {
-	if s.opts.PendingWait < 0 {
-		return nil
-	}
-	sess.mu.Lock()
-	ch := sess.pending
-	sess.mu.Unlock()
-	if ch == nil {
-		return nil
-	}
-	t := time.NewTimer(s.opts.PendingWait)
-	defer t.Stop()
-	select {
-	case <-ch:
-	case <-t.C:
-	case <-ctx.Done():
-		return fmt.Errorf("memory: wait for previous turn: %w", ctx.Err())
-	}
-	return nil
 }

@@ -2,19 +2,17 @@ package memory
 
 import (
 	"context"
-	"fmt"
 	"slices"
-	"strings"
 	"sync/atomic"
 
-	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
+	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 )
 
 // Tool-result context. When a request brings tool results (OpenAI "tool"
 // messages, or legacy "function" ones) with the assistant's tool_calls,
 // those calls and results are condensed after the turn completes, in the
 // background, by the Extractor's model ("tool_context" jobs on the
-// extraction queue), into one or two sentences (parseToolContext:
+// extraction queue), into one or two sentences (knowledge.ParseToolContext:
 // sanitized, at most ToolContext.MaxBytes, else rejected). The sentences
 // are shown in the recall block of the session's next Prepare only —
 // within the block's share of the window, after the recalled memories —
@@ -59,7 +57,7 @@ type sessToolCtx struct {
 // when the request brings tool results keeps the turn's tool calls and
 // results for condensing. Called with sess.mu held, after add joined
 // sess.hist.
-func (kn *knowledge) toolTurnLocked(sess *session, add []*entry) string {
+func (kn *learner) toolTurnLocked(sess *session, add []*entry) string {
 	tc := &sess.tc
 	show := ""
 	if tc.text != "" && tc.forPrepare == tc.prepares {
@@ -98,7 +96,7 @@ func isToolResult(e *entry) bool { return e.msg.Role == "tool" || e.msg.Role == 
 // maybeToolCtxLocked queues the condensing of the last request's tool
 // calls and results once its turn finished (and no later one started).
 // Called with sess.mu held, from the worker.
-func (kn *knowledge) maybeToolCtxLocked(sess *session) {
+func (kn *learner) maybeToolCtxLocked(sess *session) {
 	tc := &sess.tc
 	if tc.src == nil || sess.pending != nil || kn.ctx.Err() != nil {
 		return
@@ -109,42 +107,30 @@ func (kn *knowledge) maybeToolCtxLocked(sess *session) {
 		return // a later turn already started
 	}
 	job := &extractJob{sess: sess, kind: jobToolCtx, prompt: kn.toolCtxPrompt(src), model: sess.lastModel, enc: sess.lastEnc, forPrepare: tc.prepares}
-	select {
-	case kn.extractQ <- job:
-		sess.refs.Add(1) // resident until the job ran (runExtract)
-	default:
+	if !kn.q.TryPut(job) {
 		kn.tcs.dropped.Add(1)
+		return
 	}
+	sess.refs.Add(1) // resident until the job ran (runExtract)
 }
 
 // toolCtxPrompt is the condensing prompt; each message gets an equal share
 // of ToolContext.PromptBytes.
-func (kn *knowledge) toolCtxPrompt(src []*entry) string {
-	per := max(kn.opts.ToolContext.PromptBytes/max(len(src), 1), 64)
-	var b strings.Builder
-	b.WriteString("An assistant called tools for a user. Condense the tool calls and their results below into one or two " +
-		"short sentences of context for the assistant's next reply: which tools were used and what they returned that " +
-		"matters. Reply with the sentences only, or [SKIP] if nothing matters.\n\n")
-	for _, e := range src {
+func (kn *learner) toolCtxPrompt(src []*entry) string {
+	ls := make([]knowledge.ToolLine, len(src))
+	for i, e := range src {
 		if e.msg.Role == "assistant" {
-			b.WriteString("assistant called: ")
-			b.WriteString(sanitize.Text(e.msg.toolText, per))
+			ls[i] = knowledge.ToolLine{Call: true, Text: e.msg.toolText}
 		} else {
-			b.WriteString("tool result")
-			if n := sanitize.Text(e.msg.Name, 64); n != "" {
-				b.WriteString(" (" + n + ")")
-			}
-			b.WriteString(": ")
-			b.WriteString(sanitize.Text(e.msg.Content, per))
+			ls[i] = knowledge.ToolLine{Name: e.msg.Name, Text: e.msg.Content}
 		}
-		b.WriteByte('\n')
 	}
-	return b.String()
+	return knowledge.ToolContextPrompt(ls, kn.opts.ToolContext.PromptBytes)
 }
 
 // runToolCtx makes one condensing call and keeps its answer for the
 // session's next Prepare.
-func (kn *knowledge) runToolCtx(job *extractJob) {
+func (kn *learner) runToolCtx(job *extractJob) {
 	kn.tcs.calls.Add(1)
 	sess := job.sess
 	ctx, cancel := context.WithTimeout(kn.ctx, kn.opts.Extraction.Timeout)
@@ -153,7 +139,7 @@ func (kn *knowledge) runToolCtx(job *extractJob) {
 	cancel()
 	text := ""
 	if err == nil {
-		text, err = parseToolContext(out, kn.opts.ToolContext.MaxBytes)
+		text, err = knowledge.ParseToolContext(out, kn.opts.ToolContext.MaxBytes)
 	}
 	if err != nil {
 		kn.tcs.rejected.Add(1)
@@ -171,38 +157,4 @@ func (kn *knowledge) runToolCtx(job *extractJob) {
 	}
 	sess.tc.text, sess.tc.forPrepare = text, job.forPrepare
 	kn.tcs.ready.Add(1)
-}
-
-// toolCtxMarkers are the tags a condensed context may not contain.
-var toolCtxMarkers = append([]string{"[SEARCH", "[PROMOTE", "[KEEP"}, opMarkers...)
-
-// toolCtxHeader introduces the condensed context in the recall block.
-const toolCtxHeader = "From the tools used in the previous turn: "
-
-// parseToolContext checks a condensing answer: "[SKIP]" is nothing ("",
-// nil); otherwise the text, sanitized (valid UTF-8, control and format
-// characters and runs of white space folded into one space), must be
-// non-empty, at most maxBytes, and free of memory-operation tags. Anything
-// else is an error wrapping ErrInvalid: the answer is dropped, never cut.
-func parseToolContext(out string, maxBytes int) (string, error) {
-	if len(out) > 4*maxBytes {
-		return "", fmt.Errorf("%w: tool context: answer of %d bytes (max %d)", ErrInvalid, len(out), maxBytes)
-	}
-	t := sanitize.Text(out, 4*maxBytes)
-	if t == "[SKIP]" {
-		return "", nil
-	}
-	if t == "" {
-		return "", fmt.Errorf("%w: tool context: empty answer", ErrInvalid)
-	}
-	if len(t) > maxBytes {
-		return "", fmt.Errorf("%w: tool context: %d bytes (max %d)", ErrInvalid, len(t), maxBytes)
-	}
-	upper := strings.ToUpper(t)
-	for _, m := range toolCtxMarkers {
-		if strings.Contains(upper, m) {
-			return "", fmt.Errorf("%w: tool context: contains a tag %s]", ErrInvalid, m)
-		}
-	}
-	return t, nil
 }

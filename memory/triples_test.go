@@ -10,105 +10,9 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
-	"unicode/utf8"
 
-	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
+	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 )
-
-func TestParseTriples(t *testing.T) {
-	f := func(in string, want []tripleOp, rejects int) {
-		t.Helper()
-		ops, rej := parseTriples(in)
-		if fmt.Sprint(ops) != fmt.Sprint(want) || len(rej) != rejects {
-			t.Fatalf("parseTriples(%q) = %v, %d rejected %v; want %v, %d", in, ops, len(rej), rej, want, rejects)
-		}
-		for _, err := range rej {
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("rejection %v does not wrap ErrInvalid", err)
-			}
-		}
-	}
-	f("[TRIPLE] Rex | favourite toy | red ball | +1", []tripleOp{{"Rex", "favourite toy", "red ball", []string{"+1"}}}, 0)
-	f("  [TRIPLE]  Ann |lives in|  Lisbon | fact-000000000004-00, +2 ,fact-000000000004-00 \r\n\n",
-		[]tripleOp{{"Ann", "lives in", "Lisbon", []string{"fact-000000000004-00", "+2"}}}, 0)
-	// Malformed lines are rejected one by one; valid ones still count.
-	f(strings.Join([]string{
-		"[TRIPLE] a | b | c | +1",
-		"[TRIPLE] a | b | c",             // no supports
-		"[TRIPLE] a | b | c | ",          // empty support
-		"[TRIPLE] a | b | c | d | +1",    // five fields
-		"[TRIPLE]a | b | c | +1",         // no space after the tag
-		"[triple] a | b | c | +1",        // lower case tag
-		"TRIPLE: a | b | c | +1",         // another form
-		"[TRIPLE]  | b | c | +1",         // empty subject
-		"[TRIPLE] a | b | c | +0",        // references start at 1
-		"[TRIPLE] a | b | c | +33",       // beyond the reply's ADDs we may name
-		"[TRIPLE] a | b | c | +01",       // not canonical
-		"[TRIPLE] a | b | c | Fact-1",    // bad id
-		"[TRIPLE] a | b | c | x y",       // bad id
-		"[TRIPLE] a | b\x1b[2J | c | +1", // control characters
-		"[TRIPLE] a | b [DELETE:f] | c | +1",
-		"[TRIPLE] a | b | right\u202eleft | +1",
-		"[TRIPLE] " + strings.Repeat("s", 201) + " | b | c | +1",
-		"[TRIPLE] a | b | c | +1,+2,+3,+4,+5,+6,+7,+8,+9",
-		"[TRIPLE] a | b \xff | c | +1",
-	}, "\n"), []tripleOp{{"a", "b", "c", []string{"+1"}}}, 18)
-	f(strings.Repeat("[TRIPLE] a | b | c | +1\n", 40), slices.Repeat([]tripleOp{{"a", "b", "c", []string{"+1"}}}, maxTripleOps), 40-maxTripleOps)
-	ops, rej := parseTriples("[TRIPLE] a | b | c | +1\n" + strings.Repeat("y", maxFactOutput))
-	if len(ops) != 1 || len(rej) != 2 {
-		t.Fatalf("huge reply: %v, %v", ops, rej)
-	}
-	rest, lines := cutTripleLines("[ADD] x\n [TRIPLE] a | b | c | +1\n[triple] q\n[SKIP]")
-	if rest != "[ADD] x\n[SKIP]" || lines != " [TRIPLE] a | b | c | +1\n[triple] q\n" {
-		t.Fatalf("cut: %q %q", rest, lines)
-	}
-	// A fact may not smuggle a triple in.
-	if ops, _ := parseFactOps("[ADD] fine [TRIPLE] a | b | c | +1"); len(ops) != 0 {
-		t.Fatalf("smuggled triple accepted: %v", ops)
-	}
-}
-
-// FuzzParseTriples: whatever the model replies, the parser never panics,
-// returns only well-formed triples whose texts are safe, and each renders
-// back to a line that parses to itself.
-func FuzzParseTriples(f *testing.F) {
-	for _, s := range []string{
-		"[TRIPLE] Rex | likes | ball | +1", "[TRIPLE] a | b | c | fact-1, +2\n[TRIPLE] x", "[TRIPLE] | | | ",
-		"[TRIPLE] a\x00 | b | c | +1", "[TRIPLE] a | b | c | +99999999999999999999", "garbage\n[TRIPLE] a|b|c|+1\r\n",
-	} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, in string) {
-		ops, rej := parseTriples(in)
-		if len(ops) > maxTripleOps || len(ops)+len(rej) > strings.Count(in, "\n")+2 {
-			t.Fatalf("%d triples + %d rejections", len(ops), len(rej))
-		}
-		for _, op := range ops {
-			for _, s := range []string{op.Subject, op.Predicate, op.Object} {
-				if s == "" || len(s) > maxTripleTermBytes || !utf8.ValidString(s) || strings.Contains(s, "|") || s != strings.TrimSpace(s) {
-					t.Fatalf("bad text %q", s)
-				}
-				for _, r := range s {
-					if sanitize.Unsafe(r) {
-						t.Fatalf("unsafe rune %U in %q", r, s)
-					}
-				}
-			}
-			if len(op.Support) == 0 || len(op.Support) > maxTripleSupport {
-				t.Fatalf("supports %v", op.Support)
-			}
-			for _, sup := range op.Support {
-				if !factIDRe.MatchString(strings.TrimPrefix(sup, "+")) {
-					t.Fatalf("bad support %q", sup)
-				}
-			}
-			again, rej := parseTriples(op.String())
-			if len(again) != 1 || fmt.Sprint(again[0]) != fmt.Sprint(op) || len(rej) != 0 {
-				t.Fatalf("%q does not round-trip: %v %v", op.String(), again, rej)
-			}
-		}
-	})
-}
 
 // TestTriplesEndToEnd: triples ride on the fact reply; malformed lines and
 // unresolved supports change nothing; the graph recalls a memory that
@@ -289,8 +193,8 @@ func TestTriplesMerge(t *testing.T) {
 		sess := s.reg.sessions[sessionKey("t", "s")]
 		s.reg.mu.Unlock()
 		sess.mu.Lock()
-		tr := sess.kb.triples[ts[0].ID]
-		for i := len(tr.Support); i < maxStoredSupport; i++ {
+		tr := sess.kb.Triples[ts[0].ID]
+		for i := len(tr.Support); i < knowledge.MaxStoredSupport; i++ {
 			tr.Support = append(tr.Support, fmt.Sprintf("fact-x-%02d", i))
 		}
 		slices.Sort(tr.Support)
@@ -301,7 +205,7 @@ func TestTriplesMerge(t *testing.T) {
 		if got := s.Stats().TriplesRejected - before; got != 1 {
 			t.Fatalf("rejected %d, want 1", got)
 		}
-		if ts, _ := s.Triples("t", "", 0); len(ts) != 1 || len(ts[0].Support) != maxStoredSupport {
+		if ts, _ := s.Triples("t", "", 0); len(ts) != 1 || len(ts[0].Support) != knowledge.MaxStoredSupport {
 			t.Fatalf("after the bound: %d triples, %d supports", len(ts), len(ts[0].Support))
 		}
 	})
@@ -463,22 +367,22 @@ func TestUserGraphAcrossSessions(t *testing.T) {
 func TestUserGraphBound(t *testing.T) {
 	um := &userMem{}
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	links := func(n int, from time.Time) []userLink {
-		out := make([]userLink, n)
+	links := func(n int, from time.Time) []knowledge.Link {
+		out := make([]knowledge.Link, n)
 		for i := range out {
-			out[i] = userLink{Subject: "a", Predicate: "b", Object: fmt.Sprint(i), Docs: []string{"d"}, At: from.Add(time.Duration(n-i) * time.Second)}
+			out[i] = knowledge.Link{Subject: "a", Predicate: "b", Object: fmt.Sprint(i), Docs: []string{"d"}, At: from.Add(time.Duration(n-i) * time.Second)}
 		}
 		return out
 	}
 	for i := range 5 {
-		um.setLinks(fmt.Sprintf("s%d", i), links(maxSessionTriples, t0.Add(time.Duration(i)*time.Hour)))
+		um.setLinks(fmt.Sprintf("s%d", i), links(knowledge.MaxSessionTriples, t0.Add(time.Duration(i)*time.Hour)))
 	}
-	if um.graphLen() != maxUserTriples || len(um.links["s0"]) != 0 || len(um.links["s4"]) != maxSessionTriples {
+	if um.graphLen() != maxUserTriples || len(um.links["s0"]) != 0 || len(um.links["s4"]) != knowledge.MaxSessionTriples {
 		t.Fatalf("%d links; s0 keeps %d, s4 %d", um.graphLen(), len(um.links["s0"]), len(um.links["s4"]))
 	}
 	um.setLinks("s4", links(10, t0.Add(5*time.Hour)))
 	um.setLinks("s3", nil)
-	if n := um.graphLen(); n != 2*maxSessionTriples+10 || len(um.links["s3"]) != 0 {
+	if n := um.graphLen(); n != 2*knowledge.MaxSessionTriples+10 || len(um.links["s3"]) != 0 {
 		t.Fatalf("%d links after a replace and a drop", n)
 	}
 }

@@ -751,3 +751,27 @@ func (t *Turn) attachBlock(i int) {
 	b.tokens[t.enc] = int32(t.blockTokens)
 	t.sess.hist[i].block, t.sess.hist[i].blockHashes = b, t.blockHashes
 }
+
+// waitPending waits (bounded by PendingWait and ctx) for the session's open
+// turn to finish, so that its reply is recorded before the next request's
+// messages in append mode.
+func (s *Store) waitPending(ctx context.Context, sess *session) error {
+	if s.opts.PendingWait < 0 {
+		return nil
+	}
+	sess.mu.Lock()
+	ch := sess.pending
+	sess.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	t := time.NewTimer(s.opts.PendingWait)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	case <-ctx.Done():
+		return fmt.Errorf("memory: wait for previous turn: %w", ctx.Err())
+	}
+	return nil
+}

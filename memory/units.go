@@ -205,7 +205,7 @@ func (f SummarizerFunc) Summarize(ctx context.Context, req SummaryRequest) (Summ
 func (u *Unit) clone() Unit {
 	c := *u
 	c.bow = nil
-	c.Merged = u.Merged.clone()
+	c.Merged = u.Merged.Clone()
 	return c
 }
 

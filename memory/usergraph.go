@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/internal/durable"
+	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 )
 
 // The user's knowledge graph. The user's cross-session index (users.go)
@@ -33,7 +34,7 @@ import (
 // document left the index (deleted, or past Recall.UserMaxDocs) reaches
 // nothing: the index ignores graph documents it does not hold.
 //
-// Bounds: a session keeps at most maxSessionTriples triples; the user's
+// Bounds: a session keeps at most knowledge.MaxSessionTriples triples; the user's
 // graph keeps the newest maxUserTriples links of all the sessions (the
 // oldest are dropped when a sync passes it), so memory and the work of
 // building the graph (on the first search after a change) stay bounded
@@ -41,66 +42,30 @@ import (
 
 // maxUserTriples is the most links a user's graph keeps: four sessions'
 // worth of triples at their own bound, about 4 MB at the largest texts.
-const maxUserTriples = 4 * maxSessionTriples
+const maxUserTriples = 4 * knowledge.MaxSessionTriples
 
 // maxUserGraphBytes bounds the graph file read at load.
 const maxUserGraphBytes = 64 << 20
 
-// userLink is one triple of a user's session in the user's graph.
-type userLink struct {
-	Subject   string    `json:"s"`
-	Predicate string    `json:"p"`
-	Object    string    `json:"o"`
-	Docs      []string  `json:"d"` // user-index document ids
-	At        time.Time `json:"at"`
-}
-
 // userGraphFile is the saved graph: links by session hash.
 type userGraphFile struct {
-	V     int                   `json:"v"`
-	Links map[string][]userLink `json:"links"`
+	V     int                         `json:"v"`
+	Links map[string][]knowledge.Link `json:"links"`
 }
 
 func userGraphPath(indexPath string) string {
 	return strings.TrimSuffix(indexPath, ".uidx") + ".ugraph"
 }
 
-// tripleLinks turns triples (newest first) into graph links, naming each
-// support with doc (which returns "" for a support to leave out).
-func tripleLinks(ts []*Triple, doc func(unitID string) string) []userLink {
-	out := make([]userLink, 0, len(ts))
-	for _, t := range ts {
-		var docs []string
-		for _, id := range t.Support {
-			if d := doc(id); d != "" {
-				docs = append(docs, d)
-			}
-		}
-		if len(docs) > 0 {
-			out = append(out, userLink{Subject: t.Subject, Predicate: t.Predicate, Object: t.Object, Docs: docs, At: t.At})
-		}
-	}
-	return out
-}
-
-// indexLinks converts links for index.NewEntityGraph.
-func indexLinks(ls []userLink) []index.Link {
-	out := make([]index.Link, len(ls))
-	for i, l := range ls {
-		out[i] = index.Link{Subject: l.Subject, Predicate: l.Predicate, Object: l.Object, Docs: l.Docs}
-	}
-	return out
-}
-
 // userLinksLocked returns the session's triples as links of its user's
 // graph, or ok false when they did not change since the last sync (first:
 // the first sync since the session loaded). Called with sess.mu held.
-func (sess *session) userLinksLocked(first bool) (links []userLink, ok bool) {
-	if !first && sess.uKbVer == sess.kb.ver {
+func (sess *session) userLinksLocked(first bool) (links []knowledge.Link, ok bool) {
+	if !first && sess.uKbVer == sess.kb.Ver {
 		return nil, false
 	}
-	sess.uKbVer = sess.kb.ver
-	return tripleLinks(sortedTriples(sess.kb.triples), func(id string) string {
+	sess.uKbVer = sess.kb.Ver
+	return knowledge.Links(knowledge.SortedTriples(sess.kb.Triples), func(id string) string {
 		if u := sess.units[id]; u != nil {
 			return sess.unitDocID(u)
 		}
@@ -110,16 +75,16 @@ func (sess *session) userLinksLocked(first bool) (links []userLink, ok bool) {
 
 // setLinks replaces the links of the session hashed h (none: drops them)
 // and keeps the newest maxUserTriples of the user's links.
-func (um *userMem) setLinks(h string, links []userLink) {
+func (um *userMem) setLinks(h string, links []knowledge.Link) {
 	um.mu.Lock()
 	defer um.mu.Unlock()
-	if slices.EqualFunc(links, um.links[h], func(a, b userLink) bool {
+	if slices.EqualFunc(links, um.links[h], func(a, b knowledge.Link) bool {
 		return a.Subject == b.Subject && a.Predicate == b.Predicate && a.Object == b.Object && a.At.Equal(b.At) && slices.Equal(a.Docs, b.Docs)
 	}) {
 		return // unchanged (a session's first sync after it loaded)
 	}
 	if um.links == nil {
-		um.links = map[string][]userLink{}
+		um.links = map[string][]knowledge.Link{}
 	}
 	um.nLinks += len(links) - len(um.links[h])
 	if len(links) == 0 {
@@ -157,7 +122,7 @@ func (um *userMem) trimLinksLocked() {
 		}
 		return cmp.Compare(a.i, b.i)
 	})
-	keep := map[string][]userLink{}
+	keep := map[string][]knowledge.Link{}
 	for _, r := range all[:min(len(all), maxUserTriples)] {
 		keep[r.h] = append(keep[r.h], um.links[r.h][r.i])
 	}
@@ -179,11 +144,11 @@ func (um *userMem) attachGraph(x *index.Index) {
 			hs = append(hs, h)
 		}
 		slices.Sort(hs)
-		var all []userLink
+		var all []knowledge.Link
 		for _, h := range hs {
 			all = append(all, um.links[h]...)
 		}
-		g = index.NewEntityGraph(indexLinks(all))
+		g = index.NewEntityGraph(knowledge.IndexLinks(all))
 	}
 	x.SetGraph(g)
 	um.graphSet, um.graphVer = true, um.linksVer
@@ -222,7 +187,7 @@ func (um *userMem) loadLinks() (time.Time, error) {
 	}
 	um.mu.Lock()
 	defer um.mu.Unlock()
-	um.links, um.nLinks = map[string][]userLink{}, 0
+	um.links, um.nLinks = map[string][]knowledge.Link{}, 0
 	for h, ls := range gf.Links {
 		if len(ls) > 0 {
 			um.links[h] = ls
@@ -239,7 +204,7 @@ func (um *userMem) loadLinks() (time.Time, error) {
 // saveLinks writes the user's graph beside its index.
 func (um *userMem) saveLinks() error {
 	um.mu.Lock()
-	gf := userGraphFile{V: 1, Links: make(map[string][]userLink, len(um.links))}
+	gf := userGraphFile{V: 1, Links: make(map[string][]knowledge.Link, len(um.links))}
 	for h, ls := range um.links {
 		gf.Links[h] = ls // replaced, never changed in place
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
+	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 	"github.com/kvsidecar/kvsidecar/memory/internal/userlist"
 )
 
@@ -73,7 +74,7 @@ type userMem struct {
 	docs     map[string]int // documents in the index by session hash
 	// The user's knowledge graph (usergraph.go): links by session hash,
 	// their count, their version and the version last attached.
-	links    map[string][]userLink
+	links    map[string][]knowledge.Link
 	nLinks   int
 	linksVer uint64
 	graphVer uint64

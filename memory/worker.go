@@ -50,7 +50,7 @@ type worker struct {
 	reg    *registry
 	jrn    *sessionJournal
 	recall *retriever
-	know   *knowledge
+	know   *learner
 	lists  *userlist.Lists
 	// holdUserFor holds the session's user memory (users.go).
 	holdUserFor func(sess *session, requested string) *userMem

@@ -1,25 +1,26 @@
-package memory
+package knowledge
 
 import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/kvsidecar/kvsidecar/memory/internal/memerr"
 	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
-// factOpKind is the kind of a memory operation produced by the Extractor.
-type factOpKind uint8
+// FactOpKind is the kind of a memory operation produced by the Extractor.
+type FactOpKind uint8
 
 const (
-	FactAdd    factOpKind = iota + 1 // [ADD] text
+	FactAdd    FactOpKind = iota + 1 // [ADD] text
 	FactUpdate                       // [UPDATE:id] text
 	FactBoost                        // [BOOST:id]
 	FactDelete                       // [DELETE:id]
 	FactSkip                         // [SKIP]
 )
 
-func (k factOpKind) String() string {
+func (k FactOpKind) String() string {
 	switch k {
 	case FactAdd:
 		return "ADD"
@@ -32,19 +33,19 @@ func (k factOpKind) String() string {
 	case FactSkip:
 		return "SKIP"
 	}
-	return fmt.Sprintf("factOpKind(%d)", uint8(k))
+	return fmt.Sprintf("FactOpKind(%d)", uint8(k))
 }
 
-// factOp is one parsed memory operation. ID is set for UPDATE, BOOST and
+// FactOp is one parsed memory operation. ID is set for UPDATE, BOOST and
 // DELETE; Text for ADD and UPDATE.
-type factOp struct {
-	Kind factOpKind
+type FactOp struct {
+	Kind FactOpKind
 	ID   string
 	Text string
 }
 
-// String renders the operation in the form parseFactOps accepts.
-func (op factOp) String() string {
+// String renders the operation in the form ParseFactOps accepts.
+func (op FactOp) String() string {
 	switch op.Kind {
 	case FactAdd:
 		return "[ADD] " + op.Text
@@ -60,37 +61,37 @@ func (op factOp) String() string {
 
 // Limits of the fact-operation parser.
 const (
-	maxFactBytes     = 500      // text of one fact
+	MaxFactBytes     = 500      // text of one fact
 	maxFactLineBytes = 1024     // one line of the reply
 	maxFactOutput    = 64 << 10 // the reply; the rest is rejected unread
 	maxFactOps       = 32       // operations per reply
 	maxFactIDLen     = 64
 )
 
-// parseFactOps parses an Extractor's reply strictly: one operation per
+// ParseFactOps parses an Extractor's reply strictly: one operation per
 // line, exactly "[ADD] text", "[UPDATE:id] text", "[BOOST:id]",
 // "[DELETE:id]" or "[SKIP]" (surrounding spaces and blank lines allowed).
 // Ids are 1–64 characters of [a-z0-9-]; texts are 1–500 bytes of valid
 // UTF-8 without control, format (zero-width, bidi) or line-separator
 // characters and without anything that looks like another operation.
 // Every other line — malformed, too long, hostile, beyond 32 operations or
-// 64 KiB — is rejected with an error (wrapping ErrInvalid) and skipped; it
+// 64 KiB — is rejected with an error (wrapping memerr.ErrInvalid) and skipped; it
 // never stops the valid ones. Whether an id exists is for the caller.
-func parseFactOps(out string) (ops []factOp, rejected []error) {
-	ops, _, rejected = parseFactOpsNumbered(out)
+func ParseFactOps(out string) (ops []FactOp, rejected []error) {
+	ops, _, rejected = ParseFactOpsNumbered(out)
 	return ops, rejected
 }
 
-// parseFactOpsNumbered is parseFactOps that also gives, for each op, the
+// ParseFactOpsNumbered is ParseFactOps that also gives, for each op, the
 // ordinal of its line among the reply's "[ADD" lines (0 for other kinds),
 // rejected lines counted: the n a triple's "+n" support names.
-func parseFactOpsNumbered(out string) (ops []factOp, addN []int, rejected []error) {
+func ParseFactOpsNumbered(out string) (ops []FactOp, addN []int, rejected []error) {
 	type numbered struct {
-		op factOp
+		op FactOp
 		n  int
 	}
 	k := 0
-	got, rejected := parseLines(out, "fact ops", "operations", maxFactOps, func(line string) (numbered, error) {
+	got, rejected := ParseLines(out, "fact ops", "operations", maxFactOps, func(line string) (numbered, error) {
 		n := 0
 		if strings.HasPrefix(line, "[ADD") {
 			k++
@@ -99,20 +100,20 @@ func parseFactOpsNumbered(out string) (ops []factOp, addN []int, rejected []erro
 		op, err := parseFactOp(line)
 		return numbered{op, n}, err
 	})
-	ops, addN = make([]factOp, len(got)), make([]int, len(got))
+	ops, addN = make([]FactOp, len(got)), make([]int, len(got))
 	for i, g := range got {
 		ops[i], addN[i] = g.op, g.n
 	}
 	return ops, addN, rejected
 }
 
-// parseLines is the strict line parser of model replies: at most
+// ParseLines is the strict line parser of model replies: at most
 // maxFactOutput bytes read, blank lines skipped, each other line parsed
 // alone; a line parse rejects, or one beyond limit, is an error wrapping
-// ErrInvalid and never stops the others.
-func parseLines[T any](out, what, items string, limit int, parse func(string) (T, error)) (got []T, rejected []error) {
+// memerr.ErrInvalid and never stops the others.
+func ParseLines[T any](out, what, items string, limit int, parse func(string) (T, error)) (got []T, rejected []error) {
 	if len(out) > maxFactOutput {
-		rejected = append(rejected, fmt.Errorf("%w: %s: reply of %d bytes, only the first %d read", ErrInvalid, what, len(out), maxFactOutput))
+		rejected = append(rejected, fmt.Errorf("%w: %s: reply of %d bytes, only the first %d read", memerr.ErrInvalid, what, len(out), maxFactOutput))
 		out = out[:maxFactOutput]
 	}
 	n := 0
@@ -127,7 +128,7 @@ func parseLines[T any](out, what, items string, limit int, parse func(string) (T
 			err = fmt.Errorf("more than %d %s", limit, items)
 		}
 		if err != nil {
-			rejected = append(rejected, fmt.Errorf("%w: %s: line %d: %v: %q", ErrInvalid, what, n, err, sanitize.Truncate(line, 80)))
+			rejected = append(rejected, fmt.Errorf("%w: %s: line %d: %v: %q", memerr.ErrInvalid, what, n, err, sanitize.Truncate(line, 80)))
 			continue
 		}
 		got = append(got, v)
@@ -135,23 +136,23 @@ func parseLines[T any](out, what, items string, limit int, parse func(string) (T
 	return got, rejected
 }
 
-func parseFactOp(line string) (factOp, error) {
+func parseFactOp(line string) (FactOp, error) {
 	if len(line) > maxFactLineBytes {
-		return factOp{}, fmt.Errorf("line of %d bytes", len(line))
+		return FactOp{}, fmt.Errorf("line of %d bytes", len(line))
 	}
 	if !utf8.ValidString(line) {
-		return factOp{}, fmt.Errorf("invalid UTF-8")
+		return FactOp{}, fmt.Errorf("invalid UTF-8")
 	}
 	if line[0] != '[' {
-		return factOp{}, fmt.Errorf("not an operation")
+		return FactOp{}, fmt.Errorf("not an operation")
 	}
 	end := strings.IndexByte(line, ']')
 	if end < 0 {
-		return factOp{}, fmt.Errorf("unterminated tag")
+		return FactOp{}, fmt.Errorf("unterminated tag")
 	}
 	tag, rest := line[1:end], line[end+1:]
 	name, id, hasID := strings.Cut(tag, ":")
-	var op factOp
+	var op FactOp
 	switch name {
 	case "ADD":
 		op.Kind = FactAdd
@@ -164,35 +165,35 @@ func parseFactOp(line string) (factOp, error) {
 	case "SKIP":
 		op.Kind = FactSkip
 	default:
-		return factOp{}, fmt.Errorf("unknown operation")
+		return FactOp{}, fmt.Errorf("unknown operation")
 	}
 	needID := op.Kind == FactUpdate || op.Kind == FactBoost || op.Kind == FactDelete
 	if hasID != needID {
-		return factOp{}, fmt.Errorf("%s takes %s id", op.Kind, map[bool]string{true: "an", false: "no"}[needID])
+		return FactOp{}, fmt.Errorf("%s takes %s id", op.Kind, map[bool]string{true: "an", false: "no"}[needID])
 	}
 	if needID {
-		if err := validFactID(id); err != nil {
-			return factOp{}, err
+		if err := ValidFactID(id); err != nil {
+			return FactOp{}, err
 		}
 		op.ID = id
 	}
 	if op.Kind == FactAdd || op.Kind == FactUpdate {
 		if rest == "" || rest[0] != ' ' {
-			return factOp{}, fmt.Errorf("%s needs a space and a text", op.Kind)
+			return FactOp{}, fmt.Errorf("%s needs a space and a text", op.Kind)
 		}
 		op.Text = strings.TrimSpace(rest)
-		if err := validFactText(op.Text); err != nil {
-			return factOp{}, err
+		if err := ValidFactText(op.Text); err != nil {
+			return FactOp{}, err
 		}
 		return op, nil
 	}
 	if strings.TrimSpace(rest) != "" {
-		return factOp{}, fmt.Errorf("%s takes no text", op.Kind)
+		return FactOp{}, fmt.Errorf("%s takes no text", op.Kind)
 	}
 	return op, nil
 }
 
-func validFactID(id string) error {
+func ValidFactID(id string) error {
 	if id == "" || len(id) > maxFactIDLen {
 		return fmt.Errorf("id of %d bytes", len(id))
 	}
@@ -209,10 +210,10 @@ func validFactID(id string) error {
 // smuggling a second operation into a text must not get it stored either.
 var opMarkers = []string{"[ADD", "[UPDATE", "[BOOST", "[DELETE", "[SKIP", "[TRIPLE"}
 
-func validFactText(t string) error { return validFactTextMax(t, maxFactBytes) }
+func ValidFactText(t string) error { return ValidFactTextMax(t, MaxFactBytes) }
 
-// validFactTextMax is validFactText for texts of at most maxBytes.
-func validFactTextMax(t string, maxBytes int) error {
+// ValidFactTextMax is ValidFactText for texts of at most maxBytes.
+func ValidFactTextMax(t string, maxBytes int) error {
 	if t == "" {
 		return fmt.Errorf("empty text")
 	}
