@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -69,12 +68,7 @@ func endingUpstream(t *testing.T) *httptest.Server {
 // the lease's release last, after the turn is in the session.
 func TestForwardReleasesWhatItHoldsOnce(t *testing.T) {
 	up := endingUpstream(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	down := "http://" + ln.Addr().String()
-	ln.Close() // nothing listens there
+	down := "http://" + refusedAddr(t) // nothing listens there, nor will
 
 	for _, c := range []struct {
 		name, last, upstream, header string

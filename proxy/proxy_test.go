@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/bench/harness/launch"
 	"github.com/valyala/fasthttp"
 )
 
@@ -321,12 +322,7 @@ func TestProxySurvivesDeeplyNestedBodies(t *testing.T) {
 }
 
 func TestProxyUpstreamUnreachableIs502(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := "http://" + ln.Addr().String()
-	ln.Close() // nothing listens there now
+	dead := "http://" + refusedAddr(t) // nothing listens there, nor will while the test runs
 	base, s := startSidecar(t, dead, nil)
 	resp, b := post(t, base+"/v1/chat/completions", chatBody, nil)
 	wantOpenAIError(t, resp, b, 502, "upstream_unreachable")
@@ -552,4 +548,17 @@ func TestBgTasksWaitThenRunInline(t *testing.T) {
 func jsonString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
+}
+
+// refusedAddr is a loopback address where connections are refused until
+// the test ends: its port is held, so no other test's listener takes it
+// (a port closed again may be reused at once and answer 404).
+func refusedAddr(t *testing.T) string {
+	t.Helper()
+	addr, closeFn, err := launch.RefusedAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(closeFn)
+	return addr
 }

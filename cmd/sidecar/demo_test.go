@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/bench/harness/launch"
 	"github.com/kvsidecar/kvsidecar/internal/mockup"
 )
 
@@ -38,12 +39,11 @@ func (l *lockedBuffer) String() string {
 // closedAddr is a loopback address nothing listens on.
 func closedAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, closeFn, err := launch.RefusedAddr() // held: no other test's listener takes the port meanwhile
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
+	t.Cleanup(closeFn)
 	return addr
 }
 

@@ -147,3 +147,28 @@ func TestRestartTrustsOnlyItsOwnChild(t *testing.T) {
 		t.Fatalf("restart onto a port another process holds: %v; log:\n%s", err, p.LogTail(4096))
 	}
 }
+
+// A connection to RefusedAddr is refused until it is closed, and no
+// listener can take its port meanwhile.
+func TestRefusedAddr(t *testing.T) {
+	addr, closeFn, err := launch.RefusedAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			t.Fatalf("a connection to %s was accepted", addr)
+		}
+	}
+	if ln, err := net.Listen("tcp", addr); err == nil {
+		ln.Close()
+		t.Fatalf("a listener took %s while it was held", addr)
+	}
+	closeFn()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("the port is not free after close: %v", err)
+	}
+	ln.Close()
+}
