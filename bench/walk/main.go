@@ -29,7 +29,27 @@
 //     entered it; climbs: calls whose callee's package imports (directly or
 //     not) the caller's package, i.e. a lower package calling back up.
 //
-// Usage: go run . -dir ../.. -entry '(*github.com/kvsidecar/kvsidecar/proxy.Server).forward' [-v]
+// Statically the walk meets every path, cold ones included. With -cover
+// (a Go coverage profile of a run that served one request, taken with
+// -coverpkg over the module) it meets what that run executed:
+//
+//   - a call is followed only into a function with at least one covered
+//     block within its source (fn.Syntax()'s Pos..End against the
+//     profile's file:line.col blocks); a dynamic call's candidates are
+//     filtered before -maxcands counts them, so an interface call with
+//     one implementation that ran is followed there;
+//   - with -sites as well, only from a call site whose innermost block is
+//     covered: a cold branch's call into a function that ran elsewhere is
+//     not followed. A site no block holds (a case expression, an else-if's
+//     condition) counts as run when its function ran.
+//
+// Everything else is as above. A profile counts all goroutines of the run
+// (the store's background workers, the test's set-up): a function they
+// ran counts as run; -sites keeps most of that off the walk.
+//
+// Usage: go run . -dir ../.. -entry '(*github.com/kvsidecar/kvsidecar/proxy.Server).forward' [-v] [-cover FILE [-sites]]
+// (scripts/walk.sh takes the profile of proxy's TestWalkOneChatTurn and
+// walks it from forward and handle).
 package main
 
 import (
@@ -56,7 +76,12 @@ func main() {
 	verbose := flag.Bool("v", false, "print the walk")
 	expandFlag := flag.String("expand", "proxy,memory", "comma-separated package paths (relative to the module) whose functions are followed; a call into another module package is a stop not followed")
 	maxCands := flag.Int("maxcands", 1, "a dynamic call with more module callees than this is not followed (a reader cannot tell which runs)")
+	coverFile := flag.String("cover", "", "a Go coverage profile: follow calls only into functions with a covered block (what a run executed)")
+	onlyRunSites := flag.Bool("sites", false, "with -cover: follow calls only from call sites in a covered block")
 	flag.Parse()
+	if *onlyRunSites && *coverFile == "" {
+		log.Fatal("-sites needs -cover")
+	}
 
 	cfg := &packages.Config{Mode: packages.LoadAllSyntax | packages.NeedModule, Dir: *dir}
 	pkgs, err := packages.Load(cfg, "./...")
@@ -69,6 +94,21 @@ func main() {
 	module := pkgs[0].Module.Path
 	prog, _ := ssautil.AllPackages(pkgs, ssa.InstantiateGenerics)
 	prog.Build()
+	var cov *coverage
+	if *coverFile != "" {
+		if cov, err = readCoverage(*coverFile, prog.Fset); err != nil {
+			log.Fatal(err)
+		}
+	}
+	ran := func(f *ssa.Function) bool {
+		if cov == nil {
+			return true
+		}
+		if o := f.Origin(); o != nil {
+			f = o
+		}
+		return cov.ran(f)
+	}
 	all := ssautil.AllFunctions(prog)
 	cg := vta.CallGraph(all, cha.CallGraph(prog))
 	cg.DeleteSyntheticNodes()
@@ -130,7 +170,7 @@ func main() {
 	expanded := map[*ssa.Function]bool{}
 	seenFile := map[string]bool{}
 	visits := map[string]int{}
-	var stops, returns, climbs int
+	var stops, expandedStops, returns, climbs int
 	var climbList []string
 	cur := ""
 	enter := func(file string) {
@@ -176,6 +216,7 @@ func main() {
 		if !expandable(f) {
 			return
 		}
+		expandedStops++
 		type site struct {
 			pos     token.Pos
 			callees []*ssa.Function
@@ -197,6 +238,9 @@ func main() {
 				if _, isGo := in.(*ssa.Go); isGo {
 					continue
 				}
+				if *onlyRunSites && !cov.siteRan(f, ci.Pos()) {
+					continue
+				}
 				cs := slices.Clone(byInstr[ci])
 				if sc := ci.Common().StaticCallee(); sc != nil && !slices.Contains(cs, sc) {
 					cs = append(cs, sc)
@@ -205,7 +249,9 @@ func main() {
 				outside := false
 				for _, c := range cs {
 					if inModule(c) {
-						mod = append(mod, c)
+						if ran(c) {
+							mod = append(mod, c)
+						}
 					} else {
 						outside = true
 					}
@@ -215,11 +261,11 @@ func main() {
 					for _, a := range ci.Common().Args {
 						switch v := a.(type) {
 						case *ssa.MakeClosure:
-							if fn, ok := v.Fn.(*ssa.Function); ok && inModule(fn) {
+							if fn, ok := v.Fn.(*ssa.Function); ok && inModule(fn) && ran(fn) {
 								mod = append(mod, fn)
 							}
 						case *ssa.Function:
-							if inModule(v) {
+							if inModule(v) && ran(v) {
 								mod = append(mod, v)
 							}
 						}
@@ -242,7 +288,22 @@ func main() {
 	walk(start, 0)
 
 	fmt.Printf("entry: %s\n", *entry)
-	fmt.Printf("stops: %d\nfiles: %d\nreturns to a file left: %d\nclimbs back up: %d\n", stops, len(seenFile), returns, climbs)
+	if cov != nil {
+		// How many of the module's functions the profile says ran: a
+		// profile that matches nothing (another module, other files) shows
+		// here as 0.
+		var nran, n int
+		for f := range all {
+			if inModule(f) && f.Syntax() != nil && f.Origin() == nil {
+				n++
+				if cov.ran(f) {
+					nran++
+				}
+			}
+		}
+		fmt.Printf("cover: %s (sites: %v; %d of the module's %d functions ran)\n", *coverFile, *onlyRunSites, nran, n)
+	}
+	fmt.Printf("stops: %d (%d in -expand's packages, followed inside)\nfiles: %d\nreturns to a file left: %d\nclimbs back up: %d\n", stops, expandedStops, len(seenFile), returns, climbs)
 	type fv struct {
 		f string
 		n int
