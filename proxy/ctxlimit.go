@@ -96,6 +96,7 @@ type ctxLimits struct {
 	server   engineCtx             // from /props and /tokenize: the server's one model
 	models   map[string]*engineCtx // by request model name
 	probing  bool
+	closed   bool // close began: no probe starts
 	probedAt time.Time
 	probeOK  bool
 }
@@ -161,7 +162,7 @@ func (e engineCtx) limit(maxTokens int) int {
 
 // kickLocked starts a probe when the view is stale. Called with c.mu held.
 func (c *ctxLimits) kickLocked() {
-	if c.probing || c.noProbe || c.stop.Err() != nil {
+	if c.probing || c.noProbe || c.closed || c.stop.Err() != nil {
 		return
 	}
 	every := ctxProbeEvery
@@ -189,8 +190,14 @@ func (c *ctxLimits) start() {
 	c.mu.Unlock()
 }
 
-// close waits for a probe in flight (it stops with the stop context).
+// close waits for a probe in flight (it stops with the stop context); no
+// probe starts after it. Marking closed under mu orders every probe
+// started before (its wg.Add is under mu) before the wait: Serve may
+// start the first probe while Shutdown closes.
 func (c *ctxLimits) close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
 	c.wg.Wait()
 	c.client.CloseIdleConnections()
 }

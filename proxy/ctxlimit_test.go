@@ -1,15 +1,20 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvsidecar/kvsidecar/memory"
 )
@@ -238,5 +243,45 @@ func TestOllamaContext(t *testing.T) {
 	eventually(t, func() bool { return srv.limits.view("qwen2.5:0.5b").nCtx == 2048 })
 	if got := srv.limits.view("llama3.1:8b").nCtx; got != ollamaDefaultCtx {
 		t.Fatalf("a model Ollama has not loaded: context %d, want %d", got, ollamaDefaultCtx)
+	}
+}
+
+// TestCtxLimitsCloseWhileStarting: Shutdown may close the context limits
+// while Serve is still starting their first probe (a sidecar stopped as
+// soon as it started: cmd/sidecar's TestServeWarnsOfAnUnreachableUpstream
+// on a loaded machine). Under -race, close's wait on a probe that Serve
+// started with nothing ordering the two was a data race on the wait group;
+// close now orders itself after every probe started before it, and none
+// starts after it.
+func TestCtxLimitsCloseWhileStarting(t *testing.T) {
+	// An upstream that accepts and never answers: the probe stays in flight.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	base, _ := url.Parse("http://" + ln.Addr().String())
+	stop, cancel := context.WithCancel(context.Background())
+	count := func(_ context.Context, _, text string) (int, error) { return len(text), nil }
+	c := newCtxLimits(base, count, stop, slog.New(slog.DiscardHandler))
+	go c.start()                                // Serve's
+	time.Sleep(50 * time.Millisecond)           // the probe is in flight; nothing orders it before close
+	time.AfterFunc(50*time.Millisecond, cancel) // Shutdown's stop ends the probe
+	c.close()
+	c.start() // after close: no probe
+	c.mu.Lock()
+	probing := c.probing
+	c.mu.Unlock()
+	if probing {
+		t.Fatal("a probe started after close")
 	}
 }
