@@ -505,6 +505,13 @@ func tokens(v []byte) func(func([]byte) bool) {
 	}
 }
 
+// HopByHop reports whether the field name is hop-by-hop, never forwarded:
+// one RFC 9110 §7.6.1 names (and the Proxy-* fields of RFC 2616 §13.5.1),
+// or one the message's Connection value conn lists. Names compare without
+// case, byte by byte (no canonical copy). The one rule of the front door's
+// reader, the loop's answers and the proxy's header copies.
+func HopByHop(name, conn []byte) bool { return hopByHop(name) || listedIn(conn, name) }
+
 // hopByHop reports whether name is a hop-by-hop field (RFC 9110 §7.6.1,
 // and the Proxy-* fields of RFC 2616 §13.5.1).
 func hopByHop(k []byte) bool {

@@ -310,3 +310,30 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestHopByHop: hop-by-hop names and the names a Connection value lists
+// are hop-by-hop in any case and spacing; end-to-end ones are not.
+func TestHopByHop(t *testing.T) {
+	for _, k := range []string{"Connection", "connection", "KEEP-ALIVE", "te", "TE", "Trailer", "upgrade",
+		"Proxy-Connection", "transfer-encoding", "Proxy-Authenticate", "proxy-authorization"} {
+		if !HopByHop([]byte(k), nil) {
+			t.Errorf("%s is not hop-by-hop", k)
+		}
+	}
+	for _, k := range []string{"Authorization", "Content-Type", "X-Stainless-Lang", "Tee", "Upgrades", "Keep-Alivx", ""} {
+		if HopByHop([]byte(k), nil) {
+			t.Errorf("%s is hop-by-hop", k)
+		}
+	}
+	conn := []byte("close,  X-Foo ,x-bar\t, ")
+	for _, k := range []string{"X-Foo", "x-foo", "X-BAR", "close"} {
+		if !HopByHop([]byte(k), conn) {
+			t.Errorf("%s is listed in %q", k, conn)
+		}
+	}
+	for _, k := range []string{"X-Fo", "X-Foo-2", "bar", ""} {
+		if HopByHop([]byte(k), conn) {
+			t.Errorf("%s is not listed in %q", k, conn)
+		}
+	}
+}
