@@ -198,7 +198,7 @@ func promptLines(es []*entry) []knowledge.Line {
 }
 
 func (kn *learner) runExtract(job *extractJob) {
-	defer kn.unpin(job.sess)
+	defer kn.reg.unpin(job.sess)
 	switch job.kind {
 	case jobReview:
 		kn.runReview(job)
@@ -239,9 +239,9 @@ func (kn *learner) runExtract(job *extractJob) {
 	} else {
 		kn.applyFactOpsLocked(job, out, now)
 	}
-	kn.persist(sess, now)
+	kn.jrn.persistLocked(sess, now)
 	sess.mu.Unlock()
-	kn.enqueue(sess) // index the new memories (a next job waits for the next turn)
+	kn.wk.enqueue(sess) // index the new memories (a next job waits for the next turn)
 }
 
 func (kn *learner) applyEpisodeLocked(job *extractJob, out string, now time.Time) {
@@ -402,12 +402,13 @@ type learner struct {
 	tcs toolCtxStat          // tool-result context counters (toolctx.go)
 	l4c knowledge.L4Counters // L4 compression counters (l4.go)
 
-	// What knowledge asks of the store: write what a session left
-	// unwritten, queue it for the worker, end a lookup, find its user.
-	persist func(sess *session, now time.Time)
-	enqueue func(sess *session)
-	unpin   func(sess *session)
-	userFor func(sess *session, requested string) *userMem
+	// What knowledge asks of the other subsystems, wired at Open as the
+	// worker's are: write what a session left unwritten (jrn), queue it
+	// for the worker (wk), end a lookup (reg), find its user (users).
+	jrn   *sessionJournal
+	wk    *worker
+	reg   *registry
+	users *userScope
 }
 
 // wait waits for the extraction goroutines, which end with the store's

@@ -117,7 +117,7 @@ func (kn *learner) pruneFactsLocked(sess *session, fs []*Unit, now time.Time) {
 		sess.deleteUnit(u.ID)
 	}
 	kn.l4c.Pruned.Add(int64(over))
-	kn.persist(sess, now)
+	kn.jrn.persistLocked(sess, now)
 	kn.opts.Logger.Info("memory: l4 pruned facts by importance (no embeddings)", "session", sess.id, "kept", kn.opts.L4.Threshold, "deleted", ids)
 }
 
@@ -128,7 +128,7 @@ func (kn *learner) runL4(job *extractJob) {
 		sess.mu.Lock()
 		sess.l4.Running = false
 		sess.mu.Unlock()
-		kn.enqueue(sess) // index what changed; another pass if the facts moved
+		kn.wk.enqueue(sess) // index what changed; another pass if the facts moved
 	}()
 	kn.l4c.Runs.Add(1)
 	o := &kn.opts.L4
@@ -242,7 +242,7 @@ func (kn *learner) refuseCluster(sess *session, fp uint64) {
 		return
 	}
 	sess.l4.Refuse(fp, true)
-	kn.persist(sess, kn.opts.Clock.Now())
+	kn.jrn.persistLocked(sess, kn.opts.Clock.Now())
 }
 
 // applyMerge adds the merged fact and deletes the originals, unless one of
@@ -289,11 +289,11 @@ func (kn *learner) applyMerge(job *extractJob, part []*knowledge.Fact, text stri
 	sess.kb.MoveSupport(info.From, id)
 	// The merged fact first, then the deletions: a crash between the two
 	// appends keeps both, never neither.
-	kn.persist(sess, now)
+	kn.jrn.persistLocked(sess, now)
 	for _, f := range part {
 		sess.deleteUnit(f.ID)
 	}
-	kn.persist(sess, now)
+	kn.jrn.persistLocked(sess, now)
 	return id, true
 }
 

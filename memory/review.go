@@ -205,7 +205,7 @@ func (kn *learner) runReview(job *extractJob) {
 		kn.rev.mu.Lock()
 		delete(kn.rev.inflight, scope)
 		kn.rev.mu.Unlock()
-		kn.enqueue(sess) // the next fact due, if any
+		kn.wk.enqueue(sess) // the next fact due, if any
 	}()
 	rev := Review{FactID: task.id, Session: sess.id, Trigger: task.trigger}
 	var searches strings.Builder
@@ -244,7 +244,7 @@ func (kn *learner) runReview(job *extractJob) {
 // reviewSearch searches the session's and its user's memory for keywords
 // (lexically: the keywords are words, and no embedding call is made).
 func (kn *learner) reviewSearch(sess *session, self, keywords string) string {
-	um := kn.userFor(sess, "")
+	um := kn.users.userFor(sess, "")
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	if sess.gone.Load() || !sess.exists {
@@ -285,7 +285,7 @@ func (kn *learner) applyReview(sess *session, task *reviewTask, step knowledge.R
 	case ReviewDelete:
 		sess.deleteUnit(task.id)
 	}
-	kn.persist(sess, now)
+	kn.jrn.persistLocked(sess, now)
 	sess.mu.Unlock()
 	return step.Kind, step.Reason
 }

@@ -104,7 +104,7 @@ func Open(opts Options) (*Store, error) {
 	}
 	s.recall.enqueue = s.wk.enqueue
 	s.reg.jrn, s.reg.recall, s.reg.sync, s.reg.ensureUser = s.jrn, s.recall, s.wk.sync, s.users.ensureUser
-	s.know.recall, s.know.persist, s.know.enqueue, s.know.unpin, s.know.userFor = s.recall, s.jrn.persistLocked, s.wk.enqueue, s.reg.unpin, s.users.userFor
+	s.know.recall, s.know.jrn, s.know.wk, s.know.reg, s.know.users = s.recall, s.jrn, s.wk, s.reg, s.users
 	s.wk.reg, s.wk.jrn, s.wk.recall, s.wk.know, s.wk.lists, s.wk.holdUserFor = s.reg, s.jrn, s.recall, s.know, s.lists, s.users.holdUserFor
 	s.users.reg, s.users.recall, s.users.jrn = s.reg, s.recall, s.jrn
 
