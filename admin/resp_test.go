@@ -6,13 +6,13 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kvsidecar/kvsidecar/internal/sidecartest"
 	"github.com/kvsidecar/kvsidecar/memory"
 	"github.com/kvsidecar/kvsidecar/respstore"
 )
@@ -27,21 +27,7 @@ func startRESP(t *testing.T, opts respstore.Options) (*respstore.Server, string)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ln) }()
-	t.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			t.Error(err)
-		}
-		if err := <-served; err != nil {
-			t.Error(err)
-		}
-	})
-	return s, ln.Addr().String()
+	return s, sidecartest.Serve(t, s)
 }
 
 // apiRESPTenant is a tenant as GET /admin/v1/resp answers it.

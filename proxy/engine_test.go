@@ -60,9 +60,7 @@ func TestEngineHooksWrapEachRequest(t *testing.T) {
 	post(t, base+"/v1/chat/completions", chatBody, map[string]string{"X-Session-ID": "s1"}) // anonymous: stateless too
 	waitFor(t, srv, func() bool { fc.mu.Lock(); defer fc.mu.Unlock(); return len(fc.after) == 4 })
 
-	up.mu.Lock()
-	bodies := up.bodies
-	up.mu.Unlock()
+	bodies := up.Bodies()
 	for i, b := range bodies {
 		if !strings.HasPrefix(b, `{"id_slot":3,`) {
 			t.Fatalf("upstream body %d: %q", i, b)

@@ -99,9 +99,7 @@ func TestFleetBusySession(t *testing.T) {
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "1" || !strings.Contains(string(body), `"session_busy"`) {
 		t.Fatalf("busy session: %d %s %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}
-	up.mu.Lock()
-	n := len(up.bodies)
-	up.mu.Unlock()
+	n := len(up.Bodies())
 	if n != 0 {
 		t.Fatalf("%d requests reached the upstream", n)
 	}

@@ -7,99 +7,27 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/kvsidecar/kvsidecar/internal/sidecartest"
 	"github.com/kvsidecar/kvsidecar/kv"
 	"github.com/kvsidecar/kvsidecar/memory"
+	"github.com/kvsidecar/kvsidecar/memory/memorytest"
 	"github.com/kvsidecar/kvsidecar/tiers"
 )
 
-// recordingUpstream answers chat requests with "echo: <last user text>" and
-// keeps every "messages" array it received.
-type recordingUpstream struct {
-	*httptest.Server
-	mu     sync.Mutex
-	seen   []json.RawMessage
-	bodies []string
-}
+// The helpers the proxy and admin tests share (packages sidecartest and
+// memorytest).
+var (
+	// newRecordingUpstream starts an upstream that answers chat requests
+	// with "echo: <last user text>" and keeps every request.
+	newRecordingUpstream = sidecartest.NewRecordingUpstream
+	openMemory           = memorytest.Open
+	getJSON              = sidecartest.GetJSON
+)
 
-func newRecordingUpstream(t *testing.T) *recordingUpstream {
-	u := &recordingUpstream{}
-	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			Stream   bool            `json:"stream"`
-			Messages json.RawMessage `json:"messages"`
-		}
-		body, _ := io.ReadAll(r.Body)
-		if r.Header.Get("X-Session-Id") != "" && r.Header.Get("Accept-Encoding") != "" {
-			// The sidecar must read session answers: no compression.
-			http.Error(w, "session request asked for compression", 400)
-			return
-		}
-		if err := json.Unmarshal(body, &req); err != nil {
-			http.Error(w, err.Error(), 400)
-			return
-		}
-		u.mu.Lock()
-		u.seen = append(u.seen, req.Messages)
-		u.bodies = append(u.bodies, string(body))
-		u.mu.Unlock()
-		var msgs []struct{ Role, Content string }
-		_ = json.Unmarshal(req.Messages, &msgs)
-		last := msgs[len(msgs)-1].Content
-		if req.Stream {
-			w.Header().Set("Content-Type", "text/event-stream")
-			for _, part := range []string{"echo: ", last} {
-				fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", part)
-				w.(http.Flusher).Flush()
-			}
-			fmt.Fprint(w, "data: [DONE]\n\n")
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}]}`, "echo: "+last)
-	}))
-	t.Cleanup(u.Close)
-	return u
-}
-
-func (u *recordingUpstream) last() string {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return string(u.seen[len(u.seen)-1])
-}
-
-func openMemory(t *testing.T, o memory.Options) *memory.Store {
-	t.Helper()
-	if o.Dir == "" {
-		o.Dir = t.TempDir()
-	}
-	st, err := memory.Open(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	return st
-}
-
-func getJSON(t *testing.T, url, key string, v any) int {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := noPoolClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if v != nil && resp.StatusCode == 200 {
-		if err := json.Unmarshal(b, v); err != nil {
-			t.Fatalf("%s: %v in %s", url, err, b)
-		}
-	}
-	return resp.StatusCode
-}
+// recordingUpstream is package sidecartest's RecordingUpstream (Last, Bodies).
+type recordingUpstream = sidecartest.RecordingUpstream
 
 type sessionView struct {
 	Messages []struct {
@@ -127,7 +55,7 @@ func TestSessionMemoryWindowRecordsAndAdmin(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(string(b), "[DONE]") {
 		t.Fatalf("turn 2: %d %s", resp.StatusCode, b)
 	}
-	if got := up.last(); !strings.HasPrefix(got, `[{"role":"system","content":"Be brief."}`) || !strings.HasSuffix(got, `{"role":"user","content":"his name?"}]`) {
+	if got := up.Last(); !strings.HasPrefix(got, `[{"role":"system","content":"Be brief."}`) || !strings.HasSuffix(got, `{"role":"user","content":"his name?"}]`) {
 		t.Fatalf("upstream window: %s", got)
 	}
 	// The streamed reply is recorded once the stream ends.
@@ -178,8 +106,8 @@ func TestSessionMemoryErrorsAreOpenAIShaped(t *testing.T) {
 	// request goes exactly as sent and the engine decides.
 	huge := `[{"role":"user","content":"` + strings.Repeat("word ", 500) + `"}]`
 	resp, b = post(t, base+"/v1/chat/completions", `{"messages":`+huge+`}`, hdr)
-	if resp.StatusCode != 200 || up.last() != huge {
-		t.Fatalf("a request over the window: %d %.200s, upstream got %.200s", resp.StatusCode, b, up.last())
+	if resp.StatusCode != 200 || up.Last() != huge {
+		t.Fatalf("a request over the window: %d %.200s, upstream got %.200s", resp.StatusCode, b, up.Last())
 	}
 }
 
@@ -212,7 +140,7 @@ func TestDropInClientAndUserScope(t *testing.T) {
 		return getJSON(t, base+"/v1/sessions/s1", "k", &v) == 200 && len(v.Messages) == 3
 	})
 	send("s1", "ada", "", "it is moored in Kiel")
-	if got := up.last(); !strings.Contains(got, "my boat is called Petrel") || !strings.Contains(got, "echo: my boat is called Petrel") {
+	if got := up.Last(); !strings.Contains(got, "my boat is called Petrel") || !strings.Contains(got, "echo: my boat is called Petrel") {
 		t.Fatalf("second drop-in request lost the conversation: %s", got)
 	}
 	waitFor(t, srv, func() bool {
@@ -222,14 +150,14 @@ func TestDropInClientAndUserScope(t *testing.T) {
 	// The worker indexes a finished turn for the user's other sessions.
 	eventually(t, func() bool {
 		send("s2-probe", "", "ada", "what is my boat called?")
-		return strings.Contains(up.last(), "Petrel")
+		return strings.Contains(up.Last(), "Petrel")
 	})
-	if got := up.last(); !strings.Contains(got, "another session") {
+	if got := up.Last(); !strings.Contains(got, "another session") {
 		t.Fatalf("body user: not recalled across sessions: %s", got)
 	}
 	send("s3", "bob", "", "what is my boat called?")
-	if strings.Contains(up.last(), "Petrel") {
-		t.Fatalf("another user recalls ada's session: %s", up.last())
+	if strings.Contains(up.Last(), "Petrel") {
+		t.Fatalf("another user recalls ada's session: %s", up.Last())
 	}
 	resp, b := post(t, base+"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`,
 		map[string]string{"Authorization": "Bearer k", "X-Session-ID": "s4", "X-User-ID": "bad\tuser"})

@@ -38,7 +38,7 @@ func chatMessages(t *testing.T, base string, up *recordingUpstream, hdr map[stri
 		t.Fatalf("chat: %d %s", resp.StatusCode, b)
 	}
 	var msgs []json.RawMessage
-	if err := json.Unmarshal([]byte(up.last()), &msgs); err != nil {
+	if err := json.Unmarshal([]byte(up.Last()), &msgs); err != nil {
 		t.Fatal(err)
 	}
 	return msgs

@@ -31,7 +31,7 @@ func TestOneKeyNoUserKeepsSessionsApart(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Fatalf("%s: %d %s", text, resp.StatusCode, b)
 		}
-		return up.last()
+		return up.Last()
 	}
 	words := []string{"zanzibar", "quokka", "marzipan", "obsidian", "tangerine", "wolfram"}
 	for round := 0; round < 3; round++ {

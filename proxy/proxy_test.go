@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/bench/harness/launch"
+	"github.com/kvsidecar/kvsidecar/internal/sidecartest"
 	"github.com/valyala/fasthttp"
 )
 
@@ -38,23 +39,6 @@ func startSidecar(t *testing.T, upstreamURL string, mod func(*Options)) (string,
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	aln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := "http://" + ln.Addr().String()
-	adminURLs.Store(base, "http://"+aln.Addr().String())
-	done := make(chan struct{}, 2)
-	go func() {
-		defer func() { done <- struct{}{} }()
-		if err := s.Serve(ln); err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
 	// The sidecar's /metrics is on the admin listener (package admin,
 	// which imports nothing of this one's tests): here a listener of the
 	// test's own serves it through the front door, as the admin one does.
@@ -69,88 +53,28 @@ func startSidecar(t *testing.T, upstreamURL string, mod func(*Options)) (string,
 		s.Metrics().WritePrometheus(ctx)
 		done("metrics", fasthttp.StatusOK)
 	}}
-	go func() {
-		defer func() { done <- struct{}{} }()
+	serveOps := func(aln net.Listener) error {
 		_ = ops.Serve(s.FrontListener(aln)) // the test's own: ended by closing aln
-	}()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
+		return nil
+	}
+	base := sidecartest.ServeSidecar(t, s.Serve, serveOps, func(ctx context.Context) {
 		_ = s.Shutdown(ctx)
 		_ = ops.ShutdownWithContext(ctx)
-		_ = aln.Close() // in case ops.Serve had not started
-		<-done
-		<-done
-		adminURLs.Delete(base)
 	})
 	return base, s
 }
 
-// adminURLs maps a test server's base URL to its admin listener's.
-var adminURLs sync.Map
-
-// adminURL is the metrics listener of the server startSidecar started at
-// base: /metrics lives there, as on the sidecar's admin listener.
-func adminURL(t *testing.T, base string) string {
-	t.Helper()
-	a, ok := adminURLs.Load(base)
-	if !ok {
-		t.Fatalf("no admin listener for %s", base)
-	}
-	return a.(string)
-}
-
-// noPoolClient never reuses connections, so each test request stands alone.
-var noPoolClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DisableCompression: true}}
-
-func post(t *testing.T, url, body string, hdr map[string]string) (*http.Response, []byte) {
-	t.Helper()
-	return postWith(t, noPoolClient, url, body, hdr)
-}
-
-func postWith(t *testing.T, c *http.Client, url, body string, hdr map[string]string) (*http.Response, []byte) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("read body: %v", err)
-	}
-	return resp, b
-}
-
-// wantOpenAIError checks that b is an OpenAI error envelope with code.
-func wantOpenAIError(t *testing.T, resp *http.Response, b []byte, status int, code string) {
-	t.Helper()
-	if resp.StatusCode != status {
-		t.Fatalf("status = %d, want %d (body %s)", resp.StatusCode, status, b)
-	}
-	var e struct {
-		Error struct {
-			Message, Type, Code string
-		}
-	}
-	if err := json.Unmarshal(b, &e); err != nil {
-		t.Fatalf("error body is not JSON: %q", b)
-	}
-	if e.Error.Message == "" || e.Error.Type == "" || e.Error.Code != code {
-		t.Fatalf("error = %+v, want code %q and a message", e.Error, code)
-	}
-	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
-		t.Fatalf("error Content-Type = %q", ct)
-	}
-}
+// The helpers the proxy and admin tests share (package sidecartest).
+var (
+	// adminURL is the metrics listener of the server startSidecar started
+	// at a base URL: /metrics lives there, as on the sidecar's admin
+	// listener.
+	adminURL        = sidecartest.AdminURL
+	noPoolClient    = sidecartest.NoPoolClient
+	post            = sidecartest.Post
+	postWith        = sidecartest.PostWith
+	wantOpenAIError = sidecartest.WantOpenAIError
+)
 
 const chatBody = `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
 
@@ -491,14 +415,7 @@ func waitFor(t *testing.T, s *Server, cond func() bool) {
 // background work (extraction, the reviewer, cross-session indexing),
 // which has no hook outside package memory. The proxy's own after-response
 // work is waited for with waitFor.
-func eventually(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-	}
-}
+var eventually = sidecartest.Eventually
 
 // waitIdle returns once no request is in flight and no after-response work
 // (recording a partial reply, the engine's after-hook and settle, a fleet

@@ -104,7 +104,7 @@ func TestSessionListIsTheKeysOwnAndPaged(t *testing.T) {
 			t.Errorf("%s: %d, want 400", bad, code)
 		}
 	}
-	seen := len(up.bodies)
+	seen := len(up.Bodies())
 	for _, method := range []string{"POST", "DELETE", "PUT"} {
 		req, _ := http.NewRequest(method, base+"/v1/sessions", strings.NewReader("{}"))
 		req.Header.Set("Authorization", "Bearer key-a")
@@ -120,9 +120,7 @@ func TestSessionListIsTheKeysOwnAndPaged(t *testing.T) {
 	if code := getJSON(t, base+"/v1/sessions", "", nil); code != 401 {
 		t.Errorf("without a key: %d", code)
 	}
-	up.mu.Lock()
-	defer up.mu.Unlock()
-	if len(up.bodies) != seen {
+	if len(up.Bodies()) != seen {
 		t.Errorf("the listing reached the upstream")
 	}
 }

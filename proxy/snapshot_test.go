@@ -177,8 +177,8 @@ func TestSnapshotExportImport(t *testing.T) {
 	}
 	// The next turn on B continues the conversation.
 	resp, body = post(t, b+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"question 3"}]}`, ann)
-	if resp.StatusCode != 200 || !strings.Contains(up.last(), "question 0") || !strings.Contains(up.last(), "question 3") {
-		t.Fatalf("next turn on B: %d %s, upstream saw %s", resp.StatusCode, body, up.last())
+	if resp.StatusCode != 200 || !strings.Contains(up.Last(), "question 0") || !strings.Contains(up.Last(), "question 3") {
+		t.Fatalf("next turn on B: %d %s, upstream saw %s", resp.StatusCode, body, up.Last())
 	}
 	// Again: the caller's session is replaced.
 	resp, body = doReq(t, http.MethodPut, b+"/v1/sessions/s1/snapshot", file, key)

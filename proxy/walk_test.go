@@ -30,15 +30,13 @@ func TestWalkOneChatTurn(t *testing.T) {
 	turn("my boat is called Petrel")
 	turn("where is it moored?")
 
-	up.mu.Lock()
-	n := len(up.seen)
-	up.mu.Unlock()
+	n := len(up.Bodies())
 	if n != 2 {
 		t.Fatalf("the upstream saw %d requests, want the 2 turns", n)
 	}
 	// The second turn's window carries the first turn, its reply, then
 	// the new message.
-	got := up.last()
+	got := up.Last()
 	first, reply, second := strings.Index(got, `"my boat is called Petrel"`), strings.Index(got, `"echo: my boat is called Petrel"`), strings.Index(got, "where is it moored?")
 	if first < 0 || reply < first || second < reply {
 		t.Fatalf("second turn's window lost the first turn: %s", got)

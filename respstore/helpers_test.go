@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/sidecartest"
 )
 
 // start opens a Server on a fresh folder (or opts.Dir) and serves it on a
@@ -22,21 +24,7 @@ func start(t testing.TB, opts Options) (*Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ln) }()
-	t.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			t.Error(err)
-		}
-		if err := <-served; err != nil {
-			t.Error(err)
-		}
-	})
-	return s, ln.Addr().String()
+	return s, sidecartest.Serve(t, s)
 }
 
 // raw is a client that writes bytes and reads replies as bytes, to check
