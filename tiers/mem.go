@@ -115,22 +115,28 @@ func (t *memTier) get(key string, now time.Time) (Value, float64, bool, error) {
 	}
 	t.pol.Access(key)
 	hot := e.hot.bump(now, t.halfLife)
+	data, err := t.loadUnlock(e)
+	if err != nil {
+		return Value{}, 0, false, fmt.Errorf("%s: load %q: %w", t.tier, key, err)
+	}
+	t.hits.Add(1)
+	return Value{Meta: e.meta, Data: data}, hot, true, nil
+}
+
+// loadUnlock loads e's bytes outside t.mu, which the caller holds and
+// which is released on return. e stays pinned meanwhile (readers): an
+// entry removed during the load is freed by its last reader.
+func (t *memTier) loadUnlock(e *memEntry) ([]byte, error) {
 	e.readers++
 	t.mu.Unlock()
-
 	data, err := t.back.load(e.h)
-
 	t.mu.Lock()
 	e.readers--
 	if e.removed && e.readers == 0 {
 		t.back.free(e.h)
 	}
 	t.mu.Unlock()
-	if err != nil {
-		return Value{}, 0, false, fmt.Errorf("%s: load %q: %w", t.tier, key, err)
-	}
-	t.hits.Add(1)
-	return Value{Meta: e.meta, Data: data}, hot, true, nil
+	return data, err
 }
 
 func (t *memTier) contains(key string) bool {
@@ -268,15 +274,7 @@ func (t *memTier) take(key string) (*memEntry, Value, bool, error) {
 		t.mu.Unlock()
 		return nil, Value{}, false, nil
 	}
-	e.readers++
-	t.mu.Unlock()
-	data, err := t.back.load(e.h)
-	t.mu.Lock()
-	e.readers--
-	if e.removed && e.readers == 0 {
-		t.back.free(e.h)
-	}
-	t.mu.Unlock()
+	data, err := t.loadUnlock(e)
 	if err != nil {
 		return nil, Value{}, false, fmt.Errorf("%s: load %q: %w", t.tier, key, err)
 	}
