@@ -25,9 +25,12 @@
 //     implementations) is not followed: a reader cannot tell which runs.
 //   - stops: functions reached; files: the distinct files they live in;
 //     returns: each time the walk, calling or returning, enters a file it
-//     had been in before and left; visits per file: how often the walk
-//     entered it; climbs: calls whose callee's package imports (directly or
-//     not) the caller's package, i.e. a lower package calling back up.
+//     had been in before and left; file entries: files + returns, every
+//     time the walk enters a file (issue 37's figures, 95 stops, 39 files,
+//     56 returns, satisfy stops = files + returns: its stops were file
+//     entries); visits per file: how often the walk entered it;
+//     climbs: calls whose callee's package imports (directly or not) the
+//     caller's package, i.e. a lower package calling back up.
 //
 // Statically the walk meets every path, cold ones included. With -cover
 // (a Go coverage profile of a run that served one request, taken with
@@ -303,7 +306,7 @@ func main() {
 		}
 		fmt.Printf("cover: %s (sites: %v; %d of the module's %d functions ran)\n", *coverFile, *onlyRunSites, nran, n)
 	}
-	fmt.Printf("stops: %d (%d in -expand's packages, followed inside)\nfiles: %d\nreturns to a file left: %d\nclimbs back up: %d\n", stops, expandedStops, len(seenFile), returns, climbs)
+	fmt.Printf("stops: %d (%d in -expand's packages, followed inside)\nfiles: %d\nreturns to a file left: %d\nfile entries: %d (files + returns)\nclimbs back up: %d\n", stops, expandedStops, len(seenFile), returns, len(seenFile)+returns, climbs)
 	type fv struct {
 		f string
 		n int
