@@ -5,9 +5,10 @@
 //
 // # Rooms
 //
-// Store is a thin front (store.go, turn.go, views.go, admin.go): Open,
-// Shutdown, Prepare (a Turn then completes or fails), the session views,
-// Delete, and one-line calls into the subsystems it owns. Each subsystem
+// Store is a thin front (store.go, prepare.go, turn.go, views.go,
+// admin.go): Open, Shutdown, Prepare (prepare.go; the Turn it returns then
+// completes or fails: turn.go), the session views, Delete, and one-line
+// calls into the subsystems it owns. Each subsystem
 // owns its state, its lock and its goroutines, and states its invariants
 // in its doc comment; what it needs of the others it is given at Open
 // (Open builds them, wires them, then starts their goroutines):
@@ -268,7 +269,7 @@
 //
 // # Client styles
 //
-// (mode.go: Mode, matchRequest.) ModeAuto (no X-Session-Mode header) detects the style per request: a
+// (mode.go: Mode; prepare.go: matchRequest.) ModeAuto (no X-Session-Mode header) detects the style per request: a
 // request whose non-system messages extend the stored history is a full
 // history; one without any assistant message that does not extend it is
 // new input from a client that sends only its newest message (an append);

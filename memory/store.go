@@ -275,3 +275,11 @@ func (s *Store) CountTokensContext(ctx context.Context, model, text string) (int
 	}
 	return n, nil
 }
+
+// withStore returns ctx, also cancelled when the store closes, and the
+// function that releases it.
+func (e *env) withStore(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(e.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}

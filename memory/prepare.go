@@ -1,0 +1,551 @@
+package memory
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
+)
+
+// Prepare: how a request becomes a turn. Its messages are related to the
+// stored history (plan, matchRequest), what is new is written as one
+// durable record, and the window is built within the engine's limit;
+// the Turn it returns (turn.go) records the reply. In the order a request
+// meets them.
+
+// TurnRequest is one chat request as Prepare sees it.
+type TurnRequest struct {
+	// Tenant scopes everything (sessions, users, pools). SessionID names
+	// the conversation and must not be empty.
+	Tenant, SessionID string
+	// UserID is the end user within the tenant: sessions of one user
+	// recall each other's turns, facts and episodes. Empty: no end user
+	// named; the session recalls only its own memory (unless
+	// Recall.TenantUserScope makes the tenant one user). A session keeps
+	// the user it was created with; a request naming another one fails
+	// with ErrUserMismatch.
+	UserID string
+	// Mode is how the client sends its conversation; ModeAuto detects it.
+	Mode Mode
+	// Model is the request's model: window limit, encoding, and the model
+	// of the sidecar's own calls for this session.
+	Model string
+	// Messages are the request's messages; they are retained by the store.
+	Messages []Message
+	// ToolsTokens is the token cost of the request's tools/functions (see
+	// CountTokensContext), charged against the limit.
+	ToolsTokens int
+	// Limit is what the engine behind the proxy can take for this request,
+	// counted in the store's tokens (its context less what the reply
+	// needs); zero when unknown. The window's limit is the smaller of it
+	// and Store.Limit(Model), which stays a ceiling.
+	Limit int
+	// PoolPrefix, when set, opts the request in to the tenant's shared
+	// pool: the entries whose key starts with it (PoolPrefixAll: every
+	// entry) are shown in the stable block as "[SHARED:key] value" lines,
+	// newest first, within Pool.ContextTokens (see ValidPoolPrefix). The
+	// pool is the tenant's, shared by every session of it: nothing of it
+	// reaches a window without this opt-in. Empty: no pool.
+	PoolPrefix string
+
+	// asSent is set when the client's own messages do not fit the limit:
+	// the window is then the request as sent (see Prepare).
+	asSent bool
+	// pool is the view of PoolPrefix, read before the session is locked.
+	pool *pool.View
+}
+
+// Prepare records a request's new messages and builds its window.
+//
+// It relates req.Messages to the stored history (see Mode), appends what is
+// new to the session's log as one durable write (the only write on the
+// request path), and returns the window for the model's limit with the
+// tools' cost charged against it.
+//
+// When the client's system messages, its newest user message (with what
+// follows it) and the tools do not fit the limit (see TurnRequest.Limit)
+// even with nothing else, the request is recorded as usual but its window
+// is the client's messages exactly as sent (Stats.AsSent): memory is only
+// ever added within the engine's context, and a request the engine would
+// take from the client directly still reaches it.
+//
+// Errors: ErrInvalid, ErrUserMismatch (nothing was written), ErrClosed, or
+// I/O errors (nothing was acknowledged).
+func (s *Store) Prepare(ctx context.Context, req TurnRequest) (*Turn, error) {
+	if req.SessionID == "" {
+		return nil, fmt.Errorf("%w: empty session id", ErrInvalid)
+	}
+	if req.ToolsTokens < 0 {
+		return nil, fmt.Errorf("%w: negative tools tokens", ErrInvalid)
+	}
+	if req.Mode > ModeAppend {
+		return nil, fmt.Errorf("%w: unknown mode %d", ErrInvalid, req.Mode)
+	}
+	if req.Mode != ModeAppend && len(req.Messages) == 0 {
+		return nil, fmt.Errorf("%w: no messages", ErrInvalid)
+	}
+	if req.PoolPrefix != "" {
+		if err := ValidPoolPrefix(req.PoolPrefix); err != nil {
+			return nil, err
+		}
+	}
+	msgs := append([]Message(nil), req.Messages...)
+	for i := range msgs {
+		if msgs[i].Role == "" {
+			return nil, fmt.Errorf("%w: message %d has no role", ErrInvalid, i)
+		}
+		if len(msgs[i].Raw) == 0 {
+			raw, _ := msgs[i].MarshalJSON()
+			msgs[i].Raw = raw
+		}
+	}
+	req.Messages = msgs
+	ctx, stop := s.withStore(ctx) // counting stops when the store closes too
+	defer stop()
+	if req.PoolPrefix != "" && s.opts.Pool.ContextTokens > 0 {
+		// The pool is read (and, in a fleet, brought up to date) before
+		// the session is locked. A pool that fails leaves it out: the
+		// turn goes on without it.
+		pv, err := s.poolView(req.Tenant, req.PoolPrefix)
+		if err != nil {
+			s.stats.poolCtxErrors.Add(1)
+			s.opts.Logger.Warn("memory: shared pool for the context", "session", req.SessionID, "err", err)
+		}
+		req.pool = pv
+	}
+	enc := s.Encoding(req.Model)
+	if err := s.tok.checkFixedPart(ctx, enc, s.limitFor(&req), msgs, req.ToolsTokens); errors.Is(err, ErrContextTooLarge) {
+		req.asSent = true
+	} else if err != nil {
+		return nil, err
+	}
+	for attempt := 0; ; attempt++ {
+		sess, err := s.reg.session(req.Tenant, req.SessionID, true)
+		if err != nil {
+			return nil, err
+		}
+		defer s.reg.unpin(sess) // at most one per attempt
+		if err := s.waitPending(ctx, sess); err != nil {
+			return nil, err
+		}
+		// Count what the session does not hold yet before locking it.
+		sess.mu.Lock()
+		sess.reuseCosts(enc, msgs)
+		sess.mu.Unlock()
+		if err := s.tok.precount(ctx, enc, msgs); err != nil {
+			return nil, fmt.Errorf("memory: count tokens: %w", err)
+		}
+		// The user's cross-session index loads (and may load other
+		// sessions of the user) before this session is locked.
+		um := s.users.userFor(sess, req.UserID)
+		sess.mu.Lock()
+		if sess.gone.Load() {
+			// Deleted or dropped from memory meanwhile: look it up again.
+			sess.mu.Unlock()
+			if attempt < 3 {
+				continue
+			}
+			return nil, fmt.Errorf("memory: session %q keeps vanishing: %w", req.SessionID, ErrNotFound)
+		}
+		if s.opts.SharedLog != nil {
+			// What other replicas of a fleet wrote comes first.
+			sctx, cancel := context.WithTimeout(ctx, s.opts.SharedLogTimeout)
+			err := s.jrn.syncLocked(sctx, sess)
+			cancel()
+			if err != nil {
+				sess.mu.Unlock()
+				return nil, err
+			}
+		}
+		t, err := s.prepareLocked(ctx, sess, um, &req)
+		sess.mu.Unlock()
+		return t, err
+	}
+}
+
+// waitPending waits (bounded by PendingWait and ctx) for the session's open
+// turn to finish, so that its reply is recorded before the next request's
+// messages in append mode.
+func (s *Store) waitPending(ctx context.Context, sess *session) error {
+	if s.opts.PendingWait < 0 {
+		return nil
+	}
+	sess.mu.Lock()
+	ch := sess.pending
+	sess.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	t := time.NewTimer(s.opts.PendingWait)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	case <-ctx.Done():
+		return fmt.Errorf("memory: wait for previous turn: %w", ctx.Err())
+	}
+	return nil
+}
+
+// limitFor is the window limit of req: Store.Limit(req.Model), lowered to
+// req.Limit when that is known and smaller.
+func (s *Store) limitFor(req *TurnRequest) int {
+	l := s.Limit(req.Model)
+	if req.Limit > 0 && req.Limit < l {
+		l = req.Limit
+	}
+	return l
+}
+
+func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, req *TurnRequest) (*Turn, error) {
+	now := s.opts.Clock.Now()
+	enc := s.Encoding(req.Model)
+	limit := s.limitFor(req)
+	tk := s.tok
+	if sess.exists && req.UserID != "" && req.UserID != sess.user {
+		s.stats.userMismatch.Add(1)
+		return nil, fmt.Errorf("%w: session %q", ErrUserMismatch, req.SessionID)
+	}
+	p := sess.plan(req, now)
+	st := TurnStats{Model: req.Model, Encoding: enc.String(), Mode: p.mode.String(), ModeDetected: req.Mode == ModeAuto,
+		Match: p.match, Limit: limit, ToolsTokens: req.ToolsTokens}
+
+	sysCost := 0
+	for _, e := range p.sys {
+		sysCost += e.cost(tk, enc)
+	}
+	_, turnCost := currentTurn(sess.hist[:p.keep], p.add, tk, enc)
+	if !req.asSent && checkFits(sysCost, turnCost, req.ToolsTokens, limit) != nil {
+		req.asSent = true
+	}
+
+	// One write for everything new.
+	var recs []*record
+	if p.sysChanged {
+		r := &record{K: "sys", T: now.UnixNano(), Seq: sess.nextSeq, Enc: enc.String(), Msgs: []json.RawMessage{}}
+		for _, e := range p.sys {
+			r.Msgs = append(r.Msgs, e.msg.Raw)
+			r.Tok = append(r.Tok, e.cost(tk, enc))
+		}
+		recs = append(recs, r)
+	}
+	if p.keep < len(sess.hist) {
+		k := p.keep
+		kind := "trunc"
+		if p.dropPartial {
+			kind = "undo"
+		}
+		recs = append(recs, &record{K: kind, T: now.UnixNano(), Keep: &k})
+	}
+	for _, e := range p.add {
+		recs = append(recs, &record{K: "msg", T: now.UnixNano(), Seq: e.seq, Msg: e.msg.Raw, Enc: enc.String(), Tok: []int{e.cost(tk, enc)}})
+	}
+	var framed []byte
+	for _, r := range recs {
+		var err error
+		if framed, err = encodeRecord(framed, r); err != nil {
+			return nil, err
+		}
+	}
+	if len(framed) > 0 {
+		if !sess.exists {
+			sess.user = um.user // the meta record names the session's user
+		}
+		if err := s.jrn.writeLocked(sess, framed, now); err != nil {
+			return nil, err
+		}
+		s.stats.appendBytes.Add(int64(len(framed)))
+		s.stats.appended.Add(int64(len(p.add)))
+		if p.sysChanged {
+			s.stats.appended.Add(int64(len(p.sys)))
+		}
+	}
+	// Apply: the same transitions replay performs.
+	prevSys := sess.sys
+	if p.sysChanged {
+		sess.sys = p.sys
+	}
+	if p.keep < len(sess.hist) {
+		k := p.keep
+		kind := "trunc"
+		if p.dropPartial {
+			kind = "undo"
+		}
+		if err := sess.apply(&record{K: kind, T: now.UnixNano(), Keep: &k}, nil, tk); err != nil {
+			return nil, err
+		}
+	}
+	sess.hist = append(sess.hist, p.add...)
+	sess.nextSeq += uint64(len(p.add))
+	if p.sysChanged {
+		sess.nextSeq += uint64(len(p.sys))
+	}
+	sess.updated = now
+	sess.lastModel, sess.lastEnc = req.Model, enc
+	st.Appended = len(p.add)
+	if p.sysChanged {
+		st.Appended += len(p.sys)
+	}
+	st.User = sess.user
+
+	if req.asSent {
+		t := s.asSentLocked(sess, req, st, sysCost+turnCost+req.ToolsTokens, p.mode)
+		t.added, t.sysChanged, t.prevSys = len(p.add), p.sysChanged, prevSys
+		return t, nil
+	}
+	s.know.maybeDecayLocked(sess, now)
+	toolCtx := s.know.toolTurnLocked(sess, p.add)
+	recall := func(q recallQuery, skip map[string]bool) ([]recallItem, string) {
+		return s.recall.recallLocked(ctx, sess, um, q, now, skip)
+	}
+	shifts := s.opts.Window.EngineShifts != nil && s.opts.Window.EngineShifts(req.Model)
+	w, err := s.win.build(sess, windowParams{enc: enc, limit: limit, tools: req.ToolsTokens, strategy: s.opts.Window.Strategy,
+		shifts: shifts, now: now, toolCtx: toolCtx, pool: req.pool, recall: recall})
+	if err != nil {
+		return nil, err
+	}
+	st.SystemTokens, st.StableTokens, st.HistoryTokens, st.RecallTokens = w.sysTokens, w.stableTokens, w.histTokens, w.recallTokens
+	st.BlockTokens = w.stableTokens + w.recallTokens
+	st.TotalTokens = w.sysTokens + st.BlockTokens + w.histTokens + req.ToolsTokens
+	st.WindowMessages, st.StoredMessages = len(w.msgs), len(sess.hist)
+	st.Evicted, st.Recalled, st.CrossSession, st.Summaries, st.Pooled = w.evicted, w.recalled, w.crossSession, w.summaries, w.pooled
+	if w.pooled > 0 {
+		s.stats.poolCtxTurns.Add(1)
+	}
+	st.Recall = w.recallMode
+	st.Prefix = prefixStats(sess.prevPrompt, w.msgs, w.costs)
+	sess.prevPrompt, sess.prevCosts = w.msgs, w.costs
+
+	if sess.pending != nil {
+		// The previous turn outlived PendingWait; stop others waiting on it.
+		close(sess.pending)
+	}
+	sess.pending = make(chan struct{})
+	t := &Turn{Messages: w.msgs, Block: w.recall, Stable: w.stable, Stats: st, store: s, sess: sess, pending: sess.pending, enc: enc,
+		added: len(p.add), sysChanged: p.sysChanged, prevSys: prevSys,
+		block: w.recall, blockTokens: w.recallTokens, blockHashes: w.recallHashes, blockSeq: w.recallSeq}
+	if w.recallSeq == 0 {
+		t.block = nil // none, or kept from before
+	}
+	if n := len(sess.hist); n > 0 {
+		t.lastSeq = sess.hist[n-1].seq
+	}
+	s.stats.prepares.Add(1)
+	s.stats.countMode(p.mode, req.Mode == ModeAuto)
+	return t, nil
+}
+
+// plan is what a request adds to its session, worked out before anything
+// is written.
+type plan struct {
+	mode       Mode
+	match      string
+	sysChanged bool
+	sys        []*entry // the session's system messages after the request
+	keep       int      // stored history messages kept (the rest is cut)
+	add        []*entry // new history messages
+	// dropPartial: the request retries the stored turn whose reply the
+	// upstream broke off (a partial reply): that reply is discarded and
+	// the stored messages are the turn (see retryOfPartial).
+	dropPartial bool
+}
+
+// plan relates the request to the stored history. Called with sess.mu
+// held.
+func (sess *session) plan(req *TurnRequest, now time.Time) plan {
+	msgs := req.Messages
+	nsys := 0
+	for nsys < len(msgs) && isSystem(msgs[nsys].Role) {
+		nsys++
+	}
+	reqSys, rest := msgs[:nsys], msgs[nsys:]
+	var p plan
+	var tail []Message
+	p.mode, p.keep, tail, p.match = matchRequest(sess, rest, req.Mode)
+	if p.mode == ModeAppend && retryOfPartial(sess.hist[:p.keep], tail) {
+		p.dropPartial, p.keep, tail, p.match = true, p.keep-1, nil, "retry"
+	}
+	p.sysChanged = !sameMessages(reqSys, sess.sys)
+	if p.mode == ModeAppend && nsys == 0 {
+		p.sysChanged = false // an append without system messages keeps the stored ones
+	}
+	seq := sess.nextSeq
+	p.sys = sess.sys
+	if p.sysChanged {
+		p.sys = make([]*entry, 0, len(reqSys))
+		for _, m := range reqSys {
+			p.sys = append(p.sys, newEntry(seq, m, now))
+			seq++
+		}
+	}
+	p.add = make([]*entry, 0, len(tail))
+	for _, m := range tail {
+		p.add = append(p.add, newEntry(seq, m, now))
+		seq++
+	}
+	return p
+}
+
+// matchRequest relates a request's non-system messages to the stored
+// history. It returns the mode taken, how many stored messages to keep,
+// the request's messages to append, and the kind of match.
+//
+// ModeAppend appends everything. Otherwise, in this order:
+//   - no stored history: "new", everything is appended;
+//   - the request extends the stored history: "extend";
+//   - (ModeAuto only) the request holds no assistant message: new input
+//     from a client that sends only its newest message: "append";
+//   - the request starts inside the stored history and runs to its end
+//     (the client trimmed its oldest turns): "trimmed";
+//   - the request shares a start with the stored history, or starts inside
+//     it and then differs (edit, regenerate, branch): "diverged", the
+//     stored history is cut after the shared part (the cut messages become
+//     archive units, nothing is lost);
+//   - nothing shared: "diverged" at the start (a reused session id).
+func matchRequest(sess *session, req []Message, mode Mode) (Mode, int, []Message, string) {
+	hist := sess.hist
+	if mode == ModeAppend {
+		return ModeAppend, len(hist), req, "append"
+	}
+	if len(hist) == 0 && len(sess.sys) == 0 {
+		return ModeFull, 0, req, "new"
+	}
+	// Equal raw bytes imply equal keys; hash only what differs (typically
+	// assistant messages the client re-serialized).
+	same := func(e *entry, m *Message) bool {
+		return bytes.Equal(e.msg.Raw, m.Raw) || e.key == m.matchKey()
+	}
+	k := 0
+	for k < len(hist) && k < len(req) && same(hist[k], &req[k]) {
+		k++
+	}
+	if k == len(hist) {
+		return ModeFull, k, req[k:], "extend"
+	}
+	if mode == ModeAuto && !slices.ContainsFunc(req, func(m Message) bool { return m.Role == "assistant" }) {
+		return ModeAppend, len(hist), req, "append"
+	}
+	if k > 0 {
+		return ModeFull, k, req[k:], "diverged"
+	}
+	if len(req) == 0 {
+		return ModeFull, 0, req, "diverged"
+	}
+	// The request starts inside the stored history: a trimmed client when
+	// it runs to the end from some alignment of its first message, else an
+	// edit after the longest (latest on ties) alignment.
+	k0 := req[0].matchKey()
+	bestP, bestJ := 0, 0
+	for p := 1; p < len(hist); p++ {
+		if hist[p].key != k0 {
+			continue
+		}
+		j := 1
+		for p+j < len(hist) && j < len(req) && same(hist[p+j], &req[j]) {
+			j++
+		}
+		if p+j == len(hist) {
+			return ModeFull, len(hist), req[j:], "trimmed"
+		}
+		if j >= bestJ {
+			bestP, bestJ = p, j
+		}
+	}
+	if bestJ > 0 {
+		return ModeFull, bestP + bestJ, req[bestJ:], "diverged"
+	}
+	return ModeFull, 0, req, "diverged"
+}
+
+func sameMessages(msgs []Message, es []*entry) bool {
+	if len(msgs) != len(es) {
+		return false
+	}
+	for i := range msgs {
+		if msgs[i].matchKey() != es[i].key {
+			return false
+		}
+	}
+	return true
+}
+
+// retryOfPartial reports whether tail, the new messages of an append,
+// repeats the turn that ends hist with a partial reply: a client whose
+// stream broke retries the same message, which is then stored once.
+func retryOfPartial(hist []*entry, tail []Message) bool {
+	n := len(hist)
+	if len(tail) == 0 || n < len(tail)+1 || tail[len(tail)-1].Role != "user" {
+		return false
+	}
+	if last := hist[n-1]; last.msg.Role != "assistant" || !last.partial {
+		return false
+	}
+	for i := range tail {
+		if hist[n-1-len(tail)+i].key != tail[i].matchKey() {
+			return false
+		}
+	}
+	return true
+}
+
+// currentTurn returns where the current turn starts in hist+add (the newest
+// user message; everything after it belongs to the turn too) and its cost.
+func currentTurn(hist, add []*entry, tk *Tokenizer, enc Encoding) (start, cost int) {
+	n := len(hist) + len(add)
+	at := func(i int) *entry {
+		if i < len(hist) {
+			return hist[i]
+		}
+		return add[i-len(hist)]
+	}
+	start = n
+	for i := n - 1; i >= 0; i-- {
+		cost += at(i).cost(tk, enc)
+		if at(i).msg.Role == "user" {
+			return i, cost
+		}
+	}
+	return n, 0 // no user message: nothing is mandatory
+}
+
+// checkFits is the one context-limit check (MEM-001): the client's system
+// messages, the current turn and the tools must fit the limit with nothing
+// else. It runs before anything is written.
+func checkFits(sysCost, turnCost, tools, limit int) error {
+	if sysCost+turnCost+tools > limit {
+		return fmt.Errorf("%w: system %d + current turn %d + tools %d tokens > limit %d",
+			ErrContextTooLarge, sysCost, turnCost, tools, limit)
+	}
+	return nil
+}
+
+// asSentLocked finishes a turn whose client messages alone do not fit the
+// limit: the window is the request's messages as sent, and fixed their
+// counted cost (the client's system messages, current turn and tools).
+func (s *Store) asSentLocked(sess *session, req *TurnRequest, st TurnStats, fixed int, mode Mode) *Turn {
+	st.AsSent = true
+	st.TotalTokens = fixed
+	st.WindowMessages, st.StoredMessages = len(req.Messages), len(sess.hist)
+	msgs := make([]json.RawMessage, len(req.Messages))
+	for i := range req.Messages {
+		msgs[i] = req.Messages[i].Raw
+	}
+	sess.prevPrompt, sess.prevCosts = nil, nil
+	if sess.pending != nil {
+		close(sess.pending)
+	}
+	sess.pending = make(chan struct{})
+	t := &Turn{Messages: msgs, Stats: st, store: s, sess: sess, pending: sess.pending, enc: s.Encoding(req.Model)}
+	if n := len(sess.hist); n > 0 {
+		t.lastSeq = sess.hist[n-1].seq
+	}
+	s.stats.prepares.Add(1)
+	s.stats.asSent.Add(1)
+	s.stats.countMode(mode, req.Mode == ModeAuto)
+	return t
+}
