@@ -6,8 +6,9 @@
 # profile from (*proxy.Server).forward and from (*proxy.Server).handle,
 # the fasthttp handler proxy/server.go serves with: each with -cover (calls
 # into functions that ran) and with -cover -sites (from call sites that
-# ran as well). Prints stops, files, returns to a file left, climbs back
-# up, the most entered files and the climbs (method: bench/walk/main.go).
+# ran as well). Prints stops, files, returns to a file left, file entries,
+# climbs back up, the most entered files, the climbs and the file pairs
+# the walk crosses most (method: bench/walk/main.go).
 #
 # Usage: scripts/walk.sh [TREE]. TREE (default this checkout) is the
 # checkout measured, e.g. a worktree of an older commit with
@@ -30,6 +31,6 @@ echo "tree: $tree ($(git -C "$tree" rev-parse --short HEAD))"
 for entry in forward handle; do
 	for sites in false true; do
 		echo
-		out/walk -dir "$tree" -entry "(*github.com/kvsidecar/kvsidecar/proxy.Server).$entry" -cover "$prof" -sites="$sites"
+		out/walk -dir "$tree" -entry "(*github.com/kvsidecar/kvsidecar/proxy.Server).$entry" -cover "$prof" -sites="$sites" -pairs 10
 	done
 done

@@ -50,7 +50,11 @@
 // (the store's background workers, the test's set-up): a function they
 // ran counts as run; -sites keeps most of that off the walk.
 //
-// Usage: go run . -dir ../.. -entry '(*github.com/kvsidecar/kvsidecar/proxy.Server).forward' [-v] [-cover FILE [-sites]]
+// With -pairs N it also lists the N file pairs the walk crosses most
+// (caller's file -> callee's file, each call that expands a function, with
+// the callees): where the file entries come from.
+//
+// Usage: go run . -dir ../.. -entry '(*github.com/kvsidecar/kvsidecar/proxy.Server).forward' [-v] [-cover FILE [-sites]] [-pairs N]
 // (scripts/walk.sh takes the profile of proxy's TestWalkOneChatTurn and
 // walks it from forward and handle).
 package main
@@ -81,6 +85,7 @@ func main() {
 	maxCands := flag.Int("maxcands", 1, "a dynamic call with more module callees than this is not followed (a reader cannot tell which runs)")
 	coverFile := flag.String("cover", "", "a Go coverage profile: follow calls only into functions with a covered block (what a run executed)")
 	onlyRunSites := flag.Bool("sites", false, "with -cover: follow calls only from call sites in a covered block")
+	pairsN := flag.Int("pairs", 0, "also print the N file pairs the walk crosses most (caller's file -> callee's file, each call that expands a function): where the entries come from")
 	flag.Parse()
 	if *onlyRunSites && *coverFile == "" {
 		log.Fatal("-sites needs -cover")
@@ -175,6 +180,8 @@ func main() {
 	visits := map[string]int{}
 	var stops, expandedStops, returns, climbs int
 	var climbList []string
+	type pair struct{ from, to string }
+	crossings := map[pair][]string{} // the callees of each file pair's crossings
 	cur := ""
 	enter := func(file string) {
 		if file == cur {
@@ -200,6 +207,10 @@ func main() {
 			climbList = append(climbList, fmt.Sprintf("%s -> %s", from, to))
 		}
 		back := cur
+		if !expanded[to] && fileOf(to) != back {
+			p := pair{back, fileOf(to)}
+			crossings[p] = append(crossings[p], to.Name())
+		}
 		walk(to, depth)
 		enter(back)
 	}
@@ -323,5 +334,24 @@ func main() {
 	fmt.Println("climbs:")
 	for _, c := range climbList {
 		fmt.Println("  " + c)
+	}
+	if *pairsN > 0 {
+		ps := make([]pair, 0, len(crossings))
+		once, calls := 0, 0
+		for p, cs := range crossings {
+			ps = append(ps, p)
+			calls += len(cs)
+			if len(cs) == 1 {
+				once++
+			}
+		}
+		sort.Slice(ps, func(i, j int) bool {
+			a, b := len(crossings[ps[i]]), len(crossings[ps[j]])
+			return a > b || a == b && (ps[i].from < ps[j].from || ps[i].from == ps[j].from && ps[i].to < ps[j].to)
+		})
+		fmt.Printf("file crossings: %d calls into another file, %d file pairs (%d crossed once); most crossed:\n", calls, len(ps), once)
+		for _, p := range ps[:min(len(ps), *pairsN)] {
+			fmt.Printf("  %3d  %s -> %s: %s\n", len(crossings[p]), p.from, p.to, strings.Join(crossings[p], ", "))
+		}
 	}
 }
