@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/internal/sidecartest"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
@@ -255,21 +256,8 @@ func TestOllamaContext(t *testing.T) {
 // starts after it.
 func TestCtxLimitsCloseWhileStarting(t *testing.T) {
 	// An upstream that accepts and never answers: the probe stays in flight.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
-	base, _ := url.Parse("http://" + ln.Addr().String())
+	addr := sidecartest.ServeConns(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
+	base, _ := url.Parse("http://" + addr)
 	stop, cancel := context.WithCancel(context.Background())
 	count := func(_ context.Context, _, text string) (int, error) { return len(text), nil }
 	c := newCtxLimits(base, count, stop, slog.New(slog.DiscardHandler))

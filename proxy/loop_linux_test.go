@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/frontdoor"
+	"github.com/kvsidecar/kvsidecar/internal/sidecartest"
 )
 
 // scriptUpstream answers each request with the raw answer its X-Answer
@@ -60,63 +61,45 @@ var upAnswers = map[string]struct {
 
 func newScriptUpstream(t *testing.T) *scriptUpstream {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &scriptUpstream{addr: ln.Addr().String(), release: make(chan struct{})}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	u := &scriptUpstream{release: make(chan struct{})}
+	u.addr = sidecartest.ServeConns(t, func(c net.Conn) {
+		addr := c.LocalAddr().String() // the listener's: u.addr
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					body, _ := io.ReadAll(req.Body)
-					var hs []string
-					for k, vs := range req.Header {
-						hs = append(hs, k+": "+strings.Join(vs, ","))
-					}
-					sort.Strings(hs)
-					u.mu.Lock()
-					host := strings.ReplaceAll(req.Host, u.addr, "UPSTREAM")
-					u.got = append(u.got, fmt.Sprintf("%s %s host=%s\n%s\n%s", req.Method, req.RequestURI, host, strings.Join(hs, "\n"), body))
-					u.mu.Unlock()
-					name := req.Header.Get("X-Answer")
-					if name == "hold" {
-						select {
-						case <-u.release:
-						case <-readEOF(br):
-							u.closed.Add(1)
-							return
-						}
-						_, _ = io.WriteString(c, upAnswers["plain"].raw)
-						return // br is readEOF's now
-					}
-					a, ok := upAnswers[name]
-					if !ok {
-						a = upAnswers["plain"]
-					}
-					if _, err := io.WriteString(c, a.raw); err != nil || a.close {
-						return
-					}
+			body, _ := io.ReadAll(req.Body)
+			var hs []string
+			for k, vs := range req.Header {
+				hs = append(hs, k+": "+strings.Join(vs, ","))
+			}
+			sort.Strings(hs)
+			u.mu.Lock()
+			host := strings.ReplaceAll(req.Host, addr, "UPSTREAM")
+			u.got = append(u.got, fmt.Sprintf("%s %s host=%s\n%s\n%s", req.Method, req.RequestURI, host, strings.Join(hs, "\n"), body))
+			u.mu.Unlock()
+			name := req.Header.Get("X-Answer")
+			if name == "hold" {
+				select {
+				case <-u.release:
+				case <-readEOF(br):
+					u.closed.Add(1)
+					return
 				}
-			}()
+				_, _ = io.WriteString(c, upAnswers["plain"].raw)
+				return // br is readEOF's now
+			}
+			a, ok := upAnswers[name]
+			if !ok {
+				a = upAnswers["plain"]
+			}
+			if _, err := io.WriteString(c, a.raw); err != nil || a.close {
+				return
+			}
 		}
-	}()
+	})
 	return u
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/frontdoor"
+	"github.com/kvsidecar/kvsidecar/internal/sidecartest"
 )
 
 // poolUpstream is a net/http upstream on loopback whose connections the
@@ -492,45 +493,25 @@ func TestUpstreamPathPrefix(t *testing.T) {
 // line's target.
 func newPathRecorder(t *testing.T, target string, seen func(string)) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	return sidecartest.ServeConns(t, func(c net.Conn) {
+		out, err := net.Dial("tcp", target)
+		if err != nil {
+			return
+		}
+		defer out.Close()
+		go func() { _, _ = io.Copy(c, out); _ = c.Close() }()
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			r, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				out, err := net.Dial("tcp", target)
-				if err != nil {
-					return
-				}
-				defer out.Close()
-				go func() { _, _ = io.Copy(c, out); _ = c.Close() }()
-				br := bufio.NewReader(c)
-				for {
-					r, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					seen(r.RequestURI)
-					if err := r.Write(out); err != nil {
-						return
-					}
-				}
-			}()
+			seen(r.RequestURI)
+			if err := r.Write(out); err != nil {
+				return
+			}
 		}
-	}()
-	return ln.Addr().String()
+	})
 }
 
 // TestPoolReaperClosesIdleConnections: a pooled connection idle for

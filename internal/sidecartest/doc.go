@@ -10,6 +10,8 @@
 //     /metrics listener of their own), so this package imports neither.
 //   - Serve serves any server with Serve(net.Listener) and Close (the RESP
 //     store) on a loopback port until the test ends.
+//   - ServeConns runs a handler on each connection of a loopback port:
+//     a scripted peer speaking raw bytes.
 //   - NoPoolClient, Post, PostWith and GetJSON are the tests' HTTP calls;
 //     WantOpenAIError checks an OpenAI error envelope.
 //   - RecordingUpstream is the chat upstream that echoes the last message

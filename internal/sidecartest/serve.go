@@ -95,3 +95,36 @@ func Serve(t testing.TB, s Server) string {
 	})
 	return ln.Addr().String()
 }
+
+// ServeConns listens on a loopback port and runs handle on each
+// connection it accepts, each in its own goroutine, closing the
+// connection when handle returns: a scripted peer speaking raw bytes.
+// When the test ends it closes the listener and waits for every handle
+// (a handle blocked on its connection must return once the peer closes).
+// It returns the port's address.
+func ServeConns(t testing.TB, handle func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}

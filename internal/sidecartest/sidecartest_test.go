@@ -1,6 +1,7 @@
 package sidecartest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -77,5 +79,34 @@ func TestServe(t *testing.T) {
 	defer resp.Body.Close()
 	if b, _ := io.ReadAll(resp.Body); string(b) != "up" {
 		t.Fatalf("served %q", b)
+	}
+}
+
+func TestServeConnsHandlesEachConnection(t *testing.T) {
+	var n atomic.Int32
+	addr := ServeConns(t, func(c net.Conn) {
+		n.Add(1)
+		b := make([]byte, 4)
+		if _, err := io.ReadFull(c, b); err != nil {
+			return
+		}
+		_, _ = c.Write(bytes.ToUpper(b))
+	})
+	for i := range 3 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(c) // the connection closes once handle returns
+		c.Close()
+		if err != nil || string(got) != "PING" {
+			t.Fatalf("connection %d: %q, %v", i, got, err)
+		}
+	}
+	if n.Load() != 3 {
+		t.Fatalf("%d connections handled, want 3", n.Load())
 	}
 }
