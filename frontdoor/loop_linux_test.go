@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvsidecar/kvsidecar/internal/sidecartest"
 )
 
 // recBackend admits POSTs to /serve whose body is not "hand over", and
@@ -79,37 +81,23 @@ func (b *recBackend) Retried() {
 // answer in raws, writes that answer raw and closes.
 func loopUpstream(t *testing.T, raws map[string]string) netip.AddrPort {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
+	addr := sidecartest.ServeConns(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					body, _ := io.ReadAll(req.Body)
-					if raw, ok := raws[strings.TrimPrefix(string(body), "sent:")]; ok {
-						_, _ = io.WriteString(c, raw)
-						return // and close
-					}
-					echo := fmt.Sprintf("%s %s ae=%q %s", req.Method, req.RequestURI, req.Header.Get("Accept-Encoding"), body)
-					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s", len(echo), echo)
-				}
-			}()
+			body, _ := io.ReadAll(req.Body)
+			if raw, ok := raws[strings.TrimPrefix(string(body), "sent:")]; ok {
+				_, _ = io.WriteString(c, raw)
+				return // and close
+			}
+			echo := fmt.Sprintf("%s %s ae=%q %s", req.Method, req.RequestURI, req.Header.Get("Accept-Encoding"), body)
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s", len(echo), echo)
 		}
-	}()
-	return netip.MustParseAddrPort(ln.Addr().String())
+	})
+	return netip.MustParseAddrPort(addr)
 }
 
 // startTestLoop starts a loop in front of up with b, and a server behind

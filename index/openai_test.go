@@ -13,10 +13,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/internal/durable"
+	"github.com/kvsidecar/kvsidecar/internal/sidecartest"
 )
 
 // fakeEmbeddings serves /v1/embeddings with deterministic vectors of dim
@@ -368,44 +370,26 @@ func TestOpenAIEmbedderRetries(t *testing.T) {
 // with llama-server's 5 s keep-alive.
 func closingServer(t *testing.T) (url string, conns func() int) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	n := 0
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
+	var n atomic.Int32
+	addr := sidecartest.ServeConns(t, func(c net.Conn) {
+		n.Add(1)
+		br := bufio.NewReader(c)
+		for i := 0; ; i++ {
+			req, err := http.ReadRequest(br)
+			if err != nil || i == 1 {
 				return
 			}
-			mu.Lock()
-			n++
-			mu.Unlock()
-			wg.Go(func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for i := 0; ; i++ {
-					req, err := http.ReadRequest(br)
-					if err != nil || i == 1 {
-						return
-					}
-					var in embeddingsRequest
-					json.NewDecoder(req.Body).Decode(&in)
-					var data []string
-					for j := range in.Input {
-						data = append(data, fmt.Sprintf(`{"index":%d,"embedding":[1,2,3]}`, j))
-					}
-					body := `{"model":"m","data":[` + strings.Join(data, ",") + `]}`
-					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-				}
-			})
+			var in embeddingsRequest
+			json.NewDecoder(req.Body).Decode(&in)
+			var data []string
+			for j := range in.Input {
+				data = append(data, fmt.Sprintf(`{"index":%d,"embedding":[1,2,3]}`, j))
+			}
+			body := `{"model":"m","data":[` + strings.Join(data, ",") + `]}`
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 		}
 	})
-	return "http://" + ln.Addr().String(), func() int { mu.Lock(); defer mu.Unlock(); return n }
+	return "http://" + addr, func() int { return int(n.Load()) }
 }
 
 func TestOpenAIEmbedderRetriesAReusedConnectionAtOnce(t *testing.T) {
