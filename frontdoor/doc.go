@@ -24,49 +24,52 @@
 // loop behind the strict front door").
 //
 // What it owns:
-//   - Head.Parse: a request head read as nginx 1.22 reads it, refusing what
-//     nginx refuses (a stricter 400 where nginx lets something by that a
-//     server behind it could read another way). See Parse for the rules.
-//   - Chunked: the one decoder of chunked bodies: strict for a request,
-//     whose trailers are read, checked and dropped, never merged into the
-//     head; lenient (Chunked.Lenient) for an upstream's answer to the loop.
-//   - Conn and Listener: a client connection whose Read returns one
-//     canonical request at a time (the head rewritten from what Parse kept,
-//     a chunked body decoded with its length), answering refused requests
+//   - Head.Parse (head.go): a request head read as nginx 1.22 reads it,
+//     refusing what nginx refuses (a stricter 400 where nginx lets something
+//     by that a server behind it could read another way). See Parse for the
+//     rules.
+//   - Chunked (chunked.go): the one decoder of chunked bodies: strict for a
+//     request, whose trailers are read, checked and dropped, never merged
+//     into the head; lenient (Chunked.Lenient) for an upstream's answer to
+//     the loop.
+//   - Conn and Listener (conn.go): a client connection whose Read returns one
+//     canonical request at a time (the head rewritten from what Parse kept, a
+//     chunked body decoded with its length), answering refused requests
 //     itself. A Read never returns bytes of two requests, so a server that
 //     flushes when its read buffer is empty writes each answer before it
 //     waits on the next request: no answer waits on a pipelined request that
-//     arrives incomplete. Client sockets are read and written with raw
-//     system calls (package internal/rawconn).
-//   - Loop (loop_linux.go; StartLoop refuses elsewhere): the event loop on
-//     one listener, with its client connections (client_linux.go) and its
-//     own pool of upstream connections (upstream_linux.go), whose answers
-//     it reads as the forward path's client reads them (answer.go,
-//     RepairFraming). A Loop is the net.Listener of the connections it
-//     hands over: each resumes in a Conn with the bytes the loop read.
+//     arrives incomplete. Client sockets are read and written with raw system
+//     calls (package internal/rawconn).
+//   - Loop (loop_linux.go; StartLoop refuses elsewhere, loop_other.go): the
+//     event loop on one listener, with its client connections
+//     (client_linux.go) and its own pool of upstream connections
+//     (upstream_linux.go), whose answers it reads as the forward path's
+//     client reads them (answer.go, RepairFraming). A Loop is the
+//     net.Listener of the connections it hands over: each resumes in a Conn
+//     with the bytes the loop read.
 //
-// Which requests the loop serves, and why: those its Backend admits, and
-// only those. The loop itself takes an HTTP/1.1 request with at most a
+// Which requests the loop serves, and why: those its Backend admits, and only
+// those. The loop itself takes an HTTP/1.1 request with at most a
 // Content-Length body within LoopOptions.MaxBody and no 100-continue to
-// answer; the Backend (the proxy) says, from the head (Eligible) and then
-// the whole request (Start), whether its own path would send the request
-// on unchanged — for the sidecar, a non-streamed chat or completions POST
-// without a session — since only then is serving it elsewhere invisible.
-// Anything else, or any doubt (a head Parse refuses, one larger than the
-// loop's buffer), hands the connection over before anything of that
-// request went upstream. The Backend starts and ends each request it
-// admits (the engine's hooks, the metrics) and writes the error body of
-// each failure (Backend.Fail); its methods never block, as the loop runs
-// them on its one thread.
+// answer; the Backend (the proxy) says, from the head (Eligible) and then the
+// whole request (Start; the interface in backend.go), whether its own path
+// would send the request on unchanged — for the sidecar, a non-streamed chat
+// or completions POST without a session — since only then is serving it
+// elsewhere invisible. Anything else, or any doubt (a head Parse refuses, one
+// larger than the loop's buffer), hands the connection over before anything
+// of that request went upstream. The Backend starts and ends each request it
+// admits (the engine's hooks, the metrics) and writes the error body of each
+// failure (Backend.Fail); its methods never block, as the loop runs them on
+// its one thread.
 //
 // Invariants:
 //   - Hop-by-hop fields (Connection and the fields it lists, Keep-Alive,
 //     TE, Trailer, Transfer-Encoding, Upgrade, Proxy-*) and Expect never
 //     reach the server behind the door, nor the upstream from the loop:
 //     what the sidecar reads (tenant, session, end user) is what it
-//     forwards.
-//   - A refused request gets an answer naming the rule it broke, never
-//     quoting its bytes, then the connection closes (after a lingering
+//     forwards. HopByHop is that rule, and the proxy's header copies use it.
+//   - A refused request gets an answer naming the rule it broke (errors.go),
+//     never quoting its bytes, then the connection closes (after a lingering
 //     read, so the client reads the answer rather than a reset).
 //   - Work and memory per request are bounded by Limits: the head by
 //     MaxHead and MaxLine, a chunked body by MaxBody, each check made as

@@ -39,6 +39,13 @@
 // sentinels memory re-exports), sanitize (text safety). The shared types
 // (Message, Unit, Triple, Category, Review, PoolEntry, …) are memory's, or
 // aliases of the package that owns them.
+// Beside the subsystems: session.go (a session and its history entries),
+// message.go (Message and its wire form), units.go (Unit: what leaves the
+// window), record.go (a log record's framing), text.go (bags of words for
+// similarity), recallapi.go (Store.Recall, what MCP's session_recall
+// searches), review_log.go (the reviewer's decisions, Store.Reviews),
+// options.go and options_background.go (Options: EnsureDefaults,
+// Validate).
 //
 // # What it owns
 //

@@ -22,22 +22,34 @@
 // starts and ends each as the forward path does (engine hooks, metrics,
 // OpenAI-shaped errors).
 //
-// Files: server.go (lifecycle, routing, the front door's options and its
-// refusals' answer), loop.go (the event loop's Backend: eligibility,
-// hooks, metrics and error bodies; --event-loop), forward.go (the forward
-// path: a /v1 request as a pipeline of steps, route, session, memory,
-// engine, upstream, relay and record, and the one release of what they
-// hold), relay.go and stream.go (SSE), background.go (the work left after
-// responses), memory.go (windows and recording, the counters the console
-// reads, deleting a session), pool.go and poolevents.go (the shared
-// pool's API and its event stream), sessionlist.go (GET /v1/sessions),
-// snapshot.go (context snapshots), ctxlimit.go (the engine's context per
-// model), mcp.go (/mcp), kvapi.go and kvmetrics.go (/v1/kv and the KV
+// Files, in the order a chat request meets them: server.go (lifecycle,
+// the handler, the front door's options and its refusals' answer),
+// route.go (the raw path read once: which route, whether it may be
+// forwarded), forward.go (the forward path: a /v1 request as a pipeline of
+// steps, route, session, memory, engine, upstream, relay and record, and
+// the one release of what they hold), wire.go (the request fields the
+// steps read: model, messages, stream; 400s), session.go (the session id
+// and the tenant, a hash of the bearer), memory.go (windows and recording,
+// the counters the console reads, deleting a session), ctxlimit.go (the
+// engine's context per model), upstream.go (the upstream request's
+// headers, failures as statuses, bounded body reads), upclient.go (the
+// pooled upstream client: checkout, dial, one resend on a reused
+// connection, the answer's head and body), upalive_linux.go (a pooled
+// connection's check on checkout), gone_linux.go (the watch that cancels
+// the upstream request when the client goes), relay.go and stream.go (a
+// streamed answer: its flow and the SSE events it checks one by one),
+// background.go (the work left after responses), errors.go (the error
+// types and codes a client may see). Beside the chat path: loop.go (the
+// event loop's Backend: eligibility, hooks, metrics and error bodies;
+// --event-loop), pool.go and poolevents.go (the shared pool's API and its
+// event stream), sessionlist.go (GET /v1/sessions), snapshot.go (context
+// snapshots), mcp.go (/mcp), kvapi.go and kvmetrics.go (/v1/kv and the KV
 // metrics), metrics.go, options.go (Options: EnsureDefaults, Validate, and
-// the interfaces). The upstream's TCP connections are read and written with raw
-// system calls through their poller (package internal/rawconn), as the
-// front door's client connections are: a stream's last writes held into
-// one, an upstream request sent in the read that waits for its answer.
+// the interfaces); *_other.go, the same without Linux's system calls. The
+// upstream's TCP connections are read and written with raw system calls
+// through their poller (package internal/rawconn), as the front door's
+// client connections are: a stream's last writes held into one, an
+// upstream request sent in the read that waits for its answer.
 //
 // Invariants:
 //   - Every error a client sees is OpenAI-shaped JSON
