@@ -261,8 +261,11 @@ func TestCtxLimitsCloseWhileStarting(t *testing.T) {
 	stop, cancel := context.WithCancel(context.Background())
 	count := func(_ context.Context, _, text string) (int, error) { return len(text), nil }
 	c := newCtxLimits(base, count, stop, slog.New(slog.DiscardHandler))
-	go c.start()                                // Serve's
-	time.Sleep(50 * time.Millisecond)           // the probe is in flight; nothing orders it before close
+	go c.start() // Serve's
+	// A sleep, not a wait on a condition: anything the probe signalled
+	// (its bytes on the socket included) would order it before close,
+	// and the race detector would have nothing to see.
+	time.Sleep(50 * time.Millisecond)
 	time.AfterFunc(50*time.Millisecond, cancel) // Shutdown's stop ends the probe
 	c.close()
 	c.start() // after close: no probe
