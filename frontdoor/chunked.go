@@ -235,6 +235,65 @@ func (d *Chunked) endSize() {
 	}
 }
 
+// PeekChunk reads the whole chunk p starts with, without decoding it: its
+// data size and where the next chunk starts. ok is false when p does not
+// hold the chunk whole, and when the chunk is not plainly framed: a size of
+// at most 8 hex digits, then CRLF, or extensions after ';' or blanks up to
+// the CR; the data, then CRLF; the last chunk with no trailers. Plain on
+// purpose: its callers ask whether reading on would wait (the proxy's
+// upstream body, read by fasthttp), and "no" is always a safe answer;
+// Chunked decodes.
+func PeekChunk(p []byte) (size, next int, ok bool) {
+	i := 0
+	for ; i < len(p) && i < 8; i++ { // 8 hex digits: up to 4 GiB, past any buffer
+		h, isHex := unhex(p[i])
+		if !isHex {
+			break
+		}
+		size = size<<4 | int(h)
+	}
+	if i == 0 || i == len(p) {
+		return 0, 0, false
+	}
+	if _, isHex := unhex(p[i]); i == 8 && isHex {
+		return 0, 0, false
+	}
+	if p[i] != '\r' {
+		if p[i] != ';' && p[i] != ' ' && p[i] != '\t' {
+			return 0, 0, false
+		}
+		j := bytes.IndexByte(p[i:], '\r')
+		if j < 0 {
+			return 0, 0, false
+		}
+		i += j
+	}
+	if i+1 >= len(p) || p[i+1] != '\n' {
+		return 0, 0, false
+	}
+	data := i + 2 // the chunk's first byte
+	if size == 0 {
+		return 0, data + 2, len(p) >= data+2 && p[data] == '\r' && p[data+1] == '\n'
+	}
+	return size, data + size + 2, len(p) >= data+size+2
+}
+
+// WholeChunks reports whether p starts with a whole chunked body: whole
+// chunks (PeekChunk) up to the last one, which has no trailers.
+func WholeChunks(p []byte) bool {
+	for len(p) > 0 {
+		size, next, ok := PeekChunk(p)
+		if !ok {
+			return false
+		}
+		if size == 0 {
+			return true
+		}
+		p = p[next:]
+	}
+	return false
+}
+
 func unhex(ch byte) (byte, bool) {
 	switch {
 	case '0' <= ch && ch <= '9':

@@ -31,7 +31,9 @@
 //   - Chunked (chunked.go): the one decoder of chunked bodies: strict for a
 //     request, whose trailers are read, checked and dropped, never merged
 //     into the head; lenient (Chunked.Lenient) for an upstream's answer to
-//     the loop.
+//     the loop. Beside it PeekChunk and WholeChunks only look: whether a
+//     buffer holds a whole, plainly framed chunk or body (the proxy's
+//     upstream body asks before a read).
 //   - Conn and Listener (conn.go): a client connection whose Read returns one
 //     canonical request at a time (the head rewritten from what Parse kept, a
 //     chunked body decoded with its length), answering refused requests

@@ -497,7 +497,8 @@ func (b *upBody) ready(n, max int) bool {
 		return false // mid-chunk, or nothing read: where the buffer starts is unknown
 	}
 	p, _ := b.uc.br.Peek(buffered)
-	return chunkBuffered(p)
+	_, _, whole := frontdoor.PeekChunk(p)
+	return whole
 }
 
 // whole reports whether the rest of the body lies in the connection's
@@ -512,67 +513,7 @@ func (b *upBody) whole() bool {
 	if cl := b.resp.Header.ContentLength(); cl != -1 {
 		return cl >= 0 && len(p) >= cl
 	}
-	return chunkedWhole(p)
-}
-
-// chunkedWhole reports whether p starts with a whole chunked body: whole
-// chunks up to the last one, which has no trailers.
-func chunkedWhole(p []byte) bool {
-	for len(p) > 0 {
-		size, next, ok := chunkAt(p)
-		if !ok {
-			return false
-		}
-		if size == 0 {
-			return true
-		}
-		p = p[next:]
-	}
-	return false
-}
-
-// chunkBuffered reports whether p starts with a whole chunk of a chunked
-// body: its size line (hex digits, then CRLF, or extensions after ';' or
-// blanks), its data and the CRLF after it; or the last chunk with no
-// trailers. Anything it does not recognise is "no".
-func chunkBuffered(p []byte) bool {
-	_, _, ok := chunkAt(p)
-	return ok
-}
-
-// chunkAt reads the whole chunk p starts with, as chunkBuffered: its data
-// size and where the next chunk starts; ok false when p does not hold it
-// whole.
-func chunkAt(p []byte) (size, next int, ok bool) {
-	i := 0
-	for ; i < len(p) && i < 8; i++ { // 8 hex digits: up to 4 GiB, past any buffer
-		h := unhex(p[i])
-		if h < 0 {
-			break
-		}
-		size = size<<4 | h
-	}
-	if i == 0 || i == len(p) || i == 8 && unhex(p[i]) >= 0 {
-		return 0, 0, false
-	}
-	if p[i] != '\r' {
-		if p[i] != ';' && p[i] != ' ' && p[i] != '\t' {
-			return 0, 0, false
-		}
-		j := bytes.IndexByte(p[i:], '\r')
-		if j < 0 {
-			return 0, 0, false
-		}
-		i += j
-	}
-	if i+1 >= len(p) || p[i+1] != '\n' {
-		return 0, 0, false
-	}
-	data := i + 2 // the chunk's first byte
-	if size == 0 {
-		return 0, data + 2, len(p) >= data+2 && p[data] == '\r' && p[data+1] == '\n'
-	}
-	return size, data + size + 2, len(p) >= data+size+2
+	return frontdoor.WholeChunks(p)
 }
 
 // Close releases the body: the connection goes back to the pool only after
