@@ -47,19 +47,19 @@ func readAnswerHead(head []byte) (a answerHead, ok bool) {
 		}
 		v = bytes.Trim(v, " \t")
 		switch {
-		case foldEq(k, "Content-Length"):
+		case FoldEq(k, "Content-Length"):
 			n, err := strconv.ParseInt(string(v), 10, 64)
 			if cl >= 0 || err != nil || n < 0 || len(v) == 0 || v[0] == '+' {
 				return a, false
 			}
 			cl = n
-		case foldEq(k, "Transfer-Encoding"):
+		case FoldEq(k, "Transfer-Encoding"):
 			tes++
-			chunked = foldEq(v, "chunked")
-			if !chunked && !foldEq(v, "identity") {
+			chunked = FoldEq(v, "chunked")
+			if !chunked && !FoldEq(v, "identity") {
 				return a, false
 			}
-		case foldEq(k, "Connection"):
+		case FoldEq(k, "Connection"):
 			if listedIn(v, "close") {
 				a.close = true
 			}
@@ -152,7 +152,7 @@ func listedIn[S ~string | ~[]byte](conn []byte, name S) bool {
 		} else {
 			t, conn = conn, nil
 		}
-		if t = bytes.Trim(t, " \t"); len(t) > 0 && foldEq(t, name) {
+		if t = bytes.Trim(t, " \t"); len(t) > 0 && FoldEq(t, name) {
 			return true
 		}
 	}
@@ -170,7 +170,7 @@ func appendAnswerFields(dst, head []byte) []byte {
 	for r := rest; len(r) > 0; {
 		var hl []byte
 		hl, r = cutAnswerLine(r)
-		if k, v, ok := bytes.Cut(hl, []byte(":")); ok && foldEq(k, "Connection") {
+		if k, v, ok := bytes.Cut(hl, []byte(":")); ok && FoldEq(k, "Connection") {
 			conn = bytes.Trim(v, " \t")
 		}
 	}
@@ -178,7 +178,7 @@ func appendAnswerFields(dst, head []byte) []byte {
 		var hl []byte
 		hl, rest = cutAnswerLine(rest)
 		k, v, ok := bytes.Cut(hl, []byte(":"))
-		if !ok || hopByHop(k) || listedIn(conn, k) || foldEq(k, "Content-Length") || foldEq(k, "Date") {
+		if !ok || hopByHop(k) || listedIn(conn, k) || FoldEq(k, "Content-Length") || FoldEq(k, "Date") {
 			continue
 		}
 		dst = appendFieldName(dst, k)

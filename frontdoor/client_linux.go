@@ -233,7 +233,7 @@ func (l *Loop) appendUpstreamRequest(dst []byte, r *Request, body []byte) []byte
 	dst = append(dst, "\r\n"...)
 	for i := range h.NumFields() {
 		k, v := h.Field(b, i)
-		if foldEq(k, "Host") || r.Uncompressed && foldEq(k, "Accept-Encoding") {
+		if FoldEq(k, "Host") || r.Uncompressed && FoldEq(k, "Accept-Encoding") {
 			continue
 		}
 		dst = append(dst, k...)

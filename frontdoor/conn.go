@@ -383,7 +383,7 @@ func appendCanonical(dst []byte, h *Head, b []byte) []byte {
 		k, v := h.Field(b, i)
 		dst = append(dst, k...)
 		dst = append(dst, ": "...)
-		if bytes.IndexByte(v, '%') >= 0 && foldEq(k, "Host") {
+		if bytes.IndexByte(v, '%') >= 0 && FoldEq(k, "Host") {
 			// nginx lets "%" by in a Host; fasthttp unescapes the host
 			// and refuses a bad escape: it reads this one back as sent.
 			dst = append(dst, bytes.ReplaceAll(v, []byte("%"), []byte("%25"))...)

@@ -87,7 +87,7 @@ func (h *Head) Field(b []byte, i int) (name, value []byte) {
 // unique (Parse refuses a second line), so the first is the only one.
 func (h *Head) Get(b []byte, name string) ([]byte, bool) {
 	for _, f := range h.fields {
-		if foldEq(f.name.of(b), name) {
+		if FoldEq(f.name.of(b), name) {
 			return f.value.of(b), true
 		}
 	}
@@ -97,7 +97,7 @@ func (h *Head) Get(b []byte, name string) ([]byte, bool) {
 // Lookup is Get's value as offsets in b: where it starts and ends.
 func (h *Head) Lookup(b []byte, name string) (at, end int, ok bool) {
 	for _, f := range h.fields {
-		if foldEq(f.name.of(b), name) {
+		if FoldEq(f.name.of(b), name) {
 			return int(f.value.at), int(f.value.end), true
 		}
 	}
@@ -349,7 +349,7 @@ func (h *Head) fieldLine(b []byte, line span) error {
 // other target.
 func absolutePath(t []byte) (path int, ok bool) {
 	i := bytes.Index(t, []byte("://"))
-	if i < 0 || !foldEq(t[:i], "http") && !foldEq(t[:i], "https") {
+	if i < 0 || !FoldEq(t[:i], "http") && !FoldEq(t[:i], "https") {
 		return 0, false
 	}
 	a := i + 3
@@ -384,7 +384,7 @@ func (h *Head) settle(b []byte, lim Limits) error {
 	for _, f := range h.fields {
 		name := f.name.of(b)
 		for u, n := range uniques {
-			if foldEq(name, n) {
+			if FoldEq(name, n) {
 				if seen[u]++; seen[u] > 1 {
 					return errBadRequest("the request has two " + n + " header lines")
 				}
@@ -399,7 +399,7 @@ func (h *Head) settle(b []byte, lim Limits) error {
 				break
 			}
 		}
-		if foldEq(name, "Connection") {
+		if FoldEq(name, "Connection") {
 			h.conn = append(h.conn, f.value)
 		}
 	}
@@ -408,11 +408,11 @@ func (h *Head) settle(b []byte, lim Limits) error {
 	for _, v := range h.conn {
 		for tok := range tokens(v.of(b)) {
 			switch {
-			case foldEq(tok, "close"):
+			case FoldEq(tok, "close"):
 				h.Close = true
-			case foldEq(tok, "keep-alive"):
+			case FoldEq(tok, "keep-alive"):
 				keepAlive = true
-			case foldEq(tok, "host"), foldEq(tok, "content-length"), foldEq(tok, "transfer-encoding"):
+			case FoldEq(tok, "host"), FoldEq(tok, "content-length"), FoldEq(tok, "transfer-encoding"):
 				return errBadRequest("the Connection header names a header that frames the request")
 			default:
 				listed = true
@@ -446,7 +446,7 @@ func (h *Head) settle(b []byte, lim Limits) error {
 		if h.Minor == 0 {
 			return errBadRequest("an HTTP/1.0 request cannot have a Transfer-Encoding")
 		}
-		if !foldEq(te.of(b), "chunked") {
+		if !FoldEq(te.of(b), "chunked") {
 			return &Error{Status: 400, Code: "transfer_encoding_not_supported", Msg: "the only Transfer-Encoding served is chunked"}
 		}
 		if seen[1] == 1 {
@@ -459,7 +459,7 @@ func (h *Head) settle(b []byte, lim Limits) error {
 	}
 	// Expect: 100-continue is answered here; other expectations are
 	// ignored, as nginx does.
-	if v, ok := h.Get(b, "Expect"); ok && h.Minor == 1 && foldEq(v, "100-continue") && h.Framing != FrameNone {
+	if v, ok := h.Get(b, "Expect"); ok && h.Minor == 1 && FoldEq(v, "100-continue") && h.Framing != FrameNone {
 		h.Continue = true
 	}
 	// Keep the end-to-end fields. A name of other characters than
@@ -469,7 +469,7 @@ func (h *Head) settle(b []byte, lim Limits) error {
 	kept := h.fields[:0]
 	for _, f := range h.fields {
 		name := f.name.of(b)
-		if hopByHop(name) || foldEq(name, "Content-Length") || foldEq(name, "Expect") || listed && h.listed(b, name) || !plainName(name) {
+		if hopByHop(name) || FoldEq(name, "Content-Length") || FoldEq(name, "Expect") || listed && h.listed(b, name) || !plainName(name) {
 			continue
 		}
 		kept = append(kept, f)
@@ -517,19 +517,19 @@ func HopByHop(name, conn []byte) bool { return hopByHop(name) || listedIn(conn, 
 func hopByHop(k []byte) bool {
 	switch len(k) {
 	case 2:
-		return foldEq(k, "TE")
+		return FoldEq(k, "TE")
 	case 7:
-		return foldEq(k, "Trailer") || foldEq(k, "Upgrade")
+		return FoldEq(k, "Trailer") || FoldEq(k, "Upgrade")
 	case 10:
-		return foldEq(k, "Connection") || foldEq(k, "Keep-Alive")
+		return FoldEq(k, "Connection") || FoldEq(k, "Keep-Alive")
 	case 16:
-		return foldEq(k, "Proxy-Connection")
+		return FoldEq(k, "Proxy-Connection")
 	case 17:
-		return foldEq(k, "Transfer-Encoding")
+		return FoldEq(k, "Transfer-Encoding")
 	case 18:
-		return foldEq(k, "Proxy-Authenticate")
+		return FoldEq(k, "Proxy-Authenticate")
 	case 19:
-		return foldEq(k, "Proxy-Authorization")
+		return FoldEq(k, "Proxy-Authorization")
 	}
 	return false
 }
@@ -601,8 +601,10 @@ var tokenChar = func() (t [256]bool) {
 
 func isDigit(ch byte) bool { return '0' <= ch && ch <= '9' }
 
-// foldEq reports whether b equals s, ASCII letters compared without case.
-func foldEq[S ~string | ~[]byte](b []byte, s S) bool {
+// FoldEq reports whether b equals s, ASCII letters compared without case:
+// how a field name (or the "Bearer " of an Authorization value) is
+// compared, byte by byte, with no canonical copy.
+func FoldEq[S ~string | ~[]byte](b []byte, s S) bool {
 	if len(b) != len(s) {
 		return false
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 
+	"github.com/kvsidecar/kvsidecar/frontdoor"
 	"github.com/kvsidecar/kvsidecar/internal/httpapi"
 	"github.com/valyala/fasthttp"
 )
@@ -30,7 +31,7 @@ type sessionRef struct {
 func tenantOf(authorization []byte) string {
 	const prefix = "bearer"
 	tok := bytes.TrimSpace(authorization)
-	if len(tok) >= len(prefix) && foldEq(tok[:len(prefix)], prefix) &&
+	if len(tok) >= len(prefix) && frontdoor.FoldEq(tok[:len(prefix)], prefix) &&
 		(len(tok) == len(prefix) || tok[len(prefix)] == ' ') {
 		tok = bytes.TrimSpace(tok[len(prefix):])
 	}

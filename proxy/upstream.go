@@ -17,27 +17,6 @@ import (
 	"github.com/kvsidecar/kvsidecar/frontdoor"
 )
 
-// foldEq reports whether b equals s, ASCII letters compared without case
-// (header names, the "Bearer " of an Authorization header).
-func foldEq[S ~string | ~[]byte](b []byte, s S) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := range len(b) {
-		c, d := b[i], s[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if 'A' <= d && d <= 'Z' {
-			d += 'a' - 'A'
-		}
-		if c != d {
-			return false
-		}
-	}
-	return true
-}
-
 // newUpClient builds the pooled client for the upstream base URL.
 func newUpClient(base *url.URL, o *Options) *upClient {
 	addr := base.Host
@@ -62,7 +41,7 @@ func newUpClient(base *url.URL, o *Options) *upClient {
 func copyRequestHeaders(dst *fasthttp.RequestHeader, src *fasthttp.RequestHeader) {
 	conn := src.Peek("Connection")
 	for k, v := range src.All() {
-		if frontdoor.HopByHop(k, conn) || foldEq(k, "Host") || foldEq(k, "Content-Length") || foldEq(k, "Expect") {
+		if frontdoor.HopByHop(k, conn) || frontdoor.FoldEq(k, "Host") || frontdoor.FoldEq(k, "Content-Length") || frontdoor.FoldEq(k, "Expect") {
 			continue // the sidecar already holds the body: no 100-continue upstream
 		}
 		dst.AddBytesKV(k, v)
@@ -73,7 +52,7 @@ func copyRequestHeaders(dst *fasthttp.RequestHeader, src *fasthttp.RequestHeader
 func copyResponseHeaders(dst *fasthttp.ResponseHeader, src *fasthttp.ResponseHeader) {
 	conn := src.Peek("Connection")
 	for k, v := range src.All() {
-		if frontdoor.HopByHop(k, conn) || foldEq(k, "Content-Length") {
+		if frontdoor.HopByHop(k, conn) || frontdoor.FoldEq(k, "Content-Length") {
 			continue
 		}
 		dst.AddBytesKV(k, v)
