@@ -41,7 +41,7 @@
 // aliases of the package that owns them.
 // Beside the subsystems: session.go (a session and its history entries),
 // message.go (Message and its wire form), units.go (Unit: what leaves the
-// window), record.go (a log record's framing), text.go (bags of words for
+// window), text.go (bags of words for
 // similarity), recallapi.go (Store.Recall, what MCP's session_recall
 // searches), review_log.go (the reviewer's decisions, Store.Reviews),
 // options.go and options_background.go (Options: EnsureDefaults,

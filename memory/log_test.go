@@ -146,7 +146,7 @@ func TestForeignOrEmptyLogStartsAfresh(t *testing.T) {
 	img := append([]byte(nil), journal.Magic...)
 	durable.ScanRecords(data[len(journal.Magic):], 1<<20, func(_ int, p []byte) {
 		p = bytes.Replace(p, []byte(`"session":"s"`), []byte(`"session":"x"`), 1)
-		img = appendRecord(img, p)
+		img = durable.AppendRecord(img, p)
 	})
 	os.WriteFile(path, img, 0o600)
 
@@ -219,7 +219,7 @@ func TestStoreSurvivesTornTail(t *testing.T) {
 	s.Close()
 	path := sessionPath(dir, "t", "s")
 	f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
-	f.Write(appendRecord(nil, []byte(`{"k":"msg","seq":99}`))[:15])
+	f.Write(durable.AppendRecord(nil, []byte(`{"k":"msg","seq":99}`))[:15])
 	f.Close()
 
 	s2 := openStore(t, dir, nil)
@@ -246,10 +246,10 @@ func TestStoreSurvivesTornTail(t *testing.T) {
 // FuzzSessionLog: any bytes after the magic load as a session without an
 // error or a panic, and the session accepts a new turn.
 func FuzzSessionLog(f *testing.F) {
-	meta := appendRecord(nil, []byte(`{"k":"meta","v":1,"tenant":"t","session":"s","t":1}`))
-	f.Add(append(bytes.Clone(meta), appendRecord(nil, []byte(`{"k":"msg","seq":1,"msg":{"role":"user","content":"x"}}`))...))
-	f.Add(append(bytes.Clone(meta), appendRecord(nil, []byte(`{"k":"trunc","keep":5}`))...))
-	f.Add(append(bytes.Clone(meta), appendRecord(nil, []byte(`{"k":"unit","unit":{"id":"msg-000000000001","content":"c"}}`))...))
+	meta := durable.AppendRecord(nil, []byte(`{"k":"meta","v":1,"tenant":"t","session":"s","t":1}`))
+	f.Add(append(bytes.Clone(meta), durable.AppendRecord(nil, []byte(`{"k":"msg","seq":1,"msg":{"role":"user","content":"x"}}`))...))
+	f.Add(append(bytes.Clone(meta), durable.AppendRecord(nil, []byte(`{"k":"trunc","keep":5}`))...))
+	f.Add(append(bytes.Clone(meta), durable.AppendRecord(nil, []byte(`{"k":"unit","unit":{"id":"msg-000000000001","content":"c"}}`))...))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		dir := t.TempDir()

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/kvsidecar/kvsidecar/internal/durable"
 )
 
 // zipfWords is a vocabulary of made-up words drawn with Zipf's law
@@ -144,11 +146,11 @@ func BenchmarkCount(b *testing.B) {
 
 // BenchmarkLogAppend measures one ~300-byte record append per fsync policy.
 func BenchmarkLogAppend(b *testing.B) {
-	payload := appendRecord(nil, []byte(`{"k":"msg","msg":{"role":"user","content":"`+strings.Repeat("x", 260)+`"}}`))
+	payload := durable.AppendRecord(nil, []byte(`{"k":"msg","msg":{"role":"user","content":"`+strings.Repeat("x", 260)+`"}}`))
 	for _, p := range []FsyncPolicy{FsyncAlways, FsyncInterval, FsyncNever} {
 		b.Run(p.String(), func(b *testing.B) {
 			s := openStore(b, b.TempDir(), func(o *Options) { o.Fsync = p })
-			l, err := s.j.Create(b.TempDir()+"/bench.log", appendRecord(nil, []byte("meta")))
+			l, err := s.j.Create(b.TempDir()+"/bench.log", durable.AppendRecord(nil, []byte("meta")))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -34,7 +34,7 @@ type Message struct {
 	// nonText counts content parts that are not text (images, audio, files).
 	nonText int
 	// pre is the message's cost, counted before the session was locked
-	// (Store.precount).
+	// (Tokenizer.precount in prepare.go).
 	pre precounted
 }
 

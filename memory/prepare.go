@@ -192,6 +192,84 @@ func (s *Store) waitPending(ctx context.Context, sess *session) error {
 	return nil
 }
 
+// checkFixedPart counts, before anything else, the part of a request that
+// every window must hold — its leading system messages and its newest user
+// message with what follows — and fails with ErrContextTooLarge as soon as
+// that part and the tools pass limit. Whatever the request's size, a
+// request that cannot fit costs about limit tokens of counting (a 33 MB
+// one-word message is refused in milliseconds). The part is a lower bound
+// of what Prepare checks under the session's lock (stored system messages
+// or history may add to it), so it refuses nothing Prepare would accept.
+// Finished counts are kept on the messages.
+func (t *Tokenizer) checkFixedPart(ctx context.Context, enc Encoding, limit int, msgs []Message, tools int) error {
+	nsys := 0
+	for nsys < len(msgs) && isSystem(msgs[nsys].Role) {
+		nsys++
+	}
+	last := len(msgs)
+	for i := len(msgs) - 1; i >= nsys; i-- {
+		if msgs[i].Role == "user" {
+			last = i
+			break
+		}
+	}
+	sys, turn := 0, 0
+	for i := range msgs {
+		if i >= nsys && i < last {
+			continue
+		}
+		n, over, err := t.messageUpTo(ctx, enc, &msgs[i], limit-tools-sys-turn)
+		if err != nil {
+			return fmt.Errorf("memory: count tokens: %w", err)
+		}
+		if i < nsys {
+			sys += n
+		} else {
+			turn += n
+		}
+		if over {
+			return fmt.Errorf("%w: system %d + current turn %d + tools %d tokens > limit %d (counting stopped there)",
+				ErrContextTooLarge, sys, turn, tools, limit)
+		}
+		msgs[i].pre = precounted{enc: enc, n: int32(min(n, 1<<31-1)), ok: true}
+	}
+	return nil
+}
+
+// reuseCosts gives the messages of a request that repeat the stored ones
+// position by position (a full-history client's history) their stored
+// counts, so precount only tokenizes what is new. Called with sess.mu held.
+func (sess *session) reuseCosts(enc Encoding, msgs []Message) {
+	same := func(e *entry, m *Message) bool {
+		return e.tokens[enc] >= 0 && (bytes.Equal(e.msg.Raw, m.Raw) || e.key == m.matchKey())
+	}
+	i := 0
+	for ; i < len(msgs) && i < len(sess.sys) && same(sess.sys[i], &msgs[i]); i++ {
+		msgs[i].pre = precounted{enc: enc, n: sess.sys[i].tokens[enc], ok: true}
+	}
+	for j := 0; i < len(msgs) && j < len(sess.hist) && same(sess.hist[j], &msgs[i]); i, j = i+1, j+1 {
+		msgs[i].pre = precounted{enc: enc, n: sess.hist[j].tokens[enc], ok: true}
+	}
+}
+
+// precount counts the messages of msgs not yet counted under enc, before
+// their session is locked, so that the locked part of Prepare and Complete
+// only reads counts: tokenizing a large message never holds the session's
+// lock, and it stops when ctx is done.
+func (t *Tokenizer) precount(ctx context.Context, enc Encoding, msgs []Message) error {
+	for i := range msgs {
+		if p := msgs[i].pre; p.ok && p.enc == enc {
+			continue
+		}
+		n, err := t.MessageTokensContext(ctx, enc, &msgs[i])
+		if err != nil {
+			return err
+		}
+		msgs[i].pre = precounted{enc: enc, n: int32(min(n, 1<<31-1)), ok: true}
+	}
+	return nil
+}
+
 // limitFor is the window limit of req: Store.Limit(req.Model), lowered to
 // req.Limit when that is known and smaller.
 func (s *Store) limitFor(req *TurnRequest) int {

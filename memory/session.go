@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/index"
+	"github.com/kvsidecar/kvsidecar/internal/durable"
 	"github.com/kvsidecar/kvsidecar/memory/internal/journal"
 	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 )
@@ -506,13 +507,15 @@ func unitFromEntry(e *entry, tk *Tokenizer, enc Encoding, importance float64, no
 	}
 }
 
-// encodeRecord appends r framed to dst.
+// encodeRecord appends r framed to dst: package durable's framing (length,
+// payload CRC-32C, header CRC-32C; durable.AppendRecord). The log files that
+// hold records are package journal's.
 func encodeRecord(dst []byte, r *record) ([]byte, error) {
 	p, err := json.Marshal(r)
 	if err != nil {
 		return dst, fmt.Errorf("memory: encode record: %w", err)
 	}
-	return appendRecord(dst, p), nil
+	return durable.AppendRecord(dst, p), nil
 }
 
 // sortedUnits returns the units sorted by id.

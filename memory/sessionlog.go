@@ -210,7 +210,7 @@ func (sj *sessionJournal) writeLocked(sess *session, framed []byte, now time.Tim
 				return err
 			}
 		}
-		lf, err := sj.j.Create(sess.path, appendRecord(nil, meta))
+		lf, err := sj.j.Create(sess.path, durable.AppendRecord(nil, meta))
 		if err != nil {
 			return err
 		}

@@ -177,7 +177,7 @@ func (sj *sessionJournal) applySharedLocked(sess *session, payloads [][]byte) er
 		if err := sess.apply(&r, nil, sj.tok); err != nil {
 			return err
 		}
-		framed = appendRecord(framed, p)
+		framed = durable.AppendRecord(framed, p)
 	}
 	sess.unitsChanged()
 	sess.sticky = cachedBlock{}

@@ -230,7 +230,7 @@ func (s *Store) ExportSession(ctx context.Context, tenant, sessionID, user strin
 	if err != nil {
 		return nil, SnapshotInfo{}, fmt.Errorf("memory: export: %w", err)
 	}
-	out := appendRecord(make([]byte, 0, len(data)+len(hdr)+64), hdr)
+	out := durable.AppendRecord(make([]byte, 0, len(data)+len(hdr)+64), hdr)
 	// Replay the log into a scratch session as load does, keeping the
 	// records that apply: the importer refuses any that does not.
 	scratch := newSession(s.opts.Dir, sess.tenant, sess.id)
@@ -250,13 +250,13 @@ func (s *Store) ExportSession(ctx context.Context, tenant, sessionID, user strin
 				return
 			}
 		}
-		out = appendRecord(out, p)
+		out = durable.AppendRecord(out, p)
 		n++
 	})
 	if err != nil {
 		return nil, SnapshotInfo{}, fmt.Errorf("memory: export: %w", err)
 	}
-	out = appendRecord(out, fmt.Appendf(nil, `{"k":"hctx-end","n":%d}`, n))
+	out = durable.AppendRecord(out, fmt.Appendf(nil, `{"k":"hctx-end","n":%d}`, n))
 	info, err := s.parseSnapshot(sess.tenant, sess.id, out)
 	if err != nil {
 		// The live state replays; a log that does not is a bug to see.

@@ -214,14 +214,14 @@ func TestSnapshotDamageRefusedWhole(t *testing.T) {
 		}
 		refused("extended", append(bytes.Clone(section), 1, 2, 3))
 		// Well framed but not a session: records that do not replay.
-		hdr := appendRecord(nil, []byte(`{"k":"hctx","v":1,"session":"s","user":"ann"}`))
+		hdr := durable.AppendRecord(nil, []byte(`{"k":"hctx","v":1,"session":"s","user":"ann"}`))
 		refused("no meta", sectionOf(hdr, `{"k":"msg","seq":1}`))
 		refused("bad trunc", sectionOf(hdr, `{"k":"meta","v":1,"user":"ann"}`, `{"k":"trunc","keep":5}`))
 		refused("two metas", sectionOf(hdr, `{"k":"meta","v":1,"user":"ann"}`, `{"k":"meta","v":1,"user":"ann"}`))
-		refused("bad link", sectionOf(appendRecord(nil, []byte(`{"k":"hctx","v":1,"user":"ann","wm":{"links":[{"a":"b","b":"a","w":0.5}]}}`)), `{"k":"meta","v":1,"user":"ann"}`))
-		refused("no end", appendRecord(bytes.Clone(hdr), []byte(`{"k":"meta","v":1,"user":"ann"}`)))
-		refused("wrong end", appendRecord(appendRecord(bytes.Clone(hdr), []byte(`{"k":"meta","v":1,"user":"ann"}`)), []byte(`{"k":"hctx-end","n":3}`)))
-		if _, err := b.ImportSession(context.Background(), "t", "d", "ann", sectionOf(appendRecord(nil, []byte(`{"k":"hctx","v":2,"user":"ann"}`)), `{"k":"meta","v":1,"user":"ann"}`)); !errors.Is(err, ErrInvalid) {
+		refused("bad link", sectionOf(durable.AppendRecord(nil, []byte(`{"k":"hctx","v":1,"user":"ann","wm":{"links":[{"a":"b","b":"a","w":0.5}]}}`)), `{"k":"meta","v":1,"user":"ann"}`))
+		refused("no end", durable.AppendRecord(bytes.Clone(hdr), []byte(`{"k":"meta","v":1,"user":"ann"}`)))
+		refused("wrong end", durable.AppendRecord(durable.AppendRecord(bytes.Clone(hdr), []byte(`{"k":"meta","v":1,"user":"ann"}`)), []byte(`{"k":"hctx-end","n":3}`)))
+		if _, err := b.ImportSession(context.Background(), "t", "d", "ann", sectionOf(durable.AppendRecord(nil, []byte(`{"k":"hctx","v":2,"user":"ann"}`)), `{"k":"meta","v":1,"user":"ann"}`)); !errors.Is(err, ErrInvalid) {
 			t.Fatalf("newer version: %v", err)
 		}
 		if _, err := b.Session("t", "d"); !errors.Is(err, ErrNotFound) {
@@ -237,15 +237,15 @@ func TestSnapshotDamageRefusedWhole(t *testing.T) {
 func sectionOf(hdr []byte, recs ...string) []byte {
 	out := bytes.Clone(hdr)
 	for _, r := range recs {
-		out = appendRecord(out, []byte(r))
+		out = durable.AppendRecord(out, []byte(r))
 	}
-	return appendRecord(out, fmt.Appendf(nil, `{"k":"hctx-end","n":%d}`, len(recs)+1))
+	return durable.AppendRecord(out, fmt.Appendf(nil, `{"k":"hctx-end","n":%d}`, len(recs)+1))
 }
 
 // FuzzSnapshotSection: whatever the bytes, CheckSnapshot never panics,
 // and a section it accepts imports.
 func FuzzSnapshotSection(f *testing.F) {
-	hdr := appendRecord(nil, []byte(`{"k":"hctx","v":1,"session":"s","user":"u","wm":{"active":[{"id":"msg-000000000001","t":5,"n":1}]}}`))
+	hdr := durable.AppendRecord(nil, []byte(`{"k":"hctx","v":1,"session":"s","user":"u","wm":{"active":[{"id":"msg-000000000001","t":5,"n":1}]}}`))
 	f.Add(sectionOf(hdr, `{"k":"meta","v":1,"user":"u"}`, `{"k":"msg","seq":1,"msg":{"role":"user","content":"hi"}}`,
 		`{"k":"unit","unit":{"id":"fact-1","type":"fact","tier":"working","content":"x","category":"fact"}}`,
 		`{"k":"triple","triple":{"id":"tri-00000000-000000000001-00","subject":"a","predicate":"b","object":"c","support":["fact-1"]}}`))
