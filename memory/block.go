@@ -326,10 +326,6 @@ func (wb *windowBuilder) recallBlock(sess *session, p windowParams, cur int, gro
 	}
 }
 
-// asks reports whether text asks something: it holds a question mark
-// (ASCII, full-width, Spanish opening or Arabic).
-func asks(text string) bool { return strings.ContainsAny(text, "?？¿؟") }
-
 // assembleBlock makes a system message of segs; its cost is the sum of the
 // segments' cached counts plus the message framing.
 func (wb *windowBuilder) assembleBlock(enc Encoding, segs []string) (json.RawMessage, int) {

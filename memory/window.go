@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -195,6 +196,10 @@ func (wb *windowBuilder) build(sess *session, p windowParams) (*window, error) {
 	}
 	return w, nil
 }
+
+// asks reports whether text asks something: it holds a question mark
+// (ASCII, full-width, Spanish opening or Arabic).
+func asks(text string) bool { return strings.ContainsAny(text, "?？¿؟") }
 
 // historyGroups splits the history before the current turn (which starts at
 // cur) into turns. A turn that was partly evicted (its messages arrived over
