@@ -30,14 +30,19 @@
 // the one release of what they hold), wire.go (the request fields the
 // steps read: model, messages, stream; 400s), session.go (the session id
 // and the tenant, a hash of the bearer), memory.go (windows and recording,
-// the counters the console reads, deleting a session), ctxlimit.go (the
+// the reply of an answer read whole, the counters the console reads,
+// deleting a session), ctxlimit.go (the
 // engine's context per model), upstream.go (the upstream request's
 // headers, failures as statuses, bounded body reads), upclient.go (the
 // pooled upstream client: checkout, dial, one resend on a reused
-// connection, the answer's head and body), upalive_linux.go (a pooled
+// connection, the answer's head and body, and the exchange one round
+// trip holds until its answer is read), upalive_linux.go (a pooled
 // connection's check on checkout), gone_linux.go (the watch that cancels
-// the upstream request when the client goes), relay.go and stream.go (a
-// streamed answer: its flow and the SSE events it checks one by one),
+// the upstream request when the client goes), relay.go (an answer not read
+// whole: the flow handed over, the upstream's bytes read and written to
+// the client, the close that releases everything), stream.go (the event
+// stream the relay reads: events passed one by one and checked, the
+// answer's end, the reply kept for memory and recorded before [DONE]),
 // background.go (the work left after responses), errors.go (the error
 // types and codes a client may see). Beside the chat path: loop.go (the
 // event loop's Backend: eligibility, hooks, metrics and error bodies;

@@ -8,7 +8,7 @@ package proxy
 //	memory    the turn; its window becomes the messages    memory (memory.go: prepareTurn)
 //	engine    the connector's before-hook                  engine
 //	upstream  one round trip                               upstream (upclient.go)
-//	relay     the answer streamed event by event, or read  relay (relay.go), buffer
+//	relay     the answer streamed event by event, or read  relayAnswer (relay.go, stream.go), buffer
 //	record    the reply into the session, durably, before  record (memory.go: recordTurn)
 //	          the answer's end reaches the client
 //
@@ -17,15 +17,14 @@ package proxy
 // order: the turn (failed, or its partial reply recorded, unless record
 // took it), the engine request (its after-hook; under a lease, Settle),
 // the lease. The upstream step's connection and client-gone watch go back
-// in buffer or, for a stream, in the relay's Close, which also releases
-// the flow handed to it.
+// (exchange.finish, upclient.go) in buffer or, for a stream, in the
+// relay's Close, which also releases the flow handed to it.
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -241,7 +240,6 @@ func (f *flow) upstream(ctx *fasthttp.RequestCtx) outcome {
 		return answered
 	}
 	x.body = upBody{u: s.up, uc: uc, r: resp.BodyStream(), idle: s.opts.StreamIdleTimeout, slot: &x.slot, resp: resp, reuse: !resp.ConnectionClose()}
-	ub := &x.body
 
 	f.status = resp.StatusCode()
 	ctx.SetStatusCode(f.status)
@@ -257,24 +255,10 @@ func (f *flow) upstream(ctx *fasthttp.RequestCtx) outcome {
 	size := resp.Header.ContentLength()
 	passOn := f.route == routePassthrough && !ctx.IsHead() && bodyAllowed(f.status) && (size < 0 || size > passBuffered)
 	if isSSE || size < 0 && f.info.Stream || passOn {
-		// The watch goes on while the relay waits on the upstream; the relay
-		// stops it when fasthttp closes the body stream.
-		rl := &relay{flow: f.handOff(), x: x, body: ub, conn: ctx.Conn(),
-			sse: isSSE, validate: isSSE && (f.route == routeChat || f.route == routeCompletions),
-		}
-		rl.takeMem()
-		if !ctx.IsHead() && rl.sendWhole(&ctx.Response) {
-			return relayed
-		}
-		// Headers go out at once unless the first bytes of the body are
-		// already here: then both leave in one write, one wakeup less for
-		// the client's time to first event.
-		ctx.Response.ImmediateHeaderFlush = uc.br.Buffered() == 0
 		if !passOn || size < 0 {
 			size = -1
 		}
-		ctx.SetBodyStream(rl, size)
-		return relayed
+		return f.relayAnswer(ctx, x, isSSE, size)
 	}
 	return f.buffer(ctx, x)
 }
@@ -287,44 +271,6 @@ const passBuffered = 64 << 10
 // (RFC 9110: not 1xx, 204 or 304).
 func bodyAllowed(status int) bool {
 	return status >= 200 && status != fasthttp.StatusNoContent && status != fasthttp.StatusNotModified
-}
-
-// exchange is what one upstream round trip holds beyond the handler's
-// frame when its answer is streamed: the cancel slot, the client-gone watch
-// and the upstream body. Pooled, a request allocates none of them
-// (BenchmarkProxyChatEngine: 13 allocations a request before, 5 after). The
-// upstream step takes one; buffer, or the relay's Close, gives it back
-// once the body is closed and the watch stopped, when nothing else holds
-// a pointer into it.
-type exchange struct {
-	slot  cancelSlot
-	body  upBody
-	watch goneWatch
-	// reuse is false once the watch's timer fired: its run may still
-	// read the watch, so the exchange is left to the collector.
-	reuse bool
-}
-
-var exchanges = sync.Pool{New: func() any { return new(exchange) }}
-
-func acquireExchange() *exchange {
-	x := exchanges.Get().(*exchange)
-	x.slot.conn, x.slot.cancelled = nil, false
-	return x
-}
-
-// stopWatch stops the client-gone watch, once.
-func (x *exchange) stopWatch() { x.reuse = x.watch.stop() }
-
-// release gives x back after stopWatch and the body's Close; nothing of
-// x may be used after it.
-func (x *exchange) release() {
-	if !x.reuse {
-		return
-	}
-	x.slot.conn = nil
-	x.body = upBody{}
-	exchanges.Put(x)
 }
 
 // unanswered answers a request whose upstream round trip failed before
@@ -347,17 +293,6 @@ func (f *flow) unanswered(ctx *fasthttp.RequestCtx, err error) {
 	writeError(ctx, status, typeUpstream, code, msg)
 }
 
-// handOff moves what f holds into the copy it returns, for the relay that
-// releases it once the stream ends; f keeps nothing to release. The copy
-// keeps nothing of the request's body, whose buffers fasthttp reuses once
-// the handler returns.
-func (f *flow) handOff() flow {
-	h := *f
-	h.in, h.body, h.info.Messages, h.info.Tools = nil, nil, nil, nil
-	f.lease, f.turn, f.ereq, f.eresp = nil, nil, nil, nil
-	return h
-}
-
 // buffer reads a whole answer into the client's response (at most
 // Options.MaxResponseBytes) and records its reply (record) before the
 // handler returns, so before the client can read it. A body that breaks
@@ -371,10 +306,8 @@ func (f *flow) buffer(ctx *fasthttp.RequestCtx, x *exchange) outcome {
 		// No body came; the client hears the length the upstream announced.
 		ctx.Response.Header.SetContentLength(ub.resp.Header.ContentLength())
 	}
-	x.stopWatch()
 	timedOut := ub.timedO
-	_ = ub.Close()
-	x.release()
+	x.finish(false)
 	if err != nil {
 		ctx.Response.Reset()
 		if errors.Is(err, errCancelled) {

@@ -7,13 +7,44 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
-	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvsidecar/kvsidecar/engine"
 )
+
+// relayAnswer is the upstream step's hand-over of an answer it does not read
+// whole: a relay takes the flow (handOff) and the exchange x, and sends
+// the answer at once when it came whole in the head's burst (sendWhole),
+// else as fasthttp's body stream (size: its length, -1 chunked). The
+// client-gone watch goes on while the relay waits on the upstream; the
+// relay's Close stops it, gives x back and releases the flow.
+func (f *flow) relayAnswer(ctx *fasthttp.RequestCtx, x *exchange, sse bool, size int) outcome {
+	rl := &relay{flow: f.handOff(), x: x, body: &x.body, conn: ctx.Conn(),
+		sse: sse, validate: sse && (f.route == routeChat || f.route == routeCompletions),
+	}
+	rl.takeMem()
+	if !ctx.IsHead() && rl.sendWhole(&ctx.Response) {
+		return relayed
+	}
+	// Headers go out at once unless the first bytes of the body are
+	// already here: then both leave in one write, one wakeup less for the
+	// client's time to first event.
+	ctx.Response.ImmediateHeaderFlush = x.body.uc.br.Buffered() == 0
+	ctx.SetBodyStream(rl, size)
+	return relayed
+}
+
+// handOff moves what f holds into the copy it returns, for the relay that
+// releases it once the stream ends; f keeps nothing to release. The copy
+// keeps nothing of the request's body, whose buffers fasthttp reuses once
+// the handler returns.
+func (f *flow) handOff() flow {
+	h := *f
+	h.in, h.body, h.info.Messages, h.info.Tools = nil, nil, nil, nil
+	f.lease, f.turn, f.ereq, f.eresp = nil, nil, nil, nil
+	return h
+}
 
 // relayMem is what a relay reuses from one stream to the next: its read
 // buffer and the slices that grow as events pass. Pooled, a stream costs
@@ -101,6 +132,8 @@ type relay struct {
 	closed atomic.Bool
 }
 
+var _ io.Reader = (*relay)(nil)
+
 func (r *relay) Read(p []byte) (int, error) {
 	for r.outOff >= len(r.out) {
 		if r.final != nil {
@@ -180,40 +213,16 @@ func (r *relay) fillOnce() bool {
 	if n > 0 {
 		if !r.sse {
 			r.out = append(r.out, r.buf[:n]...)
-		} else {
-			r.split.feed(r.buf[:n])
-			for ev := r.split.next(); ev != nil; ev = r.split.next() {
-				if !r.pass(ev) {
-					return false
-				}
-			}
+		} else if !r.passEvents(r.buf[:n]) {
+			return false
 		}
 	}
 	switch {
 	case err == nil:
 		return r.body.ready(n, len(r.buf))
 	case err == io.EOF:
-		if rest := r.split.rest(); len(rest) > 0 && r.sse {
-			// An unterminated last event: pass it as it came.
-			if !r.pass(rest) {
-				return false
-			}
-		}
-		if r.validate && !r.end.done {
-			if !r.end.finished() {
-				// The upstream stopped before its answer ended: an error,
-				// not a short answer (issue 12 row 4).
-				r.s.metrics.countUpstreamError(upErrIncomplete)
-				r.s.log.Warn("upstream stream ended without [DONE]", append(r.log, "route", r.route.String(), "events", r.events)...)
-				r.out = append(r.out, sseErrorEvent("upstream_stream_incomplete", "upstream stream ended before the answer was complete (no [DONE], no finish_reason)")...)
-				r.final = errAbortStream
-				return false
-			}
-			// Every choice carried its finish_reason: the answer is whole
-			// and only the terminator is missing. Record, then add it, so
-			// every stream a client sees ends alike.
-			r.commitTurn()
-			r.out = append(r.out, "data: [DONE]\n\n"...)
+		if r.sse && !r.endEvents() {
+			return false
 		}
 		r.final = io.EOF
 		r.holdTail()
@@ -258,119 +267,6 @@ func (r *relay) holdTail() {
 	}
 }
 
-// commitTurn is the record step for a stream: the reply, complete, enters
-// the session durably before the client sees the end of the stream: an
-// answer whose [DONE] reached the client survives kill -9 (issue 12 row
-// 15). It costs one log append (an fsync with the default policy) per
-// turn. The last data event carries the engine's usage or timings (kept
-// when an engine connector reads them); a reply over what memory keeps is
-// recorded cut, as partial.
-func (r *relay) commitTurn() {
-	if r.recording() {
-		r.record(r.lastData[1], r.reply.message(), r.reply.cut)
-	}
-}
-
-// pass queues one complete event, or the error event that replaces garbage.
-func (r *relay) pass(ev []byte) bool {
-	inspect := r.validate || r.turn != nil || r.ereq != nil
-	var (
-		data  []byte
-		multi bool
-	)
-	if inspect {
-		data, multi = eventDataLines(ev)
-	}
-	if r.validate && !validData(data, multi) {
-		r.s.metrics.countUpstreamError(upErrGarbage)
-		r.s.log.Warn("upstream stream garbage", append(r.log, "route", r.route.String(), "event_bytes", len(ev))...)
-		r.out = append(r.out, sseErrorEvent("upstream_garbage", "upstream sent an invalid event; stream aborted")...)
-		r.final = errAbortStream
-		return false
-	}
-	r.events++
-	if inspect {
-		switch {
-		case string(data) == "[DONE]":
-			if r.validate {
-				r.end.done = true
-				r.commitTurn() // before the client sees [DONE]
-			}
-		case len(data) > 0:
-			if r.validate {
-				r.end.add(data)
-			}
-			if r.turn != nil {
-				r.reply.add(data, r.s.opts.Memory.MaxReplyBytes())
-			}
-			if r.ereq != nil {
-				r.lastData[0] = append(r.lastData[0][:0], r.lastData[1]...)
-				r.lastData[1] = append(r.lastData[1][:0], data...)
-			}
-		}
-	}
-	r.out = append(r.out, ev...)
-	return true
-}
-
-// streamEnd follows the choices of an OpenAI event stream to tell a whole
-// answer from one cut short. The zero value is ready.
-type streamEnd struct {
-	done bool // [DONE] arrived
-	// started and ended are bit sets of choice indices (0..127; larger
-	// indices are not tracked) seen at all and seen with a finish_reason.
-	started, ended [2]uint64
-}
-
-// add folds one data payload in. It reads data in place (gjson on a string
-// view of it; no result outlives the call) in one pass over its choices, so
-// a chunk costs no allocation (BenchmarkRelayPass). A choice's first
-// "index" and "finish_reason" count, as gjson.Get reads them.
-func (e *streamEnd) add(data []byte) {
-	js := unsafe.String(unsafe.SliceData(data), len(data))
-	choices := gjson.Get(js, "choices")
-	if !choices.IsArray() {
-		return
-	}
-	k := int64(0)
-	choices.ForEach(func(_, c gjson.Result) bool {
-		if k >= 128 {
-			return false
-		}
-		i := k
-		k++
-		var idx, fr gjson.Result
-		if c.IsObject() {
-			c.ForEach(func(key, v gjson.Result) bool {
-				switch {
-				case key.Str == "index" && !idx.Exists():
-					idx = v
-				case key.Str == "finish_reason" && !fr.Exists():
-					fr = v
-				}
-				return true
-			})
-		}
-		if idx.Exists() {
-			i = idx.Int()
-		}
-		if i < 0 || i >= 128 {
-			return true
-		}
-		e.started[i/64] |= 1 << (i % 64)
-		if fr.Type == gjson.String && fr.Str != "" {
-			e.ended[i/64] |= 1 << (i % 64)
-		}
-		return true
-	})
-}
-
-// finished reports whether at least one choice started and every started
-// choice ended with a finish_reason.
-func (e *streamEnd) finished() bool {
-	return e.started != [2]uint64{} && e.started == e.ended
-}
-
 // Close implements io.Closer for response writers that call it without an
 // error.
 func (r *relay) Close() error { return r.CloseWithError(nil) }
@@ -384,12 +280,7 @@ func (r *relay) CloseWithError(err error) error {
 	if h, ok := asTailHolder(r.conn); ok {
 		h.ReleaseHeld()
 	}
-	r.x.stopWatch()
-	if !r.body.eof {
-		r.body.slot.cancel()
-	}
-	_ = r.body.Close()
-	r.x.release()
+	r.x.finish(true)
 	r.x, r.body = nil, nil
 	if err != nil && !errors.Is(err, errAbortStream) {
 		r.s.metrics.disconnects.Add(1)

@@ -301,6 +301,58 @@ func (s *cancelSlot) isCancelled() bool {
 	return s.cancelled
 }
 
+// exchange is what one upstream round trip holds beyond the handler's
+// frame when its answer is streamed: the cancel slot, the client-gone watch
+// and the upstream body. Pooled, a request allocates none of them
+// (BenchmarkProxyChatEngine: 13 allocations a request before, 5 after). The
+// upstream step takes one; buffer, or the relay's Close, gives it back
+// once the body is closed and the watch stopped, when nothing else holds
+// a pointer into it.
+type exchange struct {
+	slot  cancelSlot
+	body  upBody
+	watch goneWatch
+	// reuse is false once the watch's timer fired: its run may still
+	// read the watch, so the exchange is left to the collector.
+	reuse bool
+}
+
+var exchanges = sync.Pool{New: func() any { return new(exchange) }}
+
+func acquireExchange() *exchange {
+	x := exchanges.Get().(*exchange)
+	x.slot.conn, x.slot.cancelled = nil, false
+	return x
+}
+
+// stopWatch stops the client-gone watch, once.
+func (x *exchange) stopWatch() { x.reuse = x.watch.stop() }
+
+// finish ends the round trip once its answer was read or given up: the
+// client-gone watch stopped, the body closed (its connection back to the
+// pool when it was read to its end and nothing cancelled it; closed, and
+// cancelled first when abandon is set, otherwise), then x given back.
+// Nothing of x may be used after it.
+func (x *exchange) finish(abandon bool) {
+	x.stopWatch()
+	if abandon && !x.body.eof {
+		x.body.slot.cancel()
+	}
+	_ = x.body.Close()
+	x.release()
+}
+
+// release gives x back after stopWatch and the body's Close; nothing of
+// x may be used after it.
+func (x *exchange) release() {
+	if !x.reuse {
+		return
+	}
+	x.slot.conn = nil
+	x.body = upBody{}
+	exchanges.Put(x)
+}
+
 // errCancelled reports a request aborted through its cancelSlot.
 var errCancelled = errors.New("proxy: upstream request cancelled")
 
