@@ -22,39 +22,39 @@
 // starts and ends each as the forward path does (engine hooks, metrics,
 // OpenAI-shaped errors).
 //
-// Files, in the order a chat request meets them: server.go (lifecycle,
-// the handler, the front door's options and its refusals' answer),
-// route.go (the raw path read once: which route, whether it may be
-// forwarded), forward.go (the forward path: a /v1 request as a pipeline of
-// steps, route, session, memory, engine, upstream, relay and record, and
-// the one release of what they hold), wire.go (the request fields the
-// steps read: model, messages, stream; 400s), session.go (the session id
-// and the tenant, a hash of the bearer), memory.go (windows and recording,
-// the reply of an answer read whole, the counters the console reads,
-// deleting a session), ctxlimit.go (the
-// engine's context per model), upstream.go (the upstream request's
-// headers, failures as statuses, bounded body reads), upclient.go (the
-// pooled upstream client: checkout, dial, one resend on a reused
-// connection, the answer's head and body, and the exchange one round
-// trip holds until its answer is read), upalive_linux.go (a pooled
-// connection's check on checkout), gone_linux.go (the watch that cancels
-// the upstream request when the client goes), relay.go (an answer not read
-// whole: the flow handed over, the upstream's bytes read and written to
-// the client, the close that releases everything), stream.go (the event
-// stream the relay reads: events passed one by one and checked, the
-// answer's end, the reply kept for memory and recorded before [DONE]),
-// background.go (the work left after responses), errors.go (the error
-// types and codes a client may see). Beside the chat path: loop.go (the
-// event loop's Backend: eligibility, hooks, metrics and error bodies;
-// --event-loop), pool.go and poolevents.go (the shared pool's API and its
-// event stream), sessionlist.go (GET /v1/sessions), snapshot.go (context
+// Files, in the order a chat request meets them: server.go (lifecycle, the
+// handler, the front door's options and its refusals' answer), route.go
+// (the raw path read once: which route, whether it may be forwarded),
+// forward.go (the forward path: a /v1 request as a pipeline of steps,
+// route, session, memory, engine, upstream, relay and record, and the one
+// release of what they hold), wire.go (the request fields the steps read:
+// model, messages, stream; 400s), session.go (the session id and the
+// tenant, a hash of the bearer), memory.go (the memory and record steps:
+// the window in place of the messages, the reply into the session),
+// ctxlimit.go (the engine's context per model), upstream.go (the upstream
+// request's headers, failures as statuses, bounded body reads), upclient.go
+// (the pooled upstream client: checkout, dial, one resend on a reused
+// connection, the answer's head and body, and the exchange one round trip
+// holds until its answer is read), upalive_linux.go (a pooled connection's
+// check on checkout), gone_linux.go (the watch that cancels the upstream
+// request when the client goes), relay.go (an answer not read whole: the
+// flow handed over, the upstream's bytes read and written to the client,
+// the close that releases everything), stream.go (the event stream the
+// relay reads: events passed one by one and checked, the answer's end, the
+// reply kept for memory and recorded before [DONE]), background.go (the
+// work left after responses), errors.go (the error types and codes a client
+// may see). Beside the chat path: loop.go (the event loop's Backend:
+// eligibility, hooks, metrics and error bodies; --event-loop), pool.go and
+// poolevents.go (the shared pool's API and its event stream), sessions.go
+// (GET /v1/sessions and the /v1/sessions/{id} routes), memmetrics.go (what
+// memory did, for the metrics and the console), snapshot.go (context
 // snapshots), mcp.go (/mcp), kvapi.go and kvmetrics.go (/v1/kv and the KV
 // metrics), metrics.go, options.go (Options: EnsureDefaults, Validate, and
 // the interfaces); *_other.go, the same without Linux's system calls. The
 // upstream's TCP connections are read and written with raw system calls
 // through their poller (package internal/rawconn), as the front door's
-// client connections are: a stream's last writes held into one, an
-// upstream request sent in the read that waits for its answer.
+// client connections are: a stream's last writes held into one, an upstream
+// request sent in the read that waits for its answer.
 //
 // Invariants:
 //   - Every error a client sees is OpenAI-shaped JSON
