@@ -227,8 +227,7 @@ func (f *flow) upstream(ctx *fasthttp.RequestCtx) outcome {
 		req.Header.Del("Accept-Encoding")
 	}
 
-	x := acquireExchange()
-	x.watch.start(ctx.Conn(), &x.slot, s.metrics.disconnects)
+	x := acquireExchange(ctx.Conn(), s.metrics.disconnects)
 	resp := fasthttp.AcquireResponse()
 	resp.Header.SetNoDefaultContentType(true) // none the upstream did not send
 	uc, err := s.up.roundTrip(req, resp, s.opts.UpstreamTimeout, s.opts.WriteTimeout, &x.slot)

@@ -319,9 +319,13 @@ type exchange struct {
 
 var exchanges = sync.Pool{New: func() any { return new(exchange) }}
 
-func acquireExchange() *exchange {
+// acquireExchange takes an exchange for one round trip and starts its
+// client-gone watch on conn (the client's connection; gone counts the
+// clients it sees go).
+func acquireExchange(conn net.Conn, gone counter) *exchange {
 	x := exchanges.Get().(*exchange)
 	x.slot.conn, x.slot.cancelled = nil, false
+	x.watch.start(conn, &x.slot, gone)
 	return x
 }
 
