@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
 	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
@@ -166,6 +167,29 @@ func stableFingerprint(sess *session, sums []*Unit, pv *pool.View) uint64 {
 		h.WriteString(strconv.FormatUint(pv.FP, 16))
 	}
 	return h.Sum64()
+}
+
+// shortQueryTerms: a newest message with fewer index terms than this
+// ("and then?", "why?") is recalled for together with the message before
+// it; any other alone, so that the previous reply's words do not outweigh
+// the question's ("What is my passport number?" after a packing list asks
+// about the passport, not the packing).
+const shortQueryTerms = 2
+
+// query is the recall query for the current turn starting at cur: the
+// newest user message, plus up to ctxBytes of the message before it when
+// the newest message is short.
+func query(sess *session, cur, ctxBytes int) string {
+	if cur >= len(sess.hist) {
+		return ""
+	}
+	q := sess.hist[cur].text()
+	if ctxBytes > 0 && cur > 0 && len(index.Tokenize(q)) < shortQueryTerms {
+		if prev := sess.hist[cur-1].text(); prev != "" {
+			q += "\n" + sanitize.Truncate(prev, ctxBytes)
+		}
+	}
+	return q
 }
 
 // recallItem is one memory a recall chose: a unit of this session, or a

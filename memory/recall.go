@@ -268,7 +268,9 @@ func (rt *retriever) searchSession(ctx context.Context, sess *session, query rec
 	var out []recallItem
 	searched := false // the index answered
 	if x := rt.indexLocked(ctx, sess); x != nil && x.Len() > 0 {
-		rt.attachGraphLocked(sess, x)
+		// The index searches with the graph of the session's triples
+		// (attached again when they changed or the index was rebuilt).
+		sess.kb.AttachGraph(x)
 		hits, err := x.SearchFocus(ctx, query.text, query.gate(), k, mode, usable)
 		if err == nil {
 			searched = true

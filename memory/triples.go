@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/memory/internal/knowledge"
 	"github.com/kvsidecar/kvsidecar/memory/internal/memerr"
 )
@@ -172,11 +171,6 @@ func resolveSupport(sess *session, job *extractJob, sups []string, added map[int
 	}
 	return slices.Compact(slices.Sorted(slices.Values(out))), nil
 }
-
-// attachGraphLocked gives the session's index the graph of its triples
-// when they changed since (or the index was rebuilt). Called with sess.mu
-// held, before a search.
-func (rt *retriever) attachGraphLocked(sess *session, x *index.Index) { sess.kb.AttachGraph(x) }
 
 // Triples lists the knowledge base of a tenant's user ("" is the tenant's
 // default user): the triples of the user's newest 64 stored sessions,

@@ -8,9 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvsidecar/kvsidecar/index"
 	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
-	"github.com/kvsidecar/kvsidecar/memory/internal/sanitize"
 )
 
 // The window sent upstream is, in order:
@@ -309,29 +307,6 @@ func (wb *windowBuilder) evictOverflow(sess *session, groups []group, total, his
 		}
 	}
 	return n
-}
-
-// shortQueryTerms: a newest message with fewer index terms than this
-// ("and then?", "why?") is recalled for together with the message before
-// it; any other alone, so that the previous reply's words do not outweigh
-// the question's ("What is my passport number?" after a packing list asks
-// about the passport, not the packing).
-const shortQueryTerms = 2
-
-// query is the recall query for the current turn starting at cur: the
-// newest user message, plus up to ctxBytes of the message before it when
-// the newest message is short.
-func query(sess *session, cur, ctxBytes int) string {
-	if cur >= len(sess.hist) {
-		return ""
-	}
-	q := sess.hist[cur].text()
-	if ctxBytes > 0 && cur > 0 && len(index.Tokenize(q)) < shortQueryTerms {
-		if prev := sess.hist[cur-1].text(); prev != "" {
-			q += "\n" + sanitize.Truncate(prev, ctxBytes)
-		}
-	}
-	return q
 }
 
 // scoreGroups sets each group's importance: 0.4 semantic similarity to the
