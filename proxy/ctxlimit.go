@@ -206,7 +206,7 @@ func (c *ctxLimits) close() {
 // the ratio of the engine's token counts to memory's.
 const calibrationText = `The meeting moved to Thursday, 14 March 2025, at 09:30 in room B-204; bring the Q3 figures (revenue up 7.4%, churn 2.1%).
 She said: "I'd rather walk — it's only 2 km, and the café near the station opens at 7." He laughed, then checked the timetable again.
-func (s *Server) handle(ctx *RequestCtx) { if err := s.route(ctx); err != nil { log.Printf("route: %v", err) } }
+func (h *Hub) serve(ctx *RequestCtx) { if err := h.route(ctx); err != nil { log.Printf("route: %v", err) } }
 SELECT id, name FROM users WHERE created_at > '2024-01-01' ORDER BY name LIMIT 20;
 Remember: my sister Lena moved to Porto last spring, and her dog Comet loves the beach at Matosinhos.
 Die Katze schläft auf dem Sofa. 東京は今日晴れです。 Ça va très bien, merci !`
