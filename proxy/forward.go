@@ -227,18 +227,12 @@ func (f *flow) upstream(ctx *fasthttp.RequestCtx) outcome {
 		req.Header.Del("Accept-Encoding")
 	}
 
-	x := acquireExchange(ctx.Conn(), s.metrics.disconnects)
-	resp := fasthttp.AcquireResponse()
-	resp.Header.SetNoDefaultContentType(true) // none the upstream did not send
-	uc, err := s.up.roundTrip(req, resp, s.opts.UpstreamTimeout, s.opts.WriteTimeout, &x.slot)
+	x, err := s.up.send(ctx.Conn(), s.metrics.disconnects, req, s.opts.UpstreamTimeout, s.opts.WriteTimeout, s.opts.StreamIdleTimeout)
 	if err != nil {
-		x.stopWatch()
-		x.release()
-		fasthttp.ReleaseResponse(resp)
 		f.unanswered(ctx, err)
 		return answered
 	}
-	x.body = upBody{u: s.up, uc: uc, r: resp.BodyStream(), idle: s.opts.StreamIdleTimeout, slot: &x.slot, resp: resp, reuse: !resp.ConnectionClose()}
+	resp := x.body.resp
 
 	f.status = resp.StatusCode()
 	ctx.SetStatusCode(f.status)

@@ -360,6 +360,25 @@ func (x *exchange) release() {
 // errCancelled reports a request aborted through its cancelSlot.
 var errCancelled = errors.New("proxy: upstream request cancelled")
 
+// send is a client request's round trip: the exchange it returns holds
+// the client-gone watch on client (its count: gone) and the answer, its
+// head read into x.body.resp, its body to read through x.body (idle bounds
+// each read's wait). On an error nothing is held.
+func (u *upClient) send(client net.Conn, gone counter, req *fasthttp.Request, headerTimeout, writeTimeout, idle time.Duration) (*exchange, error) {
+	x := acquireExchange(client, gone)
+	resp := fasthttp.AcquireResponse()
+	resp.Header.SetNoDefaultContentType(true) // none the upstream did not send
+	uc, err := u.roundTrip(req, resp, headerTimeout, writeTimeout, &x.slot)
+	if err != nil {
+		x.stopWatch()
+		x.release()
+		fasthttp.ReleaseResponse(resp)
+		return nil, err
+	}
+	x.body = upBody{u: u, uc: uc, r: resp.BodyStream(), idle: idle, slot: &x.slot, resp: resp, reuse: !resp.ConnectionClose()}
+	return x, nil
+}
+
 // roundTrip writes req and reads the response head into resp, whose body is
 // then resp.BodyStream(), read through upBody. A request that fails on a
 // reused connection before any response byte came is sent again, once, on
