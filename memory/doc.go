@@ -71,7 +71,8 @@
 //     token per cut; ordinary text is exact), runs before the session is
 //     locked, and stops with the request's context or Close. A turn that
 //     cannot fit the window is refused after counting about the window's
-//     worth (tokens.go).
+//     worth (tokens.go counts; prepare.go's checkFixedPart, precount and
+//     reuseCosts are the Prepare path's use of it).
 //   - Counters (stats.go, Store.Stats); deleting a session (delete.go);
 //     the prompt prefix shared by consecutive windows (prefix.go).
 //   - Open files and disk (storage.go, retention.go): log descriptors are
