@@ -10,21 +10,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvsidecar/kvsidecar/internal/sidecartest"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
 func poolRequest(t *testing.T, method, url, key, body string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	var hdr map[string]string
 	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
+		hdr = map[string]string{"Authorization": "Bearer " + key}
 	}
-	resp, err := noPoolClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	resp, b := sidecartest.Do(t, noPoolClient, method, url, body, hdr)
 	return resp.StatusCode, string(b)
 }
 

@@ -23,11 +23,21 @@ func Post(t testing.TB, url, body string, hdr map[string]string) (*http.Response
 // PostWith is Post through c.
 func PostWith(t testing.TB, c *http.Client, url, body string, hdr map[string]string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	h := map[string]string{"Content-Type": "application/json"}
+	for k, v := range hdr {
+		h[k] = v
+	}
+	return Do(t, c, http.MethodPost, url, body, h)
+}
+
+// Do sends a method request with body and the headers of hdr (no others)
+// through c and returns the response with its whole body read.
+func Do(t testing.TB, c *http.Client, method, url, body string, hdr map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Content-Type", "application/json")
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
@@ -47,14 +57,7 @@ func PostWith(t testing.TB, c *http.Client, url, body string, hdr map[string]str
 // decodes a 200's body into v (when v is not nil) and returns the status.
 func GetJSON(t testing.TB, url, key string, v any) int {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := NoPoolClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	resp, b := Do(t, NoPoolClient, http.MethodGet, url, "", map[string]string{"Authorization": "Bearer " + key})
 	if v != nil && resp.StatusCode == 200 {
 		if err := json.Unmarshal(b, v); err != nil {
 			t.Fatalf("%s: %v in %s", url, err, b)
