@@ -22,24 +22,27 @@
 // starts and ends each as the forward path does (engine hooks, metrics,
 // OpenAI-shaped errors).
 //
-// Files, in the order a chat request meets them: server.go (lifecycle, the
-// handler, the front door's options and its refusals' answer), route.go
-// (the raw path read once: which route, whether it may be forwarded),
-// forward.go (the forward path: a /v1 request as a pipeline of steps,
-// route, session, memory, engine, upstream, relay and record, and the one
-// release of what they hold), wire.go (the request fields the steps read:
-// model, messages, stream; 400s), session.go (the session id and the
-// tenant, a hash of the bearer), memory.go (the memory and record steps:
-// the window in place of the messages, the reply into the session),
-// ctxlimit.go (the engine's context per model), upstream.go (the upstream
-// request's headers, failures as statuses, bounded body reads), upclient.go
-// (the pooled upstream client: checkout, dial, one resend on a reused
-// connection, the answer's head and body, and the exchange one round trip
-// holds until its answer is read), upalive_linux.go (a pooled connection's
-// check on checkout), gone_linux.go (the watch that cancels the upstream
-// request when the client goes), relay.go (an answer not read whole: the
-// flow handed over, the upstream's bytes read and written to the client,
-// the close that releases everything), stream.go (the event stream the
+// Files, in the order a chat request meets them: server.go (lifecycle,
+// the front door's options and its refusals' answer, health), route.go
+// (the route step: the handler, the raw path read once, which route,
+// whether it may be forwarded), forward.go (the forward path: a /v1
+// request as a pipeline of steps, route, session, memory, engine,
+// upstream, relay and record, each in the file of its work; the engine
+// step, and the one release of what they hold), wire.go (the parse step:
+// the request fields the steps read, model, messages, stream; 400s),
+// session.go (the session step: the session id and the tenant, a hash of
+// the bearer), memory.go (the memory and record steps: the window in place
+// of the messages, the reply into the session), ctxlimit.go (the engine's
+// context per model), upstream.go (the upstream step: the upstream
+// request, its answer's head, read whole or handed to a relay; failures as
+// statuses, bounded body reads), upclient.go (the pooled upstream client:
+// checkout, dial, one resend on a reused connection, the answer's head and
+// body, and the exchange one round trip holds until its answer is read),
+// upalive_linux.go (a pooled connection's check on checkout),
+// gone_linux.go (the watch that cancels the upstream request when the
+// client goes), relay.go (an answer not read whole: the flow handed over,
+// the upstream's bytes read and written to the client, the close that
+// releases everything), stream.go (the event stream the
 // relay reads: events passed one by one and checked, the answer's end, the
 // reply kept for memory and recorded before [DONE]), background.go (the
 // work left after responses), errors.go (the error types and codes a client

@@ -12,6 +12,7 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
@@ -20,6 +21,24 @@ import (
 // messages (prepareTurn), and the answer's reply enters the session
 // (recordTurn; a streamed reply is kept by stream.go, an answer read whole
 // gives it by replyMessage), or the turn fails (failTurn).
+
+// memory is the memory step: a session's chat request becomes a turn
+// (prepareTurn: the client's new messages recorded, the window built) and
+// the body to forward carries the window. It returns false when it
+// answered the request; memory failing otherwise forwards the client's
+// body unchanged.
+func (f *flow) memory(ctx *fasthttp.RequestCtx) bool {
+	f.body = f.in
+	if f.s.opts.Memory == nil || f.sess.ID == "" || f.route != routeChat || !ctx.IsPost() {
+		return true
+	}
+	turn, body, handled := f.s.prepareTurn(ctx, f.sess, f.info, f.in, f.log)
+	if handled {
+		return false
+	}
+	f.turn, f.body = turn, body
+	return true
+}
 
 // prepareTurn records the request's new messages in the session and returns
 // the body to forward, with "messages" replaced by the window. A nil turn
@@ -142,6 +161,32 @@ func userOf(ctx *fasthttp.RequestCtx, info requestInfo) (string, error) {
 		return "", fmt.Errorf("user id: %w", err)
 	}
 	return user, nil
+}
+
+// recording reports whether the answer's reply goes into the session: a
+// turn is open and the upstream answered with success.
+func (f *flow) recording() bool { return f.turn != nil && f.status < 300 }
+
+// record is the record step, for a complete answer while recording: the
+// reply (raw, a message object; cut: over memory's reply cap) enters the
+// session's log before the answer's end reaches the client (issue 12 row
+// 15): buffer returns, or the relay passes [DONE], only after it. usage is
+// the body or event carrying the engine's prompt counts.
+func (f *flow) record(usage, raw []byte, cut bool) {
+	f.s.observeContext(f.info.Model, f.turn, usage)
+	f.s.recordTurn(f.turn, raw, cut)
+	f.turn = nil
+}
+
+// observeContext learns the engine's tokens per memory token from an
+// answer's prompt tokens (usage or llama.cpp timings) to turn's window.
+func (s *Server) observeContext(model string, turn *memory.Turn, body []byte) {
+	if s.limits == nil || turn.Stats.AsSent {
+		return
+	}
+	if tm, ok := engine.ParseTimings(body); ok {
+		s.limits.observe(model, turn.Stats.TotalTokens, int(tm.PromptN+tm.CacheN))
+	}
 }
 
 // recordTurn finishes a turn in the caller's goroutine: once it returns the

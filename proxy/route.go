@@ -5,8 +5,10 @@ import (
 	"net/url"
 	"path"
 	"strings"
+	"time"
 
 	"github.com/kvsidecar/kvsidecar/internal/httpapi"
+	"github.com/valyala/fasthttp"
 )
 
 // Routing reads the request path once, as the client sent it (escaped, not
@@ -32,6 +34,72 @@ import (
 // normalised form (/v1/etc/passwd, a passthrough) and forwarded raw, with
 // the client's Authorization, to the upstream.
 
+// handle is the route step: it counts the request in flight, reads the raw
+// path once and hands the request to its room: the ops endpoints, /mcp,
+// the console, the sidecar's own state APIs (route.go), or, for any other
+// /v1 path, the forward path (forward.go). Every request is counted as it
+// ends, here or, for a streamed answer, by the relay's Close.
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	start := time.Now()
+	s.metrics.inFlight.Add(1)
+	if r, streaming := s.dispatch(ctx, start); !streaming {
+		s.finish(r, ctx.Response.StatusCode(), start)
+	}
+}
+
+// dispatch serves ctx by its path and returns its route; streaming is true
+// when a relay finishes the request. The main listener's own surface is
+// /healthz, /readyz, /mcp (404 without Options.MCP) and the client APIs under
+// /v1/sessions, /v1/pool and /v1/kv; every other path is the engine's and
+// is forwarded as sent (route.go's rules aside), whatever its method.
+// The sidecar's operational endpoints live on the admin listener
+// (package admin), so none of them shadows an engine route such as /metrics.
+func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) (r route, streaming bool) {
+	// One reading of the path for routing and handling: the path as sent.
+	raw := ctx.URI().PathOriginal()
+	switch string(raw) {
+	case "/healthz":
+		s.HandleHealth(ctx)
+		return routeHealthz, false
+	case "/readyz":
+		s.HandleReady(ctx)
+		return routeReadyz, false
+	case "/mcp": // no engine serves it (llama.cpp, vLLM, SGLang, Ollama): the sidecar's, on or off
+		s.handleMCP(ctx)
+		return routeMCP, false
+	}
+	if r, tail, ok := ownedRoute(raw); ok {
+		limit := s.opts.MaxBodyBytes
+		switch {
+		case r == routeKV:
+			limit = s.opts.MaxKVBytes
+		case r == routeSessions && isSnapshotPath(tail):
+			limit = s.opts.MaxSnapshotBytes
+		}
+		if !httpapi.TooLarge(ctx, limit) {
+			switch r {
+			case routeSessions:
+				s.handleSessions(ctx, tail)
+			case routePool:
+				s.handlePool(ctx, tail)
+			default:
+				s.handleKV(ctx, tail)
+			}
+		}
+		return r, false
+	}
+	if !forwardable(raw, ctx.Path()) {
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_path",
+			"the path holds dot segments or escapes that servers read differently; send it normalised")
+		return routePassthrough, false
+	}
+	r = classify(raw)
+	if httpapi.TooLarge(ctx, s.opts.MaxBodyBytes) {
+		return r, false
+	}
+	return r, s.forward(ctx, r, start)
+}
+
 // ownedRoute reports whether the raw path's first segments name a sidecar
 // route, and which; tail is the raw rest after it (after "/v1/kv", say,
 // tail is "" or starts with '/').
@@ -53,6 +121,45 @@ func ownedRoute(raw []byte) (r route, tail []byte, ok bool) {
 		return routeKV, rest, true
 	}
 	return 0, nil, false
+}
+
+// classify names the OpenAI route of a raw path that is not the sidecar's
+// own, segment by segment after decoding (routing and the upstream read
+// "/v1/chat/c%6Fmpletions" alike); any other path is a pass-through.
+func classify(raw []byte) route {
+	v1, rest, _ := nextSegment(raw)
+	if !segmentIs(v1, "v1") {
+		return routePassthrough
+	}
+	a, rest, ok := nextSegment(rest)
+	if !ok {
+		return routePassthrough
+	}
+	b, rest, ok := nextSegment(rest)
+	switch {
+	case rest != nil:
+	case !ok && segmentIs(a, "completions"):
+		return routeCompletions
+	case !ok && segmentIs(a, "embeddings"):
+		return routeEmbeddings
+	case !ok && segmentIs(a, "models"):
+		return routeModels
+	case ok && segmentIs(a, "chat") && segmentIs(b, "completions"):
+		return routeChat
+	}
+	return routePassthrough
+}
+
+func endpointOf(r route) endpoint {
+	switch r {
+	case routeChat:
+		return epChat
+	case routeCompletions:
+		return epCompletions
+	case routeEmbeddings:
+		return epEmbeddings
+	}
+	return epOther
 }
 
 // isSnapshotPath reports whether tail, the raw path after /v1/sessions,

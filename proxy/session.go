@@ -25,6 +25,47 @@ type sessionRef struct {
 	ID     string
 }
 
+// session is the session step: the request's session (none: stateless)
+// and, in a fleet, the session's lease, held for the whole turn (until
+// release). It answers 400 for a bad session id and 503 when the lease
+// stays with another replica.
+func (f *flow) session(ctx *fasthttp.RequestCtx) bool {
+	s := f.s
+	sess, anonymous, err := s.sessionOf(ctx, f.info)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_session_id", err.Error())
+		return false
+	}
+	if anonymous {
+		s.metrics.anonymous.Add(1)
+		if s.anonWarned.CompareAndSwap(false, true) {
+			s.log.Warn("a request named a session without an API key: it goes through without session state (send Authorization: Bearer …, or start with --allow-anonymous to share one anonymous tenant); further ones are counted in sidecar_anonymous_stateless_requests_total")
+		}
+	}
+	f.sess = sess
+	if sess.ID != "" {
+		f.log = []any{"session", sess.ID, "tenant", sess.Tenant}
+	}
+	if s.opts.Fleet == nil || sess.ID == "" || !f.turnRoute(ctx) {
+		return true
+	}
+	lease, err := s.opts.Fleet.Acquire(s.stopping, sess.Tenant, sess.ID)
+	if err != nil && s.stopping.Err() != nil {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, typeServer, "shutting_down", "the sidecar is shutting down; retry")
+		return false
+	}
+	if err != nil {
+		s.metrics.fleetBusy.Add(1)
+		s.log.Warn("session busy on another replica", append(f.log, "err", err)...)
+		writeError(ctx, fasthttp.StatusServiceUnavailable, typeServer, "session_busy",
+			"another replica is serving this session and did not finish in time; retry")
+		ctx.Response.Header.Set("Retry-After", "1")
+		return false
+	}
+	f.lease = lease
+	return true
+}
+
 // tenantOf hashes the Authorization bearer token so that one key never sees
 // another key's sessions and no secret is kept or logged. It returns ""
 // when the header carries no token (absent, empty, "Bearer" alone).

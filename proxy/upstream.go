@@ -17,6 +17,158 @@ import (
 	"github.com/kvsidecar/kvsidecar/frontdoor"
 )
 
+// upstream is the upstream step: one round trip, the answer's head copied
+// to the client's response, its body handed to a relay (a stream) or read
+// whole (buffer). The upstream request, the client-gone watch and the
+// upstream body are released here, or by buffer, or by the relay's Close.
+func (f *flow) upstream(ctx *fasthttp.RequestCtx) outcome {
+	s := f.s
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	s.upstreamRequest(req, &ctx.Request, f.body)
+	if f.turn != nil || f.ereq != nil {
+		// The sidecar reads this answer (to record the reply, or for the
+		// engine's timings): ask for it uncompressed.
+		req.Header.Del("Accept-Encoding")
+	}
+
+	x, err := s.up.send(ctx.Conn(), s.metrics.disconnects, req, s.opts.UpstreamTimeout, s.opts.WriteTimeout, s.opts.StreamIdleTimeout)
+	if err != nil {
+		f.unanswered(ctx, err)
+		return answered
+	}
+	resp := x.body.resp
+
+	f.status = resp.StatusCode()
+	ctx.SetStatusCode(f.status)
+	copyResponseHeaders(&ctx.Response.Header, &resp.Header)
+	if f.status >= 400 {
+		s.log.Debug("upstream answered an error", append(f.log, "route", f.route.String(), "status", f.status)...)
+	}
+
+	isSSE := bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream"))
+	// An engine route the sidecar does not read (its native API, its web
+	// UI, NDJSON streams) is relayed as it arrives unless it is small and
+	// whole; so is any answer without a length on a streamed request.
+	size := resp.Header.ContentLength()
+	passOn := f.route == routePassthrough && !ctx.IsHead() && bodyAllowed(f.status) && (size < 0 || size > passBuffered)
+	if isSSE || size < 0 && f.info.Stream || passOn {
+		if !passOn || size < 0 {
+			size = -1
+		}
+		return f.relayAnswer(ctx, x, isSSE, size)
+	}
+	return f.buffer(ctx, x)
+}
+
+// passBuffered is the largest answer with a length that a pass-through
+// route reads whole before answering; larger ones are relayed as they come.
+const passBuffered = 64 << 10
+
+// bodyAllowed reports whether an answer of this status may carry a body
+// (RFC 9110: not 1xx, 204 or 304).
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != fasthttp.StatusNoContent && status != fasthttp.StatusNotModified
+}
+
+// unanswered answers a request whose upstream round trip failed before
+// its answer: 502, or 504 on a timeout; 499, logged only, when the client
+// went away first.
+func (f *flow) unanswered(ctx *fasthttp.RequestCtx, err error) {
+	s := f.s
+	status, code, kind := classifyUpstreamError(err)
+	if errors.Is(err, errCancelled) {
+		s.log.Info("client went away before the upstream answered", append(f.log, "route", f.route.String())...)
+		writeError(ctx, statusClientClosed, typeInvalidRequest, "client_closed", "client closed the request")
+		return
+	}
+	s.metrics.countUpstreamError(kind)
+	s.log.Warn("upstream request failed", append(f.log, "route", f.route.String(), "kind", kind, "err", err)...)
+	msg := upstreamMessage(err)
+	if status == fasthttp.StatusGatewayTimeout {
+		msg = fmt.Sprintf("upstream did not answer within %s", s.opts.UpstreamTimeout)
+	}
+	writeError(ctx, status, typeUpstream, code, msg)
+}
+
+// buffer reads a whole answer into the client's response (at most
+// Options.MaxResponseBytes) and records its reply (record) before the
+// handler returns, so before the client can read it. A body that breaks
+// is answered 502 or 504 instead. It returns refused for a context error
+// answered to the first window: ctx.Response still holds it, for retry.
+func (f *flow) buffer(ctx *fasthttp.RequestCtx, x *exchange) outcome {
+	s := f.s
+	ub := &x.body
+	err := readBodyInto(&ctx.Response, ub, s.opts.MaxResponseBytes)
+	if ctx.IsHead() && err == nil {
+		// No body came; the client hears the length the upstream announced.
+		ctx.Response.Header.SetContentLength(ub.resp.Header.ContentLength())
+	}
+	timedOut := ub.timedO
+	x.finish(false)
+	if err != nil {
+		ctx.Response.Reset()
+		if errors.Is(err, errCancelled) {
+			writeError(ctx, statusClientClosed, typeInvalidRequest, "client_closed", "client closed the request")
+			return answered
+		}
+		if errors.Is(err, errTooLarge) {
+			s.metrics.countUpstreamError(upErrTooLarge)
+			writeError(ctx, fasthttp.StatusBadGateway, typeUpstream, "upstream_response_too_large",
+				fmt.Sprintf("upstream response exceeds the limit of %d bytes", s.opts.MaxResponseBytes))
+			return answered
+		}
+		status, code, kind := classifyBodyError(err, timedOut)
+		s.metrics.countUpstreamError(kind)
+		s.log.Warn("upstream body failed", append(f.log, "route", f.route.String(), "kind", kind, "err", err)...)
+		writeError(ctx, status, typeUpstream, code, "upstream response broken: "+kind)
+		return answered
+	}
+	if f.turn != nil && !f.retried && !f.turn.Stats.AsSent && f.status >= 400 {
+		if ce, ok := parseContextError(f.status, ctx.Response.Body()); ok {
+			// The engine's context is smaller than the window: nothing
+			// reached the client yet, so build it again for what the
+			// error says and send it once more.
+			s.limits.learnError(f.info.Model, ce, f.turn.Stats.TotalTokens)
+			s.mem.contextRetries.Add(1)
+			s.log.Info("the upstream refused the window for its context; building it again for that context", append(f.log,
+				"window_tokens", f.turn.Stats.TotalTokens, "engine_ctx", ce.nCtx, "engine_prompt_tokens", ce.nPrompt)...)
+			return refused
+		}
+	}
+	s.metrics.ttfb[f.route].observe(time.Since(f.start))
+	s.metrics.bytesOut.Add(uint64(len(ctx.Response.Body())))
+	if f.recording() {
+		raw, cut := replyMessage(ctx.Response.Body(), s.opts.Memory.MaxReplyBytes())
+		f.record(ctx.Response.Body(), raw, cut)
+	}
+	return answered
+}
+
+// statusClientClosed is logged and counted for requests whose client went
+// away before the answer (nginx's 499); the client never sees it.
+const statusClientClosed = 499
+
+// upstreamRequest builds the request to the upstream: same method, the raw
+// path (the one routing read) and query under the upstream's base path,
+// end-to-end headers, the body unchanged (not copied: body must outlive
+// req's use). An absolute-form request target is sent in origin form.
+func (s *Server) upstreamRequest(req *fasthttp.Request, in *fasthttp.Request, body []byte) {
+	req.Header.DisableNormalizing()
+	req.Header.SetNoDefaultContentType(true) // none the client did not send
+	req.Header.SetMethodBytes(in.Header.Method())
+	path, query := in.URI().PathOriginal(), in.URI().QueryString()
+	uri := make([]byte, 0, len(s.basePath)+len(path)+1+len(query))
+	uri = append(append(uri, s.basePath...), path...)
+	if len(query) > 0 {
+		uri = append(append(uri, '?'), query...)
+	}
+	req.Header.SetRequestURIBytes(uri)
+	req.Header.SetHost(s.base.Host)
+	copyRequestHeaders(&req.Header, &in.Header)
+	req.SetBodyRaw(body)
+}
+
 // newUpClient builds the pooled client for the upstream base URL.
 func newUpClient(base *url.URL, o *Options) *upClient {
 	addr := base.Host

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
 
 	"github.com/kvsidecar/kvsidecar/internal/jsonscan"
 )
@@ -51,6 +52,19 @@ func (e *badRequestError) Error() string { return e.msg }
 
 func badRequest(format string, args ...any) error {
 	return &badRequestError{msg: fmt.Sprintf(format, args...)}
+}
+
+// parse is the route step's reading of the body: the fields the later steps
+// need. A body its endpoint cannot take is answered 400.
+func (f *flow) parse(ctx *fasthttp.RequestCtx) bool {
+	if ep := endpointOf(f.route); ep != epOther && ctx.IsPost() {
+		var err error
+		if f.info, err = parseRequest(ep, f.in); err != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_request", err.Error())
+			return false
+		}
+	}
+	return true
 }
 
 // parseRequest validates an OpenAI request body for the endpoint and returns
