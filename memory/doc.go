@@ -16,7 +16,7 @@
 //   - registry (resident.go): what is loaded — sessions and user memories,
 //     their sizes, unloading — and the closed flag.
 //   - sessionJournal (sessionlog.go, shared.go): the sessions' logs —
-//     replay, appends, deletion, a fleet's shared log.
+//     replay (apply), appends, deletion, a fleet's shared log.
 //   - windowBuilder (window.go, block.go): the window; no I/O.
 //   - retriever (recall.go, ragindex.go, userdocs.go): the indexes and
 //     what a turn recalls through working memory.
@@ -39,7 +39,8 @@
 // sentinels memory re-exports), sanitize (text safety). The shared types
 // (Message, Unit, Triple, Category, Review, PoolEntry, …) are memory's, or
 // aliases of the package that owns them.
-// Beside the subsystems: session.go (a session and its history entries),
+// Beside the subsystems: session.go (a session, its history entries, and
+// how a request relates to that history: plan, matchRequest),
 // message.go (Message and its wire form), units.go (Unit: what leaves the
 // window), text.go (bags of words for
 // similarity), recallapi.go (Store.Recall, what MCP's session_recall
@@ -277,7 +278,7 @@
 //
 // # Client styles
 //
-// (mode.go: Mode; prepare.go: matchRequest.) ModeAuto (no X-Session-Mode header) detects the style per request: a
+// (mode.go: Mode; session.go: matchRequest.) ModeAuto (no X-Session-Mode header) detects the style per request: a
 // request whose non-system messages extend the stored history is a full
 // history; one without any assistant message that does not extend it is
 // new input from a client that sends only its newest message (an append);

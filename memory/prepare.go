@@ -6,17 +6,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/kvsidecar/kvsidecar/memory/internal/pool"
 )
 
 // Prepare: how a request becomes a turn. Its messages are related to the
-// stored history (plan, matchRequest), what is new is written as one
-// durable record, and the window is built within the engine's limit;
-// the Turn it returns (turn.go) records the reply. In the order a request
-// meets them.
+// stored history (session.go: plan, matchRequest), what is new is written
+// as one durable record, and the window is built within the engine's
+// limit; the Turn it returns (turn.go) records the reply. In the order a
+// request meets them.
 
 // TurnRequest is one chat request as Prepare sees it.
 type TurnRequest struct {
@@ -289,16 +288,10 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 		s.stats.userMismatch.Add(1)
 		return nil, fmt.Errorf("%w: session %q", ErrUserMismatch, req.SessionID)
 	}
-	p := sess.plan(req, now)
+	p := sess.plan(req, now, tk, enc, limit)
 	st := TurnStats{Model: req.Model, Encoding: enc.String(), Mode: p.mode.String(), ModeDetected: req.Mode == ModeAuto,
 		Match: p.match, Limit: limit, ToolsTokens: req.ToolsTokens}
-
-	sysCost := 0
-	for _, e := range p.sys {
-		sysCost += e.cost(tk, enc)
-	}
-	_, turnCost := currentTurn(sess.hist[:p.keep], p.add, tk, enc)
-	if !req.asSent && checkFits(sysCost, turnCost, req.ToolsTokens, limit) != nil {
+	if !p.fits {
 		req.asSent = true
 	}
 
@@ -372,7 +365,7 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	st.User = sess.user
 
 	if req.asSent {
-		t := s.asSentLocked(sess, req, st, sysCost+turnCost+req.ToolsTokens, p.mode)
+		t := s.asSentLocked(sess, req, st, p.sysCost+p.turnCost+req.ToolsTokens, p.mode)
 		t.added, t.sysChanged, t.prevSys = len(p.add), p.sysChanged, prevSys
 		return t, nil
 	}
@@ -416,190 +409,6 @@ func (s *Store) prepareLocked(ctx context.Context, sess *session, um *userMem, r
 	s.stats.prepares.Add(1)
 	s.stats.countMode(p.mode, req.Mode == ModeAuto)
 	return t, nil
-}
-
-// plan is what a request adds to its session, worked out before anything
-// is written.
-type plan struct {
-	mode       Mode
-	match      string
-	sysChanged bool
-	sys        []*entry // the session's system messages after the request
-	keep       int      // stored history messages kept (the rest is cut)
-	add        []*entry // new history messages
-	// dropPartial: the request retries the stored turn whose reply the
-	// upstream broke off (a partial reply): that reply is discarded and
-	// the stored messages are the turn (see retryOfPartial).
-	dropPartial bool
-}
-
-// plan relates the request to the stored history. Called with sess.mu
-// held.
-func (sess *session) plan(req *TurnRequest, now time.Time) plan {
-	msgs := req.Messages
-	nsys := 0
-	for nsys < len(msgs) && isSystem(msgs[nsys].Role) {
-		nsys++
-	}
-	reqSys, rest := msgs[:nsys], msgs[nsys:]
-	var p plan
-	var tail []Message
-	p.mode, p.keep, tail, p.match = matchRequest(sess, rest, req.Mode)
-	if p.mode == ModeAppend && retryOfPartial(sess.hist[:p.keep], tail) {
-		p.dropPartial, p.keep, tail, p.match = true, p.keep-1, nil, "retry"
-	}
-	p.sysChanged = !sameMessages(reqSys, sess.sys)
-	if p.mode == ModeAppend && nsys == 0 {
-		p.sysChanged = false // an append without system messages keeps the stored ones
-	}
-	seq := sess.nextSeq
-	p.sys = sess.sys
-	if p.sysChanged {
-		p.sys = make([]*entry, 0, len(reqSys))
-		for _, m := range reqSys {
-			p.sys = append(p.sys, newEntry(seq, m, now))
-			seq++
-		}
-	}
-	p.add = make([]*entry, 0, len(tail))
-	for _, m := range tail {
-		p.add = append(p.add, newEntry(seq, m, now))
-		seq++
-	}
-	return p
-}
-
-// matchRequest relates a request's non-system messages to the stored
-// history. It returns the mode taken, how many stored messages to keep,
-// the request's messages to append, and the kind of match.
-//
-// ModeAppend appends everything. Otherwise, in this order:
-//   - no stored history: "new", everything is appended;
-//   - the request extends the stored history: "extend";
-//   - (ModeAuto only) the request holds no assistant message: new input
-//     from a client that sends only its newest message: "append";
-//   - the request starts inside the stored history and runs to its end
-//     (the client trimmed its oldest turns): "trimmed";
-//   - the request shares a start with the stored history, or starts inside
-//     it and then differs (edit, regenerate, branch): "diverged", the
-//     stored history is cut after the shared part (the cut messages become
-//     archive units, nothing is lost);
-//   - nothing shared: "diverged" at the start (a reused session id).
-func matchRequest(sess *session, req []Message, mode Mode) (Mode, int, []Message, string) {
-	hist := sess.hist
-	if mode == ModeAppend {
-		return ModeAppend, len(hist), req, "append"
-	}
-	if len(hist) == 0 && len(sess.sys) == 0 {
-		return ModeFull, 0, req, "new"
-	}
-	// Equal raw bytes imply equal keys; hash only what differs (typically
-	// assistant messages the client re-serialized).
-	same := func(e *entry, m *Message) bool {
-		return bytes.Equal(e.msg.Raw, m.Raw) || e.key == m.matchKey()
-	}
-	k := 0
-	for k < len(hist) && k < len(req) && same(hist[k], &req[k]) {
-		k++
-	}
-	if k == len(hist) {
-		return ModeFull, k, req[k:], "extend"
-	}
-	if mode == ModeAuto && !slices.ContainsFunc(req, func(m Message) bool { return m.Role == "assistant" }) {
-		return ModeAppend, len(hist), req, "append"
-	}
-	if k > 0 {
-		return ModeFull, k, req[k:], "diverged"
-	}
-	if len(req) == 0 {
-		return ModeFull, 0, req, "diverged"
-	}
-	// The request starts inside the stored history: a trimmed client when
-	// it runs to the end from some alignment of its first message, else an
-	// edit after the longest (latest on ties) alignment.
-	k0 := req[0].matchKey()
-	bestP, bestJ := 0, 0
-	for p := 1; p < len(hist); p++ {
-		if hist[p].key != k0 {
-			continue
-		}
-		j := 1
-		for p+j < len(hist) && j < len(req) && same(hist[p+j], &req[j]) {
-			j++
-		}
-		if p+j == len(hist) {
-			return ModeFull, len(hist), req[j:], "trimmed"
-		}
-		if j >= bestJ {
-			bestP, bestJ = p, j
-		}
-	}
-	if bestJ > 0 {
-		return ModeFull, bestP + bestJ, req[bestJ:], "diverged"
-	}
-	return ModeFull, 0, req, "diverged"
-}
-
-func sameMessages(msgs []Message, es []*entry) bool {
-	if len(msgs) != len(es) {
-		return false
-	}
-	for i := range msgs {
-		if msgs[i].matchKey() != es[i].key {
-			return false
-		}
-	}
-	return true
-}
-
-// retryOfPartial reports whether tail, the new messages of an append,
-// repeats the turn that ends hist with a partial reply: a client whose
-// stream broke retries the same message, which is then stored once.
-func retryOfPartial(hist []*entry, tail []Message) bool {
-	n := len(hist)
-	if len(tail) == 0 || n < len(tail)+1 || tail[len(tail)-1].Role != "user" {
-		return false
-	}
-	if last := hist[n-1]; last.msg.Role != "assistant" || !last.partial {
-		return false
-	}
-	for i := range tail {
-		if hist[n-1-len(tail)+i].key != tail[i].matchKey() {
-			return false
-		}
-	}
-	return true
-}
-
-// currentTurn returns where the current turn starts in hist+add (the newest
-// user message; everything after it belongs to the turn too) and its cost.
-func currentTurn(hist, add []*entry, tk *Tokenizer, enc Encoding) (start, cost int) {
-	n := len(hist) + len(add)
-	at := func(i int) *entry {
-		if i < len(hist) {
-			return hist[i]
-		}
-		return add[i-len(hist)]
-	}
-	start = n
-	for i := n - 1; i >= 0; i-- {
-		cost += at(i).cost(tk, enc)
-		if at(i).msg.Role == "user" {
-			return i, cost
-		}
-	}
-	return n, 0 // no user message: nothing is mandatory
-}
-
-// checkFits is the one context-limit check (MEM-001): the client's system
-// messages, the current turn and the tools must fit the limit with nothing
-// else. It runs before anything is written.
-func checkFits(sysCost, turnCost, tools, limit int) error {
-	if sysCost+turnCost+tools > limit {
-		return fmt.Errorf("%w: system %d + current turn %d + tools %d tokens > limit %d",
-			ErrContextTooLarge, sysCost, turnCost, tools, limit)
-	}
-	return nil
 }
 
 // asSentLocked finishes a turn whose client messages alone do not fit the

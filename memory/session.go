@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"bytes"
 	"container/list"
 	"crypto/sha256"
 	"encoding/hex"
@@ -280,6 +281,201 @@ func (s *session) refreshIndex() {
 	slices.SortFunc(s.pinned, func(a, b *Unit) int { return strings.Compare(a.ID, b.ID) })
 }
 
+// plan is what a request adds to its session, worked out before anything
+// is written.
+type plan struct {
+	mode       Mode
+	match      string
+	sysChanged bool
+	sys        []*entry // the session's system messages after the request
+	keep       int      // stored history messages kept (the rest is cut)
+	add        []*entry // new history messages
+	// dropPartial: the request retries the stored turn whose reply the
+	// upstream broke off (a partial reply): that reply is discarded and
+	// the stored messages are the turn (see retryOfPartial).
+	dropPartial bool
+	// sysCost and turnCost are what the system messages and the current
+	// turn cost in enc; fits is checkFits' answer for them, the tools and
+	// the limit.
+	sysCost, turnCost int
+	fits              bool
+}
+
+// plan relates the request to the stored history and costs what the
+// window cannot leave out (in enc, against limit). Called with sess.mu
+// held.
+func (sess *session) plan(req *TurnRequest, now time.Time, tk *Tokenizer, enc Encoding, limit int) plan {
+	msgs := req.Messages
+	nsys := 0
+	for nsys < len(msgs) && isSystem(msgs[nsys].Role) {
+		nsys++
+	}
+	reqSys, rest := msgs[:nsys], msgs[nsys:]
+	var p plan
+	var tail []Message
+	p.mode, p.keep, tail, p.match = matchRequest(sess, rest, req.Mode)
+	if p.mode == ModeAppend && retryOfPartial(sess.hist[:p.keep], tail) {
+		p.dropPartial, p.keep, tail, p.match = true, p.keep-1, nil, "retry"
+	}
+	p.sysChanged = !sameMessages(reqSys, sess.sys)
+	if p.mode == ModeAppend && nsys == 0 {
+		p.sysChanged = false // an append without system messages keeps the stored ones
+	}
+	seq := sess.nextSeq
+	p.sys = sess.sys
+	if p.sysChanged {
+		p.sys = make([]*entry, 0, len(reqSys))
+		for _, m := range reqSys {
+			p.sys = append(p.sys, newEntry(seq, m, now))
+			seq++
+		}
+	}
+	p.add = make([]*entry, 0, len(tail))
+	for _, m := range tail {
+		p.add = append(p.add, newEntry(seq, m, now))
+		seq++
+	}
+	for _, e := range p.sys {
+		p.sysCost += e.cost(tk, enc)
+	}
+	_, p.turnCost = currentTurn(sess.hist[:p.keep], p.add, tk, enc)
+	p.fits = checkFits(p.sysCost, p.turnCost, req.ToolsTokens, limit) == nil
+	return p
+}
+
+// matchRequest relates a request's non-system messages to the stored
+// history. It returns the mode taken, how many stored messages to keep,
+// the request's messages to append, and the kind of match.
+//
+// ModeAppend appends everything. Otherwise, in this order:
+//   - no stored history: "new", everything is appended;
+//   - the request extends the stored history: "extend";
+//   - (ModeAuto only) the request holds no assistant message: new input
+//     from a client that sends only its newest message: "append";
+//   - the request starts inside the stored history and runs to its end
+//     (the client trimmed its oldest turns): "trimmed";
+//   - the request shares a start with the stored history, or starts inside
+//     it and then differs (edit, regenerate, branch): "diverged", the
+//     stored history is cut after the shared part (the cut messages become
+//     archive units, nothing is lost);
+//   - nothing shared: "diverged" at the start (a reused session id).
+func matchRequest(sess *session, req []Message, mode Mode) (Mode, int, []Message, string) {
+	hist := sess.hist
+	if mode == ModeAppend {
+		return ModeAppend, len(hist), req, "append"
+	}
+	if len(hist) == 0 && len(sess.sys) == 0 {
+		return ModeFull, 0, req, "new"
+	}
+	// Equal raw bytes imply equal keys; hash only what differs (typically
+	// assistant messages the client re-serialized).
+	same := func(e *entry, m *Message) bool {
+		return bytes.Equal(e.msg.Raw, m.Raw) || e.key == m.matchKey()
+	}
+	k := 0
+	for k < len(hist) && k < len(req) && same(hist[k], &req[k]) {
+		k++
+	}
+	if k == len(hist) {
+		return ModeFull, k, req[k:], "extend"
+	}
+	if mode == ModeAuto && !slices.ContainsFunc(req, func(m Message) bool { return m.Role == "assistant" }) {
+		return ModeAppend, len(hist), req, "append"
+	}
+	if k > 0 {
+		return ModeFull, k, req[k:], "diverged"
+	}
+	if len(req) == 0 {
+		return ModeFull, 0, req, "diverged"
+	}
+	// The request starts inside the stored history: a trimmed client when
+	// it runs to the end from some alignment of its first message, else an
+	// edit after the longest (latest on ties) alignment.
+	k0 := req[0].matchKey()
+	bestP, bestJ := 0, 0
+	for p := 1; p < len(hist); p++ {
+		if hist[p].key != k0 {
+			continue
+		}
+		j := 1
+		for p+j < len(hist) && j < len(req) && same(hist[p+j], &req[j]) {
+			j++
+		}
+		if p+j == len(hist) {
+			return ModeFull, len(hist), req[j:], "trimmed"
+		}
+		if j >= bestJ {
+			bestP, bestJ = p, j
+		}
+	}
+	if bestJ > 0 {
+		return ModeFull, bestP + bestJ, req[bestJ:], "diverged"
+	}
+	return ModeFull, 0, req, "diverged"
+}
+
+func sameMessages(msgs []Message, es []*entry) bool {
+	if len(msgs) != len(es) {
+		return false
+	}
+	for i := range msgs {
+		if msgs[i].matchKey() != es[i].key {
+			return false
+		}
+	}
+	return true
+}
+
+// retryOfPartial reports whether tail, the new messages of an append,
+// repeats the turn that ends hist with a partial reply: a client whose
+// stream broke retries the same message, which is then stored once.
+func retryOfPartial(hist []*entry, tail []Message) bool {
+	n := len(hist)
+	if len(tail) == 0 || n < len(tail)+1 || tail[len(tail)-1].Role != "user" {
+		return false
+	}
+	if last := hist[n-1]; last.msg.Role != "assistant" || !last.partial {
+		return false
+	}
+	for i := range tail {
+		if hist[n-1-len(tail)+i].key != tail[i].matchKey() {
+			return false
+		}
+	}
+	return true
+}
+
+// currentTurn returns where the current turn starts in hist+add (the newest
+// user message; everything after it belongs to the turn too) and its cost.
+func currentTurn(hist, add []*entry, tk *Tokenizer, enc Encoding) (start, cost int) {
+	n := len(hist) + len(add)
+	at := func(i int) *entry {
+		if i < len(hist) {
+			return hist[i]
+		}
+		return add[i-len(hist)]
+	}
+	start = n
+	for i := n - 1; i >= 0; i-- {
+		cost += at(i).cost(tk, enc)
+		if at(i).msg.Role == "user" {
+			return i, cost
+		}
+	}
+	return n, 0 // no user message: nothing is mandatory
+}
+
+// checkFits is the one context-limit check (MEM-001): the client's system
+// messages, the current turn and the tools must fit the limit with nothing
+// else. It runs before anything is written.
+func checkFits(sysCost, turnCost, tools, limit int) error {
+	if sysCost+turnCost+tools > limit {
+		return fmt.Errorf("%w: system %d + current turn %d + tools %d tokens > limit %d",
+			ErrContextTooLarge, sysCost, turnCost, tools, limit)
+	}
+	return nil
+}
+
 func sessionKey(tenant, id string) string { return tenant + "\x00" + id }
 
 // sessionHash names a session's log (and its documents in its user's
@@ -312,168 +508,6 @@ func (s *session) histIndex(seq uint64) int {
 		return i
 	}
 	return -1
-}
-
-// apply applies a record to the state. msgs, when non-nil, are the parsed
-// messages of the record (saving a parse on the live path).
-func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
-	at := time.Unix(0, r.T)
-	if r.T != 0 && at.After(s.updated) {
-		s.updated = at
-	}
-	enc, encOK := encodingByName(r.Enc)
-	parse := func(i int, raw json.RawMessage) (Message, error) {
-		if msgs != nil {
-			return msgs[i], nil
-		}
-		var m Message
-		if err := json.Unmarshal(raw, &m); err != nil {
-			return m, err
-		}
-		return m, nil
-	}
-	mkEntry := func(seq uint64, m Message, i int) *entry {
-		e := newEntry(seq, m, at)
-		if encOK && i < len(r.Tok) && r.Tok[i] >= 0 {
-			e.tokens[enc] = int32(min(r.Tok[i], 1<<31-1))
-		}
-		if seq >= s.nextSeq {
-			s.nextSeq = seq + 1
-		}
-		return e
-	}
-	switch r.K {
-	case "meta":
-		if r.Tenant != s.tenant || r.Session != s.id {
-			return fmt.Errorf("memory: log %s belongs to another session: %w", filepath.Base(s.path), errCorrupt)
-		}
-		s.created = at
-		s.user = r.User
-	case "sys":
-		sys := make([]*entry, 0, len(r.Msgs))
-		for i, raw := range r.Msgs {
-			m, err := parse(i, raw)
-			if err != nil {
-				return err
-			}
-			sys = append(sys, mkEntry(r.Seq+uint64(i), m, i))
-		}
-		s.sys = sys
-	case "msg":
-		m, err := parse(0, r.Msg)
-		if err != nil {
-			return err
-		}
-		e := mkEntry(r.Seq, m, 0)
-		e.partial = r.Partial
-		s.hist = append(s.hist, e)
-	case "trunc":
-		if r.Keep == nil || *r.Keep < 0 || *r.Keep > len(s.hist) {
-			return fmt.Errorf("memory: bad trunc record: %w", errCorrupt)
-		}
-		for _, e := range s.hist[*r.Keep:] {
-			if s.deleted[msgUnitID(e.seq)] {
-				s.forgetEntryDoc(e)
-				continue
-			}
-			u := s.units[msgUnitID(e.seq)]
-			if u == nil {
-				if s.redundant(e) {
-					s.forgetEntryDoc(e)
-					continue
-				}
-				u = unitFromEntry(e, tk, s.lastEnc, 0, at)
-				u.persisted = true // derived from this record on every replay
-				s.putUnit(u)
-			}
-			u.Tier = PlaceArchive
-			u.UpdatedAt = at
-		}
-		clear(s.hist[*r.Keep:])
-		s.hist = s.hist[:*r.Keep]
-		s.unitsChanged()
-	case "undo":
-		if r.Keep == nil || *r.Keep < 0 || *r.Keep > len(s.hist) {
-			return fmt.Errorf("memory: bad undo record: %w", errCorrupt)
-		}
-		for _, e := range s.hist[*r.Keep:] {
-			s.forgetEntryDoc(e)
-		}
-		clear(s.hist[*r.Keep:])
-		s.hist = s.hist[:*r.Keep]
-	case "blk":
-		i := s.histIndex(r.Seq)
-		if i < 0 {
-			return nil // its message was cut since
-		}
-		m, err := parse(0, r.Msg)
-		if err != nil {
-			return err
-		}
-		s.hist[i].block = mkEntry(0, m, 0)
-		s.hist[i].blockHashes = r.H
-	case "unit":
-		if r.Unit == nil || r.Unit.ID == "" {
-			return fmt.Errorf("memory: bad unit record: %w", errCorrupt)
-		}
-		u := *r.Unit
-		normalizeUnit(&u)
-		u.persisted = true
-		if u.ToSeq >= s.nextSeq {
-			s.nextSeq = u.ToSeq + 1
-		}
-		s.units[u.ID] = &u
-		s.noteUnit(&u)
-		s.unitsChanged()
-	case "acc":
-		for _, a := range r.Acc {
-			if u := s.units[a.ID]; u != nil {
-				u.AccessCount = a.Count
-				u.LastAccess = time.Unix(0, a.Last)
-				if u.Category != "" {
-					touch(u, u.LastAccess)
-				}
-				if a.Tier != "" && a.Tier != u.Tier {
-					u.Tier = a.Tier
-					s.unitsChanged()
-				}
-			}
-		}
-	case "del":
-		if _, ok := s.units[r.ID]; ok {
-			delete(s.units, r.ID)
-			s.unitsChanged()
-		}
-		if s.deleted == nil {
-			s.deleted = map[string]bool{}
-		}
-		s.deleted[r.ID] = true
-		s.kb.UnitDeleted(r.ID)
-	case "triple", "tdel":
-		return s.applyTripleRecord(r)
-	case "drop":
-		// An evicted message whose content a unit already held (dedupe.go).
-		if i := s.histIndex(r.Seq); i >= 0 {
-			s.hist[i].dropped = true
-			s.forgetEntryDoc(s.hist[i])
-		}
-	case "xseq":
-		s.factSeq = max(s.factSeq, r.Seq)
-	case "eseq":
-		s.episodeSeq = max(s.episodeSeq, r.Seq)
-	case "decay":
-		if at.After(s.lastDecay) {
-			s.lastDecay = at
-		}
-	case "l4":
-		// Clusters whose L4 merge was refused (l4.go).
-		for _, fp := range r.H {
-			s.l4.Refuse(fp, false)
-		}
-	default:
-		// Unknown kinds come from newer versions; skip them.
-	}
-	return nil
 }
 
 // noteUnit updates derived state for a unit that was added.

@@ -40,6 +40,168 @@ type sessionJournal struct {
 	loaded func(sess *session, now time.Time)
 }
 
+// apply applies a record to the state. msgs, when non-nil, are the parsed
+// messages of the record (saving a parse on the live path).
+func (s *session) apply(r *record, msgs []Message, tk *Tokenizer) error {
+	at := time.Unix(0, r.T)
+	if r.T != 0 && at.After(s.updated) {
+		s.updated = at
+	}
+	enc, encOK := encodingByName(r.Enc)
+	parse := func(i int, raw json.RawMessage) (Message, error) {
+		if msgs != nil {
+			return msgs[i], nil
+		}
+		var m Message
+		if err := json.Unmarshal(raw, &m); err != nil {
+			return m, err
+		}
+		return m, nil
+	}
+	mkEntry := func(seq uint64, m Message, i int) *entry {
+		e := newEntry(seq, m, at)
+		if encOK && i < len(r.Tok) && r.Tok[i] >= 0 {
+			e.tokens[enc] = int32(min(r.Tok[i], 1<<31-1))
+		}
+		if seq >= s.nextSeq {
+			s.nextSeq = seq + 1
+		}
+		return e
+	}
+	switch r.K {
+	case "meta":
+		if r.Tenant != s.tenant || r.Session != s.id {
+			return fmt.Errorf("memory: log %s belongs to another session: %w", filepath.Base(s.path), errCorrupt)
+		}
+		s.created = at
+		s.user = r.User
+	case "sys":
+		sys := make([]*entry, 0, len(r.Msgs))
+		for i, raw := range r.Msgs {
+			m, err := parse(i, raw)
+			if err != nil {
+				return err
+			}
+			sys = append(sys, mkEntry(r.Seq+uint64(i), m, i))
+		}
+		s.sys = sys
+	case "msg":
+		m, err := parse(0, r.Msg)
+		if err != nil {
+			return err
+		}
+		e := mkEntry(r.Seq, m, 0)
+		e.partial = r.Partial
+		s.hist = append(s.hist, e)
+	case "trunc":
+		if r.Keep == nil || *r.Keep < 0 || *r.Keep > len(s.hist) {
+			return fmt.Errorf("memory: bad trunc record: %w", errCorrupt)
+		}
+		for _, e := range s.hist[*r.Keep:] {
+			if s.deleted[msgUnitID(e.seq)] {
+				s.forgetEntryDoc(e)
+				continue
+			}
+			u := s.units[msgUnitID(e.seq)]
+			if u == nil {
+				if s.redundant(e) {
+					s.forgetEntryDoc(e)
+					continue
+				}
+				u = unitFromEntry(e, tk, s.lastEnc, 0, at)
+				u.persisted = true // derived from this record on every replay
+				s.putUnit(u)
+			}
+			u.Tier = PlaceArchive
+			u.UpdatedAt = at
+		}
+		clear(s.hist[*r.Keep:])
+		s.hist = s.hist[:*r.Keep]
+		s.unitsChanged()
+	case "undo":
+		if r.Keep == nil || *r.Keep < 0 || *r.Keep > len(s.hist) {
+			return fmt.Errorf("memory: bad undo record: %w", errCorrupt)
+		}
+		for _, e := range s.hist[*r.Keep:] {
+			s.forgetEntryDoc(e)
+		}
+		clear(s.hist[*r.Keep:])
+		s.hist = s.hist[:*r.Keep]
+	case "blk":
+		i := s.histIndex(r.Seq)
+		if i < 0 {
+			return nil // its message was cut since
+		}
+		m, err := parse(0, r.Msg)
+		if err != nil {
+			return err
+		}
+		s.hist[i].block = mkEntry(0, m, 0)
+		s.hist[i].blockHashes = r.H
+	case "unit":
+		if r.Unit == nil || r.Unit.ID == "" {
+			return fmt.Errorf("memory: bad unit record: %w", errCorrupt)
+		}
+		u := *r.Unit
+		normalizeUnit(&u)
+		u.persisted = true
+		if u.ToSeq >= s.nextSeq {
+			s.nextSeq = u.ToSeq + 1
+		}
+		s.units[u.ID] = &u
+		s.noteUnit(&u)
+		s.unitsChanged()
+	case "acc":
+		for _, a := range r.Acc {
+			if u := s.units[a.ID]; u != nil {
+				u.AccessCount = a.Count
+				u.LastAccess = time.Unix(0, a.Last)
+				if u.Category != "" {
+					touch(u, u.LastAccess)
+				}
+				if a.Tier != "" && a.Tier != u.Tier {
+					u.Tier = a.Tier
+					s.unitsChanged()
+				}
+			}
+		}
+	case "del":
+		if _, ok := s.units[r.ID]; ok {
+			delete(s.units, r.ID)
+			s.unitsChanged()
+		}
+		if s.deleted == nil {
+			s.deleted = map[string]bool{}
+		}
+		s.deleted[r.ID] = true
+		s.kb.UnitDeleted(r.ID)
+	case "triple", "tdel":
+		return s.applyTripleRecord(r)
+	case "drop":
+		// An evicted message whose content a unit already held (dedupe.go).
+		if i := s.histIndex(r.Seq); i >= 0 {
+			s.hist[i].dropped = true
+			s.forgetEntryDoc(s.hist[i])
+		}
+	case "xseq":
+		s.factSeq = max(s.factSeq, r.Seq)
+	case "eseq":
+		s.episodeSeq = max(s.episodeSeq, r.Seq)
+	case "decay":
+		if at.After(s.lastDecay) {
+			s.lastDecay = at
+		}
+	case "l4":
+		// Clusters whose L4 merge was refused (l4.go).
+		for _, fp := range r.H {
+			s.l4.Refuse(fp, false)
+		}
+	default:
+		// Unknown kinds come from newer versions; skip them.
+	}
+	return nil
+}
+
 // removeLocked deletes a loaded session's files and state (fsyncing its
 // folder when sync) and marks it gone. Called with sess.mu held; the caller
 // drops it from the registry.
