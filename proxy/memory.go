@@ -46,18 +46,10 @@ func (f *flow) memory(ctx *fasthttp.RequestCtx) bool {
 // answer was written.
 func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info requestInfo, body []byte, log []any) (turn *memory.Turn, out []byte, handled bool) {
 	st := s.opts.Memory
-	msgs, err := memory.ParseMessages(info.Messages)
+	// Who the request is for and the pool it opts into, then its messages.
+	user, err := userOf(ctx, info)
 	if err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_messages", strings.TrimPrefix(err.Error(), "memory: "))
-		return nil, nil, true
-	}
-	tools := 0
-	if len(info.Tools) > 0 {
-		tools, err = st.CountTokensContext(s.stopping, info.Model, string(info.Tools))
-	}
-	user, uerr := userOf(ctx, info)
-	if uerr != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_user", uerr.Error())
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_user", err.Error())
 		return nil, nil, true
 	}
 	// X-Pool-Prefix opts the request in to the tenant's shared pool in its
@@ -68,6 +60,15 @@ func (s *Server) prepareTurn(ctx *fasthttp.RequestCtx, sess sessionRef, info req
 			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_pool_prefix", "X-Pool-Prefix: "+strings.TrimPrefix(perr.Error(), "memory: "))
 			return nil, nil, true
 		}
+	}
+	msgs, err := memory.ParseMessages(info.Messages)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "invalid_messages", strings.TrimPrefix(err.Error(), "memory: "))
+		return nil, nil, true
+	}
+	tools := 0
+	if len(info.Tools) > 0 {
+		tools, err = st.CountTokensContext(s.stopping, info.Model, string(info.Tools))
 	}
 	if err == nil {
 		start := time.Now()
