@@ -42,11 +42,11 @@
 // gone_linux.go (the watch that cancels the upstream request when the
 // client goes), relay.go (an answer not read whole: the flow handed over,
 // the upstream's bytes read and written to the client, the close that
-// releases everything), stream.go (the event stream the
-// relay reads: events passed one by one and checked, the answer's end, the
-// reply kept for memory and recorded before [DONE]), background.go (the
-// work left after responses), errors.go (the error types and codes a client
-// may see). Beside the chat path: loop.go (the event loop's Backend:
+// releases everything), stream.go (the event stream the relay reads:
+// events passed one by one and checked, the answer's end, the reply kept
+// for memory and recorded before [DONE]), background.go (the work left
+// after responses), errors.go (the error types and codes a client may
+// see). Beside the chat path: loop.go (the event loop's Backend:
 // eligibility, hooks, metrics and error bodies; --event-loop), pool.go and
 // poolevents.go (the shared pool's API and its event stream), sessions.go
 // (GET /v1/sessions and the /v1/sessions/{id} routes), memmetrics.go (what
