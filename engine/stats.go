@@ -184,14 +184,16 @@ func timingsOf(obj []byte) (Timings, bool) {
 		return Timings{}, false
 	}
 	var timingsRaw, usageRaw []byte
-	if !jsonscan.Object(obj, func(key, value []byte) {
-		switch jsonscan.Name(key) {
+	m := jsonscan.Members(obj)
+	for m.Next() {
+		switch jsonscan.Name(m.Key()) {
 		case "timings":
-			timingsRaw = value
+			timingsRaw = m.Value()
 		case "usage":
-			usageRaw = value
+			usageRaw = m.Value()
 		}
-	}) {
+	}
+	if !m.Valid() {
 		return Timings{}, false
 	}
 	// String views of obj: no result outlives the call.

@@ -94,8 +94,10 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 	// strings.Clone): fasthttp reuses the body's buffer once the handler
 	// returns, and a relay keeps info longer.
 	value := func(v []byte) gjson.Result { return gjson.Parse(unsafe.String(unsafe.SliceData(v), len(v))) }
-	ok := jsonscan.Object(trimmed, func(k, v []byte) {
-		switch jsonscan.Name(k) { // later duplicates win, as with encoding/json
+	m := jsonscan.Members(trimmed)
+	for m.Next() {
+		v := m.Value()
+		switch jsonscan.Name(m.Key()) { // later duplicates win, as with encoding/json
 		case "model":
 			model = value(v)
 		case "stream":
@@ -121,8 +123,8 @@ func parseRequest(ep endpoint, body []byte) (requestInfo, error) {
 		case "n_predict":
 			maxTokens[2] = value(v)
 		}
-	})
-	if !ok {
+	}
+	if !m.Valid() {
 		return info, badRequest("malformed JSON: %s", jsonSyntaxError(trimmed))
 	}
 	switch model.Type {

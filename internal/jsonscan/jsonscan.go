@@ -1,6 +1,7 @@
 // Package jsonscan checks JSON in one pass, without recursion, and walks an
-// object's top-level members: what the proxy needs of a request body or an
-// upstream's answer before it forwards them.
+// object's top-level members (Members, read in a loop of the caller's):
+// what the proxy needs of a request body or an upstream's answer before it
+// forwards them.
 //
 // It accepts exactly what encoding/json.Valid accepts (RFC 8259 values,
 // whitespace around them, nesting at most MaxDepth deep; bytes are not
@@ -28,56 +29,104 @@ func Valid(data []byte) bool {
 	return ok && skipWS(data, end) == len(data)
 }
 
-// Object reports whether data is one JSON object with optional whitespace
-// around it and calls fn for each of its members, in order, with the key as
-// it is written (quotes and escapes included) and the value's bytes, both
-// slices of data. It stops at the first thing that is not valid JSON, and
-// fn may have seen members before it.
-func Object(data []byte, fn func(key, value []byte)) bool {
-	i := skipWS(data, 0)
-	if i >= len(data) || data[i] != '{' {
+// Members walks the top-level members of data, one JSON object with
+// optional whitespace around it, in one pass that also checks it:
+//
+//	m := jsonscan.Members(data)
+//	for m.Next() {
+//		key, value := m.Key(), m.Value()
+//	}
+//	if !m.Valid() { // data is not one JSON object
+//	}
+//
+// A key is as it is written (quotes and escapes included; Name reads it),
+// a value its bytes, both slices of data. Next stops at the first thing
+// that is not valid JSON: the members before it have been seen.
+func Members(data []byte) Scanner {
+	return Scanner{data: data}
+}
+
+// Scanner is Members' walk over one object. The zero Scanner holds no
+// object.
+type Scanner struct {
+	data       []byte
+	i          int // where the next member's key starts, once started
+	key, value []byte
+	started    bool
+	done       bool
+	valid      bool
+}
+
+// Next moves to the next member and reports whether there is one; once
+// it reports false, Valid tells whether the object was whole and valid.
+func (s *Scanner) Next() bool {
+	if s.done {
 		return false
 	}
-	i = skipWS(data, i+1)
-	if i < len(data) && data[i] == '}' {
-		return skipWS(data, i+1) == len(data)
-	}
-	for {
-		if i >= len(data) || data[i] != '"' {
-			return false
-		}
-		k := i
-		end, ok := str(data, i+1)
-		if !ok {
-			return false
-		}
-		key := data[k:end]
-		i = skipWS(data, end)
-		if i >= len(data) || data[i] != ':' {
-			return false
+	data, i := s.data, s.i
+	if !s.started {
+		s.started = true
+		i = skipWS(data, 0)
+		if i >= len(data) || data[i] != '{' {
+			return s.end(false)
 		}
 		i = skipWS(data, i+1)
-		v := i
-		if i, ok = Value(data, i); !ok {
-			return false
+		if i < len(data) && data[i] == '}' {
+			return s.end(skipWS(data, i+1) == len(data))
 		}
-		fn(key, data[v:i:i])
+	} else {
 		i = skipWS(data, i)
 		if i >= len(data) {
-			return false
+			return s.end(false)
 		}
 		switch data[i] {
 		case ',':
 			i = skipWS(data, i+1)
 		case '}':
-			return skipWS(data, i+1) == len(data)
+			return s.end(skipWS(data, i+1) == len(data))
 		default:
-			return false
+			return s.end(false)
 		}
 	}
+	if i >= len(data) || data[i] != '"' {
+		return s.end(false)
+	}
+	k := i
+	end, ok := str(data, i+1)
+	if !ok {
+		return s.end(false)
+	}
+	s.key = data[k:end]
+	i = skipWS(data, end)
+	if i >= len(data) || data[i] != ':' {
+		return s.end(false)
+	}
+	i = skipWS(data, i+1)
+	v := i
+	if i, ok = Value(data, i); !ok {
+		return s.end(false)
+	}
+	s.value, s.i = data[v:i:i], i
+	return true
 }
 
-// Name is the text of key, a JSON string as Object hands it over (quotes
+// end finishes the walk: valid is whether data was one valid object.
+func (s *Scanner) end(valid bool) bool {
+	s.done, s.valid, s.key, s.value = true, valid, nil, nil
+	return false
+}
+
+// Key is the current member's key, as written (quotes and escapes included).
+func (s *Scanner) Key() []byte { return s.key }
+
+// Value is the current member's value, its bytes.
+func (s *Scanner) Value() []byte { return s.value }
+
+// Valid reports, once Next reported false, whether data was one JSON
+// object, whole and valid.
+func (s *Scanner) Valid() bool { return s.done && s.valid }
+
+// Name is the text of key, a JSON string as Members hands it over (quotes
 // and escapes included), as encoding/json reads it. Without escapes, the
 // common case, it is a view of key's bytes (no copy: it lives as long as
 // they do).

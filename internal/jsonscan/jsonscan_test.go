@@ -17,8 +17,18 @@ var corpus = []string{
 	`{"model":"m","messages":[{"role":"user","content":"Say something short."}],"stream":true}`,
 }
 
+// members walks b with Members: its members as key=value, and Valid.
+func members(b []byte) ([]string, bool) {
+	var got []string
+	m := Members(b)
+	for m.Next() {
+		got = append(got, string(m.Key())+"="+string(m.Value()))
+	}
+	return got, m.Valid()
+}
+
 // FuzzValid: Valid agrees with encoding/json.Valid on every input, and
-// Object with it on objects (go test -fuzz FuzzValid ./internal/jsonscan).
+// Members with it on objects (go test -fuzz FuzzValid ./internal/jsonscan).
 func FuzzValid(f *testing.F) {
 	for _, s := range corpus {
 		f.Add([]byte(s))
@@ -28,16 +38,15 @@ func FuzzValid(f *testing.F) {
 		if got := Valid(b); got != want {
 			t.Fatalf("Valid(%q) = %v, encoding/json says %v", b, got, want)
 		}
-		var keys []string
-		ok := Object(b, func(k, v []byte) {
-			if !json.Valid(k) || !json.Valid(v) {
-				t.Fatalf("Object(%q) gave key %q value %q", b, k, v)
+		m := Members(b)
+		for m.Next() {
+			if k, v := m.Key(), m.Value(); !json.Valid(k) || !json.Valid(v) {
+				t.Fatalf("Members(%q) gave key %q value %q", b, k, v)
 			}
-			keys = append(keys, string(k))
-		})
+		}
 		isObject := want && bytes.HasPrefix(bytes.TrimLeft(b, " \t\r\n"), []byte("{"))
-		if ok != isObject {
-			t.Fatalf("Object(%q) = %v, an object: %v", b, ok, isObject)
+		if m.Valid() != isObject {
+			t.Fatalf("Members(%q).Valid() = %v, an object: %v", b, m.Valid(), isObject)
 		}
 	})
 }
@@ -79,27 +88,37 @@ func TestDeepNesting(t *testing.T) {
 		}
 	}
 	deep := append([]byte(`{"model":"m","messages":`), bytes.Repeat([]byte("["), 8<<20)...)
-	if Valid(deep) || Object(deep, func(_, _ []byte) {}) {
+	if _, ok := members(deep); Valid(deep) || ok {
 		t.Fatal("eight million open brackets are valid")
 	}
 }
 
-func TestObjectMembers(t *testing.T) {
-	var got []string
-	ok := Object([]byte(` { "a" : 1 , "b\"c":{"x":[1,2]}, "a":"two" } `), func(k, v []byte) {
-		got = append(got, string(k)+"="+string(v))
-	})
+func TestMembers(t *testing.T) {
+	got, ok := members([]byte(` { "a" : 1 , "b\"c":{"x":[1,2]}, "a":"two" } `))
 	want := []string{`"a"=1`, `"b\"c"={"x":[1,2]}`, `"a"="two"`}
 	if !ok || fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("Object: %v %q, want %q", ok, got, want)
+		t.Fatalf("Members: %v %q, want %q", ok, got, want)
 	}
-	for _, s := range []string{`[1]`, `{"a":1} x`, `{"a":1,}`, `"a"`, ``} {
-		if Object([]byte(s), func(_, _ []byte) {}) {
-			t.Errorf("Object(%q) is an object", s)
+	for _, s := range []string{`[1]`, `{"a":1} x`, `{"a":1,}`, `"a"`, ``, `{"a":1,"b":}`} {
+		if _, ok := members([]byte(s)); ok {
+			t.Errorf("Members(%q) is an object", s)
 		}
 	}
-	if !Object([]byte(`{}`), func(_, _ []byte) { t.Fatal("a member in {}") }) {
-		t.Fatal("{} is not an object")
+	// The members before the first invalid byte are seen.
+	if got, ok := members([]byte(`{"a":1,"b":2,x}`)); ok || fmt.Sprint(got) != fmt.Sprint([]string{`"a"=1`, `"b"=2`}) {
+		t.Errorf("Members of a broken object: %q %v", got, ok)
+	}
+	if got, ok := members([]byte(`{}`)); !ok || len(got) != 0 {
+		t.Fatalf("{}: %q %v", got, ok)
+	}
+	// Valid only once the walk ended; Next stays false after it.
+	m := Members([]byte(`{"a":1}`))
+	if m.Valid() || !m.Next() || m.Valid() || m.Next() || !m.Valid() || m.Next() || m.Key() != nil {
+		t.Fatal("Members' walk does not end once, valid")
+	}
+	var zero Scanner
+	if zero.Next() || zero.Valid() {
+		t.Fatal("the zero Scanner holds an object")
 	}
 }
 

@@ -55,16 +55,18 @@ func (w *work) before(body []byte, now time.Time) {
 	w.in.Add(len(body))
 	var model, stream, key gjson.Result
 	value := func(v []byte) gjson.Result { return gjson.Parse(unsafe.String(unsafe.SliceData(v), len(v))) }
-	if !jsonscan.Object(body, func(k, v []byte) {
-		switch jsonscan.Name(k) {
+	m := jsonscan.Members(body)
+	for m.Next() {
+		switch jsonscan.Name(m.Key()) {
 		case "model":
-			model = value(v)
+			model = value(m.Value())
 		case "stream":
-			stream = value(v)
+			stream = value(m.Value())
 		case "prompt_cache_key":
-			key = value(v)
+			key = value(m.Value())
 		}
-	}) || key.Exists() {
+	}
+	if !m.Valid() || key.Exists() {
 		w.bad++ // the loop would hand this one to fasthttp
 	}
 	if stream.Bool() {
