@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -233,18 +234,9 @@ func TestKVAPI(t *testing.T) {
 
 	do := func(method, path, key string, body []byte, hdr map[string]string) (*http.Response, []byte) {
 		t.Helper()
-		req, _ := http.NewRequest(method, base+path, strings.NewReader(string(body)))
-		req.Header.Set("Authorization", "Bearer "+key)
-		for k, v := range hdr {
-			req.Header.Set(k, v)
-		}
-		resp, err := noPoolClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp, b
+		h := map[string]string{"Authorization": "Bearer " + key}
+		maps.Copy(h, hdr)
+		return sidecartest.Do(t, noPoolClient, method, base+path, string(body), h)
 	}
 	data := make([]byte, 2*3*4*2) // f16, shape 2,3,4
 	for i := range data {

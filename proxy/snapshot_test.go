@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/kvsidecar/kvsidecar/engine"
 	"github.com/kvsidecar/kvsidecar/internal/hctx"
+	"github.com/kvsidecar/kvsidecar/internal/sidecartest"
 	"github.com/kvsidecar/kvsidecar/memory"
 )
 
@@ -53,23 +53,7 @@ func (f *fakeSnapConnector) ImportStates(ctx context.Context, tenant, id string,
 
 func doReq(t *testing.T, method, url string, body []byte, hdr map[string]string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := noPoolClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, b
+	return sidecartest.Do(t, noPoolClient, method, url, string(body), hdr)
 }
 
 // A session's snapshot, exported from one sidecar and imported into
