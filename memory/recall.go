@@ -11,6 +11,23 @@ import (
 	"github.com/kvsidecar/kvsidecar/index"
 )
 
+// recallQuery is what recall searches for: text ranks the memories (the
+// newest user message, with a little context when it is short), focus
+// gates them (the newest user message alone: a memory must cover enough
+// of it, see Recall.MinCoverage). window also searches the messages still
+// in the window (Store.Recall: the caller does not see the window; the
+// recall block shows only what the window does not) and never answers
+// nothing when a memory holds the query's words: the gate then lets the
+// best few of them through.
+type recallQuery struct {
+	text, focus string
+	window      bool
+}
+
+// minShown is how many memories a window query shows at least when
+// memories hold some of its words but none passes the gate.
+const minShown = 3
+
 // recallLocked chooses the memories to show for query (the newest user
 // message with a little context) through the session's working memory:
 //
@@ -34,23 +51,6 @@ import (
 // or their cosine similarity reaches Recall.MinScore; Recaller hits when
 // their score does. The ids in skip and pinned memories are left out. The
 // result is best first. Called with sess.mu held.
-// recallQuery is what recall searches for: text ranks the memories (the
-// newest user message, with a little context when it is short), focus
-// gates them (the newest user message alone: a memory must cover enough
-// of it, see Recall.MinCoverage). window also searches the messages still
-// in the window (Store.Recall: the caller does not see the window; the
-// recall block shows only what the window does not) and never answers
-// nothing when a memory holds the query's words: the gate then lets the
-// best few of them through.
-type recallQuery struct {
-	text, focus string
-	window      bool
-}
-
-// minShown is how many memories a window query shows at least when
-// memories hold some of its words but none passes the gate.
-const minShown = 3
-
 func (rt *retriever) recallLocked(ctx context.Context, sess *session, um *userMem, query recallQuery, now time.Time, skip map[string]bool) ([]recallItem, string) {
 	o := &rt.opts.Recall
 	if strings.TrimSpace(query.text) == "" || o.K <= 0 {
